@@ -1,0 +1,50 @@
+# gpudra developer entry points. Every install step lives here so a fresh machine needs nothing else.
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install lint test unit integration k8s cluster-up cluster-down demo proto schemas clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests scripts
+	$(BIN)/ruff format --check src tests scripts
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+# The test command named in README.md (and run by .ci/run): lint, unit tests, and the integration
+# tests against a real local control plane and kubelet (built once into ~/.cache/gpudra).
+test: lint k8s
+	$(BIN)/pytest
+
+unit: $(STAMP)
+	$(BIN)/pytest tests/unit
+
+integration: $(STAMP) k8s
+	$(BIN)/pytest tests/integration
+
+k8s:
+	bash deploy/local/build.sh >/dev/null
+
+cluster-up: $(STAMP) k8s
+	@$(BIN)/python -m gpudra.localcluster up $(if $(NODES),--nodes $(NODES))
+
+cluster-down: $(STAMP)
+	@$(BIN)/python -m gpudra.localcluster down
+
+proto: $(STAMP)
+	$(BIN)/python scripts/gen_proto.py
+
+schemas: $(STAMP)
+	$(BIN)/python -m gpudra.api.schema
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,1 @@
+"""Generated kubelet gRPC stubs (from proto/); regenerate with `python scripts/gen_proto.py`."""

@@ -1,0 +1,383 @@
+"""The device model: a node's GPU inventory as resource.k8s.io/v1 devices and counter sets. Pure.
+
+Whole GPUs are named `gpu-<minor>`, MIG partitions `gpu-<minor>-mig-<profile>-<placement start>` (the
+profile name reduced to a DNS label: `1g.10gb+me` becomes `1g10gbme`). Attribute names are unqualified,
+so CEL sees them under the driver's domain, except the standard `resource.kubernetes.io/` PCI ones.
+
+Two MIG modes:
+
+- "partitionable" (KEP-4815): every MIG profile x placement of a MIG-capable GPU is a device, and one
+  counter set per GPU (`gpu-<minor>-counters`) keeps the scheduler to layouts the GPU can hold. It counts
+  `memory` (bytes), `multiprocessors`, each engine kind, one `memory-slice-<i>` (value 1) per memory slice,
+  and `<profile>-instances` for a profile that allows fewer instances than it has placements. A partition
+  consumes the slices of its placement plus its own amounts; the whole GPU consumes every counter, so it
+  excludes every partition and they exclude it. The slice counters make overlapping placements exclusive;
+  the totals of the others are the GPU's own (its memory and SMs, the engines of the profile that spans
+  it), so partitions never share an engine the chip has only one of (two `+me` partitions on A30).
+- "static": whole GPUs with MIG off, plus the MIG devices that exist now; no counters.
+
+On Ampere (A100, A30) MIG mode changes only with a GPU reset, so in partitionable mode such a GPU offers
+its partitions while MIG is on and itself while MIG is off, never both.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal, NotRequired, TypedDict, get_args
+
+from gpudra.errors import ConfigError, HardwareError, NotSupported
+from gpudra.inventory import Gpu, Inventory, MigDevice, MigPlacement, MigProfile
+
+MigMode = Literal["partitionable", "static"]
+
+STANDARD_DOMAIN = "resource.kubernetes.io"
+PCI_BUS_ID = f"{STANDARD_DOMAIN}/pciBusID"
+PCIE_ROOT = f"{STANDARD_DOMAIN}/pcieRoot"
+
+# The API caps string and version attributes at 64 characters; NVML names may be up to 96.
+_MAX_STRING = 64
+
+# MIG mode needs a GPU reset to change here (gpu-mechanics.md section 2, nvidia-dra-driver.md 2.4).
+_MIG_MODE_NEEDS_RESET = frozenset({"Ampere"})
+
+# (capacity name, counter name, MigProfile field) for each engine kind
+_ENGINES = (
+    ("copyEngines", "copy-engines", "copy_engines"),
+    ("decoders", "decoders", "decoders"),
+    ("encoders", "encoders", "encoders"),
+    ("jpegEngines", "jpeg-engines", "jpegs"),
+    ("ofaEngines", "ofa-engines", "ofas"),
+)
+
+_COUNTER_OF = {capacity: counter for capacity, counter, _ in _ENGINES}
+
+_BINARY_SUFFIXES = ("Ei", "Pi", "Ti", "Gi", "Mi", "Ki")
+
+
+class DeviceAttribute(TypedDict, total=False):
+    """Exactly one of the fields is set."""
+
+    int: int
+    bool: bool
+    string: str
+    version: str
+
+
+class DeviceCapacity(TypedDict):
+    value: str  # a Kubernetes Quantity
+
+
+class Counter(TypedDict):
+    value: str  # a Kubernetes Quantity
+
+
+class CounterSet(TypedDict):
+    name: str
+    counters: dict[str, Counter]
+
+
+class DeviceCounterConsumption(TypedDict):
+    counterSet: str
+    counters: dict[str, Counter]
+
+
+class DeviceTaint(TypedDict):
+    key: str
+    value: NotRequired[str]
+    effect: str
+
+
+class Device(TypedDict):
+    name: str
+    attributes: dict[str, DeviceAttribute]
+    capacity: dict[str, DeviceCapacity]
+    consumesCounters: NotRequired[list[DeviceCounterConsumption]]
+    taints: NotRequired[list[DeviceTaint]]
+
+
+@dataclass(frozen=True)
+class DeviceModel:
+    """What one node publishes. Each device consumes at most one counter set, listed here."""
+
+    devices: list[Device]
+    counter_sets: list[CounterSet]
+
+
+def build_devices(inventory: Inventory, *, mig_mode: MigMode) -> DeviceModel:
+    """The devices and counter sets that describe `inventory`, GPUs in minor order."""
+    if mig_mode not in get_args(MigMode):
+        raise ConfigError(
+            f"{mig_mode!r} is not a MIG mode; use one of: partitionable, static", field="migMode"
+        )
+    shared = _SharedAttributes.of(inventory)
+    devices: list[Device] = []
+    counter_sets: list[CounterSet] = []
+    for gpu in sorted(inventory.gpus, key=lambda g: g.minor):
+        if mig_mode == "static":
+            if not gpu.mig_enabled:
+                devices.append(_whole_gpu(gpu, shared, consumes=None))
+            devices.extend(
+                _partition_device(gpu, p, shared, consumes=None) for p in _existing_partitions(gpu)
+            )
+            continue
+        partitions = _possible_partitions(gpu) if _offers_partitions(gpu) else ()
+        counters = _counter_set(gpu, partitions) if partitions else None
+        if counters is not None:
+            counter_sets.append(counters)
+        if _offers_whole(gpu):
+            devices.append(_whole_gpu(gpu, shared, consumes=counters))
+        devices.extend(_partition_device(gpu, p, shared, consumes=counters) for p in partitions)
+    _check_unique_names(devices)
+    return DeviceModel(devices=devices, counter_sets=counter_sets)
+
+
+def dns_label(text: str) -> str:
+    """`text` lower-cased, keeping letters, digits and inner dashes: `1g.10gb+me` -> `1g10gbme`."""
+    return re.sub(r"[^a-z0-9-]", "", text.lower()).strip("-")
+
+
+def bytes_quantity(count: int) -> str:
+    """`count` bytes as the canonical Quantity the API server would store: 80 GiB -> "80Gi"."""
+    for power, suffix in zip(range(len(_BINARY_SUFFIXES), 0, -1), _BINARY_SUFFIXES, strict=True):
+        unit = 1024**power
+        if count and count % unit == 0:
+            return f"{count // unit}{suffix}"
+    return str(count)
+
+
+def semver(text: str, *, what: str) -> str:
+    """A dotted version as semver: "580.65.06" -> "580.65.6", "13.0" -> "13.0.0"."""
+    match = re.fullmatch(r"(\d+)(?:\.(\d+))?(?:\.(\d+))?", text.strip())
+    if match is None:
+        raise HardwareError(f"{what} {text!r} is not a version of up to three dotted numbers")
+    return ".".join(str(int(part or 0)) for part in match.groups())
+
+
+@dataclass(frozen=True)
+class _Partition:
+    """One MIG GPU instance, possible or existing, with what it takes from its GPU."""
+
+    profile: str
+    placement: MigPlacement
+    memory_bytes: int
+    multiprocessors: int
+    engines: tuple[tuple[str, int], ...]  # (capacity name, count); empty when the profile is unknown
+    instance_limit: int | None  # the profile's max instances, when below its number of placements
+    uuid: str | None  # the MIG device's UUID, for an existing one in static mode
+
+    @property
+    def name_part(self) -> str:
+        return f"mig-{dns_label(self.profile)}-{self.placement.start}"
+
+    @property
+    def instance_counter(self) -> str:
+        return f"{dns_label(self.profile)}-instances"
+
+
+@dataclass(frozen=True)
+class _SharedAttributes:
+    """The node-wide version attributes, normalised once."""
+
+    driver_version: str
+    cuda_driver_version: str
+
+    @classmethod
+    def of(cls, inventory: Inventory) -> _SharedAttributes:
+        return cls(
+            driver_version=semver(inventory.driver_version, what="driver version"),
+            cuda_driver_version=semver(inventory.cuda_driver_version, what="CUDA driver version"),
+        )
+
+
+def _offers_whole(gpu: Gpu) -> bool:
+    return not (gpu.mig_enabled and gpu.architecture in _MIG_MODE_NEEDS_RESET)
+
+
+def _offers_partitions(gpu: Gpu) -> bool:
+    return gpu.mig_capable and (gpu.mig_enabled or gpu.architecture not in _MIG_MODE_NEEDS_RESET)
+
+
+def _from_profile(profile: MigProfile, placement: MigPlacement, uuid: str | None) -> _Partition:
+    return _Partition(
+        profile=profile.name,
+        placement=placement,
+        memory_bytes=profile.memory_mib * 1024**2,
+        multiprocessors=profile.multiprocessors,
+        engines=tuple((capacity, getattr(profile, field)) for capacity, _, field in _ENGINES),
+        instance_limit=profile.instance_count if profile.instance_count < len(profile.placements) else None,
+        uuid=uuid,
+    )
+
+
+def _possible_partitions(gpu: Gpu) -> tuple[_Partition, ...]:
+    partitions = (_from_profile(p, placement, None) for p in gpu.mig_profiles for placement in p.placements)
+    return tuple(sorted(partitions, key=lambda p: (p.placement.size, p.profile, p.placement.start)))
+
+
+def _existing_partitions(gpu: Gpu) -> list[_Partition]:
+    profiles = {p.id: p for p in gpu.mig_profiles}
+    return [_existing(device, profiles.get(device.profile_id)) for device in gpu.mig_devices]
+
+
+def _existing(device: MigDevice, profile: MigProfile | None) -> _Partition:
+    if profile is not None:
+        return _from_profile(profile, device.placement, device.uuid)
+    return _Partition(
+        profile=device.profile_name,
+        placement=device.placement,
+        memory_bytes=device.memory_mib * 1024**2,
+        multiprocessors=device.multiprocessors,
+        engines=(),
+        instance_limit=None,
+        uuid=device.uuid,
+    )
+
+
+def _amounts(partition: _Partition) -> dict[str, int]:
+    """What `partition` takes from its GPU's counters, besides memory slices."""
+    amounts = {"memory": partition.memory_bytes, "multiprocessors": partition.multiprocessors}
+    amounts.update((_COUNTER_OF[capacity], count) for capacity, count in partition.engines)
+    if partition.instance_limit is not None:
+        amounts[partition.instance_counter] = 1
+    return amounts
+
+
+def _full_profile(gpu: Gpu) -> MigProfile | None:
+    """The profile that spans the whole GPU (7g on A100/H100), whose engines are the GPU's."""
+    spans = [p for p in gpu.mig_profiles if MigPlacement(0, gpu.mig_memory_slices) in p.placements]
+    return max(spans, key=lambda p: p.multiprocessors, default=None)
+
+
+def _whole_amounts(gpu: Gpu) -> dict[str, int]:
+    """The whole GPU's own memory, SMs and engines, as far as the inventory knows them (capacity names)."""
+    full = _full_profile(gpu)
+    amounts = {"memory": gpu.memory_bytes}
+    if gpu.multiprocessors is not None:
+        amounts["multiprocessors"] = gpu.multiprocessors
+    elif full is not None:
+        amounts["multiprocessors"] = full.multiprocessors
+    if full is not None:
+        amounts.update((capacity, getattr(full, field)) for capacity, _, field in _ENGINES)
+    return amounts
+
+
+def _counter_set(gpu: Gpu, partitions: tuple[_Partition, ...]) -> CounterSet:
+    counters = {_COUNTER_OF.get(name, name): amount for name, amount in _whole_amounts(gpu).items() if amount}
+    for partition in partitions:
+        if partition.instance_limit is not None:
+            counters[partition.instance_counter] = partition.instance_limit
+    slice_count = max(gpu.mig_memory_slices, *(p.placement.start + p.placement.size for p in partitions))
+    counters.update((f"memory-slice-{i}", 1) for i in range(slice_count))
+    return {
+        "name": f"gpu-{gpu.minor}-counters",
+        "counters": {name: {"value": _quantity(name, amount)} for name, amount in counters.items()},
+    }
+
+
+def _quantity(counter: str, amount: int) -> str:
+    return bytes_quantity(amount) if counter == "memory" else str(amount)
+
+
+def _consumption(counter_set: CounterSet, amounts: dict[str, int]) -> list[DeviceCounterConsumption]:
+    used = {name: amount for name, amount in amounts.items() if amount}
+    return [
+        {
+            "counterSet": counter_set["name"],
+            "counters": {
+                name: {"value": _quantity(name, used[name])}
+                for name in counter_set["counters"]
+                if name in used
+            },
+        }
+    ]
+
+
+def _parent_attributes(gpu: Gpu, shared: _SharedAttributes) -> dict[str, DeviceAttribute]:
+    """What a GPU and its partitions share, so one selector reads the same on both."""
+    attributes: dict[str, DeviceAttribute] = {
+        "productName": _string(gpu.name),
+        "brand": _string(gpu.brand),
+        "architecture": _string(gpu.architecture),
+        "cudaComputeCapability": {
+            "version": semver(gpu.cuda_compute_capability, what="CUDA compute capability")
+        },
+        "driverVersion": {"version": shared.driver_version},
+        "cudaDriverVersion": {"version": shared.cuda_driver_version},
+        PCI_BUS_ID: _string(gpu.pci_bus_id),
+    }
+    if gpu.pcie_root is not None:
+        attributes[PCIE_ROOT] = _string(gpu.pcie_root)
+    if gpu.numa_node is not None:
+        attributes["numaNode"] = {"int": gpu.numa_node}
+    if gpu.nvlink_domain is not None:
+        attributes["nvlinkDomain"] = _string(gpu.nvlink_domain)
+    return attributes
+
+
+def _whole_gpu(gpu: Gpu, shared: _SharedAttributes, *, consumes: CounterSet | None) -> Device:
+    attributes: dict[str, DeviceAttribute] = {
+        "type": {"string": "gpu"},
+        "uuid": _string(gpu.uuid),
+        "index": {"int": gpu.index},
+        "minor": {"int": gpu.minor},
+        "migCapable": {"bool": gpu.mig_capable},
+        **_parent_attributes(gpu, shared),
+    }
+    capacity: dict[str, DeviceCapacity] = {
+        name: {"value": bytes_quantity(amount) if name == "memory" else str(amount)}
+        for name, amount in _whole_amounts(gpu).items()
+    }
+    device: Device = {"name": f"gpu-{gpu.minor}", "attributes": attributes, "capacity": capacity}
+    if consumes is not None:
+        everything: dict[str, Counter] = {
+            name: {"value": counter["value"]} for name, counter in consumes["counters"].items()
+        }
+        device["consumesCounters"] = [{"counterSet": consumes["name"], "counters": everything}]
+    return device
+
+
+def _partition_device(
+    gpu: Gpu, partition: _Partition, shared: _SharedAttributes, *, consumes: CounterSet | None
+) -> Device:
+    attributes: dict[str, DeviceAttribute] = {
+        "type": {"string": "mig"},
+        "profile": _string(partition.profile),
+        "parentUUID": _string(gpu.uuid),
+        "parentMinor": {"int": gpu.minor},
+        "placementStart": {"int": partition.placement.start},
+        "placementSize": {"int": partition.placement.size},
+        **_parent_attributes(gpu, shared),
+    }
+    if partition.uuid is not None:
+        attributes["uuid"] = _string(partition.uuid)
+    capacity: dict[str, DeviceCapacity] = {
+        "memory": {"value": bytes_quantity(partition.memory_bytes)},
+        "multiprocessors": {"value": str(partition.multiprocessors)},
+        **{name: {"value": str(count)} for name, count in partition.engines},
+        "memorySlices": {"value": str(partition.placement.size)},
+    }
+    device: Device = {
+        "name": f"gpu-{gpu.minor}-{partition.name_part}",
+        "attributes": attributes,
+        "capacity": capacity,
+    }
+    if consumes is not None:
+        slices = {f"memory-slice-{s}": 1 for s in partition.placement.slices}
+        device["consumesCounters"] = _consumption(consumes, _amounts(partition) | slices)
+    return device
+
+
+def _string(value: str) -> DeviceAttribute:
+    return {"string": value[:_MAX_STRING]}
+
+
+def _check_unique_names(devices: list[Device]) -> None:
+    seen: set[str] = set()
+    for device in devices:
+        if device["name"] in seen:
+            raise NotSupported(
+                f"two devices would both be named {device['name']}: MIG profile names that differ only in "
+                "punctuation, or several compute instances in one GPU instance, cannot be published"
+            )
+        seen.add(device["name"])

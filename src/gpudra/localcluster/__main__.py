@@ -1,0 +1,44 @@
+"""`python -m gpudra.localcluster up|down [--dir DIR] [--nodes N]`: the cluster behind make cluster-up/down.
+
+`up` leaves the cluster running in the background and prints the kubeconfig path as its last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from gpudra.errors import GpudraError
+from gpudra.localcluster.cluster import LocalCluster, stop_cluster
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gpudra.localcluster")
+    parser.add_argument("action", choices=["up", "down"])
+    default_dir = Path(os.environ.get("GPUDRA_CLUSTER_DIR", "/tmp/gpudra-cluster"))
+    parser.add_argument("--dir", type=Path, default=default_dir, help=f"cluster directory ({default_dir})")
+    parser.add_argument("--nodes", type=int, default=1, choices=[1, 2], help="number of kubelets")
+    args = parser.parse_args(argv)
+    try:
+        if args.action == "down":
+            print("stopped" if stop_cluster(args.dir) else f"no cluster running in {args.dir}")
+            return 0
+        if (args.dir / "state.json").exists():
+            print(
+                f"a cluster is already running in {args.dir}; run `make cluster-down` first", file=sys.stderr
+            )
+            return 1
+        cluster = LocalCluster(args.dir, nodes=tuple(f"node-{i + 1}" for i in range(args.nodes)))
+        cluster.start()
+    except GpudraError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(f"cluster up: {cluster.server}, nodes {', '.join(cluster.node_names)}", file=sys.stderr)
+    print(cluster.kubeconfig)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

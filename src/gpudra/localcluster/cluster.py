@@ -1,0 +1,390 @@
+"""A real Kubernetes control plane and kubelet(s) as plain processes on this machine. I/O: processes, files.
+
+Order: etcd, kube-apiserver (token auth, RBAC, self-signed serving certificate), kube-scheduler,
+kube-controller-manager (resourceclaim controller on, node lifecycle off), then per node a fake CRI
+runtime and the real kubelet. Every path a node uses (kubelet root with plugins_registry and
+plugins, CDI root, pod logs) lives under the cluster's own directory, never /var/lib/kubelet.
+
+`state.json` in the cluster directory records the process groups, so `stop_cluster(directory)`
+can tear down a cluster started by another process (`make cluster-down`).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from gpudra.errors import ClusterError
+from gpudra.localcluster import binaries
+from gpudra.localcluster.processes import (
+    Component,
+    group_alive,
+    http_get,
+    http_ok,
+    spawn,
+    stop_group,
+    wait_until,
+)
+
+TOKEN = "gpudra-admin-token"  # a throwaway cluster on loopback; the token is not a secret
+
+
+@dataclass(frozen=True)
+class NodePaths:
+    """Where one node's kubelet and the DRA plugins on it keep their files."""
+
+    name: str
+    root: Path
+
+    @property
+    def kubelet_root(self) -> Path:
+        return self.root / "kubelet"
+
+    @property
+    def registry_dir(self) -> Path:
+        return self.kubelet_root / "plugins_registry"
+
+    @property
+    def plugins_dir(self) -> Path:
+        return self.kubelet_root / "plugins"
+
+    @property
+    def cdi_root(self) -> Path:
+        return self.root / "cdi"
+
+    @property
+    def cri_socket(self) -> Path:
+        return self.root / "cri.sock"
+
+    @property
+    def cri_record(self) -> Path:
+        """One JSON line per container the kubelet created, with the CDI device IDs it passed."""
+        return self.root / "cri-record.jsonl"
+
+
+@dataclass
+class ClusterState:
+    """What `state.json` holds."""
+
+    directory: str
+    server: str
+    kubeconfig: str
+    nodes: list[str]
+    pgids: dict[str, int] = field(default_factory=dict)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LocalCluster:
+    """Starts and stops the local cluster. Use as a context manager or call start()/stop()."""
+
+    def __init__(self, directory: Path, *, nodes: tuple[str, ...] = ("node-1",)) -> None:
+        self.directory = directory.resolve()
+        self.node_names = nodes
+        self.nodes = {name: NodePaths(name, self.directory / "nodes" / name) for name in nodes}
+        self.kubeconfig = self.directory / "admin.kubeconfig"
+        self.components: list[Component] = []
+        self._ports: dict[str, int] = {}
+        self.server = ""
+        self.bin = Path()
+
+    def __enter__(self) -> LocalCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.bin = binaries.ensure_binaries()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        (self.directory / "logs").mkdir(exist_ok=True)
+        for name in ("etcd-client", "etcd-peer", "apiserver", "scheduler", "controller-manager"):
+            self._ports[name] = _free_port()
+        self.server = f"https://127.0.0.1:{self._ports['apiserver']}"
+        try:
+            self._write_credentials()
+            self._start_etcd()
+            self._start_apiserver()
+            self._start_scheduler()
+            self._start_controller_manager()
+            for node in self.nodes.values():
+                self._start_node(node)
+            for node in self.nodes.values():
+                self._wait_node_ready(node)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """Stop every component, nodes first, and wait until no process of the cluster is left."""
+        for component in reversed(self.components):
+            stop_group(component.process.pid)
+            component.process.wait()
+        self.components.clear()
+        state = self.directory / "state.json"
+        if state.exists():
+            state.unlink()
+
+    # --- components ----------------------------------------------------------------------------
+
+    def _component(self, name: str, argv: list[str]) -> Component:
+        component = spawn(name, argv, log=self.directory / "logs" / f"{name}.log")
+        self.components.append(component)
+        self._save_state()
+        return component
+
+    def _save_state(self) -> None:
+        state = ClusterState(
+            directory=str(self.directory),
+            server=self.server,
+            kubeconfig=str(self.kubeconfig),
+            nodes=list(self.node_names),
+            pgids={c.name: c.process.pid for c in self.components},
+        )
+        (self.directory / "state.json").write_text(json.dumps(asdict(state), indent=2))
+
+    def _write_credentials(self) -> None:
+        pki = self.directory / "pki"
+        pki.mkdir(exist_ok=True)
+        sa_key = pki / "sa.key"
+        if not sa_key.exists():
+            subprocess.run(
+                ["openssl", "genrsa", "-out", str(sa_key), "2048"],
+                check=True,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        (self.directory / "tokens.csv").write_text(f'{TOKEN},admin,admin,"system:masters"\n')
+        self.kubeconfig.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [
+                        {
+                            "name": "local",
+                            "cluster": {"server": self.server, "insecure-skip-tls-verify": True},
+                        }
+                    ],
+                    "users": [{"name": "admin", "user": {"token": TOKEN}}],
+                    "contexts": [{"name": "local", "context": {"cluster": "local", "user": "admin"}}],
+                    "current-context": "local",
+                },
+                indent=2,
+            )
+        )
+
+    def _start_etcd(self) -> None:
+        client = f"http://127.0.0.1:{self._ports['etcd-client']}"
+        peer = f"http://127.0.0.1:{self._ports['etcd-peer']}"
+        etcd = self._component(
+            "etcd",
+            [
+                str(self.bin / "etcd"),
+                "--name=n0",
+                f"--data-dir={self.directory / 'etcd'}",
+                f"--listen-client-urls={client}",
+                f"--advertise-client-urls={client}",
+                f"--listen-peer-urls={peer}",
+                f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster=n0={peer}",
+                "--unsafe-no-fsync=true",
+                "--log-level=warn",
+            ],
+        )
+
+        def healthy() -> bool:
+            status, body = http_get(f"{client}/health")
+            return status == 200 and json.loads(body).get("health") == "true"
+
+        wait_until(etcd, healthy, what="etcd /health")
+
+    def _start_apiserver(self) -> None:
+        pki = self.directory / "pki"
+        apiserver = self._component(
+            "kube-apiserver",
+            [
+                str(self.bin / "kube-apiserver"),
+                f"--etcd-servers=http://127.0.0.1:{self._ports['etcd-client']}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={self._ports['apiserver']}",
+                f"--cert-dir={pki}",
+                "--service-account-issuer=https://kubernetes.default.svc",
+                f"--service-account-key-file={pki / 'sa.key'}",
+                f"--service-account-signing-key-file={pki / 'sa.key'}",
+                f"--token-auth-file={self.directory / 'tokens.csv'}",
+                "--authorization-mode=RBAC",
+                "--service-cluster-ip-range=10.0.0.0/24",
+                "--endpoint-reconciler-type=none",
+                "--allow-privileged=true",
+                # No service-account tokens without a token controller for pods, and no not-ready taint
+                # on new Nodes: the node lifecycle controller that would lift it is off.
+                "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+            ],
+        )
+        wait_until(apiserver, http_ok(f"{self.server}/readyz", token=TOKEN), what="apiserver /readyz")
+
+    def _start_scheduler(self) -> None:
+        config = self.directory / "scheduler.yaml"
+        config.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "kubescheduler.config.k8s.io/v1",
+                    "kind": "KubeSchedulerConfiguration",
+                    "clientConnection": {"kubeconfig": str(self.kubeconfig), "qps": 100, "burst": 200},
+                    "leaderElection": {"leaderElect": False},
+                    # Retry unschedulable pods quickly: claims made from templates arrive after the pod.
+                    "podInitialBackoffSeconds": 1,
+                    "podMaxBackoffSeconds": 2,
+                    "profiles": [
+                        {
+                            "schedulerName": "default-scheduler",
+                            "pluginConfig": [{"name": "DynamicResources", "args": {"filterTimeout": "30s"}}],
+                        }
+                    ],
+                }
+            )
+        )
+        port = self._ports["scheduler"]
+        scheduler = self._component(
+            "kube-scheduler",
+            [
+                str(self.bin / "kube-scheduler"),
+                f"--config={config}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={port}",
+                f"--authentication-kubeconfig={self.kubeconfig}",
+                f"--authorization-kubeconfig={self.kubeconfig}",
+            ],
+        )
+        wait_until(scheduler, http_ok(f"https://127.0.0.1:{port}/healthz"), what="scheduler /healthz")
+
+    def _start_controller_manager(self) -> None:
+        port = self._ports["controller-manager"]
+        manager = self._component(
+            "kube-controller-manager",
+            [
+                str(self.bin / "kube-controller-manager"),
+                f"--kubeconfig={self.kubeconfig}",
+                f"--authentication-kubeconfig={self.kubeconfig}",
+                f"--authorization-kubeconfig={self.kubeconfig}",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={port}",
+                f"--service-account-private-key-file={self.directory / 'pki' / 'sa.key'}",
+                "--controllers=*,-node-lifecycle-controller",
+                "--kube-api-qps=100",
+                "--kube-api-burst=200",
+            ],
+        )
+        wait_until(manager, http_ok(f"https://127.0.0.1:{port}/healthz"), what="controller-manager /healthz")
+
+    def _start_node(self, node: NodePaths) -> None:
+        for path in (node.kubelet_root, node.registry_dir, node.plugins_dir, node.cdi_root):
+            path.mkdir(parents=True, exist_ok=True)
+        node.cri_socket.unlink(missing_ok=True)
+        cri = self._component(
+            f"fakecri-{node.name}",
+            [
+                str(self.bin / "fakecri"),
+                f"--endpoint=unix://{node.cri_socket}",
+                f"--record={node.cri_record}",
+            ],
+        )
+        wait_until(cri, node.cri_socket.exists, what="CRI socket", timeout=20)
+        port, healthz = _free_port(), _free_port()
+        config = node.root / "kubelet.yaml"
+        config.write_text(json.dumps(self._kubelet_config(node, port=port, healthz=healthz), indent=2))
+        kubelet = self._component(
+            f"kubelet-{node.name}",
+            [
+                str(self.bin / "kubelet"),
+                f"--kubeconfig={self.kubeconfig}",
+                f"--config={config}",
+                f"--root-dir={node.kubelet_root}",
+                f"--hostname-override={node.name}",
+                "--node-ip=127.0.0.1",
+                "--v=2",
+            ],
+        )
+        wait_until(kubelet, http_ok(f"http://127.0.0.1:{healthz}/healthz"), what="kubelet /healthz")
+
+    def _kubelet_config(self, node: NodePaths, *, port: int, healthz: int) -> dict[str, object]:
+        endpoint = f"unix://{node.cri_socket}"
+        return {
+            "apiVersion": "kubelet.config.k8s.io/v1beta1",
+            "kind": "KubeletConfiguration",
+            "address": "127.0.0.1",
+            "port": port,
+            "readOnlyPort": 0,
+            "healthzBindAddress": "127.0.0.1",
+            "healthzPort": healthz,
+            "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False}},
+            "authorization": {"mode": "AlwaysAllow"},
+            "containerRuntimeEndpoint": endpoint,
+            "imageServiceEndpoint": endpoint,
+            # No real containers: no QoS cgroups, no allocatable enforcement, no swap or cgroup-v1 checks.
+            "cgroupDriver": "cgroupfs",
+            "cgroupsPerQOS": False,
+            "enforceNodeAllocatable": [],
+            "failSwapOn": False,
+            "failCgroupV1": False,
+            "localStorageCapacityIsolation": False,
+            "resolvConf": "",
+            "podLogsDir": str(node.root / "pod-logs"),
+            "volumePluginDir": str(node.root / "volume-plugins"),
+            "registerNode": True,
+            "nodeStatusUpdateFrequency": "4s",
+            "syncFrequency": "10s",
+            "serializeImagePulls": False,
+            "imageGCHighThresholdPercent": 100,
+            "imageGCLowThresholdPercent": 99,
+            "evictionHard": {"memory.available": "1Mi"},
+            "maxPods": 250,
+        }
+
+    def _wait_node_ready(self, node: NodePaths) -> None:
+        kubelet = next(c for c in self.components if c.name == f"kubelet-{node.name}")
+
+        def ready() -> bool:
+            status, body = http_get(f"{self.server}/api/v1/nodes/{node.name}", token=TOKEN)
+            if status != 200:
+                return False
+            conditions = json.loads(body).get("status", {}).get("conditions", [])
+            return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+        wait_until(kubelet, ready, what=f"node {node.name} Ready", timeout=120)
+
+
+def stop_cluster(directory: Path) -> bool:
+    """Stop the cluster whose state is in `directory` (started by another process). False if none."""
+    state_file = directory / "state.json"
+    if not state_file.exists():
+        return False
+    state = json.loads(state_file.read_text())
+    for pgid in reversed(list(state["pgids"].values())):
+        stop_group(int(pgid))
+    deadline = time.monotonic() + 15
+    while any(group_alive(int(p)) for p in state["pgids"].values()):
+        if time.monotonic() > deadline:
+            raise ClusterError(f"cluster processes still alive: {state['pgids']}")
+        time.sleep(0.1)
+    state_file.unlink()
+    return True
+
+
+def remove_cluster_dir(directory: Path) -> None:
+    shutil.rmtree(directory, ignore_errors=True)

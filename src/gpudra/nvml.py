@@ -1,0 +1,536 @@
+"""NVML through pynvml: GPU discovery into inventory records, and MIG instances. I/O: NVML, sysfs.
+
+The only module that imports pynvml. `connect("real")` uses the machine's libnvidia-ml;
+`connect("sim:<profile>")` first installs gpudra's simulated driver underneath pynvml (see
+`gpudra.sim`), so everything below runs the same pynvml calls on a real card and in tests.
+
+Every NVML failure leaves this module as a gpudra error, translated in one place (`_nvml_errors`):
+library or driver missing -> NvmlUnavailable, NOT_SUPPORTED -> NotSupported, INSUFFICIENT_RESOURCES
+-> InsufficientResources, IN_USE -> InUse, anything else -> HardwareError; each carries the
+NVMLError class name and says which call failed on which GPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import math
+import os
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from fractions import Fraction
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+import pynvml
+
+from gpudra import errors, sim
+from gpudra import inventory as records
+
+SPECS = ("real", *(f"sim:{profile}" for profile in sim.PROFILES))
+
+_T = TypeVar("_T")
+_MIB = 1024**2
+_GIB = 1024**3
+
+_ERROR_CLASSES: dict[int, type[errors.HardwareError]] = {
+    pynvml.NVML_ERROR_LIBRARY_NOT_FOUND: errors.NvmlUnavailable,
+    pynvml.NVML_ERROR_DRIVER_NOT_LOADED: errors.NvmlUnavailable,
+    pynvml.NVML_ERROR_NOT_SUPPORTED: errors.NotSupported,
+    pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES: errors.InsufficientResources,
+    pynvml.NVML_ERROR_IN_USE: errors.InUse,
+}
+# What a probe loop over profile indices or NVLink numbers meets for entries a GPU does not have.
+_ABSENT = (pynvml.NVMLError_NotSupported, pynvml.NVMLError_InvalidArgument)
+
+# go-nvlib's names; the NVIDIA DRA driver publishes these.
+_ARCHITECTURES = {
+    pynvml.NVML_DEVICE_ARCH_KEPLER: "Kepler",
+    pynvml.NVML_DEVICE_ARCH_MAXWELL: "Maxwell",
+    pynvml.NVML_DEVICE_ARCH_PASCAL: "Pascal",
+    pynvml.NVML_DEVICE_ARCH_VOLTA: "Volta",
+    pynvml.NVML_DEVICE_ARCH_TURING: "Turing",
+    pynvml.NVML_DEVICE_ARCH_AMPERE: "Ampere",
+    pynvml.NVML_DEVICE_ARCH_ADA: "Ada Lovelace",
+    pynvml.NVML_DEVICE_ARCH_HOPPER: "Hopper",
+    pynvml.NVML_DEVICE_ARCH_BLACKWELL: "Blackwell",
+}
+_BRANDS = {
+    pynvml.NVML_BRAND_UNKNOWN: "Unknown",
+    pynvml.NVML_BRAND_QUADRO: "Quadro",
+    pynvml.NVML_BRAND_TESLA: "Tesla",
+    pynvml.NVML_BRAND_NVS: "NVS",
+    pynvml.NVML_BRAND_GRID: "Grid",
+    pynvml.NVML_BRAND_GEFORCE: "GeForce",
+    pynvml.NVML_BRAND_TITAN: "Titan",
+    pynvml.NVML_BRAND_NVIDIA_VAPPS: "NvidiaVApps",
+    pynvml.NVML_BRAND_NVIDIA_VPC: "NvidiaVPC",
+    pynvml.NVML_BRAND_NVIDIA_VCS: "NvidiaVCS",
+    pynvml.NVML_BRAND_NVIDIA_VWS: "NvidiaVWS",
+    pynvml.NVML_BRAND_NVIDIA_CLOUD_GAMING: "NvidiaCloudGaming",
+    pynvml.NVML_BRAND_QUADRO_RTX: "QuadroRTX",
+    pynvml.NVML_BRAND_NVIDIA_RTX: "NvidiaRTX",
+    pynvml.NVML_BRAND_NVIDIA: "Nvidia",
+    pynvml.NVML_BRAND_GEFORCE_RTX: "GeForceRTX",
+    pynvml.NVML_BRAND_TITAN_RTX: "TitanRTX",
+}
+# Profile-name suffixes by NVML profile index, as go-nvlib derives them.
+_PROFILE_SUFFIXES = {
+    pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1: "+me",
+    pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE_REV1: "+me",
+    pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_ALL_ME: "+me.all",
+    pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE_ALL_ME: "+me.all",
+    pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_GFX: "+gfx",
+    pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE_GFX: "+gfx",
+    pynvml.NVML_GPU_INSTANCE_PROFILE_3_SLICE_GFX: "+gfx",
+    pynvml.NVML_GPU_INSTANCE_PROFILE_4_SLICE_GFX: "+gfx",
+    pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_NO_ME: "-me",
+    pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE_NO_ME: "-me",
+}
+# NVML has no SM count for a whole GPU; MIG-capable GPUs give it through their full-GPU profile,
+# the others (and Ampere with MIG disabled, which hides its profiles) through this table.
+_FULL_GPU_MULTIPROCESSORS = {
+    "NVIDIA A100-SXM4-40GB": 108,
+    "NVIDIA H100 80GB HBM3": 132,
+    "NVIDIA L4": 58,
+    "Tesla T4": 40,
+}
+_PCIE_ROOT = re.compile(r"pci[0-9a-f]{4}:[0-9a-f]{2}")
+
+
+@contextmanager
+def _nvml_errors(call: str, gpu: str | None) -> Iterator[None]:
+    """Turns an NVMLError raised inside into the gpudra error for its code (module docstring)."""
+    try:
+        yield
+    except pynvml.NVMLError as error:
+        where = f"{call} on GPU {gpu}" if gpu else call
+        error_class = _ERROR_CLASSES.get(error.value, errors.HardwareError)
+        raise error_class(f"{where} failed: {error}", nvml_error=type(error).__name__) from error
+
+
+def _call(function: Callable[..., _T], *args: Any, gpu: str | None) -> _T:
+    with _nvml_errors(function.__name__, gpu):
+        return function(*args)
+
+
+def _call_if_present(function: Callable[..., _T], *args: Any, gpu: str | None) -> _T | None:
+    """Like `_call`, but None where NVML says the entry does not exist on this GPU."""
+    with _nvml_errors(function.__name__, gpu):
+        try:
+            return function(*args)
+        except _ABSENT:
+            return None
+
+
+def connect(spec: str = "real", *, state_file: Path | None = None) -> Nvml:
+    """Opens NVML: "real" for the machine's driver, "sim:<profile>" for a simulated machine.
+
+    The simulated machine's state lives in `state_file`, by default $GPUDRA_SIM_STATE, else
+    ${TMPDIR:-/tmp}/gpudra-sim/<profile>.json; processes using the same file share one machine.
+    """
+    if spec == "real":
+        if sim.installed(pynvml):
+            raise errors.ConfigError(
+                "the simulator is in use in this process; close it first", field="--nvml"
+            )
+        return Nvml()
+    profile = spec.removeprefix("sim:")
+    if spec not in SPECS or profile == spec:
+        raise errors.ConfigError(f"unknown NVML {spec!r}; allowed: {', '.join(SPECS)}", field="--nvml")
+    if state_file is None:
+        default = Path(os.environ.get("TMPDIR", "/tmp")) / "gpudra-sim" / f"{profile}.json"
+        state_file = Path(os.environ.get("GPUDRA_SIM_STATE") or default)
+    sysfs_root = state_file.parent / "sysfs"
+    sim.install(pynvml, profile=profile, state_file=state_file, sysfs_root=sysfs_root)
+    try:
+        return Nvml(sysfs_root=sysfs_root, simulated=True)
+    except BaseException:
+        sim.uninstall(pynvml)
+        raise
+
+
+class Nvml:
+    """An initialised NVML session; close it (or use it as a context manager) to shut NVML down."""
+
+    def __init__(self, *, sysfs_root: Path = Path("/sys"), simulated: bool = False) -> None:
+        _call(pynvml.nvmlInit, gpu=None)
+        self._sysfs = sysfs_root
+        self._simulated = simulated
+        self._open = True
+
+    def close(self) -> None:
+        if not self._open:
+            return
+        self._open = False
+        try:
+            _call(pynvml.nvmlShutdown, gpu=None)
+        finally:
+            if self._simulated:
+                sim.uninstall(pynvml)
+
+    def __enter__(self) -> Nvml:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # --- discovery -----------------------------------------------------------------------------
+
+    def inventory(self) -> records.Inventory:
+        cuda = _call(pynvml.nvmlSystemGetCudaDriverVersion, gpu=None)
+        count = _call(pynvml.nvmlDeviceGetCount, gpu=None)
+        gpus = []
+        links: dict[str, set[str]] = {}
+        gpu_nodes: set[str] = set()
+        for index in range(count):
+            handle = _call(pynvml.nvmlDeviceGetHandleByIndex, index, gpu=f"index {index}")
+            gpu = self._gpu(index, handle)
+            gpus.append(gpu)
+            gpu_nodes.add(gpu.pci_bus_id)
+            links[gpu.pci_bus_id] = self._nvlink_remotes(handle, gpu.uuid, gpu_nodes)
+        islands = _nvlink_islands(links, gpu_nodes)
+        return records.Inventory(
+            driver_version=_call(pynvml.nvmlSystemGetDriverVersion, gpu=None),
+            cuda_driver_version=f"{cuda // 1000}.{cuda % 1000 // 10}",
+            gpus=tuple(
+                dataclasses.replace(
+                    gpu,
+                    nvlink_peers=tuple(p for p in islands.get(gpu.pci_bus_id, ()) if p != gpu.pci_bus_id),
+                    nvlink_domain=min(islands[gpu.pci_bus_id]) if gpu.pci_bus_id in islands else None,
+                )
+                for gpu in gpus
+            ),
+        )
+
+    def gpu_utilization(self, *, gpu_uuid: str) -> int:
+        """Percent of the last sample period a kernel ran (NVML's `.gpu`); NotSupported in MIG mode."""
+        handle = self._handle(gpu_uuid)
+        return int(_call(pynvml.nvmlDeviceGetUtilizationRates, handle, gpu=gpu_uuid).gpu)
+
+    def _gpu(self, index: int, handle: Any) -> records.Gpu:
+        uuid = _call(pynvml.nvmlDeviceGetUUID, handle, gpu=f"index {index}")
+        name = _call(pynvml.nvmlDeviceGetName, handle, gpu=uuid)
+        major, minor = _call(pynvml.nvmlDeviceGetCudaComputeCapability, handle, gpu=uuid)
+        total_bytes = _call(pynvml.nvmlDeviceGetMemoryInfo, handle, gpu=uuid).total
+        bus_id = _bus_id(_call(pynvml.nvmlDeviceGetPciInfo, handle, gpu=uuid).busId)
+        mig_capable, mig_enabled = self._mig_mode(handle, uuid)
+        profiles = self._mig_profiles(handle, uuid, total_bytes) if mig_capable else ()
+        full = max(profiles, key=lambda p: p.slice_count, default=None)
+        arch = _call(pynvml.nvmlDeviceGetArchitecture, handle, gpu=uuid)
+        return records.Gpu(
+            index=index,
+            minor=_call(pynvml.nvmlDeviceGetMinorNumber, handle, gpu=uuid),
+            uuid=uuid,
+            name=name,
+            brand=_BRANDS.get(_call(pynvml.nvmlDeviceGetBrand, handle, gpu=uuid), "Unknown"),
+            architecture=_ARCHITECTURES.get(arch, "Unknown"),
+            cuda_compute_capability=f"{major}.{minor}",
+            memory_bytes=total_bytes,
+            pci_bus_id=bus_id,
+            pcie_root=self._pcie_root(bus_id),
+            numa_node=self._numa_node(bus_id),
+            nvlink_peers=(),
+            nvlink_domain=None,
+            multiprocessors=full.multiprocessors if full else _FULL_GPU_MULTIPROCESSORS.get(name),
+            mig_capable=mig_capable,
+            mig_enabled=mig_enabled,
+            mig_memory_slices=max((p.start + p.size for f in profiles for p in f.placements), default=0),
+            mig_profiles=profiles,
+            mig_devices=self._mig_devices(handle, uuid, profiles) if mig_enabled else (),
+        )
+
+    def _numa_node(self, bus_id: str) -> int | None:
+        try:
+            node = int((self._sysfs / "bus" / "pci" / "devices" / bus_id / "numa_node").read_text())
+        except FileNotFoundError:
+            return None
+        return node if node >= 0 else None
+
+    def _pcie_root(self, bus_id: str) -> str | None:
+        """The root complex above the device, from where its sysfs symlink leads (as Kubernetes does)."""
+        link = self._sysfs / "bus" / "pci" / "devices" / bus_id
+        if not link.exists():
+            return None
+        return next((part for part in link.resolve().parts if _PCIE_ROOT.fullmatch(part)), None)
+
+    def _nvlink_remotes(self, handle: Any, uuid: str, gpu_nodes: set[str]) -> set[str]:
+        """The far ends of the GPU's active NVLinks: GPU bus ids, or "switch/<bus id>" for NVSwitches."""
+        remotes = set()
+        for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+            active = _call_if_present(pynvml.nvmlDeviceGetNvLinkState, handle, link, gpu=uuid)
+            if active != pynvml.NVML_FEATURE_ENABLED:
+                continue
+            kind = _call(pynvml.nvmlDeviceGetNvLinkRemoteDeviceType, handle, link, gpu=uuid)
+            remote = _bus_id(_call(pynvml.nvmlDeviceGetNvLinkRemotePciInfo, handle, link, gpu=uuid).busId)
+            if kind == pynvml.NVML_NVLINK_DEVICE_TYPE_GPU:
+                gpu_nodes.add(remote)
+                remotes.add(remote)
+            else:
+                remotes.add(f"switch/{remote}")
+        return remotes
+
+    # --- MIG -----------------------------------------------------------------------------------
+
+    def _mig_mode(self, handle: Any, uuid: str) -> tuple[bool, bool]:
+        """(capable, enabled)."""
+        mode = _call_if_present(pynvml.nvmlDeviceGetMigMode, handle, gpu=uuid)
+        if mode is None:
+            return False, False
+        return True, mode[0] == pynvml.NVML_DEVICE_MIG_ENABLE
+
+    def _mig_profiles(self, handle: Any, uuid: str, total_bytes: int) -> tuple[records.MigProfile, ...]:
+        profiles = []
+        for index in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
+            info = _call_if_present(pynvml.nvmlDeviceGetGpuInstanceProfileInfo, handle, index, gpu=uuid)
+            if info is None:
+                continue
+            profiles.append(
+                records.MigProfile(
+                    id=info.id,
+                    name=mig_profile_name(
+                        index=index,
+                        slices=info.sliceCount,
+                        memory_mib=info.memorySizeMB,
+                        total_bytes=total_bytes,
+                    ),
+                    slice_count=info.sliceCount,
+                    instance_count=info.instanceCount,
+                    multiprocessors=info.multiprocessorCount,
+                    copy_engines=info.copyEngineCount,
+                    decoders=info.decoderCount,
+                    encoders=info.encoderCount,
+                    jpegs=info.jpegCount,
+                    ofas=info.ofaCount,
+                    memory_mib=info.memorySizeMB,
+                    placements=self._placements(handle, uuid, info.id),
+                )
+            )
+        return tuple(profiles)
+
+    def _placements(self, handle: Any, uuid: str, profile_id: int) -> tuple[records.MigPlacement, ...]:
+        count = ctypes.c_uint()
+        call = pynvml.nvmlDeviceGetGpuInstancePossiblePlacements
+        _call(call, handle, profile_id, None, ctypes.byref(count), gpu=uuid)
+        found = (pynvml.c_nvmlGpuInstancePlacement_t * count.value)()
+        _call(call, handle, profile_id, found, ctypes.byref(count), gpu=uuid)
+        return tuple(records.MigPlacement(start=p.start, size=p.size) for p in found[: count.value])
+
+    def _mig_devices(
+        self, handle: Any, uuid: str, profiles: tuple[records.MigProfile, ...]
+    ) -> tuple[records.MigDevice, ...]:
+        devices = [
+            device
+            for profile in profiles
+            for gi in self._gpu_instances(handle, uuid, profile)
+            for device in self._devices_in(gi, uuid, profile)
+        ]
+        return tuple(sorted(devices, key=lambda d: (d.placement, d.compute_instance_id)))
+
+    def _gpu_instances(self, handle: Any, uuid: str, profile: records.MigProfile) -> list[Any]:
+        found = (pynvml.c_nvmlGpuInstance_t * profile.instance_count)()
+        count = ctypes.c_uint()
+        _call(pynvml.nvmlDeviceGetGpuInstances, handle, profile.id, found, ctypes.byref(count), gpu=uuid)
+        return list(found[: count.value])
+
+    def _compute_instances(self, gi: Any, uuid: str) -> Iterator[tuple[Any, Any]]:
+        """(CI profile info, CI handle) for every compute instance in GPU instance `gi`."""
+        seen = set()
+        for index in range(pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
+            info = _call_if_present(
+                pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo,
+                gi,
+                index,
+                pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
+                gpu=uuid,
+            )
+            if info is None or info.id in seen:
+                continue
+            seen.add(info.id)
+            found = (pynvml.c_nvmlComputeInstance_t * info.instanceCount)()
+            count = ctypes.c_uint()
+            _call(
+                pynvml.nvmlGpuInstanceGetComputeInstances, gi, info.id, found, ctypes.byref(count), gpu=uuid
+            )
+            for ci in found[: count.value]:
+                yield info, ci
+
+    def _devices_in(self, gi: Any, uuid: str, profile: records.MigProfile) -> list[records.MigDevice]:
+        gi_info = _call(pynvml.nvmlGpuInstanceGetInfo, gi, gpu=uuid)
+        return [
+            self._mig_device(ci, uuid=uuid, gi_info=gi_info, profile=profile, ci_slices=ci_profile.sliceCount)
+            for ci_profile, ci in self._compute_instances(gi, uuid)
+        ]
+
+    def _mig_device(
+        self, ci: Any, *, uuid: str, gi_info: Any, profile: records.MigProfile, ci_slices: int
+    ) -> records.MigDevice:
+        ci_info = _call(pynvml.nvmlComputeInstanceGetInfo, ci, gpu=uuid)
+        attributes = _call(pynvml.nvmlDeviceGetAttributes, ci_info.device, gpu=uuid)
+        return records.MigDevice(
+            uuid=_call(pynvml.nvmlDeviceGetUUID, ci_info.device, gpu=uuid),
+            profile_id=profile.id,
+            profile_name=profile.name if ci_slices == profile.slice_count else f"{ci_slices}c.{profile.name}",
+            placement=records.MigPlacement(start=gi_info.placement.start, size=gi_info.placement.size),
+            gpu_instance_id=gi_info.id,
+            compute_instance_id=ci_info.id,
+            memory_mib=attributes.memorySizeMB,
+            multiprocessors=attributes.multiprocessorCount,
+        )
+
+    def _handle(self, gpu_uuid: str) -> Any:
+        return _call(pynvml.nvmlDeviceGetHandleByUUID, gpu_uuid, gpu=gpu_uuid)
+
+    def _mig_profile(self, handle: Any, gpu_uuid: str, profile_id: int) -> records.MigProfile:
+        """The profile `profile_id` of a GPU with MIG enabled; NotSupported otherwise."""
+        current, _ = _call(pynvml.nvmlDeviceGetMigMode, handle, gpu=gpu_uuid)
+        if current != pynvml.NVML_DEVICE_MIG_ENABLE:
+            raise errors.NotSupported(f"MIG mode is disabled on GPU {gpu_uuid}")
+        total_bytes = _call(pynvml.nvmlDeviceGetMemoryInfo, handle, gpu=gpu_uuid).total
+        profiles = self._mig_profiles(handle, gpu_uuid, total_bytes)
+        for profile in profiles:
+            if profile.id == profile_id:
+                return profile
+        offered = ", ".join(f"{p.id} ({p.name})" for p in profiles)
+        raise errors.NotSupported(f"GPU {gpu_uuid} has no MIG profile ID {profile_id}; it has {offered}")
+
+    def create_mig_device(self, *, gpu_uuid: str, profile_id: int, placement_start: int) -> records.MigDevice:
+        """Creates a GPU instance at the placement and its default full compute instance.
+
+        All or nothing: if the compute instance cannot be made, the GPU instance is destroyed again.
+        A GPU instance of this profile left at exactly this placement without a compute instance (a
+        crash between the two steps) is completed instead of refused.
+        """
+        handle = self._handle(gpu_uuid)
+        profile = self._mig_profile(handle, gpu_uuid, profile_id)
+        placement = pynvml.c_nvmlGpuInstancePlacement_t(placement_start, profile.memory_slices)
+        try:
+            gi = _call(
+                pynvml.nvmlDeviceCreateGpuInstanceWithPlacement,
+                handle,
+                profile_id,
+                ctypes.byref(placement),
+                gpu=gpu_uuid,
+            )
+        except errors.InsufficientResources:
+            gi = self._unfinished_gpu_instance(handle, gpu_uuid, profile, placement_start)
+            if gi is None:
+                raise
+        try:
+            return self._add_compute_instance(gi, gpu_uuid, profile)
+        except BaseException as failure:
+            with _noted(failure):
+                _call(pynvml.nvmlGpuInstanceDestroy, gi, gpu=gpu_uuid)
+            raise
+
+    def _unfinished_gpu_instance(
+        self, handle: Any, gpu_uuid: str, profile: records.MigProfile, placement_start: int
+    ) -> Any | None:
+        for gi in self._gpu_instances(handle, gpu_uuid, profile):
+            info = _call(pynvml.nvmlGpuInstanceGetInfo, gi, gpu=gpu_uuid)
+            if info.placement.start == placement_start and not any(self._compute_instances(gi, gpu_uuid)):
+                return gi
+        return None
+
+    def _add_compute_instance(self, gi: Any, gpu_uuid: str, profile: records.MigProfile) -> records.MigDevice:
+        full = None
+        for index in range(pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
+            info = _call_if_present(
+                pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo,
+                gi,
+                index,
+                pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
+                gpu=gpu_uuid,
+            )
+            if info is not None and info.sliceCount == profile.slice_count:
+                full = info
+                break
+        if full is None:
+            raise errors.NotSupported(
+                f"GPU {gpu_uuid}: no full compute-instance profile in a {profile.name} instance"
+            )
+        ci = _call(pynvml.nvmlGpuInstanceCreateComputeInstance, gi, full.id, gpu=gpu_uuid)
+        try:
+            gi_info = _call(pynvml.nvmlGpuInstanceGetInfo, gi, gpu=gpu_uuid)
+            return self._mig_device(
+                ci, uuid=gpu_uuid, gi_info=gi_info, profile=profile, ci_slices=full.sliceCount
+            )
+        except BaseException as failure:
+            with _noted(failure):
+                _call(pynvml.nvmlComputeInstanceDestroy, ci, gpu=gpu_uuid)
+            raise
+
+    def destroy_mig_device(self, *, gpu_uuid: str, gpu_instance_id: int) -> None:
+        """Destroys the GPU instance's compute instances, then the GPU instance; InUse while processes run."""
+        handle = self._handle(gpu_uuid)
+        gi = _call(pynvml.nvmlDeviceGetGpuInstanceById, handle, gpu_instance_id, gpu=gpu_uuid)
+        for _, ci in list(self._compute_instances(gi, gpu_uuid)):
+            _call(pynvml.nvmlComputeInstanceDestroy, ci, gpu=gpu_uuid)
+        _call(pynvml.nvmlGpuInstanceDestroy, gi, gpu=gpu_uuid)
+
+    def mig_device_by_placement(
+        self, *, gpu_uuid: str, profile_id: int, placement_start: int
+    ) -> records.MigDevice | None:
+        """The MIG device of this profile at this placement, if one exists (what a crashed prepare left)."""
+        handle = self._handle(gpu_uuid)
+        profile = self._mig_profile(handle, gpu_uuid, profile_id)
+        for gi in self._gpu_instances(handle, gpu_uuid, profile):
+            for device in self._devices_in(gi, gpu_uuid, profile):
+                if device.placement.start == placement_start:
+                    return device
+        return None
+
+
+@contextmanager
+def _noted(failure: BaseException) -> Iterator[None]:
+    """Runs a clean-up step; if it fails too, that becomes a note on the original failure."""
+    try:
+        yield
+    except errors.GpudraError as cleanup:
+        failure.add_note(f"clean-up failed as well: {cleanup}")
+
+
+def _bus_id(nvml_bus_id: str) -> str:
+    """NVML's "00000000:17:00.0" as sysfs and Kubernetes write it: "0000:17:00.0"."""
+    domain, rest = nvml_bus_id.split(":", 1)
+    return f"{int(domain, 16):04x}:{rest.lower()}"
+
+
+def _nvlink_islands(links: dict[str, set[str]], gpu_nodes: set[str]) -> dict[str, tuple[str, ...]]:
+    """GPU bus id -> sorted bus ids of all GPUs joined with it over NVLink (itself included).
+
+    Connected components of the graph of active links; an NVSwitch is a node, so every GPU linked to
+    a switch is joined with every other GPU linked to it. GPUs without active links are absent.
+    """
+    neighbours: dict[str, set[str]] = {}
+    for gpu, remotes in links.items():
+        for remote in remotes:
+            neighbours.setdefault(gpu, set()).add(remote)
+            neighbours.setdefault(remote, set()).add(gpu)
+    islands: dict[str, tuple[str, ...]] = {}
+    for start in neighbours:
+        if start in islands or start not in gpu_nodes:
+            continue
+        component, frontier = {start}, [start]
+        while frontier:
+            for nxt in neighbours[frontier.pop()] - component:
+                component.add(nxt)
+                frontier.append(nxt)
+        members = tuple(sorted(component & gpu_nodes))
+        islands.update(dict.fromkeys(members, members))
+    return islands
+
+
+def mig_profile_name(*, index: int, slices: int, memory_mib: int, total_bytes: int) -> str:
+    """go-nvlib's profile name: "<slices>g.<GB>gb" plus the suffix of the profile index.
+
+    GB is the instance's memory rounded up to eighths of the GPU, times the GPU's memory in whole
+    GiB (rounded up), rounded half up: 4864 MiB of a 40960 MiB A100 is 1/8 of 40 = "1g.5gb".
+    """
+    eighths = math.ceil(Fraction(memory_mib * _MIB * 8, total_bytes))
+    gigabytes = math.floor(Fraction(eighths, 8) * math.ceil(Fraction(total_bytes, _GIB)) + Fraction(1, 2))
+    return f"{slices}g.{gigabytes}gb{_PROFILE_SUFFIXES.get(index, '')}"

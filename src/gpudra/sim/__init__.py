@@ -1,0 +1,92 @@
+"""A simulated NVIDIA driver under pynvml, plus stand-ins for the driver's tools. I/O: state file, sysfs.
+
+`install` puts a `SimulatedLibrary` where pynvml keeps the loaded libnvidia-ml (`nvmlLib`) and fills
+pynvml's function-pointer cache with its entry points, so every pynvml wrapper runs unchanged on top
+of simulated C functions. This package never imports pynvml: `gpudra.nvml` passes the module in.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any, Protocol
+
+from gpudra import errors
+from gpudra.sim import library, machines, state, sysfs
+from gpudra.sim.hooks import attach_process, detach_process, set_mig_mode, set_utilization
+from gpudra.sim.tools import write_tools
+
+__all__ = [
+    "PROFILES",
+    "attach_process",
+    "detach_process",
+    "install",
+    "installed",
+    "set_mig_mode",
+    "set_utilization",
+    "uninstall",
+    "write_tools",
+]
+
+PROFILES = tuple(machines.MACHINES)
+
+
+class PynvmlModule(Protocol):
+    """The module state of pynvml (nvidia-ml-py) that installing the simulator replaces."""
+
+    nvmlLib: object  # the loaded CDLL, or None before the first nvmlInit
+    libLoadLock: threading.Lock  # guards nvmlLib and the cache
+    _nvmlGetFunctionPointer_cache: dict[str, Any]  # C symbol name -> callable, consulted first
+    _nvmlLib_refcount: int  # nvmlInit calls not yet shut down
+
+
+def install(pynvml_module: PynvmlModule, *, profile: str, state_file: Path, sysfs_root: Path) -> None:
+    """Boots (or joins) the simulated machine `profile` in `state_file` and loads it under pynvml.
+
+    Installs nest: installing the same machine and state file again only counts, and each `uninstall`
+    undoes one. Another machine while one is installed, or the simulator while this process uses real
+    NVML, is refused, because pynvml holds one library per process.
+    """
+    machine = machines.MACHINES.get(profile)
+    if machine is None:
+        raise errors.ConfigError(
+            f"unknown simulated machine {profile!r}; allowed: {', '.join(PROFILES)}", field="--nvml"
+        )
+    store = state.StateFile(state_file.absolute())
+    store.create(machine)
+    sysfs.write(machine, sysfs_root)
+    with pynvml_module.libLoadLock:
+        current = pynvml_module.nvmlLib
+        if isinstance(current, library.SimulatedLibrary):
+            if (current.machine, current.state_file.path) != (machine, store.path):
+                raise errors.ConfigError(
+                    f"this process already simulates {current.machine.name!r} with state "
+                    f"{current.state_file.path}; close it first",
+                    field="--nvml",
+                )
+            current.installs += 1
+            return
+        if pynvml_module._nvmlLib_refcount > 0:
+            raise errors.ConfigError("this process uses the real NVML; close it first", field="--nvml")
+        simulated = library.SimulatedLibrary(machine=machine, state_file=store)
+        simulated.previous = current
+        simulated.installs = 1
+        pynvml_module.nvmlLib = simulated
+        pynvml_module._nvmlGetFunctionPointer_cache.clear()
+        pynvml_module._nvmlGetFunctionPointer_cache.update(simulated.entry_points())
+
+
+def uninstall(pynvml_module: PynvmlModule) -> None:
+    """Undoes one `install`; the last one gives pynvml back what it had loaded before."""
+    with pynvml_module.libLoadLock:
+        current = pynvml_module.nvmlLib
+        if not isinstance(current, library.SimulatedLibrary):
+            return
+        current.installs -= 1
+        if current.installs == 0:
+            pynvml_module.nvmlLib = current.previous
+            pynvml_module._nvmlGetFunctionPointer_cache.clear()
+
+
+def installed(pynvml_module: PynvmlModule) -> bool:
+    return isinstance(pynvml_module.nvmlLib, library.SimulatedLibrary)

@@ -1,0 +1,53 @@
+"""Test hooks for what gpudra's NVML calls never change: processes, MIG mode, load. I/O: the state file.
+
+Real hardware gets processes from workloads, MIG mode from an administrator and utilization from
+work; the simulator gets them from these calls, so tests can exercise "destroy while in use" or the
+Ampere rule that MIG profiles are hidden while MIG is disabled.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpudra.sim import hardware, machines, state
+
+
+def attach_process(*, state_file: Path, device_uuid: str, pid: int) -> None:
+    """Records process `pid` as running on a GPU or MIG device, by UUID."""
+    with state.StateFile(state_file).update() as machine_state:
+        known = {gpu.uuid for gpu in machine_state.gpus} | {
+            ci.uuid for gpu in machine_state.gpus for gi in gpu.gpu_instances for ci in gi.compute_instances
+        }
+        if device_uuid not in known:
+            raise hardware.Refused(hardware.NOT_FOUND, f"no device with UUID {device_uuid}")
+        machine_state.processes.append(state.Process(pid=pid, device_uuid=device_uuid))
+
+
+def detach_process(*, state_file: Path, pid: int) -> None:
+    with state.StateFile(state_file).update() as machine_state:
+        machine_state.processes = [p for p in machine_state.processes if p.pid != pid]
+
+
+def set_mig_mode(*, state_file: Path, gpu_uuid: str, enabled: bool) -> None:
+    """Like `nvidia-smi -i <gpu> -mig 0|1` on an idle GPU: refused while instances exist."""
+    store = state.StateFile(state_file)
+    with store.update() as machine_state:
+        index, gpu = _gpu(machine_state, gpu_uuid)
+        hardware.require_mig_capable(machines.MACHINES[machine_state.machine].gpus[index].model)
+        if gpu.gpu_instances:
+            raise hardware.Refused(hardware.IN_USE, f"{gpu_uuid} still has GPU instances")
+        gpu.mig_mode = int(enabled)
+
+
+def set_utilization(*, state_file: Path, gpu_uuid: str, percent: int) -> None:
+    if not 0 <= percent <= 100:
+        raise hardware.Refused(hardware.INVALID_ARGUMENT, f"utilization {percent}% is not within 0..100")
+    with state.StateFile(state_file).update() as machine_state:
+        _gpu(machine_state, gpu_uuid)[1].utilization = percent
+
+
+def _gpu(machine_state: state.MachineState, gpu_uuid: str) -> tuple[int, state.Gpu]:
+    for index, gpu in enumerate(machine_state.gpus):
+        if gpu.uuid == gpu_uuid:
+            return index, gpu
+    raise hardware.Refused(hardware.NOT_FOUND, f"no GPU with UUID {gpu_uuid}")

@@ -1,0 +1,530 @@
+"""The simulated libnvidia-ml: the C entry points pynvml calls for gpudra. I/O: the state file.
+
+pynvml looks every C symbol up with `getattr(nvmlLib, name)` and calls it with ctypes arguments:
+handles are pointer objects, out-parameters arrive as `byref(...)` objects (the target is `._obj`),
+string buffers and caller-allocated arrays arrive as themselves, sizes as `c_uint`, indices often as
+plain ints. Each entry point here takes exactly that, writes results into the caller's objects and
+returns an NVML return code, so pynvml's own wrappers (structs, versions, `_nvmlCheckReturn` raising
+`NVMLError_*`) run unchanged. Symbols not defined here are missing, as in an old driver:
+pynvml raises NVMLError_FunctionNotFound.
+
+Handles are opaque pointer values that encode what they point at (GPU, GPU instance, compute
+instance, MIG device) and are checked against the current state on every call, so a handle to an
+instance another process destroyed is refused like a stale one on real hardware.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable
+from typing import Any
+
+from gpudra.sim import hardware, machines, state
+from gpudra.sim.hardware import Refused
+
+_MAGIC = 0x6770
+_GPU, _GPU_INSTANCE, _COMPUTE_INSTANCE, _MIG_DEVICE = 1, 2, 3, 4
+_NVLINK_DEVICE_TYPE_SWITCH = 2
+_MIB = 1024 * 1024
+
+EntryPoint = Callable[..., Any]
+_ENTRY_POINTS: dict[str, str] = {}
+
+
+def _entry(c_name: str) -> Callable[[EntryPoint], EntryPoint]:
+    def register(method: EntryPoint) -> EntryPoint:
+        _ENTRY_POINTS[c_name] = method.__name__
+        return method
+
+    return register
+
+
+class CFunction:
+    """What `getattr(nvmlLib, name)` returns: callable, and open to the attributes pynvml sets (restype)."""
+
+    def __init__(self, call: EntryPoint) -> None:
+        self._call = call
+        self.restype: Any = ctypes.c_int
+
+    def __call__(self, *args: Any) -> Any:
+        return self._call(*args)
+
+
+def _handle(kind: int, gpu: int, gi: int = 0, ci: int = 0) -> int:
+    return (_MAGIC << 32) | (kind << 24) | (gpu << 16) | (gi << 8) | ci
+
+
+def _store_handle(target: Any, value: int) -> None:
+    ctypes.c_void_p.from_buffer(target).value = value
+
+
+def _out(ref: Any) -> Any:
+    target = getattr(ref, "_obj", None)
+    if target is None:
+        raise Refused(hardware.INVALID_ARGUMENT, "out-parameter is not a reference")
+    return target
+
+
+def _int(value: Any) -> int:
+    return int(getattr(value, "value", value))
+
+
+def _put_string(buffer: Any, length: Any, text: str) -> None:
+    data = text.encode()
+    if len(data) + 1 > _int(length):
+        raise Refused(hardware.INSUFFICIENT_SIZE, f"{len(data) + 1} bytes needed")
+    buffer.value = data
+
+
+def _version(struct: Any, version: int) -> None:
+    """NVML's versioned structs carry sizeof(struct) | version << 24 in their first field."""
+    if struct.version != ctypes.sizeof(struct) | version << 24:
+        raise Refused(hardware.ARGUMENT_VERSION_MISMATCH, f"{type(struct).__name__}.version")
+
+
+def _fill_pci(info: Any, *, bus: int, pci_device: int, pci_subsystem: int) -> None:
+    info.busIdLegacy = f"{0:04X}:{bus:02X}:00.0".encode()
+    info.busId = f"{0:08X}:{bus:02X}:00.0".encode()
+    info.domain = 0
+    info.bus = bus
+    info.device = 0
+    info.pciDeviceId = pci_device << 16 | machines.NVIDIA_VENDOR_ID
+    info.pciSubSystemId = pci_subsystem
+
+
+class SimulatedLibrary:
+    """Stands where pynvml keeps the loaded CDLL; `install` in `gpudra.sim` puts it there."""
+
+    def __init__(self, *, machine: machines.Machine, state_file: state.StateFile) -> None:
+        self.machine = machine
+        self.state_file = state_file
+        self.installs = 0
+        self.previous: object = None  # what pynvml had loaded before, restored on the last uninstall
+        self._initialized = 0
+        self._functions = {
+            c_name: CFunction(self._guard(c_name, getattr(self, method)))
+            for c_name, method in _ENTRY_POINTS.items()
+        }
+
+    def __getattr__(self, name: str) -> CFunction:
+        functions: dict[str, CFunction] = self.__dict__.get("_functions", {})
+        if name in functions:
+            return functions[name]
+        raise AttributeError(name)
+
+    def entry_points(self) -> dict[str, CFunction]:
+        return dict(self._functions)
+
+    def _guard(self, c_name: str, method: EntryPoint) -> EntryPoint:
+        needs_init = c_name not in ("nvmlInitWithFlags", "nvmlErrorString")
+
+        def call(*args: Any) -> Any:
+            if needs_init and not self._initialized:
+                return hardware.UNINITIALIZED
+            try:
+                return method(*args)
+            except Refused as refused:
+                return refused.code
+
+        return call
+
+    # --- handles -------------------------------------------------------------------------------
+
+    def _decode(self, handle: Any, kind: int) -> tuple[int, int, int]:
+        try:
+            value = ctypes.cast(handle, ctypes.c_void_p).value or 0
+        except (TypeError, ctypes.ArgumentError):
+            value = 0
+        if (
+            value >> 32 != _MAGIC
+            or (value >> 24) & 0xFF != kind
+            or (value >> 16) & 0xFF >= len(self.machine.gpus)
+        ):
+            raise Refused(hardware.INVALID_ARGUMENT, "not a valid handle")
+        return (value >> 16) & 0xFF, (value >> 8) & 0xFF, value & 0xFF
+
+    def _kind(self, handle: Any) -> int:
+        try:
+            value = ctypes.cast(handle, ctypes.c_void_p).value or 0
+        except (TypeError, ctypes.ArgumentError):
+            return 0
+        return (value >> 24) & 0xFF if value >> 32 == _MAGIC else 0
+
+    def _gpu(self, handle: Any) -> int:
+        return self._decode(handle, _GPU)[0]
+
+    def _gpu_instance(
+        self, handle: Any, machine_state: state.MachineState
+    ) -> tuple[int, state.Gpu, state.GpuInstance]:
+        index, gi_id, _ = self._decode(handle, _GPU_INSTANCE)
+        gpu = machine_state.gpus[index]
+        try:
+            return index, gpu, hardware.gpu_instance(gpu, gi_id)
+        except Refused as refused:
+            raise Refused(hardware.INVALID_ARGUMENT, "stale GPU instance handle") from refused
+
+    def _compute_instance(
+        self, handle: Any, kind: int, machine_state: state.MachineState
+    ) -> tuple[int, state.GpuInstance, state.ComputeInstance]:
+        index, gi_id, ci_id = self._decode(handle, kind)
+        try:
+            gi = hardware.gpu_instance(machine_state.gpus[index], gi_id)
+            return index, gi, hardware.compute_instance(gi, ci_id)
+        except Refused as refused:
+            raise Refused(hardware.INVALID_ARGUMENT, "stale compute instance handle") from refused
+
+    def _model(self, index: int) -> machines.GpuModel:
+        return self.machine.gpus[index].model
+
+    # --- library -------------------------------------------------------------------------------
+
+    @_entry("nvmlInitWithFlags")
+    def init_with_flags(self, flags: Any) -> int:
+        if not self.state_file.exists():
+            raise Refused(hardware.DRIVER_NOT_LOADED, f"no simulated machine at {self.state_file.path}")
+        self._initialized += 1
+        return hardware.SUCCESS
+
+    @_entry("nvmlShutdown")
+    def shutdown(self) -> int:
+        self._initialized -= 1
+        return hardware.SUCCESS
+
+    @_entry("nvmlErrorString")
+    def error_string(self, code: Any) -> bytes:
+        return hardware.ERROR_STRINGS.get(_int(code), "Unknown Error").encode()
+
+    @_entry("nvmlSystemGetDriverVersion")
+    def system_driver_version(self, buffer: Any, length: Any) -> int:
+        _put_string(buffer, length, self.machine.driver_version)
+        return hardware.SUCCESS
+
+    @_entry("nvmlSystemGetCudaDriverVersion")
+    def system_cuda_driver_version(self, ref: Any) -> int:
+        _out(ref).value = self.machine.cuda_driver_version
+        return hardware.SUCCESS
+
+    # --- devices -------------------------------------------------------------------------------
+
+    @_entry("nvmlDeviceGetCount_v2")
+    def device_count(self, ref: Any) -> int:
+        _out(ref).value = len(self.machine.gpus)
+        return hardware.SUCCESS
+
+    @_entry("nvmlDeviceGetHandleByIndex_v2")
+    def handle_by_index(self, index: Any, ref: Any) -> int:
+        i = _int(index)
+        if not 0 <= i < len(self.machine.gpus):
+            raise Refused(hardware.INVALID_ARGUMENT, f"no GPU with index {i}")
+        _store_handle(_out(ref), _handle(_GPU, i))
+        return hardware.SUCCESS
+
+    @_entry("nvmlDeviceGetHandleByUUID")
+    def handle_by_uuid(self, uuid: Any, ref: Any) -> int:
+        raw = getattr(uuid, "value", None)
+        if not isinstance(raw, bytes):
+            raise Refused(hardware.INVALID_ARGUMENT, "UUID is not a C string")
+        wanted = raw.decode()
+        target = _out(ref)
+        for i in range(len(self.machine.gpus)):
+            if self.machine.gpu_uuid(i) == wanted:
+                _store_handle(target, _handle(_GPU, i))
+                return hardware.SUCCESS
+        for i, gpu in enumerate(self.state_file.read().gpus):
+            for gi in gpu.gpu_instances:
+                for ci in gi.compute_instances:
+                    if ci.uuid == wanted:
+                        _store_handle(target, _handle(_MIG_DEVICE, i, gi.id, ci.id))
+                        return hardware.SUCCESS
+        raise Refused(hardware.NOT_FOUND, f"no device with UUID {wanted}")
+
+    @_entry("nvmlDeviceGetName")
+    def name(self, handle: Any, buffer: Any, length: Any) -> int:
+        _put_string(buffer, length, self._model(self._gpu(handle)).name)
+        return hardware.SUCCESS
+
+    @_entry("nvmlDeviceGetUUID")
+    def uuid(self, handle: Any, buffer: Any, length: Any) -> int:
+        if self._kind(handle) == _MIG_DEVICE:
+            _, _, ci = self._compute_instance(handle, _MIG_DEVICE, self.state_file.read())
+            _put_string(buffer, length, ci.uuid)
+        else:
+            _put_string(buffer, length, self.machine.gpu_uuid(self._gpu(handle)))
+        return hardware.SUCCESS
+
+    @_entry("nvmlDeviceGetBrand")
+    def brand(self, handle: Any, ref: Any) -> int:
+        _out(ref).value = self._model(self._gpu(handle)).brand
+        return hardware.SUCCESS
+
+    @_entry("nvmlDeviceGetArchitecture")
+    def architecture(self, handle: Any, ref: Any) -> int:
+        _out(ref).value = self._model(self._gpu(handle)).architecture
+        return hardware.SUCCESS
+
+    @_entry("nvmlDeviceGetCudaComputeCapability")
+    def compute_capability(self, handle: Any, major: Any, minor: Any) -> int:
+        model = self._model(self._gpu(handle))
+        _out(major).value, _out(minor).value = model.compute_capability
+        return hardware.SUCCESS
+
+    @_entry("nvmlDeviceGetMemoryInfo")
+    def memory_info(self, handle: Any, ref: Any) -> int:
+        info = _out(ref)
+        if self._kind(handle) == _MIG_DEVICE:
+            index, gi, _ = self._compute_instance(handle, _MIG_DEVICE, self.state_file.read())
+            total = hardware.mig_profile(self._model(index), gi.profile_id).memory_mib * _MIB
+        else:
+            total = self._model(self._gpu(handle)).memory_mib * _MIB
+        info.total, info.free, info.used = total, total, 0
+        return hardware.SUCCESS
+
+    @_entry("nvmlDeviceGetPciInfo_v3")
+    def pci_info(self, handle: Any, ref: Any) -> int:
+        slot = self.machine.gpus[self._gpu(handle)]
+        _fill_pci(
+            _out(ref), bus=slot.bus, pci_device=slot.model.pci_device, pci_subsystem=slot.model.pci_subsystem
+        )
+        return hardware.SUCCESS
+
+    @_entry("nvmlDeviceGetMinorNumber")
+    def minor_number(self, handle: Any, ref: Any) -> int:
+        _out(ref).value = self.machine.gpus[self._gpu(handle)].minor
+        return hardware.SUCCESS
+
+    @_entry("nvmlDeviceGetUtilizationRates")
+    def utilization(self, handle: Any, ref: Any) -> int:
+        index = self._gpu(handle)
+        gpu = self.state_file.read().gpus[index]
+        if gpu.mig_mode:
+            raise Refused(hardware.NOT_SUPPORTED, "utilization is not reported in MIG mode")
+        info = _out(ref)
+        info.gpu, info.memory = gpu.utilization, 0
+        return hardware.SUCCESS
+
+    # --- NVLink --------------------------------------------------------------------------------
+
+    def _link(self, handle: Any, link: Any) -> machines.NvSwitch:
+        slot = self.machine.gpus[self._gpu(handle)]
+        if not slot.model.nvlinks:
+            raise Refused(hardware.NOT_SUPPORTED, f"{slot.model.name} has no NVLink")
+        number = _int(link)
+        if not 0 <= number < slot.model.nvlinks:
+            raise Refused(hardware.INVALID_ARGUMENT, f"{slot.model.name} has no NVLink {number}")
+        return slot.nvswitches[number % len(slot.nvswitches)]
+
+    @_entry("nvmlDeviceGetNvLinkState")
+    def nvlink_state(self, handle: Any, link: Any, ref: Any) -> int:
+        self._link(handle, link)
+        _out(ref).value = 1
+        return hardware.SUCCESS
+
+    @_entry("nvmlDeviceGetNvLinkRemoteDeviceType")
+    def nvlink_remote_type(self, handle: Any, link: Any, ref: Any) -> int:
+        self._link(handle, link)
+        _out(ref).value = _NVLINK_DEVICE_TYPE_SWITCH
+        return hardware.SUCCESS
+
+    @_entry("nvmlDeviceGetNvLinkRemotePciInfo_v2")
+    def nvlink_remote_pci(self, handle: Any, link: Any, ref: Any) -> int:
+        switch = self._link(handle, link)
+        _fill_pci(_out(ref), bus=switch.bus, pci_device=switch.pci_device, pci_subsystem=0)
+        return hardware.SUCCESS
+
+    # --- MIG: modes, profiles, placements ------------------------------------------------------
+
+    @_entry("nvmlDeviceGetMigMode")
+    def mig_mode(self, handle: Any, current: Any, pending: Any) -> int:
+        index = self._gpu(handle)
+        hardware.require_mig_capable(self._model(index))
+        mode = self.state_file.read().gpus[index].mig_mode
+        _out(current).value, _out(pending).value = mode, mode
+        return hardware.SUCCESS
+
+    @_entry("nvmlDeviceGetGpuInstanceProfileInfoV")
+    def gpu_instance_profile_info(self, handle: Any, profile_index: Any, ref: Any) -> int:
+        index = self._gpu(handle)
+        model = self._model(index)
+        hardware.require_mig_capable(model)
+        number = _int(profile_index)
+        if not 0 <= number < 0x12:  # NVML_GPU_INSTANCE_PROFILE_COUNT
+            raise Refused(hardware.INVALID_ARGUMENT, f"profile index {number} out of range")
+        if model.profiles_need_mig_mode:
+            hardware.require_mig_enabled(model, self.state_file.read().gpus[index])
+        profile = next((p for p in model.mig_profiles if p.index == number), None)
+        if profile is None:
+            raise Refused(hardware.NOT_SUPPORTED, f"{model.name} has no profile with index {number}")
+        info = _out(ref)
+        _version(info, 2)
+        info.id = profile.id
+        info.isP2pSupported = 0
+        info.sliceCount = profile.slices
+        info.instanceCount = profile.instances
+        info.multiprocessorCount = profile.multiprocessors
+        info.copyEngineCount = profile.copy_engines
+        info.decoderCount = profile.decoders
+        info.encoderCount = 0
+        info.jpegCount = profile.jpegs
+        info.ofaCount = profile.ofas
+        info.memorySizeMB = profile.memory_mib
+        info.name = f"MIG {profile.name}".encode()
+        return hardware.SUCCESS
+
+    @_entry("nvmlDeviceGetGpuInstancePossiblePlacements_v2")
+    def possible_placements(self, handle: Any, profile_id: Any, placements: Any, count: Any) -> int:
+        model = self._model(self._gpu(handle))
+        hardware.require_mig_capable(model)
+        profile = hardware.mig_profile(model, _int(profile_id))
+        if placements is not None:
+            if len(placements) < len(profile.starts):
+                raise Refused(hardware.INSUFFICIENT_SIZE, f"{len(profile.starts)} placements")
+            for slot, start in zip(placements, profile.starts, strict=False):
+                slot.start, slot.size = start, profile.size
+        _out(count).value = len(profile.starts)
+        return hardware.SUCCESS
+
+    # --- MIG: GPU instances --------------------------------------------------------------------
+
+    @_entry("nvmlDeviceCreateGpuInstanceWithPlacement")
+    def create_gpu_instance(self, handle: Any, profile_id: Any, placement: Any, ref: Any) -> int:
+        index = self._gpu(handle)
+        requested = _out(placement)
+        target = _out(ref)
+        with self.state_file.update() as machine_state:
+            created = hardware.create_gpu_instance(
+                model=self._model(index),
+                gpu=machine_state.gpus[index],
+                profile_id=_int(profile_id),
+                start=requested.start,
+                size=requested.size,
+            )
+        _store_handle(target, _handle(_GPU_INSTANCE, index, created.id))
+        return hardware.SUCCESS
+
+    @_entry("nvmlDeviceGetGpuInstances")
+    def gpu_instances(self, handle: Any, profile_id: Any, instances: Any, count: Any) -> int:
+        index = self._gpu(handle)
+        model = self._model(index)
+        gpu = self.state_file.read().gpus[index]
+        hardware.require_mig_enabled(model, gpu)
+        wanted = hardware.mig_profile(model, _int(profile_id)).id
+        found = sorted(gi.id for gi in gpu.gpu_instances if gi.profile_id == wanted)
+        if instances is None or len(instances) < len(found):
+            raise Refused(hardware.INSUFFICIENT_SIZE, f"{len(found)} GPU instances")
+        for slot, gi_id in enumerate(found):
+            instances[slot] = ctypes.cast(_handle(_GPU_INSTANCE, index, gi_id), type(instances[slot]))
+        _out(count).value = len(found)
+        return hardware.SUCCESS
+
+    @_entry("nvmlDeviceGetGpuInstanceById")
+    def gpu_instance_by_id(self, handle: Any, gi_id: Any, ref: Any) -> int:
+        index = self._gpu(handle)
+        gpu = self.state_file.read().gpus[index]
+        hardware.require_mig_enabled(self._model(index), gpu)
+        gi = hardware.gpu_instance(gpu, _int(gi_id))
+        _store_handle(_out(ref), _handle(_GPU_INSTANCE, index, gi.id))
+        return hardware.SUCCESS
+
+    @_entry("nvmlGpuInstanceGetInfo")
+    def gpu_instance_info(self, handle: Any, ref: Any) -> int:
+        index, _, gi = self._gpu_instance(handle, self.state_file.read())
+        info = _out(ref)
+        _store_handle(info.device, _handle(_GPU, index))
+        info.id = gi.id
+        info.profileId = gi.profile_id
+        info.placement.start, info.placement.size = gi.start, gi.size
+        return hardware.SUCCESS
+
+    @_entry("nvmlGpuInstanceDestroy")
+    def destroy_gpu_instance(self, handle: Any) -> int:
+        with self.state_file.update() as machine_state:
+            _, gpu, gi = self._gpu_instance(handle, machine_state)
+            hardware.destroy_gpu_instance(gpu=gpu, gi_id=gi.id)
+        return hardware.SUCCESS
+
+    # --- MIG: compute instances and MIG devices ------------------------------------------------
+
+    @_entry("nvmlGpuInstanceGetComputeInstanceProfileInfoV")
+    def compute_instance_profile_info(self, handle: Any, profile_index: Any, engines: Any, ref: Any) -> int:
+        index, _, gi = self._gpu_instance(handle, self.state_file.read())
+        if _int(engines) != 0:  # NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED is the only one
+            raise Refused(hardware.INVALID_ARGUMENT, f"engine profile {_int(engines)}")
+        gi_profile = hardware.mig_profile(self._model(index), gi.profile_id)
+        profile = hardware.compute_profile(gi_profile, _int(profile_index))
+        info = _out(ref)
+        _version(info, 2)
+        info.id = profile.id
+        info.sliceCount = profile.slices
+        info.instanceCount = profile.instances
+        info.multiprocessorCount = profile.multiprocessors
+        info.sharedCopyEngineCount = gi_profile.copy_engines
+        info.sharedDecoderCount = gi_profile.decoders
+        info.sharedEncoderCount = 0
+        info.sharedJpegCount = gi_profile.jpegs
+        info.sharedOfaCount = gi_profile.ofas
+        info.name = f"MIG {profile.name}".encode()
+        return hardware.SUCCESS
+
+    @_entry("nvmlGpuInstanceCreateComputeInstance")
+    def create_compute_instance(self, handle: Any, profile_id: Any, ref: Any) -> int:
+        target = _out(ref)
+        with self.state_file.update() as machine_state:
+            index, _, gi = self._gpu_instance(handle, machine_state)
+            created = hardware.create_compute_instance(
+                model=self._model(index), gi=gi, profile_id=_int(profile_id)
+            )
+        _store_handle(target, _handle(_COMPUTE_INSTANCE, index, gi.id, created.id))
+        return hardware.SUCCESS
+
+    @_entry("nvmlGpuInstanceGetComputeInstances")
+    def compute_instances(self, handle: Any, profile_id: Any, instances: Any, count: Any) -> int:
+        index, _, gi = self._gpu_instance(handle, self.state_file.read())
+        wanted = _int(profile_id)
+        hardware.compute_profile(hardware.mig_profile(self._model(index), gi.profile_id), wanted)
+        found = sorted(ci.id for ci in gi.compute_instances if ci.profile_id == wanted)
+        if instances is None or len(instances) < len(found):
+            raise Refused(hardware.INSUFFICIENT_SIZE, f"{len(found)} compute instances")
+        for slot, ci_id in enumerate(found):
+            instances[slot] = ctypes.cast(
+                _handle(_COMPUTE_INSTANCE, index, gi.id, ci_id), type(instances[slot])
+            )
+        _out(count).value = len(found)
+        return hardware.SUCCESS
+
+    @_entry("nvmlComputeInstanceGetInfo_v2")
+    def compute_instance_info(self, handle: Any, ref: Any) -> int:
+        index, gi, ci = self._compute_instance(handle, _COMPUTE_INSTANCE, self.state_file.read())
+        info = _out(ref)
+        _store_handle(info.device, _handle(_MIG_DEVICE, index, gi.id, ci.id))
+        _store_handle(info.gpuInstance, _handle(_GPU_INSTANCE, index, gi.id))
+        info.id = ci.id
+        info.profileId = ci.profile_id
+        info.placement.start, info.placement.size = ci.start, ci.size
+        return hardware.SUCCESS
+
+    @_entry("nvmlComputeInstanceDestroy")
+    def destroy_compute_instance(self, handle: Any) -> int:
+        with self.state_file.update() as machine_state:
+            _, gi, ci = self._compute_instance(handle, _COMPUTE_INSTANCE, machine_state)
+            hardware.destroy_compute_instance(machine_state=machine_state, gi=gi, ci_id=ci.id)
+        return hardware.SUCCESS
+
+    @_entry("nvmlDeviceGetAttributes_v2")
+    def attributes(self, handle: Any, ref: Any) -> int:
+        if self._kind(handle) != _MIG_DEVICE:
+            self._gpu(handle)
+            raise Refused(hardware.NOT_SUPPORTED, "attributes are reported for MIG devices only")
+        index, gi, ci = self._compute_instance(handle, _MIG_DEVICE, self.state_file.read())
+        gi_profile = hardware.mig_profile(self._model(index), gi.profile_id)
+        profile = hardware.compute_profile(gi_profile, ci.profile_id)
+        info = _out(ref)
+        info.multiprocessorCount = profile.multiprocessors
+        info.sharedCopyEngineCount = gi_profile.copy_engines
+        info.sharedDecoderCount = gi_profile.decoders
+        info.sharedEncoderCount = 0
+        info.sharedJpegCount = gi_profile.jpegs
+        info.sharedOfaCount = gi_profile.ofas
+        info.gpuInstanceSliceCount = gi_profile.slices
+        info.computeInstanceSliceCount = profile.slices
+        info.memorySizeMB = gi_profile.memory_mib
+        return hardware.SUCCESS

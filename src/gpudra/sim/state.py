@@ -1,0 +1,163 @@
+"""The simulated card's mutable state and the file that holds it. I/O: the state file and its lock file.
+
+One JSON file per simulated machine plays the part of the hardware: every process that installs the
+simulator (the plugin, a test, the stand-in `nvidia-smi`, an MPS daemon) reads and changes the same
+file, so MIG instances, compute modes and daemons survive restarts and are seen by all, like a card.
+Changes run under an exclusive `flock` on a sibling lock file (the state file itself is replaced by
+rename, so it cannot carry the lock) and are written atomically: temp file, fsync, rename.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from gpudra import errors
+from gpudra.sim import machines
+
+ENVIRONMENT = "GPUDRA_SIM_STATE"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ComputeInstance(_Model):
+    id: int
+    profile_id: int  # CI profile ID (equals the NVML CI profile index, as observed)
+    start: int  # in GPU slices of the parent GI
+    size: int
+    uuid: str  # the MIG device's UUID, new on every create
+    compute_mode: int = 0
+
+
+class GpuInstance(_Model):
+    id: int
+    profile_id: int
+    start: int  # in memory slices
+    size: int
+    compute_instances: list[ComputeInstance] = []
+
+
+class Gpu(_Model):
+    uuid: str
+    mig_mode: int  # 0 disabled, 1 enabled; always 0 on GPUs without MIG
+    compute_mode: int = 0
+    timeslice: int = 0  # nvidia-smi compute-policy: 0 default, 1 short, 2 medium, 3 long
+    utilization: int = 0  # percent, what nvmlDeviceGetUtilizationRates reports as .gpu
+    gpu_instances: list[GpuInstance] = []
+
+
+class Process(_Model):
+    """A (fake) process holding a GPU or MIG device, by UUID; destroy refuses while one is attached."""
+
+    pid: int
+    device_uuid: str
+
+
+class MpsDaemon(_Model):
+    pid: int
+    pipe_directory: str
+    log_directory: str
+    visible_devices: str | None
+    default_active_thread_percentage: float = 100.0
+    default_pinned_memory_limits: dict[str, str] = {}
+
+
+class MachineState(_Model):
+    machine: str
+    gpus: list[Gpu]
+    processes: list[Process] = []
+    mps_daemons: list[MpsDaemon] = []
+
+
+def initial_state(machine: machines.Machine) -> MachineState:
+    """A freshly booted machine: no instances, default modes, MIG mode as the profile says."""
+    return MachineState(
+        machine=machine.name,
+        gpus=[
+            Gpu(uuid=machine.gpu_uuid(i), mig_mode=int(machine.mig_enabled and slot.model.mig_capable))
+            for i, slot in enumerate(machine.gpus)
+        ],
+    )
+
+
+class StateFile:
+    """Reads and changes one machine's state file; see the module docstring for the locking rules."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock_path = path.with_name(path.name + ".lock")
+
+    def exists(self) -> bool:
+        return self.path.exists()
+
+    def create(self, machine: machines.Machine) -> None:
+        """Boots `machine` into a new state file, or checks that an existing one is the same machine."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self._locked(fcntl.LOCK_EX):
+            if not self.path.exists():
+                self._write(initial_state(machine))
+                return
+            found = self._read().machine
+        if found != machine.name:
+            raise errors.ConfigError(
+                f"state file {self.path} holds the simulated machine {found!r}, not {machine.name!r}; "
+                "use another state file or remove this one",
+                field="GPUDRA_SIM_STATE",
+            )
+
+    def read(self) -> MachineState:
+        with self._locked(fcntl.LOCK_SH):
+            return self._read()
+
+    @contextlib.contextmanager
+    def update(self) -> Iterator[MachineState]:
+        """Yields the state for changing; writes it back only if the block finishes without raising."""
+        with self._locked(fcntl.LOCK_EX):
+            state = self._read()
+            yield state
+            self._write(state)
+
+    @contextlib.contextmanager
+    def _locked(self, mode: int) -> Iterator[None]:
+        with self._lock_path.open("a") as lock:
+            fcntl.flock(lock, mode)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _read(self) -> MachineState:
+        return MachineState.model_validate_json(self.path.read_bytes())
+
+    def _write(self, state: MachineState) -> None:
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(state.model_dump_json(indent=1).encode())
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        dir_fd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+def from_environment() -> StateFile | None:
+    """The state file the stand-in tools act on (their wrapper scripts set the variable); None if absent."""
+    value = os.environ.get(ENVIRONMENT)
+    if not value or not Path(value).exists():
+        return None
+    return StateFile(Path(value))

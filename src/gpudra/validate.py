@@ -1,0 +1,190 @@
+"""Checks of the gpudra configs in claim, template and class manifests. I/O: reads the files named.
+
+`validate_files` reads the files; `validate_documents`, which judges parsed objects, is pure. This is
+what `gpudra validate FILE...` runs: each config entry whose `opaque.driver` is gpudra's must carry a
+valid GpuConfig or MigDeviceConfig of at most 10 KiB, and in claims its `requests` must name requests of
+the claim. Other drivers' entries and other kinds of objects are left alone.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpudra.api import config_problems
+
+# Kubernetes' limit on opaque parameters (resource/v1 OpaqueParametersMaxLength).
+MAX_PARAMETERS_BYTES = 10 * 1024
+
+# kind -> path of its devices (requests and config) or, for a DeviceClass, of its spec (config only)
+_DEVICES_AT = {
+    "ResourceClaim": ("spec", "devices"),
+    "ResourceClaimTemplate": ("spec", "spec", "devices"),
+    "DeviceClass": ("spec",),
+}
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong in one file. `object` and `field` are empty when the file itself is at fault."""
+
+    file: str
+    object: str  # "Kind namespace/name", or "Kind name" for cluster-scoped objects
+    field: str  # e.g. spec.devices.config[0].opaque.parameters.sharing.strategy
+    message: str
+
+    def __str__(self) -> str:
+        return ": ".join(part for part in (self.file, self.object, self.field, self.message) if part)
+
+
+def validate_files(paths: Sequence[Path], *, driver: str) -> list[Problem]:
+    """Every problem in the YAML (multi-document) or JSON files; an unreadable file is a Problem too."""
+    problems = []
+    for path in paths:
+        file = str(path)
+        try:
+            documents = _documents(path)
+        except ValueError as err:
+            problems.append(Problem(file, "", "", str(err)))
+            continue
+        objects = []
+        for number, document in enumerate(documents, start=1):
+            if document is None:
+                continue
+            if isinstance(document, Mapping) and "kind" in document and "apiVersion" in document:
+                objects.append((file, document))
+            else:
+                problems.append(
+                    Problem(
+                        file, f"document {number}", "", "is not a Kubernetes object (no apiVersion and kind)"
+                    )
+                )
+        problems.extend(validate_documents(objects, driver=driver))
+    return problems
+
+
+def validate_documents(docs: Iterable[tuple[str, Mapping[str, Any]]], *, driver: str) -> list[Problem]:
+    """Every problem in the gpudra configs of the (file name, parsed object) pairs, `v1 List`s included."""
+    problems: list[Problem] = []
+    for file, document in docs:
+        _check_object(document, file=file, prefix="", driver=driver, problems=problems)
+    return problems
+
+
+def _documents(path: Path) -> list[Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ValueError(f"cannot be read: {err.strerror}") from err
+    except UnicodeDecodeError as err:
+        raise ValueError("is not YAML or JSON: not UTF-8 text") from err
+    if path.suffix == ".json":
+        try:
+            return [json.loads(text)]
+        except json.JSONDecodeError as err:
+            raise ValueError(f"is not valid JSON: {err}") from err
+    try:
+        return list(yaml.safe_load_all(text))
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ValueError(f"is not valid YAML: {err.problem or err.context}{where}") from err
+    except yaml.YAMLError as err:
+        raise ValueError(f"is not valid YAML: {err}") from err
+
+
+def _check_object(
+    obj: Mapping[str, Any], *, file: str, prefix: str, driver: str, problems: list[Problem]
+) -> None:
+    kind, items = obj.get("kind"), obj.get("items")
+    if isinstance(kind, str) and kind.endswith("List") and isinstance(items, list):
+        for index, item in enumerate(items):
+            if isinstance(item, Mapping):
+                _check_object(
+                    item, file=file, prefix=f"{prefix}items[{index}].", driver=driver, problems=problems
+                )
+        return
+    api_version = obj.get("apiVersion")
+    if not (
+        isinstance(api_version, str) and api_version.startswith("resource.k8s.io/") and kind in _DEVICES_AT
+    ):
+        return
+    keys = _DEVICES_AT[kind]
+    devices = _at(obj, keys)
+    if devices is None:
+        return
+    label = f"{kind} {_name(obj)}"
+    at = prefix + ".".join(keys)
+    configs = devices.get("config") or []
+    if not isinstance(configs, list):
+        problems.append(Problem(file, label, f"{at}.config", "must be a list"))
+        return
+    requests = None if kind == "DeviceClass" else _request_names(devices)
+    for index, entry in enumerate(configs):
+        for field, message in _entry_problems(entry, driver=driver, requests=requests):
+            problems.append(Problem(file, label, f"{at}.config[{index}].{field}", message))
+
+
+def _entry_problems(entry: object, *, driver: str, requests: set[str] | None) -> list[tuple[str, str]]:
+    """(field relative to the entry, message) for one config entry; none for other drivers' entries."""
+    if not isinstance(entry, Mapping):
+        return []
+    opaque = entry.get("opaque")
+    if not isinstance(opaque, Mapping) or opaque.get("driver") != driver:
+        return []
+    found = []
+    if requests is not None:
+        named = entry.get("requests") or []
+        for index, name in enumerate(named if isinstance(named, list) else []):
+            if name not in requests:
+                listed = ", ".join(sorted(requests)) or "none"
+                found.append(
+                    (f"requests[{index}]", f"names no request of this claim; its requests are: {listed}")
+                )
+    parameters = opaque.get("parameters")
+    if not isinstance(parameters, Mapping):
+        message = "is required" if parameters is None else "must be a JSON object"
+        found.append(("opaque.parameters", f"{message} (a GpuConfig or MigDeviceConfig)"))
+        return found
+    size = len(json.dumps(parameters, separators=(",", ":"), ensure_ascii=False, default=str).encode())
+    if size > MAX_PARAMETERS_BYTES:
+        found.append(("opaque.parameters", f"is {size} bytes as JSON; must be at most 10 KiB (10240 bytes)"))
+    for err in config_problems(parameters, field_prefix="opaque.parameters"):
+        found.append((err.field or "opaque.parameters", err.reason))
+    return found
+
+
+def _request_names(devices: Mapping[str, Any]) -> set[str]:
+    """What a config's `requests` may name: each request, and `request/subrequest` for firstAvailable."""
+    names = set()
+    for request in devices.get("requests") or []:
+        if isinstance(request, Mapping) and isinstance(request.get("name"), str):
+            names.add(request["name"])
+            for sub in request.get("firstAvailable") or []:
+                if isinstance(sub, Mapping) and isinstance(sub.get("name"), str):
+                    names.add(f"{request['name']}/{sub['name']}")
+    return names
+
+
+def _at(obj: Mapping[str, Any], keys: Sequence[str]) -> Mapping[str, Any] | None:
+    for key in keys:
+        value = obj.get(key)
+        if not isinstance(value, Mapping):
+            return None
+        obj = value
+    return obj
+
+
+def _name(obj: Mapping[str, Any]) -> str:
+    metadata = obj.get("metadata")
+    metadata = metadata if isinstance(metadata, Mapping) else {}
+    name = metadata.get("name") or (
+        f"{metadata['generateName']}*" if metadata.get("generateName") else "(no name)"
+    )
+    namespace = metadata.get("namespace")
+    return f"{namespace}/{name}" if namespace else str(name)

@@ -1,0 +1,74 @@
+"""Small waiting and object helpers for integration tests (the official kubernetes client underneath)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from kubernetes import client
+
+T = TypeVar("T")
+RESOURCE = ("resource.k8s.io", "v1")
+
+
+def wait_for(what: str, probe: Callable[[], T | None], *, timeout: float = 60.0) -> T:
+    """Poll `probe` until it returns something truthy; fail with `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    delay = 0.05
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.5)
+
+
+class Resources:
+    """resource.k8s.io/v1 objects as plain dicts."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.custom = client.CustomObjectsApi(api)
+
+    def create(self, plural: str, body: dict[str, Any], namespace: str | None = None) -> dict[str, Any]:
+        if namespace:
+            return self.custom.create_namespaced_custom_object(*RESOURCE, namespace, plural, body)  # type: ignore[no-any-return]
+        return self.custom.create_cluster_custom_object(*RESOURCE, plural, body)  # type: ignore[no-any-return]
+
+    def get(self, plural: str, name: str, namespace: str | None = None) -> dict[str, Any]:
+        if namespace:
+            return self.custom.get_namespaced_custom_object(*RESOURCE, namespace, plural, name)  # type: ignore[no-any-return]
+        return self.custom.get_cluster_custom_object(*RESOURCE, plural, name)  # type: ignore[no-any-return]
+
+    def list(self, plural: str, namespace: str | None = None, **kwargs: Any) -> list[dict[str, Any]]:
+        if namespace:
+            result = self.custom.list_namespaced_custom_object(*RESOURCE, namespace, plural, **kwargs)
+        else:
+            result = self.custom.list_cluster_custom_object(*RESOURCE, plural, **kwargs)
+        return list(result["items"])
+
+    def delete(self, plural: str, name: str, namespace: str | None = None) -> None:
+        if namespace:
+            self.custom.delete_namespaced_custom_object(*RESOURCE, namespace, plural, name)
+        else:
+            self.custom.delete_cluster_custom_object(*RESOURCE, plural, name)
+
+
+def pod_running(core: client.CoreV1Api, name: str, namespace: str) -> client.V1Pod | None:
+    pod = core.read_namespaced_pod(name, namespace)
+    return pod if pod.status.phase == "Running" else None
+
+
+def pod_gone(core: client.CoreV1Api, name: str, namespace: str) -> bool:
+    try:
+        core.read_namespaced_pod(name, namespace)
+    except client.ApiException as err:
+        return err.status == 404
+    return False
+
+
+def pod_events(core: client.CoreV1Api, name: str, namespace: str) -> list[str]:
+    events = core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}")
+    return [f"{e.reason}: {e.message}" for e in events.items]

@@ -1,0 +1,546 @@
+"""The device model: names, attributes, capacities, and counters that admit exactly the feasible layouts."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections import Counter
+from collections.abc import Callable, Sequence
+
+import pytest
+
+from gpudra.devices import Device, DeviceModel, build_devices, bytes_quantity, dns_label, semver
+from gpudra.errors import ConfigError, HardwareError, NotSupported
+from gpudra.inventory import Gpu, Inventory, MigDevice, MigPlacement, MigProfile
+from gpudra.slices import ResourceSlice, build_slices
+from tests.unit import inventories as inv
+
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+SUFFIXES = {"Ki": 1024, "Mi": 1024**2, "Gi": 1024**3, "Ti": 1024**4, "Pi": 1024**5, "Ei": 1024**6}
+
+
+def quantity(text: str) -> int:
+    """The integer in a Quantity of the forms gpudra writes: digits and an optional binary suffix."""
+    for suffix, unit in SUFFIXES.items():
+        if text.endswith(suffix):
+            return int(text[: -len(suffix)]) * unit
+    return int(text)
+
+
+def partitionable(*gpus: Gpu) -> DeviceModel:
+    return build_devices(inv.node(*gpus), mig_mode="partitionable")
+
+
+def by_name(model: DeviceModel) -> dict[str, Device]:
+    return {d["name"]: d for d in model.devices}
+
+
+def attribute(device: Device, name: str) -> object:
+    ((value,),) = [tuple(device["attributes"][name].values())]
+    return value
+
+
+# ---- a brute-force allocator over published slices, as the scheduler counts
+
+
+class Pool:
+    """The devices and counter sets of one published pool, with the scheduler's counter arithmetic."""
+
+    def __init__(self, slices: Sequence[ResourceSlice]) -> None:
+        self.capacity = {
+            (s["name"], counter): quantity(c["value"])
+            for slice_ in slices
+            for s in slice_["spec"].get("sharedCounters", [])
+            for counter, c in s["counters"].items()
+        }
+        self.devices = {d["name"]: d for slice_ in slices for d in slice_["spec"].get("devices", [])}
+
+    def demand(self, name: str) -> Counter[tuple[str, str]]:
+        return Counter(
+            {
+                (use["counterSet"], counter): quantity(c["value"])
+                for use in self.devices[name].get("consumesCounters", [])
+                for counter, c in use["counters"].items()
+            }
+        )
+
+    def fits(self, names: Sequence[str]) -> bool:
+        total: Counter[tuple[str, str]] = Counter()
+        for name in names:
+            total.update(self.demand(name))
+        return all(amount <= self.capacity[key] for key, amount in total.items())
+
+    def admitted(self, names: Sequence[str]) -> set[frozenset[str]]:
+        """Every set of `names` the counters let the scheduler allocate together (fit is monotone)."""
+        found: set[frozenset[str]] = set()
+
+        def grow(chosen: list[str], first: int) -> None:
+            found.add(frozenset(chosen))
+            for i in range(first, len(names)):
+                if self.fits([*chosen, names[i]]):
+                    grow([*chosen, names[i]], i + 1)
+
+        grow([], 0)
+        return found
+
+
+def valid_layouts(gpu: Gpu) -> set[frozenset[str]]:
+    """Each set of partitions the GPU can hold at once, and the GPU alone.
+
+    Partitions need disjoint placements, no more instances of a profile than it allows, and together
+    no more memory, SMs or engines than the GPU has: the engines of the profile spanning the GPU.
+    """
+    (full,) = [p for p in gpu.mig_profiles if MigPlacement(0, gpu.mig_memory_slices) in p.placements]
+
+    def needs(p: MigProfile) -> tuple[int, ...]:
+        return (
+            p.memory_mib * 1024**2,
+            p.multiprocessors,
+            p.copy_engines,
+            p.decoders,
+            p.encoders,
+            p.jpegs,
+            p.ofas,
+        )
+
+    has = (gpu.memory_bytes, gpu.multiprocessors or full.multiprocessors, *needs(full)[2:])
+    options = [
+        (f"gpu-{gpu.minor}-mig-{dns_label(p.name)}-{pl.start}", p, set(pl.slices))
+        for p in gpu.mig_profiles
+        for pl in p.placements
+    ]
+    found: set[frozenset[str]] = {frozenset({f"gpu-{gpu.minor}"})}
+
+    def grow(chosen: list[int], used: set[int], first: int) -> None:
+        found.add(frozenset(options[i][0] for i in chosen))
+        for i in range(first, len(options)):
+            _, profile, slices = options[i]
+            layout = [options[j][1] for j in [*chosen, i]]
+            totals = [sum(column) for column in zip(*map(needs, layout), strict=True)]
+            within = all(total <= limit for total, limit in zip(totals, has, strict=True))
+            if not slices & used and layout.count(profile) <= profile.instance_count and within:
+                grow([*chosen, i], used | slices, i + 1)
+
+    grow([], set(), 0)
+    return found
+
+
+def gpu_pool(gpu: Gpu, server_minor: int) -> Pool:
+    model = partitionable(gpu)
+    return Pool(
+        build_slices(model, driver="gpu.gpudra.io", node_name="n", generation=1, server_minor=server_minor)
+    )
+
+
+# ---- formatting helpers
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("580.65.06", "580.65.6"),
+        ("13.0", "13.0.0"),
+        ("9.0", "9.0.0"),
+        ("550", "550.0.0"),
+        ("535.104.05", "535.104.5"),
+    ],
+    ids=["driver", "cuda", "compute-capability", "major-only", "leading-zero"],
+)
+def test_semver_normalises_dotted_versions(text: str, expected: str) -> None:
+    assert semver(text, what="driver version") == expected
+
+
+@pytest.mark.parametrize(
+    "text", ["r580", "1.2.3.4", "", "580.65.06-beta"], ids=["prefix", "four", "empty", "suffix"]
+)
+def test_semver_refuses_what_is_not_a_dotted_version(text: str) -> None:
+    with pytest.raises(HardwareError, match="driver version"):
+        semver(text, what="driver version")
+
+
+@pytest.mark.parametrize(
+    ("count", "expected"),
+    [
+        (80 * 1024**3, "80Gi"),
+        (81559 * 1024**2, "81559Mi"),
+        (1024, "1Ki"),
+        (1536, "1536"),
+        (0, "0"),
+        (2**60, "1Ei"),
+    ],
+    ids=["gi", "mi", "ki", "not-binary", "zero", "ei"],
+)
+def test_bytes_quantity_is_canonical(count: int, expected: str) -> None:
+    assert bytes_quantity(count) == expected
+
+
+@pytest.mark.parametrize(
+    ("name", "label"),
+    [
+        ("1g.10gb", "1g10gb"),
+        ("1g.10gb+me", "1g10gbme"),
+        ("1g.24gb-me", "1g24gb-me"),
+        ("1c.2g.20gb", "1c2g20gb"),
+    ],
+    ids=["plain", "media-extension", "dash-kept", "compute-instance"],
+)
+def test_dns_label_of_profile_names(name: str, label: str) -> None:
+    assert dns_label(name) == label
+
+
+# ---- whole GPUs and partitions
+
+
+def test_whole_h100_device() -> None:
+    gpu = inv.h100(3)
+    device = by_name(partitionable(gpu))["gpu-3"]
+    assert device["attributes"] == {
+        "type": {"string": "gpu"},
+        "uuid": {"string": gpu.uuid},
+        "index": {"int": 3},
+        "minor": {"int": 3},
+        "migCapable": {"bool": True},
+        "productName": {"string": "NVIDIA H100 80GB HBM3"},
+        "brand": {"string": "Nvidia"},
+        "architecture": {"string": "Hopper"},
+        "cudaComputeCapability": {"version": "9.0.0"},
+        "driverVersion": {"version": "580.65.6"},
+        "cudaDriverVersion": {"version": "13.0.0"},
+        "resource.kubernetes.io/pciBusID": {"string": "0000:5d:00.0"},
+        "resource.kubernetes.io/pcieRoot": {"string": "pci0000:5b"},
+        "numaNode": {"int": 0},
+        "nvlinkDomain": {"string": "nvswitch-0"},
+    }
+    assert device["capacity"] == {
+        "memory": {"value": "81559Mi"},
+        "multiprocessors": {"value": "132"},
+        "copyEngines": {"value": "8"},
+        "decoders": {"value": "7"},
+        "encoders": {"value": "0"},
+        "jpegEngines": {"value": "7"},
+        "ofaEngines": {"value": "1"},
+    }
+
+
+def test_partition_device_carries_its_profile_and_its_parents_attributes() -> None:
+    gpu = inv.h100(2)
+    devices = by_name(partitionable(gpu))
+    device, parent = devices["gpu-2-mig-3g40gb-4"], devices["gpu-2"]
+    attributes = device["attributes"]
+    assert {k: attributes[k] for k in ("type", "profile", "parentUUID", "parentMinor")} == {
+        "type": {"string": "mig"},
+        "profile": {"string": "3g.40gb"},
+        "parentUUID": {"string": gpu.uuid},
+        "parentMinor": {"int": 2},
+    }
+    assert (attribute(device, "placementStart"), attribute(device, "placementSize")) == (4, 4)
+    shared = [
+        "productName",
+        "brand",
+        "architecture",
+        "cudaComputeCapability",
+        "driverVersion",
+        "cudaDriverVersion",
+        "resource.kubernetes.io/pciBusID",
+        "resource.kubernetes.io/pcieRoot",
+        "numaNode",
+        "nvlinkDomain",
+    ]
+    assert {k: attributes[k] for k in shared} == {k: parent["attributes"][k] for k in shared}
+    assert "uuid" not in attributes  # a possible partition has no MIG device behind it yet
+    assert device["capacity"] == {
+        "memory": {"value": "40448Mi"},
+        "multiprocessors": {"value": "60"},
+        "copyEngines": {"value": "3"},
+        "decoders": {"value": "3"},
+        "encoders": {"value": "0"},
+        "jpegEngines": {"value": "3"},
+        "ofaEngines": {"value": "0"},
+        "memorySlices": {"value": "4"},
+    }
+
+
+def test_optional_attributes_are_left_out_when_unknown() -> None:
+    device = build_devices(inv.mixed_node(), mig_mode="partitionable").devices[0]
+    assert {"numaNode", "nvlinkDomain", "resource.kubernetes.io/pcieRoot"}.isdisjoint(device["attributes"])
+    assert device["capacity"] == {"memory": {"value": "23034Mi"}, "multiprocessors": {"value": "58"}}
+
+
+def test_long_strings_are_cut_to_the_api_limit() -> None:
+    gpu = dataclasses.replace(inv.plain(0, "l4"), name="N" * 96, nvlink_domain="d" * 80)
+    device = partitionable(gpu).devices[0]
+    assert attribute(device, "productName") == "N" * 64
+    assert attribute(device, "nvlinkDomain") == "d" * 64
+
+
+def test_unparseable_driver_version_is_a_clear_error() -> None:
+    inventory = dataclasses.replace(inv.mixed_node(), driver_version="580.65.06.1")
+    with pytest.raises(HardwareError, match=r"driver version '580\.65\.06\.1'"):
+        build_devices(inventory, mig_mode="static")
+
+
+def test_unknown_mig_mode_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="partitionable, static") as raised:
+        build_devices(inv.mixed_node(), mig_mode="dynamic")  # type: ignore[arg-type]
+    assert raised.value.field == "migMode"
+
+
+@pytest.mark.parametrize("mode", ["partitionable", "static"])
+@pytest.mark.parametrize("name", sorted(inv.REALISTIC))
+def test_device_names_are_unique_dns_labels(name: str, mode: str) -> None:
+    model = build_devices(inv.REALISTIC[name](), mig_mode=mode)  # type: ignore[arg-type]
+    names = [d["name"] for d in model.devices]
+    assert len(names) == len(set(names))
+    assert all(len(n) <= 63 and DNS_LABEL.fullmatch(n) for n in names), names
+    assert all(DNS_LABEL.fullmatch(s["name"]) for s in model.counter_sets)
+
+
+# ---- partitions per GPU
+
+
+H100_TABLE = {
+    "1g.10gb": [0, 1, 2, 3, 4, 5, 6],
+    "1g.10gb+me": [0, 1, 2, 3, 4, 5, 6],
+    "1g.20gb": [0, 2, 4, 6],
+    "2g.20gb": [0, 2, 4],
+    "3g.40gb": [0, 4],
+    "4g.40gb": [0],
+    "7g.80gb": [0],
+}
+
+
+def starts_by_profile(model: DeviceModel) -> dict[str, list[int]]:
+    found: dict[str, list[int]] = {}
+    for device in model.devices:
+        if attribute(device, "type") == "mig":
+            found.setdefault(str(attribute(device, "profile")), []).append(
+                int(str(attribute(device, "placementStart")))
+            )
+    return found
+
+
+def test_h100_partitions_follow_the_placement_table() -> None:
+    model = partitionable(inv.h100(0))
+    assert starts_by_profile(model) == H100_TABLE
+    assert [d["name"] for d in model.devices][:2] == ["gpu-0", "gpu-0-mig-1g10gb-0"]
+    assert "gpu-0-mig-1g10gbme-6" in by_name(model)
+
+
+def test_profiles_missing_from_the_inventory_are_not_offered() -> None:
+    gpu = dataclasses.replace(
+        inv.h100(0), mig_profiles=tuple(p for p in inv.H100_PROFILES if "+me" not in p.name)
+    )
+    assert starts_by_profile(partitionable(gpu)) == {k: v for k, v in H100_TABLE.items() if "+me" not in k}
+
+
+def test_h100_counter_set() -> None:
+    (counter_set,) = partitionable(inv.h100(1)).counter_sets
+    assert counter_set["name"] == "gpu-1-counters"
+    assert {k: c["value"] for k, c in counter_set["counters"].items()} == {
+        "memory": "81559Mi",
+        "multiprocessors": "132",
+        "copy-engines": "8",
+        "decoders": "7",
+        "jpeg-engines": "7",
+        "ofa-engines": "1",
+        "1g10gbme-instances": "1",
+        **{f"memory-slice-{i}": "1" for i in range(8)},
+    }
+
+
+def test_a100_3g_partition_consumes_four_memory_slices() -> None:
+    devices = by_name(partitionable(inv.a100(0)))
+    for start in (0, 4):
+        (use,) = devices[f"gpu-0-mig-3g20gb-{start}"]["consumesCounters"]
+        assert use["counterSet"] == "gpu-0-counters"
+        assert sorted(k for k in use["counters"] if k.startswith("memory-slice-")) == [
+            f"memory-slice-{s}" for s in range(start, start + 4)
+        ]
+        assert use["counters"]["memory"] == {"value": "19968Mi"}
+        assert use["counters"]["multiprocessors"] == {"value": "42"}
+
+
+def test_whole_gpu_consumes_every_counter_in_full() -> None:
+    model = partitionable(inv.h100(0))
+    (use,) = by_name(model)["gpu-0"]["consumesCounters"]
+    assert use == {"counterSet": "gpu-0-counters", "counters": model.counter_sets[0]["counters"]}
+
+
+def test_gpus_without_mig_consume_nothing() -> None:
+    model = build_devices(inv.mixed_node(), mig_mode="partitionable")
+    assert model.counter_sets == []
+    assert [d["name"] for d in model.devices] == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
+    assert not any("consumesCounters" in d for d in model.devices)
+
+
+def test_mig_capable_gpu_without_profiles_is_offered_whole() -> None:
+    model = partitionable(dataclasses.replace(inv.h100(0), mig_profiles=()))
+    assert [d["name"] for d in model.devices] == ["gpu-0"]
+    assert model.counter_sets == []
+
+
+@pytest.mark.parametrize(
+    ("mig_enabled", "whole", "partitions"),
+    [(True, False, 25), (False, True, 0)],
+    ids=["mig-on-partitions-only", "mig-off-whole-only"],
+)
+def test_ampere_offers_its_partitions_or_itself_never_both(
+    mig_enabled: bool, whole: bool, partitions: int
+) -> None:
+    model = partitionable(inv.a100(0, mig_enabled=mig_enabled))
+    names = [d["name"] for d in model.devices]
+    assert ("gpu-0" in names) is whole
+    assert len([n for n in names if "-mig-" in n]) == partitions
+    assert len(model.counter_sets) == (1 if partitions else 0)
+
+
+def test_hopper_offers_partitions_and_itself_whatever_the_mig_mode() -> None:
+    on, off = partitionable(inv.h100(0, mig_enabled=True)), partitionable(inv.h100(0, mig_enabled=False))
+    assert on == off
+    assert len(on.devices) == 1 + sum(map(len, H100_TABLE.values()))
+
+
+# ---- counters admit exactly the layouts the GPU can hold
+
+
+NAMED_LAYOUTS = [
+    ("two-3g", ["gpu-0-mig-3g40gb-0", "gpu-0-mig-3g40gb-4"], True),
+    ("4g-and-3g", ["gpu-0-mig-4g40gb-0", "gpu-0-mig-3g40gb-4"], True),
+    ("4g-and-3g-overlapping", ["gpu-0-mig-4g40gb-0", "gpu-0-mig-3g40gb-0"], False),
+    ("seven-1g", [f"gpu-0-mig-1g10gb-{s}" for s in range(7)], True),
+    ("four-1g20gb", [f"gpu-0-mig-1g20gb-{s}" for s in (0, 2, 4, 6)], True),
+    (
+        "2g-2g-2g-1g",
+        ["gpu-0-mig-2g20gb-0", "gpu-0-mig-2g20gb-2", "gpu-0-mig-2g20gb-4", "gpu-0-mig-1g10gb-6"],
+        True,
+    ),
+    ("1g20gb-and-1g-inside-it", ["gpu-0-mig-1g20gb-0", "gpu-0-mig-1g10gb-1"], False),
+    ("7g-and-1g", ["gpu-0-mig-7g80gb-0", "gpu-0-mig-1g10gb-6"], False),
+    ("whole-and-1g", ["gpu-0", "gpu-0-mig-1g10gb-6"], False),
+    ("two-media-extensions", ["gpu-0-mig-1g10gbme-0", "gpu-0-mig-1g10gbme-3"], False),
+    (
+        "media-extension-and-six-1g",
+        ["gpu-0-mig-1g10gbme-0", *(f"gpu-0-mig-1g10gb-{s}" for s in range(1, 7))],
+        True,
+    ),
+]
+
+
+@pytest.mark.parametrize("server_minor", [34, 36])
+@pytest.mark.parametrize(
+    ("names", "fits"), [case[1:] for case in NAMED_LAYOUTS], ids=[c[0] for c in NAMED_LAYOUTS]
+)
+def test_h100_layouts(names: list[str], fits: bool, server_minor: int) -> None:
+    assert gpu_pool(inv.h100(0), server_minor).fits(names) is fits
+
+
+GPUS: dict[str, Callable[[], Gpu]] = {
+    "h100": lambda: inv.h100(0),
+    "a100": lambda: inv.a100(0),
+    "a30": lambda: inv.a30(0),
+}
+
+
+def test_a30_media_extensions_share_its_one_jpeg_and_ofa_engine() -> None:
+    pool = gpu_pool(inv.a30(0), 36)
+    assert pool.fits(["gpu-0-mig-1g6gbme-0", "gpu-0-mig-2g12gb-2"])
+    assert not pool.fits(["gpu-0-mig-1g6gbme-0", "gpu-0-mig-2g12gbme-2"])
+
+
+@pytest.mark.parametrize("kind", sorted(GPUS))
+def test_pairs_fit_exactly_when_the_gpu_can_hold_both(kind: str) -> None:
+    gpu = GPUS[kind]()
+    pool = gpu_pool(gpu, 36)
+    layouts = valid_layouts(gpu)
+    names = sorted(pool.devices)
+    for i, first in enumerate(names):
+        for second in names[i + 1 :]:
+            assert pool.fits([first, second]) is (frozenset({first, second}) in layouts), (first, second)
+
+
+@pytest.mark.parametrize("kind", sorted(GPUS))
+def test_counters_admit_exactly_the_layouts_the_gpu_can_hold(kind: str) -> None:
+    gpu = GPUS[kind]()
+    pool = gpu_pool(gpu, 34)
+    expected = valid_layouts(gpu)
+    if gpu.architecture == "Ampere":  # MIG is on, so the whole GPU is not offered
+        expected.discard(frozenset({f"gpu-{gpu.minor}"}))
+    assert pool.admitted(sorted(pool.devices)) == expected
+
+
+def test_instance_limit_below_the_placements_becomes_a_counter() -> None:
+    # no engines to tell the profile apart: only an instance counter stops a third one
+    rows = [
+        (1, "1g.8gb+gfx", 1, 2, range(8), 1, 10, 0, 0, 0, 0, 8192),
+        (0, "8g.64gb", 8, 1, (0,), 8, 80, 0, 0, 0, 0, 65536),
+    ]
+    gpu = inv.synthetic_gpu(0, [inv.profile(r) for r in rows], memory_slices=8, memory_mib=65536)
+    model = partitionable(gpu)
+    assert model.counter_sets[0]["counters"]["1g8gbgfx-instances"] == {"value": "2"}
+    pool = gpu_pool(gpu, 36)
+    assert pool.fits(["gpu-0-mig-1g8gbgfx-0", "gpu-0-mig-1g8gbgfx-5"])
+    assert not pool.fits(["gpu-0-mig-1g8gbgfx-0", "gpu-0-mig-1g8gbgfx-5", "gpu-0-mig-1g8gbgfx-7"])
+    assert pool.admitted(sorted(pool.devices)) == valid_layouts(gpu)
+
+
+# ---- static mode and existing MIG devices
+
+
+def test_static_mode_offers_gpus_with_mig_off_and_existing_mig_devices() -> None:
+    inventory = inv.h100_node()
+    model = build_devices(inventory, mig_mode="static")
+    assert model.counter_sets == []
+    assert [d["name"] for d in model.devices] == [
+        "gpu-0", "gpu-1", "gpu-2", "gpu-3",
+        "gpu-4-mig-2g20gb-0", "gpu-4-mig-1g10gb-2", "gpu-4-mig-1g10gbme-3", "gpu-4-mig-3g40gb-4",
+        "gpu-5-mig-7g80gb-0",
+    ]  # fmt: skip
+    assert not any("consumesCounters" in d for d in model.devices)
+    mig = by_name(model)["gpu-4-mig-3g40gb-4"]
+    assert attribute(mig, "uuid") == inventory.gpus[4].mig_devices[3].uuid
+    assert attribute(mig, "parentUUID") == inventory.gpus[4].uuid
+
+
+@pytest.mark.parametrize("name", ["h100", "a100"])
+def test_existing_mig_devices_keep_their_names_across_modes_without_duplicates(name: str) -> None:
+    inventory = inv.REALISTIC[name]()
+    static = [d["name"] for d in build_devices(inventory, mig_mode="static").devices if "-mig-" in d["name"]]
+    dynamic = build_devices(inventory, mig_mode="partitionable")
+    bare = dataclasses.replace(
+        inventory, gpus=tuple(dataclasses.replace(g, mig_devices=()) for g in inventory.gpus)
+    )
+    assert static
+    assert set(static) <= set(by_name(dynamic))
+    assert dynamic == build_devices(bare, mig_mode="partitionable")
+
+
+def test_existing_mig_device_of_an_unlisted_profile_uses_its_own_figures() -> None:
+    gpu = inv.h100(0, mig_enabled=True)
+    device = MigDevice(
+        uuid="MIG-x", profile_id=99, profile_name="1c.2g.20gb", placement=MigPlacement(2, 2),
+        gpu_instance_id=1, compute_instance_id=1, memory_mib=20096, multiprocessors=16,
+    )  # fmt: skip
+    model = build_devices(inv.node(dataclasses.replace(gpu, mig_devices=(device,))), mig_mode="static")
+    (mig,) = model.devices
+    assert mig["name"] == "gpu-0-mig-1c2g20gb-2"
+    assert mig["capacity"] == {
+        "memory": {"value": "20096Mi"},
+        "multiprocessors": {"value": "16"},
+        "memorySlices": {"value": "2"},
+    }
+
+
+def test_two_compute_instances_in_one_gpu_instance_are_refused() -> None:
+    gpu = inv.h100(0, mig_enabled=True, layout=[("2g.20gb", 0)])
+    second = dataclasses.replace(gpu.mig_devices[0], uuid="MIG-second", compute_instance_id=1)
+    inventory = inv.node(dataclasses.replace(gpu, mig_devices=(*gpu.mig_devices, second)))
+    with pytest.raises(NotSupported, match="gpu-0-mig-2g20gb-0"):
+        build_devices(inventory, mig_mode="static")
+
+
+@pytest.mark.parametrize("name", sorted(inv.REALISTIC))
+def test_realistic_inventories_build_identically_twice(name: str) -> None:
+    inventory: Inventory = inv.REALISTIC[name]()
+    assert build_devices(inventory, mig_mode="partitionable") == build_devices(
+        inventory, mig_mode="partitionable"
+    )

@@ -1,0 +1,266 @@
+"""The simulated driver seen through pynvml itself: installation, handles, and NVML's return codes."""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pynvml
+import pytest
+
+from gpudra import errors, nvml, sim
+
+
+@pytest.fixture
+def state_file(tmp_path: Path) -> Path:
+    return tmp_path / "machine.json"
+
+
+@pytest.fixture
+def h100(state_file: Path) -> Iterator[Any]:
+    """pynvml initialised on a simulated DGX H100; yields GPU 0's handle."""
+    with nvml.connect("sim:dgx-h100", state_file=state_file):
+        yield pynvml.nvmlDeviceGetHandleByIndex(0)
+
+
+@pytest.fixture
+def mixed(state_file: Path) -> Iterator[Any]:
+    with nvml.connect("sim:mixed", state_file=state_file):
+        yield pynvml.nvmlDeviceGetHandleByIndex(0)
+
+
+def _gpu_instance(handle: Any, profile_id: int, start: int, size: int) -> Any:
+    placement = pynvml.c_nvmlGpuInstancePlacement_t(start, size)
+    return pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(handle, profile_id, ctypes.byref(placement))
+
+
+def _mig_device(handle: Any, profile_id: int, start: int, size: int) -> tuple[Any, Any]:
+    gi = _gpu_instance(handle, profile_id, start, size)
+    full = pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+        gi, pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE, pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+    )
+    return gi, pynvml.nvmlGpuInstanceCreateComputeInstance(gi, full.id)
+
+
+def test_install_replaces_the_loaded_library_and_restores_it(
+    state_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loaded = object()
+    monkeypatch.setattr(pynvml, "nvmlLib", loaded)
+    monkeypatch.setitem(pynvml._nvmlGetFunctionPointer_cache, "nvmlInit_v2", "real function")
+    sim.install(pynvml, profile="mixed", state_file=state_file, sysfs_root=state_file.parent / "sysfs")
+    assert sim.installed(pynvml)
+    assert "nvmlInit_v2" not in pynvml._nvmlGetFunctionPointer_cache
+    assert "nvmlDeviceGetCount_v2" in pynvml._nvmlGetFunctionPointer_cache
+    sim.uninstall(pynvml)
+    assert pynvml.nvmlLib is loaded
+    assert not sim.installed(pynvml)
+    assert pynvml._nvmlGetFunctionPointer_cache == {}
+
+
+def test_calls_before_init_are_uninitialized(state_file: Path) -> None:
+    sim.install(pynvml, profile="mixed", state_file=state_file, sysfs_root=state_file.parent / "sysfs")
+    try:
+        with pytest.raises(pynvml.NVMLError_Uninitialized):
+            pynvml.nvmlDeviceGetCount()
+        with pytest.raises(pynvml.NVMLError_Uninitialized):
+            pynvml.nvmlShutdown()
+    finally:
+        sim.uninstall(pynvml)
+
+
+def test_unknown_profile_is_refused(state_file: Path) -> None:
+    with pytest.raises(errors.ConfigError) as bad:
+        sim.install(pynvml, profile="dgx-b200", state_file=state_file, sysfs_root=state_file.parent / "sysfs")
+    assert "dgx-a100, dgx-h100, mixed" in str(bad.value)
+
+
+def test_symbols_the_simulator_lacks_are_function_not_found(mixed: Any) -> None:
+    with pytest.raises(pynvml.NVMLError_FunctionNotFound):
+        pynvml.nvmlDeviceGetSerial(mixed)
+
+
+def test_device_identity(h100: Any) -> None:
+    assert pynvml.nvmlDeviceGetCount() == 8
+    assert pynvml.nvmlDeviceGetName(h100) == "NVIDIA H100 80GB HBM3"
+    assert pynvml.nvmlDeviceGetArchitecture(h100) == pynvml.NVML_DEVICE_ARCH_HOPPER
+    assert pynvml.nvmlDeviceGetBrand(h100) == pynvml.NVML_BRAND_NVIDIA
+    assert pynvml.nvmlDeviceGetCudaComputeCapability(h100) == (9, 0)
+    assert pynvml.nvmlDeviceGetMemoryInfo(h100).total == 81559 * 1024**2
+    pci = pynvml.nvmlDeviceGetPciInfo(h100)
+    assert (pci.busId, pci.busIdLegacy, pci.bus, pci.pciDeviceId) == (
+        "00000000:18:00.0",
+        "0000:18:00.0",
+        0x18,
+        0x233010DE,
+    )
+    uuid = pynvml.nvmlDeviceGetUUID(h100)
+    again = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+    assert ctypes.cast(again, ctypes.c_void_p).value == ctypes.cast(h100, ctypes.c_void_p).value
+    assert pynvml.nvmlSystemGetDriverVersion() == "580.65.06"
+    assert pynvml.nvmlSystemGetCudaDriverVersion() == 13000
+
+
+def test_nvlinks_go_to_nvswitches(h100: Any) -> None:
+    switches = set()
+    for link in range(18):
+        assert pynvml.nvmlDeviceGetNvLinkState(h100, link) == pynvml.NVML_FEATURE_ENABLED
+        assert pynvml.nvmlDeviceGetNvLinkRemoteDeviceType(h100, link) == pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH
+        switches.add(pynvml.nvmlDeviceGetNvLinkRemotePciInfo(h100, link).busId)
+    assert len(switches) == 4
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        pynvml.nvmlDeviceGetNvLinkState(h100, 18)
+
+
+def test_pcie_gpus_have_no_nvlink(mixed: Any) -> None:
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetNvLinkState(mixed, 0)
+
+
+def test_profile_indices_are_not_profile_ids(h100: Any) -> None:
+    info = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(h100, pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2)
+    assert (info.id, info.name, info.memorySizeMB, info.sliceCount) == (15, "MIG 1g.20gb", 20096, 1)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetGpuInstanceProfileInfo(h100, pynvml.NVML_GPU_INSTANCE_PROFILE_6_SLICE)
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        pynvml.nvmlDeviceGetGpuInstanceProfileInfo(h100, pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT)
+
+
+def test_possible_placements_count_then_fill(h100: Any) -> None:
+    count = ctypes.c_uint()
+    pynvml.nvmlDeviceGetGpuInstancePossiblePlacements(h100, 15, None, ctypes.byref(count))
+    assert count.value == 4
+    placements = (pynvml.c_nvmlGpuInstancePlacement_t * 4)()
+    pynvml.nvmlDeviceGetGpuInstancePossiblePlacements(h100, 15, placements, ctypes.byref(count))
+    assert [(p.start, p.size) for p in placements] == [(0, 2), (2, 2), (4, 2), (6, 2)]
+    with pytest.raises(pynvml.NVMLError_InsufficientSize):
+        pynvml.nvmlDeviceGetGpuInstancePossiblePlacements(
+            h100, 15, (pynvml.c_nvmlGpuInstancePlacement_t * 3)(), ctypes.byref(count)
+        )
+
+
+def test_versioned_structs_are_checked(h100: Any) -> None:
+    info = pynvml.c_nvmlGpuInstanceProfileInfo_v2_t()
+    info.version = 1
+    function = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetGpuInstanceProfileInfoV")
+    assert function(h100, 0, ctypes.byref(info)) == pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+
+
+def test_string_buffers_that_are_too_small(h100: Any) -> None:
+    buffer = ctypes.create_string_buffer(8)
+    function = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetName")
+    assert function(h100, buffer, ctypes.c_uint(8)) == pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+
+
+def test_compute_instance_info_gives_the_mig_device(h100: Any) -> None:
+    gi, ci = _mig_device(h100, 19, 3, 1)
+    info = pynvml.nvmlComputeInstanceGetInfo(ci)
+    mig_uuid = pynvml.nvmlDeviceGetUUID(info.device)
+    assert mig_uuid.startswith("MIG-")
+    by_uuid = pynvml.nvmlDeviceGetHandleByUUID(mig_uuid)
+    assert pynvml.nvmlDeviceGetAttributes(by_uuid).memorySizeMB == 9984
+    assert pynvml.nvmlDeviceGetMemoryInfo(by_uuid).total == 9984 * 1024**2
+    gi_info = pynvml.nvmlGpuInstanceGetInfo(gi)
+    assert (gi_info.profileId, gi_info.placement.start, gi_info.placement.size) == (19, 3, 1)
+    assert ctypes.cast(gi_info.device, ctypes.c_void_p).value == ctypes.cast(h100, ctypes.c_void_p).value
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetAttributes(h100)
+
+
+REFUSALS = [
+    ("occupied", [(9, 0, 4)], (19, 2, 1), pynvml.NVMLError_InsufficientResources),
+    ("instance limit", [(20, 0, 1)], (20, 5, 1), pynvml.NVMLError_InsufficientResources),
+    ("not a placement", [], (9, 2, 4), pynvml.NVMLError_InvalidArgument),
+    ("wrong size", [], (9, 0, 3), pynvml.NVMLError_InvalidArgument),
+    ("unknown profile ID", [], (4, 0, 1), pynvml.NVMLError_InvalidArgument),
+]
+
+
+@pytest.mark.parametrize(("made", "then", "error"), [r[1:] for r in REFUSALS], ids=[r[0] for r in REFUSALS])
+def test_gpu_instance_refusals(
+    h100: Any, made: list[tuple[int, int, int]], then: tuple[int, int, int], error: type[Exception]
+) -> None:
+    for profile_id, start, size in made:
+        _gpu_instance(h100, profile_id, start, size)
+    with pytest.raises(error):
+        _gpu_instance(h100, *then)
+
+
+def test_mig_calls_on_a_gpu_without_mig_are_not_supported(mixed: Any) -> None:
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetMigMode(mixed)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetGpuInstanceProfileInfo(mixed, 0)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        _gpu_instance(mixed, 19, 0, 1)
+
+
+def test_a_gpu_instance_with_a_compute_instance_is_in_use(h100: Any) -> None:
+    gi, ci = _mig_device(h100, 19, 0, 1)
+    with pytest.raises(pynvml.NVMLError_InUse) as refused:
+        pynvml.nvmlGpuInstanceDestroy(gi)
+    assert str(refused.value) == "In use by another client"
+    pynvml.nvmlComputeInstanceDestroy(ci)
+    pynvml.nvmlGpuInstanceDestroy(gi)
+
+
+def test_a_compute_instance_with_a_process_is_in_use(h100: Any, state_file: Path) -> None:
+    _, ci = _mig_device(h100, 19, 0, 1)
+    mig_uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlComputeInstanceGetInfo(ci).device)
+    sim.attach_process(state_file=state_file, device_uuid=mig_uuid, pid=77)
+    with pytest.raises(pynvml.NVMLError_InUse):
+        pynvml.nvmlComputeInstanceDestroy(ci)
+    sim.detach_process(state_file=state_file, pid=77)
+    pynvml.nvmlComputeInstanceDestroy(ci)
+
+
+def test_stale_and_bogus_handles_are_invalid(h100: Any) -> None:
+    gi = _gpu_instance(h100, 19, 0, 1)
+    pynvml.nvmlGpuInstanceDestroy(gi)
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        pynvml.nvmlGpuInstanceGetInfo(gi)
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        pynvml.nvmlDeviceGetName(ctypes.cast(0x1000, pynvml.c_nvmlDevice_t))
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        pynvml.nvmlDeviceGetName(gi)  # a GPU-instance handle is not a device handle
+
+
+def test_lookups_of_missing_things_are_not_found(h100: Any) -> None:
+    with pytest.raises(pynvml.NVMLError_NotFound):
+        pynvml.nvmlDeviceGetGpuInstanceById(h100, 7)
+    with pytest.raises(pynvml.NVMLError_NotFound):
+        pynvml.nvmlDeviceGetHandleByUUID("MIG-00000000-0000-0000-0000-000000000000")
+
+
+def test_compute_instance_profiles_within_a_gpu_instance(h100: Any) -> None:
+    gi = _gpu_instance(h100, 9, 0, 4)  # 3g.40gb
+    shared = pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+    slices = [
+        pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, index, shared).sliceCount
+        for index in (
+            pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE,
+            pynvml.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE,
+        )
+    ]
+    assert slices == [1, 3]
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+            gi, pynvml.NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE, shared
+        )
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+            gi, pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT, shared
+        )
+    three = [pynvml.nvmlGpuInstanceCreateComputeInstance(gi, 0) for _ in range(3)]
+    assert [pynvml.nvmlComputeInstanceGetInfo(ci).placement.start for ci in three] == [0, 1, 2]
+    with pytest.raises(pynvml.NVMLError_InsufficientResources):
+        pynvml.nvmlGpuInstanceCreateComputeInstance(gi, 0)
+
+
+def test_mig_mode_hook_refuses_while_instances_exist(h100: Any, state_file: Path) -> None:
+    _gpu_instance(h100, 19, 0, 1)
+    with pytest.raises(sim.hardware.Refused) as refused:
+        sim.set_mig_mode(state_file=state_file, gpu_uuid=pynvml.nvmlDeviceGetUUID(h100), enabled=False)
+    assert refused.value.code == pynvml.NVML_ERROR_IN_USE

@@ -1,0 +1,270 @@
+"""`gpudra validate`: the gpudra configs in claim, template and class manifests, by file, object and field."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpudra.validate import Problem, validate_documents, validate_files
+
+DRIVER = "gpu.gpudra.io"
+DATA = Path(__file__).parent / "data"
+README = Path(__file__).resolve().parents[2] / "api" / "README.md"
+GPU_CONFIG = {"apiVersion": "resource.gpudra.io/v1beta1", "kind": "GpuConfig"}
+
+
+def claim(config: list[Any], *, requests: list[Any] | None = None, name: str = "c") -> dict[str, Any]:
+    requests = (
+        [{"name": "gpu", "exactly": {"deviceClassName": "gpu.gpudra.io"}}] if requests is None else requests
+    )
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "ns"},
+        "spec": {"devices": {"requests": requests, "config": config}},
+    }
+
+
+def opaque(parameters: Any, *, requests: list[str] | None = None, driver: str = DRIVER) -> dict[str, Any]:
+    item: dict[str, Any] = {"opaque": {"driver": driver, "parameters": parameters}}
+    if requests is not None:
+        item["requests"] = requests
+    return item
+
+
+def check(*documents: dict[str, Any], driver: str = DRIVER) -> list[tuple[str, str, str]]:
+    return [
+        (p.object, p.field, p.message)
+        for p in validate_documents([("f.yaml", d) for d in documents], driver=driver)
+    ]
+
+
+def test_good_manifests_have_no_problems() -> None:
+    assert validate_files([DATA / "configs-good.yaml"], driver=DRIVER) == []
+
+
+def test_bad_manifests_name_file_object_and_field() -> None:
+    file = str(DATA / "configs-bad.yaml")
+    claim_at = f"{file}: ResourceClaim ml/bad-mps: spec.devices.config[1]"
+    mps_at = f"{claim_at}.opaque.parameters.sharing.mpsConfig"
+    template_at = f"{file}: ResourceClaimTemplate ml/bad-mig: spec.spec.devices.config[0].opaque.parameters"
+    class_at = f"{file}: DeviceClass bad-class.gpudra.io: spec.config[0].opaque.parameters"
+    assert [str(p) for p in validate_files([DATA / "configs-bad.yaml"], driver=DRIVER)] == [
+        f"{claim_at}.requests[0]: names no request of this claim; its requests are: gpu",
+        f"{mps_at}.defaultActiveThreadPercentage: must be an integer from 1 to 100",
+        f"{mps_at}.defaultPinnedDeviceMemoryLimit: "
+        "must be a Kubernetes quantity such as 512Mi, 10Gi, 1.5G or 1e9, not '10GB'",
+        f"{template_at}.sharing.strategy: must be MPS: time-slicing is a setting of the whole physical GPU "
+        "(nvidia-smi compute-policy --set-timeslice) and cannot be set on a MIG device",
+        f"{class_at}.apiVersion: must be resource.gpudra.io/v1beta1 "
+        "(the fields are those of resource.nvidia.com/v1beta1: only the apiVersion differs)",
+        f"{class_at}.sharing.timeSlicingConfig.interval: must be one of: Default, Short, Medium, Long",
+    ]
+
+
+def test_list_items_are_checked_with_their_index() -> None:
+    assert validate_files([DATA / "list-bad.json"], driver=DRIVER) == [
+        Problem(
+            file=str(DATA / "list-bad.json"),
+            object="ResourceClaim default/listed",
+            field="items[1].spec.devices.config[0].opaque.parameters.sharing.mpsConfig",
+            message="must not be set when strategy is TimeSlicing: it configures strategy MPS",
+        )
+    ]
+
+
+def test_typed_lists_are_checked_too() -> None:
+    bad = claim([opaque({**GPU_CONFIG, "x": 1})])
+    found = check({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimList", "items": [bad]})
+    assert [field for _, field, _ in found] == ["items[0].spec.devices.config[0].opaque.parameters.x"]
+
+
+def test_other_drivers_are_ignored() -> None:
+    assert check(claim([opaque({"anything": "goes"}, driver="gpu.nvidia.com", requests=["missing"])])) == []
+
+
+def test_the_driver_name_is_configurable() -> None:
+    document = claim([opaque({"kind": "GpuConfig"}, driver="gpu.example.com")])
+    assert check(document) == []
+    assert check(document, driver="gpu.example.com") == [
+        (
+            "ResourceClaim ns/c",
+            "spec.devices.config[0].opaque.parameters.apiVersion",
+            "is required; must be resource.gpudra.io/v1beta1",
+        ),
+    ]
+
+
+def test_other_objects_are_ignored() -> None:
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {"devices": {"config": [1]}}}
+    foreign = {**claim([opaque({})]), "apiVersion": "example.com/v1"}
+    assert check(pod, foreign) == []
+
+
+REQUESTS = [
+    {"name": "gpu", "exactly": {"deviceClassName": "gpu.gpudra.io"}},
+    {"name": "accel", "firstAvailable": [{"name": "mig"}, {"name": "big"}]},
+]
+
+
+@pytest.mark.parametrize(
+    ("names", "bad"),
+    [
+        (["gpu"], []),
+        (["accel"], []),
+        (["accel/mig", "accel/big"], []),
+        (["gpus"], [0]),
+        (["gpu", "accel/small", "mig"], [1, 2]),
+    ],
+    ids=["request", "request with subrequests", "subrequests", "unknown request", "unknown subrequest"],
+)
+def test_requests_must_name_requests_of_the_claim(names: list[str], bad: list[int]) -> None:
+    found = check(claim([opaque(GPU_CONFIG, requests=names)], requests=REQUESTS))
+    assert found == [
+        (
+            "ResourceClaim ns/c",
+            f"spec.devices.config[0].requests[{index}]",
+            "names no request of this claim; its requests are: accel, accel/big, accel/mig, gpu",
+        )
+        for index in bad
+    ]
+
+
+def test_template_requests_are_checked() -> None:
+    template = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"generateName": "t-", "namespace": "ns"},
+        "spec": {"spec": {"devices": {"requests": [], "config": [opaque(GPU_CONFIG, requests=["gpu"])]}}},
+    }
+    assert check(template) == [
+        (
+            "ResourceClaimTemplate ns/t-*",
+            "spec.spec.devices.config[0].requests[0]",
+            "names no request of this claim; its requests are: none",
+        ),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("parameters", "message"),
+    [
+        (None, "is required (a GpuConfig or MigDeviceConfig)"),
+        ("GpuConfig", "must be a JSON object (a GpuConfig or MigDeviceConfig)"),
+        ([GPU_CONFIG], "must be a JSON object (a GpuConfig or MigDeviceConfig)"),
+    ],
+    ids=["missing", "string", "list"],
+)
+def test_parameters_must_be_an_object(parameters: Any, message: str) -> None:
+    assert check(claim([opaque(parameters)])) == [
+        ("ResourceClaim ns/c", "spec.devices.config[0].opaque.parameters", message)
+    ]
+
+
+def test_parameters_at_most_10_kib() -> None:
+    def sized(padding: int) -> dict[str, Any]:
+        return {**GPU_CONFIG, "sharing": {"strategy": "MPS", "mpsConfig": {"p" * padding: 1}}}
+
+    fits = sized(10240 - len(json.dumps(sized(0), separators=(",", ":"))))
+    assert len(json.dumps(fits, separators=(",", ":"))) == 10240
+    assert [msg for _, field, msg in check(claim([opaque(fits)])) if field.endswith("parameters")] == []
+    too_big = sized(10241 - len(json.dumps(sized(0), separators=(",", ":"))))
+    assert (
+        "ResourceClaim ns/c",
+        "spec.devices.config[0].opaque.parameters",
+        "is 10241 bytes as JSON; must be at most 10 KiB (10240 bytes)",
+    ) in check(claim([opaque(too_big)]))
+
+
+def test_config_not_a_list() -> None:
+    document = claim([])
+    document["spec"]["devices"]["config"] = {"opaque": {}}
+    assert check(document) == [("ResourceClaim ns/c", "spec.devices.config", "must be a list")]
+
+
+def test_device_class_is_cluster_scoped_and_has_no_requests() -> None:
+    device_class = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": "gpu.gpudra.io"},
+        "spec": {"config": [opaque({**GPU_CONFIG, "sharing": {"strategy": "MPS", "mpsConfig": {"x": 1}}})]},
+    }
+    assert [(obj, field) for obj, field, _ in check(device_class)] == [
+        ("DeviceClass gpu.gpudra.io", "spec.config[0].opaque.parameters.sharing.mpsConfig.x")
+    ]
+
+
+def test_every_problem_in_one_config_is_listed() -> None:
+    parameters = {"kind": "GpuConfig", "sharing": {"strategy": "Sliced"}, "extra": True}
+    assert [field for _, field, _ in check(claim([opaque(parameters)]))] == [
+        "spec.devices.config[0].opaque.parameters.apiVersion",
+        "spec.devices.config[0].opaque.parameters.sharing.strategy",
+        "spec.devices.config[0].opaque.parameters.extra",
+    ]
+
+
+# --- files that are not manifests are problems, not crashes -----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        (
+            "broken.yaml",
+            "kind: [unclosed\n",
+            "is not valid YAML: expected ',' or ']', but got '<stream end>'",
+        ),
+        ("tabs.yaml", "a:\n\tb: 1\n", "is not valid YAML: found character '\\t' that cannot start any token"),
+        ("broken.json", '{"kind": ', "is not valid JSON: Expecting value: line 1 column 10 (char 9)"),
+        ("binary.yaml", b"\xff\xfe\x00", "is not YAML or JSON: not UTF-8 text"),
+    ],
+    ids=["unclosed flow", "tab indent", "truncated JSON", "not text"],
+)
+def test_unparseable_file(tmp_path: Path, name: str, content: str | bytes, message: str) -> None:
+    path = tmp_path / name
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    (problem,) = validate_files([path], driver=DRIVER)
+    assert (problem.file, problem.object, problem.field) == (str(path), "", "")
+    assert problem.message.startswith(message)
+    assert str(problem).startswith(f"{path}: {message}")
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "absent.yaml"
+    assert [str(p) for p in validate_files([path], driver=DRIVER)] == [
+        f"{path}: cannot be read: No such file or directory"
+    ]
+
+
+def test_documents_that_are_not_objects(tmp_path: Path) -> None:
+    path = tmp_path / "mixed.yaml"
+    good = claim([opaque(GPU_CONFIG)])
+    path.write_text(yaml.safe_dump_all([good, "just text", {"name": "no kind"}, None]))
+    assert [str(p) for p in validate_files([path], driver=DRIVER)] == [
+        f"{path}: document 2: is not a Kubernetes object (no apiVersion and kind)",
+        f"{path}: document 3: is not a Kubernetes object (no apiVersion and kind)",
+    ]
+
+
+def test_several_files_in_order(tmp_path: Path) -> None:
+    first, second = tmp_path / "a.yaml", tmp_path / "b.json"
+    first.write_text(yaml.safe_dump(claim([opaque({**GPU_CONFIG, "a": 1})], name="first")))
+    second.write_text(json.dumps(claim([opaque({**GPU_CONFIG, "b": 1})], name="second")))
+    assert [(p.file, p.object) for p in validate_files([first, second], driver=DRIVER)] == [
+        (str(first), "ResourceClaim ns/first"),
+        (str(second), "ResourceClaim ns/second"),
+    ]
+
+
+def test_readme_examples_are_valid() -> None:
+    blocks = re.findall(r"```yaml\n(.*?)```", README.read_text(), flags=re.DOTALL)
+    manifests = [block for block in blocks if "apiVersion: resource.k8s.io/" in block]
+    assert len(manifests) >= 2
+    for block in manifests:
+        documents = [(str(README), d) for d in yaml.safe_load_all(block) if d is not None]
+        assert validate_documents(documents, driver=DRIVER) == []
