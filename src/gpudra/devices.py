@@ -110,15 +110,15 @@ def build_devices(inventory: Inventory, *, mig_mode: MigMode) -> DeviceModel:
         raise ConfigError(
             f"{mig_mode!r} is not a MIG mode; use one of: partitionable, static", field="migMode"
         )
-    shared = _SharedAttributes.of(inventory)
+    versions = _driver_versions(inventory)
     devices: list[Device] = []
     counter_sets: list[CounterSet] = []
     for gpu in sorted(inventory.gpus, key=lambda g: g.minor):
         if mig_mode == "static":
             if not gpu.mig_enabled:
-                devices.append(_whole_gpu(gpu, shared, consumes=None))
+                devices.append(_whole_gpu(gpu, versions, consumes=None))
             devices.extend(
-                _partition_device(gpu, p, shared, consumes=None) for p in _existing_partitions(gpu)
+                _partition_device(gpu, p, versions, consumes=None) for p in _existing_partitions(gpu)
             )
             continue
         partitions = _possible_partitions(gpu) if _offers_partitions(gpu) else ()
@@ -126,8 +126,8 @@ def build_devices(inventory: Inventory, *, mig_mode: MigMode) -> DeviceModel:
         if counters is not None:
             counter_sets.append(counters)
         if _offers_whole(gpu):
-            devices.append(_whole_gpu(gpu, shared, consumes=counters))
-        devices.extend(_partition_device(gpu, p, shared, consumes=counters) for p in partitions)
+            devices.append(_whole_gpu(gpu, versions, consumes=counters))
+        devices.extend(_partition_device(gpu, p, versions, consumes=counters) for p in partitions)
     _check_unique_names(devices)
     return DeviceModel(devices=devices, counter_sets=counter_sets)
 
@@ -175,19 +175,12 @@ class _Partition:
         return f"{dns_label(self.profile)}-instances"
 
 
-@dataclass(frozen=True)
-class _SharedAttributes:
-    """The node-wide version attributes, normalised once."""
-
-    driver_version: str
-    cuda_driver_version: str
-
-    @classmethod
-    def of(cls, inventory: Inventory) -> _SharedAttributes:
-        return cls(
-            driver_version=semver(inventory.driver_version, what="driver version"),
-            cuda_driver_version=semver(inventory.cuda_driver_version, what="CUDA driver version"),
-        )
+def _driver_versions(inventory: Inventory) -> dict[str, str]:
+    """The version attributes every device of the node carries."""
+    return {
+        "driverVersion": semver(inventory.driver_version, what="driver version"),
+        "cudaDriverVersion": semver(inventory.cuda_driver_version, what="CUDA driver version"),
+    }
 
 
 def _offers_whole(gpu: Gpu) -> bool:
@@ -293,7 +286,7 @@ def _consumption(counter_set: CounterSet, amounts: dict[str, int]) -> list[Devic
     ]
 
 
-def _parent_attributes(gpu: Gpu, shared: _SharedAttributes) -> dict[str, DeviceAttribute]:
+def _parent_attributes(gpu: Gpu, versions: dict[str, str]) -> dict[str, DeviceAttribute]:
     """What a GPU and its partitions share, so one selector reads the same on both."""
     attributes: dict[str, DeviceAttribute] = {
         "productName": _string(gpu.name),
@@ -302,8 +295,7 @@ def _parent_attributes(gpu: Gpu, shared: _SharedAttributes) -> dict[str, DeviceA
         "cudaComputeCapability": {
             "version": semver(gpu.cuda_compute_capability, what="CUDA compute capability")
         },
-        "driverVersion": {"version": shared.driver_version},
-        "cudaDriverVersion": {"version": shared.cuda_driver_version},
+        **{name: {"version": version} for name, version in versions.items()},
         PCI_BUS_ID: _string(gpu.pci_bus_id),
     }
     if gpu.pcie_root is not None:
@@ -315,18 +307,17 @@ def _parent_attributes(gpu: Gpu, shared: _SharedAttributes) -> dict[str, DeviceA
     return attributes
 
 
-def _whole_gpu(gpu: Gpu, shared: _SharedAttributes, *, consumes: CounterSet | None) -> Device:
+def _whole_gpu(gpu: Gpu, versions: dict[str, str], *, consumes: CounterSet | None) -> Device:
     attributes: dict[str, DeviceAttribute] = {
         "type": {"string": "gpu"},
         "uuid": _string(gpu.uuid),
         "index": {"int": gpu.index},
         "minor": {"int": gpu.minor},
         "migCapable": {"bool": gpu.mig_capable},
-        **_parent_attributes(gpu, shared),
+        **_parent_attributes(gpu, versions),
     }
     capacity: dict[str, DeviceCapacity] = {
-        name: {"value": bytes_quantity(amount) if name == "memory" else str(amount)}
-        for name, amount in _whole_amounts(gpu).items()
+        name: {"value": _quantity(name, amount)} for name, amount in _whole_amounts(gpu).items()
     }
     device: Device = {"name": f"gpu-{gpu.minor}", "attributes": attributes, "capacity": capacity}
     if consumes is not None:
@@ -338,7 +329,7 @@ def _whole_gpu(gpu: Gpu, shared: _SharedAttributes, *, consumes: CounterSet | No
 
 
 def _partition_device(
-    gpu: Gpu, partition: _Partition, shared: _SharedAttributes, *, consumes: CounterSet | None
+    gpu: Gpu, partition: _Partition, versions: dict[str, str], *, consumes: CounterSet | None
 ) -> Device:
     attributes: dict[str, DeviceAttribute] = {
         "type": {"string": "mig"},
@@ -347,7 +338,7 @@ def _partition_device(
         "parentMinor": {"int": gpu.minor},
         "placementStart": {"int": partition.placement.start},
         "placementSize": {"int": partition.placement.size},
-        **_parent_attributes(gpu, shared),
+        **_parent_attributes(gpu, versions),
     }
     if partition.uuid is not None:
         attributes["uuid"] = _string(partition.uuid)

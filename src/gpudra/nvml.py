@@ -125,6 +125,13 @@ def _call_if_present(function: Callable[..., _T], *args: Any, gpu: str | None) -
             return None
 
 
+def sim_state_file(spec: str) -> Path:
+    """Where a simulated machine keeps its state: $GPUDRA_SIM_STATE, else a per-profile temp file."""
+    profile = spec.removeprefix("sim:")
+    default = Path(os.environ.get("TMPDIR", "/tmp")) / "gpudra-sim" / f"{profile}.json"
+    return Path(os.environ.get("GPUDRA_SIM_STATE") or default)
+
+
 def connect(spec: str = "real", *, state_file: Path | None = None) -> Nvml:
     """Opens NVML: "real" for the machine's driver, "sim:<profile>" for a simulated machine.
 
@@ -141,8 +148,7 @@ def connect(spec: str = "real", *, state_file: Path | None = None) -> Nvml:
     if spec not in SPECS or profile == spec:
         raise errors.ConfigError(f"unknown NVML {spec!r}; allowed: {', '.join(SPECS)}", field="--nvml")
     if state_file is None:
-        default = Path(os.environ.get("TMPDIR", "/tmp")) / "gpudra-sim" / f"{profile}.json"
-        state_file = Path(os.environ.get("GPUDRA_SIM_STATE") or default)
+        state_file = sim_state_file(spec)
     sysfs_root = state_file.parent / "sysfs"
     sim.install(pynvml, profile=profile, state_file=state_file, sysfs_root=sysfs_root)
     try:
@@ -192,7 +198,7 @@ class Nvml:
             gpu = self._gpu(index, handle)
             gpus.append(gpu)
             gpu_nodes.add(gpu.pci_bus_id)
-            links[gpu.pci_bus_id] = self._nvlink_remotes(handle, gpu.uuid, gpu_nodes)
+            links[gpu.pci_bus_id] = self._nvlink_remotes(handle, uuid=gpu.uuid, gpu_nodes=gpu_nodes)
         islands = _nvlink_islands(links, gpu_nodes)
         return records.Inventory(
             driver_version=_call(pynvml.nvmlSystemGetDriverVersion, gpu=None),
@@ -219,7 +225,7 @@ class Nvml:
         total_bytes = _call(pynvml.nvmlDeviceGetMemoryInfo, handle, gpu=uuid).total
         bus_id = _bus_id(_call(pynvml.nvmlDeviceGetPciInfo, handle, gpu=uuid).busId)
         mig_capable, mig_enabled = self._mig_mode(handle, uuid)
-        profiles = self._mig_profiles(handle, uuid, total_bytes) if mig_capable else ()
+        profiles = self._mig_profiles(handle, uuid=uuid, total_bytes=total_bytes) if mig_capable else ()
         full = max(profiles, key=lambda p: p.slice_count, default=None)
         arch = _call(pynvml.nvmlDeviceGetArchitecture, handle, gpu=uuid)
         return records.Gpu(
@@ -241,7 +247,7 @@ class Nvml:
             mig_enabled=mig_enabled,
             mig_memory_slices=max((p.start + p.size for f in profiles for p in f.placements), default=0),
             mig_profiles=profiles,
-            mig_devices=self._mig_devices(handle, uuid, profiles) if mig_enabled else (),
+            mig_devices=self._mig_devices(handle, uuid=uuid, profiles=profiles) if mig_enabled else (),
         )
 
     def _numa_node(self, bus_id: str) -> int | None:
@@ -258,7 +264,7 @@ class Nvml:
             return None
         return next((part for part in link.resolve().parts if _PCIE_ROOT.fullmatch(part)), None)
 
-    def _nvlink_remotes(self, handle: Any, uuid: str, gpu_nodes: set[str]) -> set[str]:
+    def _nvlink_remotes(self, handle: Any, *, uuid: str, gpu_nodes: set[str]) -> set[str]:
         """The far ends of the GPU's active NVLinks: GPU bus ids, or "switch/<bus id>" for NVSwitches."""
         remotes = set()
         for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
@@ -283,7 +289,7 @@ class Nvml:
             return False, False
         return True, mode[0] == pynvml.NVML_DEVICE_MIG_ENABLE
 
-    def _mig_profiles(self, handle: Any, uuid: str, total_bytes: int) -> tuple[records.MigProfile, ...]:
+    def _mig_profiles(self, handle: Any, *, uuid: str, total_bytes: int) -> tuple[records.MigProfile, ...]:
         profiles = []
         for index in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
             info = _call_if_present(pynvml.nvmlDeviceGetGpuInstanceProfileInfo, handle, index, gpu=uuid)
@@ -307,12 +313,12 @@ class Nvml:
                     jpegs=info.jpegCount,
                     ofas=info.ofaCount,
                     memory_mib=info.memorySizeMB,
-                    placements=self._placements(handle, uuid, info.id),
+                    placements=self._placements(handle, uuid=uuid, profile_id=info.id),
                 )
             )
         return tuple(profiles)
 
-    def _placements(self, handle: Any, uuid: str, profile_id: int) -> tuple[records.MigPlacement, ...]:
+    def _placements(self, handle: Any, *, uuid: str, profile_id: int) -> tuple[records.MigPlacement, ...]:
         count = ctypes.c_uint()
         call = pynvml.nvmlDeviceGetGpuInstancePossiblePlacements
         _call(call, handle, profile_id, None, ctypes.byref(count), gpu=uuid)
@@ -321,17 +327,17 @@ class Nvml:
         return tuple(records.MigPlacement(start=p.start, size=p.size) for p in found[: count.value])
 
     def _mig_devices(
-        self, handle: Any, uuid: str, profiles: tuple[records.MigProfile, ...]
+        self, handle: Any, *, uuid: str, profiles: tuple[records.MigProfile, ...]
     ) -> tuple[records.MigDevice, ...]:
         devices = [
             device
             for profile in profiles
-            for gi in self._gpu_instances(handle, uuid, profile)
-            for device in self._devices_in(gi, uuid, profile)
+            for gi in self._gpu_instances(handle, uuid=uuid, profile=profile)
+            for device in self._devices_in(gi, uuid=uuid, profile=profile)
         ]
         return tuple(sorted(devices, key=lambda d: (d.placement, d.compute_instance_id)))
 
-    def _gpu_instances(self, handle: Any, uuid: str, profile: records.MigProfile) -> list[Any]:
+    def _gpu_instances(self, handle: Any, *, uuid: str, profile: records.MigProfile) -> list[Any]:
         found = (pynvml.c_nvmlGpuInstance_t * profile.instance_count)()
         count = ctypes.c_uint()
         _call(pynvml.nvmlDeviceGetGpuInstances, handle, profile.id, found, ctypes.byref(count), gpu=uuid)
@@ -359,7 +365,7 @@ class Nvml:
             for ci in found[: count.value]:
                 yield info, ci
 
-    def _devices_in(self, gi: Any, uuid: str, profile: records.MigProfile) -> list[records.MigDevice]:
+    def _devices_in(self, gi: Any, *, uuid: str, profile: records.MigProfile) -> list[records.MigDevice]:
         gi_info = _call(pynvml.nvmlGpuInstanceGetInfo, gi, gpu=uuid)
         return [
             self._mig_device(ci, uuid=uuid, gi_info=gi_info, profile=profile, ci_slices=ci_profile.sliceCount)
@@ -385,13 +391,13 @@ class Nvml:
     def _handle(self, gpu_uuid: str) -> Any:
         return _call(pynvml.nvmlDeviceGetHandleByUUID, gpu_uuid, gpu=gpu_uuid)
 
-    def _mig_profile(self, handle: Any, gpu_uuid: str, profile_id: int) -> records.MigProfile:
+    def _mig_profile(self, handle: Any, *, gpu_uuid: str, profile_id: int) -> records.MigProfile:
         """The profile `profile_id` of a GPU with MIG enabled; NotSupported otherwise."""
         current, _ = _call(pynvml.nvmlDeviceGetMigMode, handle, gpu=gpu_uuid)
         if current != pynvml.NVML_DEVICE_MIG_ENABLE:
             raise errors.NotSupported(f"MIG mode is disabled on GPU {gpu_uuid}")
         total_bytes = _call(pynvml.nvmlDeviceGetMemoryInfo, handle, gpu=gpu_uuid).total
-        profiles = self._mig_profiles(handle, gpu_uuid, total_bytes)
+        profiles = self._mig_profiles(handle, uuid=gpu_uuid, total_bytes=total_bytes)
         for profile in profiles:
             if profile.id == profile_id:
                 return profile
@@ -406,7 +412,7 @@ class Nvml:
         crash between the two steps) is completed instead of refused.
         """
         handle = self._handle(gpu_uuid)
-        profile = self._mig_profile(handle, gpu_uuid, profile_id)
+        profile = self._mig_profile(handle, gpu_uuid=gpu_uuid, profile_id=profile_id)
         placement = pynvml.c_nvmlGpuInstancePlacement_t(placement_start, profile.memory_slices)
         try:
             gi = _call(
@@ -417,26 +423,30 @@ class Nvml:
                 gpu=gpu_uuid,
             )
         except errors.InsufficientResources:
-            gi = self._unfinished_gpu_instance(handle, gpu_uuid, profile, placement_start)
+            gi = self._unfinished_gpu_instance(
+                handle, gpu_uuid=gpu_uuid, profile=profile, placement_start=placement_start
+            )
             if gi is None:
                 raise
         try:
-            return self._add_compute_instance(gi, gpu_uuid, profile)
+            return self._add_compute_instance(gi, gpu_uuid=gpu_uuid, profile=profile)
         except BaseException as failure:
             with _noted(failure):
                 _call(pynvml.nvmlGpuInstanceDestroy, gi, gpu=gpu_uuid)
             raise
 
     def _unfinished_gpu_instance(
-        self, handle: Any, gpu_uuid: str, profile: records.MigProfile, placement_start: int
+        self, handle: Any, *, gpu_uuid: str, profile: records.MigProfile, placement_start: int
     ) -> Any | None:
-        for gi in self._gpu_instances(handle, gpu_uuid, profile):
+        for gi in self._gpu_instances(handle, uuid=gpu_uuid, profile=profile):
             info = _call(pynvml.nvmlGpuInstanceGetInfo, gi, gpu=gpu_uuid)
             if info.placement.start == placement_start and not any(self._compute_instances(gi, gpu_uuid)):
                 return gi
         return None
 
-    def _add_compute_instance(self, gi: Any, gpu_uuid: str, profile: records.MigProfile) -> records.MigDevice:
+    def _add_compute_instance(
+        self, gi: Any, *, gpu_uuid: str, profile: records.MigProfile
+    ) -> records.MigDevice:
         full = None
         for index in range(pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
             info = _call_if_present(
@@ -477,9 +487,9 @@ class Nvml:
     ) -> records.MigDevice | None:
         """The MIG device of this profile at this placement, if one exists (what a crashed prepare left)."""
         handle = self._handle(gpu_uuid)
-        profile = self._mig_profile(handle, gpu_uuid, profile_id)
-        for gi in self._gpu_instances(handle, gpu_uuid, profile):
-            for device in self._devices_in(gi, gpu_uuid, profile):
+        profile = self._mig_profile(handle, gpu_uuid=gpu_uuid, profile_id=profile_id)
+        for gi in self._gpu_instances(handle, uuid=gpu_uuid, profile=profile):
+            for device in self._devices_in(gi, uuid=gpu_uuid, profile=profile):
                 if device.placement.start == placement_start:
                     return device
         return None

@@ -24,6 +24,7 @@ from typing import NotRequired, TypedDict
 
 from gpudra.devices import CounterSet, Device, DeviceModel
 from gpudra.errors import ClusterError, NotSupported
+from gpudra.quantity import QUANTITY_PATTERN
 
 API_VERSION = "resource.k8s.io/v1"
 OLDEST_MINOR = 34
@@ -46,7 +47,7 @@ MAX_NAME = 253
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_QUANTITY = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+|[KMGTPE]i|[numkMGTPE])?")
+_QUANTITY = re.compile(QUANTITY_PATTERN)
 # semver.org's regular expression, as the API server applies it to version attributes
 _SEMVER = re.compile(
     r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
@@ -67,6 +68,8 @@ class OwnerReference(TypedDict):
 class SliceMetadata(TypedDict):
     name: str
     ownerReferences: NotRequired[list[OwnerReference]]
+    annotations: NotRequired[dict[str, str]]
+    resourceVersion: NotRequired[str]  # set when updating an existing slice
 
 
 class ResourcePool(TypedDict):
@@ -202,17 +205,16 @@ def _split(model: DeviceModel) -> list[_Draft]:
         _Draft(counter_sets=model.counter_sets[i : i + MAX_COUNTER_SETS])
         for i in range(0, len(model.counter_sets), MAX_COUNTER_SETS)
     ]
-    current = _Draft()
+    current: list[Device] = []
+    advanced = False  # whether `current` holds a device that lowers the limit to 64
     for device in model.devices:
-        candidate = [*current.devices, device]
-        limit = MAX_DEVICES_WITH_COUNTERS_OR_TAINTS if any(map(_is_advanced, candidate)) else MAX_DEVICES
-        if len(candidate) > limit:
-            drafts.append(current)
-            current = _Draft(devices=[device])
-        else:
-            current.devices = candidate
-    if current.devices:
-        drafts.append(current)
+        advanced = advanced or _is_advanced(device)
+        if len(current) >= (MAX_DEVICES_WITH_COUNTERS_OR_TAINTS if advanced else MAX_DEVICES):
+            drafts.append(_Draft(devices=current))
+            current, advanced = [], _is_advanced(device)
+        current.append(device)
+    if current:
+        drafts.append(_Draft(devices=current))
     return drafts
 
 

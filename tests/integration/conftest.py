@@ -1,4 +1,5 @@
-"""Fixtures for integration tests: one real local cluster (control plane + kubelet) per test session."""
+"""Fixtures for integration tests: one real local cluster per test session, three nodes, one per
+simulated machine, and gpudra's kubelet plugin on each of them."""
 
 from __future__ import annotations
 
@@ -8,25 +9,50 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kubernetes import client, config
+import yaml
+from kubernetes import client, config, utils
 
 from gpudra.localcluster import LocalCluster
 
+from .gpudra_plugin import PluginProcess
 from .procs import cluster_processes
 
 CLUSTER_PREFIX = "gpudra-it-"
+REPO = Path(__file__).resolve().parents[2]
+MACHINES = {"node-h100": "dgx-h100", "node-a100": "dgx-a100", "node-mixed": "mixed"}
 
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[LocalCluster]:
     root = Path(tempfile.mkdtemp(prefix=CLUSTER_PREFIX, dir="/tmp"))
-    with LocalCluster(root, nodes=("node-1",)) as running:
+    with LocalCluster(root, nodes=tuple(MACHINES)) as running:
         yield running
 
 
 @pytest.fixture(scope="session")
 def api(cluster: LocalCluster) -> client.ApiClient:
     return config.new_client_from_config(str(cluster.kubeconfig))
+
+
+@pytest.fixture(scope="session")
+def gpudra(cluster: LocalCluster, api: client.ApiClient) -> Iterator[dict[str, PluginProcess]]:
+    """gpudra installed: DeviceClasses applied and the kubelet plugin running on every node."""
+    utils.create_from_yaml(
+        api,
+        yaml_objects=list(
+            yaml.safe_load_all((REPO / "deploy" / "manifests" / "deviceclasses.yaml").read_text())
+        ),
+    )
+    plugins = {
+        name: PluginProcess(cluster, cluster.nodes[name], profile) for name, profile in MACHINES.items()
+    }
+    try:
+        for plugin in plugins.values():
+            plugin.start()
+        yield plugins
+    finally:
+        for plugin in plugins.values():
+            plugin.stop()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

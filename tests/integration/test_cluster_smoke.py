@@ -90,7 +90,7 @@ class Plugin(dra_v1_pb2_grpc.DRAPluginServicer):  # type: ignore[misc]
 
 @pytest.fixture
 def plugin(cluster: LocalCluster, api: client.ApiClient) -> Iterator[Calls]:
-    node = cluster.nodes["node-1"]
+    node = cluster.nodes["node-mixed"]
     plugin_dir = node.plugins_dir / DRIVER
     plugin_dir.mkdir(parents=True, exist_ok=True)
     dra_socket = plugin_dir / "dra.sock"
@@ -135,8 +135,8 @@ def test_pod_with_template_claim_runs_through_real_components(
             "metadata": {"name": f"node-1-{DRIVER}"},
             "spec": {
                 "driver": DRIVER,
-                "nodeName": "node-1",
-                "pool": {"name": "node-1", "generation": 1, "resourceSliceCount": 1},
+                "nodeName": "node-mixed",
+                "pool": {"name": "node-mixed", "generation": 1, "resourceSliceCount": 1},
                 "devices": [
                     {"name": "dev-red", "attributes": {"color": {"string": "red"}}},
                     {"name": "dev-blue", "attributes": {"color": {"string": "blue"}}},
@@ -197,15 +197,17 @@ def test_pod_with_template_claim_runs_through_real_components(
     )
 
     pod = wait_for("pod Running", lambda: pod_running(core, "smoke", ns), timeout=90)
-    assert pod.spec.node_name == "node-1"
+    assert pod.spec.node_name == "node-mixed"
     claim_name = pod.status.resource_claim_statuses[0].resource_claim_name
     claim = resources.get("resourceclaims", claim_name, ns)
     (result,) = claim["status"]["allocation"]["devices"]["results"]
-    assert (result["driver"], result["pool"], result["device"]) == (DRIVER, "node-1", "dev-blue")
+    assert (result["driver"], result["pool"], result["device"]) == (DRIVER, "node-mixed", "dev-blue")
     uid = claim["metadata"]["uid"]
     assert plugin.prepared == [uid]
 
-    records = [json.loads(line) for line in Path(cluster.nodes["node-1"].cri_record).read_text().splitlines()]
+    records = [
+        json.loads(line) for line in Path(cluster.nodes["node-mixed"].cri_record).read_text().splitlines()
+    ]
     mine = [r for r in records if r["podNamespace"] == ns and r["container"] == "c"]
     assert mine and mine[0]["cdiDevices"] == [f"{DRIVER}/dev={uid}-dev-blue"]
 

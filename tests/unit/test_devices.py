@@ -12,19 +12,17 @@ import pytest
 from gpudra.devices import Device, DeviceModel, build_devices, bytes_quantity, dns_label, semver
 from gpudra.errors import ConfigError, HardwareError, NotSupported
 from gpudra.inventory import Gpu, Inventory, MigDevice, MigPlacement, MigProfile
+from gpudra.quantity import parse_quantity
 from gpudra.slices import ResourceSlice, build_slices
 from tests.unit import inventories as inv
 
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-SUFFIXES = {"Ki": 1024, "Mi": 1024**2, "Gi": 1024**3, "Ti": 1024**4, "Pi": 1024**5, "Ei": 1024**6}
 
 
 def quantity(text: str) -> int:
-    """The integer in a Quantity of the forms gpudra writes: digits and an optional binary suffix."""
-    for suffix, unit in SUFFIXES.items():
-        if text.endswith(suffix):
-            return int(text[: -len(suffix)]) * unit
-    return int(text)
+    value = parse_quantity(text)
+    assert value.denominator == 1, text
+    return int(value)
 
 
 def partitionable(*gpus: Gpu) -> DeviceModel:
@@ -72,15 +70,16 @@ class Pool:
 
     def admitted(self, names: Sequence[str]) -> set[frozenset[str]]:
         """Every set of `names` the counters let the scheduler allocate together (fit is monotone)."""
+        demands = [self.demand(name) for name in names]
         found: set[frozenset[str]] = set()
 
-        def grow(chosen: list[str], first: int) -> None:
-            found.add(frozenset(chosen))
+        def grow(chosen: list[int], total: Counter[tuple[str, str]], first: int) -> None:
+            found.add(frozenset(names[i] for i in chosen))
             for i in range(first, len(names)):
-                if self.fits([*chosen, names[i]]):
-                    grow([*chosen, names[i]], i + 1)
+                if all(total[key] + amount <= self.capacity[key] for key, amount in demands[i].items()):
+                    grow([*chosen, i], total + demands[i], i + 1)
 
-        grow([], 0)
+        grow([], Counter(), 0)
         return found
 
 

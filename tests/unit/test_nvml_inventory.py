@@ -147,7 +147,7 @@ def test_mixed_node(mixed: inventory.Inventory) -> None:
     assert rows == [l4, l4, t4, l4, l4, t4]
     for gpu in mixed.gpus:
         assert (gpu.mig_capable, gpu.mig_enabled, gpu.mig_memory_slices) == (False, False, 0)
-        assert gpu.mig_profiles == gpu.mig_devices == ()
+        assert (gpu.mig_profiles, gpu.mig_devices) == ((), ())
         assert (gpu.nvlink_domain, gpu.nvlink_peers) == (None, ())
     assert {g.pcie_root for g in mixed.gpus} == {"pci0000:00", "pci0000:80"}
     assert [g.numa_node for g in mixed.gpus] == [0, 0, 0, 1, 1, 1]
@@ -270,3 +270,26 @@ def test_sessions_share_the_process_wide_library(state_file: Path) -> None:
     outer.close()  # idempotent
     with pytest.raises(errors.NvmlUnavailable):  # the last close took the simulator out of pynvml
         nvml.connect("real")
+
+
+NAMES = [
+    ("a100 1g", (0x0, 1, 4864, 40960), "1g.5gb"),
+    ("a100 1g+me", (0x7, 1, 4864, 40960), "1g.5gb+me"),
+    ("a100-80gb 1g", (0x0, 1, 9728, 81920), "1g.10gb"),
+    ("a30 1g", (0x0, 1, 5952, 24576), "1g.6gb"),
+    ("a30 2g+me", (0x8, 2, 11968, 24576), "2g.12gb+me"),
+    ("h100 7g", (0x4, 7, 81152, 81559), "7g.80gb"),
+    ("all media", (0xF, 1, 4864, 40960), "1g.5gb+me.all"),
+    ("graphics", (0xA, 1, 4864, 40960), "1g.5gb+gfx"),
+    ("no media", (0xD, 1, 4864, 40960), "1g.5gb-me"),
+    ("half rounds up", (0x0, 1, 2560, 20480), "1g.3gb"),
+]
+
+
+@pytest.mark.parametrize(("facts", "name"), [n[1:] for n in NAMES], ids=[n[0] for n in NAMES])
+def test_mig_profile_names_follow_go_nvlib(facts: tuple[int, int, int, int], name: str) -> None:
+    index, slices, memory_mib, total_mib = facts
+    found = nvml.mig_profile_name(
+        index=index, slices=slices, memory_mib=memory_mib, total_bytes=total_mib * MIB
+    )
+    assert found == name

@@ -31,13 +31,13 @@ def mixed(state_file: Path) -> Iterator[Any]:
         yield pynvml.nvmlDeviceGetHandleByIndex(0)
 
 
-def _gpu_instance(handle: Any, profile_id: int, start: int, size: int) -> Any:
+def _gpu_instance(handle: Any, *, profile_id: int, start: int, size: int) -> Any:
     placement = pynvml.c_nvmlGpuInstancePlacement_t(start, size)
     return pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(handle, profile_id, ctypes.byref(placement))
 
 
-def _mig_device(handle: Any, profile_id: int, start: int, size: int) -> tuple[Any, Any]:
-    gi = _gpu_instance(handle, profile_id, start, size)
+def _mig_device(handle: Any, *, profile_id: int, start: int, size: int) -> tuple[Any, Any]:
+    gi = _gpu_instance(handle, profile_id=profile_id, start=start, size=size)
     full = pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
         gi, pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE, pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
     )
@@ -155,7 +155,7 @@ def test_string_buffers_that_are_too_small(h100: Any) -> None:
 
 
 def test_compute_instance_info_gives_the_mig_device(h100: Any) -> None:
-    gi, ci = _mig_device(h100, 19, 3, 1)
+    gi, ci = _mig_device(h100, profile_id=19, start=3, size=1)
     info = pynvml.nvmlComputeInstanceGetInfo(ci)
     mig_uuid = pynvml.nvmlDeviceGetUUID(info.device)
     assert mig_uuid.startswith("MIG-")
@@ -183,9 +183,9 @@ def test_gpu_instance_refusals(
     h100: Any, made: list[tuple[int, int, int]], then: tuple[int, int, int], error: type[Exception]
 ) -> None:
     for profile_id, start, size in made:
-        _gpu_instance(h100, profile_id, start, size)
+        _gpu_instance(h100, profile_id=profile_id, start=start, size=size)
     with pytest.raises(error):
-        _gpu_instance(h100, *then)
+        _gpu_instance(h100, profile_id=then[0], start=then[1], size=then[2])
 
 
 def test_mig_calls_on_a_gpu_without_mig_are_not_supported(mixed: Any) -> None:
@@ -194,11 +194,11 @@ def test_mig_calls_on_a_gpu_without_mig_are_not_supported(mixed: Any) -> None:
     with pytest.raises(pynvml.NVMLError_NotSupported):
         pynvml.nvmlDeviceGetGpuInstanceProfileInfo(mixed, 0)
     with pytest.raises(pynvml.NVMLError_NotSupported):
-        _gpu_instance(mixed, 19, 0, 1)
+        _gpu_instance(mixed, profile_id=19, start=0, size=1)
 
 
 def test_a_gpu_instance_with_a_compute_instance_is_in_use(h100: Any) -> None:
-    gi, ci = _mig_device(h100, 19, 0, 1)
+    gi, ci = _mig_device(h100, profile_id=19, start=0, size=1)
     with pytest.raises(pynvml.NVMLError_InUse) as refused:
         pynvml.nvmlGpuInstanceDestroy(gi)
     assert str(refused.value) == "In use by another client"
@@ -207,7 +207,7 @@ def test_a_gpu_instance_with_a_compute_instance_is_in_use(h100: Any) -> None:
 
 
 def test_a_compute_instance_with_a_process_is_in_use(h100: Any, state_file: Path) -> None:
-    _, ci = _mig_device(h100, 19, 0, 1)
+    _, ci = _mig_device(h100, profile_id=19, start=0, size=1)
     mig_uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlComputeInstanceGetInfo(ci).device)
     sim.attach_process(state_file=state_file, device_uuid=mig_uuid, pid=77)
     with pytest.raises(pynvml.NVMLError_InUse):
@@ -217,7 +217,7 @@ def test_a_compute_instance_with_a_process_is_in_use(h100: Any, state_file: Path
 
 
 def test_stale_and_bogus_handles_are_invalid(h100: Any) -> None:
-    gi = _gpu_instance(h100, 19, 0, 1)
+    gi = _gpu_instance(h100, profile_id=19, start=0, size=1)
     pynvml.nvmlGpuInstanceDestroy(gi)
     with pytest.raises(pynvml.NVMLError_InvalidArgument):
         pynvml.nvmlGpuInstanceGetInfo(gi)
@@ -235,7 +235,7 @@ def test_lookups_of_missing_things_are_not_found(h100: Any) -> None:
 
 
 def test_compute_instance_profiles_within_a_gpu_instance(h100: Any) -> None:
-    gi = _gpu_instance(h100, 9, 0, 4)  # 3g.40gb
+    gi = _gpu_instance(h100, profile_id=9, start=0, size=4)  # 3g.40gb
     shared = pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
     slices = [
         pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, index, shared).sliceCount
@@ -260,7 +260,18 @@ def test_compute_instance_profiles_within_a_gpu_instance(h100: Any) -> None:
 
 
 def test_mig_mode_hook_refuses_while_instances_exist(h100: Any, state_file: Path) -> None:
-    _gpu_instance(h100, 19, 0, 1)
+    _gpu_instance(h100, profile_id=19, start=0, size=1)
     with pytest.raises(sim.hardware.Refused) as refused:
         sim.set_mig_mode(state_file=state_file, gpu_uuid=pynvml.nvmlDeviceGetUUID(h100), enabled=False)
     assert refused.value.code == pynvml.NVML_ERROR_IN_USE
+
+
+def test_a_machine_whose_state_is_gone_has_no_driver(state_file: Path) -> None:
+    sim.install(pynvml, profile="mixed", state_file=state_file, sysfs_root=state_file.parent / "sysfs")
+    try:
+        state_file.unlink()
+        with pytest.raises(errors.NvmlUnavailable) as missing:
+            nvml.Nvml(sysfs_root=state_file.parent / "sysfs")
+        assert missing.value.nvml_error == "NVMLError_DriverNotLoaded"
+    finally:
+        sim.uninstall(pynvml)

@@ -242,6 +242,27 @@ def test_a_gpu_with_many_profiles_is_spread_over_slices_from_1_35() -> None:
         publish(model, 34)
 
 
+@pytest.mark.parametrize(
+    ("server_minor", "expected"),
+    [(34, [(52, 2)] * 32), (36, [(0, 8)] * 8 + [(64, 0)] * 26)],
+    ids=["1.34", "1.36"],
+)
+def test_64_gpus(server_minor: int, expected: list[tuple[int, int]]) -> None:
+    model = build_devices(inv.big_node(64), mig_mode="partitionable")
+    slices = publish(model, server_minor)
+    assert (len(model.devices), len(model.counter_sets), shape(slices)) == (64 * 26, 64, expected)
+    assert validate_slices(slices, server_minor=server_minor) == []
+
+
+@pytest.mark.parametrize("server_minor", MINORS)
+def test_a_gpu_with_too_many_memory_slices_for_one_counter_set_is_refused(server_minor: int) -> None:
+    one_slice = inv.profile((1, "1g.2gb", 1, 32, range(32), 1, 4, 1, 0, 0, 0, 2048))
+    gpu = inv.synthetic_gpu(0, [one_slice], memory_slices=32, memory_mib=65536)
+    model = build_devices(inv.node(gpu), mig_mode="partitionable")
+    with pytest.raises(NotSupported, match="counter set gpu-0-counters has 33 counters"):
+        publish(model, server_minor)
+
+
 # ---- validation: each rule, broken once
 
 

@@ -50,8 +50,15 @@ class CFunction:
         return self._call(*args)
 
 
-def _handle(kind: int, gpu: int, gi: int = 0, ci: int = 0) -> int:
+def _handle(kind: int, *, gpu: int, gi: int = 0, ci: int = 0) -> int:
     return (_MAGIC << 32) | (kind << 24) | (gpu << 16) | (gi << 8) | ci
+
+
+def _pointer_value(handle: Any) -> int:
+    try:
+        return ctypes.cast(handle, ctypes.c_void_p).value or 0
+    except (TypeError, ctypes.ArgumentError):
+        return 0
 
 
 def _store_handle(target: Any, value: int) -> None:
@@ -69,7 +76,7 @@ def _int(value: Any) -> int:
     return int(getattr(value, "value", value))
 
 
-def _put_string(buffer: Any, length: Any, text: str) -> None:
+def _put_string(buffer: Any, *, length: Any, text: str) -> None:
     data = text.encode()
     if len(data) + 1 > _int(length):
         raise Refused(hardware.INSUFFICIENT_SIZE, f"{len(data) + 1} bytes needed")
@@ -131,23 +138,13 @@ class SimulatedLibrary:
     # --- handles -------------------------------------------------------------------------------
 
     def _decode(self, handle: Any, kind: int) -> tuple[int, int, int]:
-        try:
-            value = ctypes.cast(handle, ctypes.c_void_p).value or 0
-        except (TypeError, ctypes.ArgumentError):
-            value = 0
-        if (
-            value >> 32 != _MAGIC
-            or (value >> 24) & 0xFF != kind
-            or (value >> 16) & 0xFF >= len(self.machine.gpus)
-        ):
+        value = _pointer_value(handle)
+        if self._kind(handle) != kind or (value >> 16) & 0xFF >= len(self.machine.gpus):
             raise Refused(hardware.INVALID_ARGUMENT, "not a valid handle")
         return (value >> 16) & 0xFF, (value >> 8) & 0xFF, value & 0xFF
 
     def _kind(self, handle: Any) -> int:
-        try:
-            value = ctypes.cast(handle, ctypes.c_void_p).value or 0
-        except (TypeError, ctypes.ArgumentError):
-            return 0
+        value = _pointer_value(handle)
         return (value >> 24) & 0xFF if value >> 32 == _MAGIC else 0
 
     def _gpu(self, handle: Any) -> int:
@@ -164,7 +161,7 @@ class SimulatedLibrary:
             raise Refused(hardware.INVALID_ARGUMENT, "stale GPU instance handle") from refused
 
     def _compute_instance(
-        self, handle: Any, kind: int, machine_state: state.MachineState
+        self, handle: Any, *, kind: int, machine_state: state.MachineState
     ) -> tuple[int, state.GpuInstance, state.ComputeInstance]:
         index, gi_id, ci_id = self._decode(handle, kind)
         try:
@@ -196,7 +193,7 @@ class SimulatedLibrary:
 
     @_entry("nvmlSystemGetDriverVersion")
     def system_driver_version(self, buffer: Any, length: Any) -> int:
-        _put_string(buffer, length, self.machine.driver_version)
+        _put_string(buffer, length=length, text=self.machine.driver_version)
         return hardware.SUCCESS
 
     @_entry("nvmlSystemGetCudaDriverVersion")
@@ -216,7 +213,7 @@ class SimulatedLibrary:
         i = _int(index)
         if not 0 <= i < len(self.machine.gpus):
             raise Refused(hardware.INVALID_ARGUMENT, f"no GPU with index {i}")
-        _store_handle(_out(ref), _handle(_GPU, i))
+        _store_handle(_out(ref), _handle(_GPU, gpu=i))
         return hardware.SUCCESS
 
     @_entry("nvmlDeviceGetHandleByUUID")
@@ -228,28 +225,28 @@ class SimulatedLibrary:
         target = _out(ref)
         for i in range(len(self.machine.gpus)):
             if self.machine.gpu_uuid(i) == wanted:
-                _store_handle(target, _handle(_GPU, i))
+                _store_handle(target, _handle(_GPU, gpu=i))
                 return hardware.SUCCESS
         for i, gpu in enumerate(self.state_file.read().gpus):
             for gi in gpu.gpu_instances:
                 for ci in gi.compute_instances:
                     if ci.uuid == wanted:
-                        _store_handle(target, _handle(_MIG_DEVICE, i, gi.id, ci.id))
+                        _store_handle(target, _handle(_MIG_DEVICE, gpu=i, gi=gi.id, ci=ci.id))
                         return hardware.SUCCESS
         raise Refused(hardware.NOT_FOUND, f"no device with UUID {wanted}")
 
     @_entry("nvmlDeviceGetName")
     def name(self, handle: Any, buffer: Any, length: Any) -> int:
-        _put_string(buffer, length, self._model(self._gpu(handle)).name)
+        _put_string(buffer, length=length, text=self._model(self._gpu(handle)).name)
         return hardware.SUCCESS
 
     @_entry("nvmlDeviceGetUUID")
     def uuid(self, handle: Any, buffer: Any, length: Any) -> int:
         if self._kind(handle) == _MIG_DEVICE:
-            _, _, ci = self._compute_instance(handle, _MIG_DEVICE, self.state_file.read())
-            _put_string(buffer, length, ci.uuid)
+            _, _, ci = self._compute_instance(handle, kind=_MIG_DEVICE, machine_state=self.state_file.read())
+            _put_string(buffer, length=length, text=ci.uuid)
         else:
-            _put_string(buffer, length, self.machine.gpu_uuid(self._gpu(handle)))
+            _put_string(buffer, length=length, text=self.machine.gpu_uuid(self._gpu(handle)))
         return hardware.SUCCESS
 
     @_entry("nvmlDeviceGetBrand")
@@ -272,7 +269,9 @@ class SimulatedLibrary:
     def memory_info(self, handle: Any, ref: Any) -> int:
         info = _out(ref)
         if self._kind(handle) == _MIG_DEVICE:
-            index, gi, _ = self._compute_instance(handle, _MIG_DEVICE, self.state_file.read())
+            index, gi, _ = self._compute_instance(
+                handle, kind=_MIG_DEVICE, machine_state=self.state_file.read()
+            )
             total = hardware.mig_profile(self._model(index), gi.profile_id).memory_mib * _MIB
         else:
             total = self._model(self._gpu(handle)).memory_mib * _MIB
@@ -398,7 +397,7 @@ class SimulatedLibrary:
                 start=requested.start,
                 size=requested.size,
             )
-        _store_handle(target, _handle(_GPU_INSTANCE, index, created.id))
+        _store_handle(target, _handle(_GPU_INSTANCE, gpu=index, gi=created.id))
         return hardware.SUCCESS
 
     @_entry("nvmlDeviceGetGpuInstances")
@@ -412,7 +411,7 @@ class SimulatedLibrary:
         if instances is None or len(instances) < len(found):
             raise Refused(hardware.INSUFFICIENT_SIZE, f"{len(found)} GPU instances")
         for slot, gi_id in enumerate(found):
-            instances[slot] = ctypes.cast(_handle(_GPU_INSTANCE, index, gi_id), type(instances[slot]))
+            instances[slot] = ctypes.cast(_handle(_GPU_INSTANCE, gpu=index, gi=gi_id), type(instances[slot]))
         _out(count).value = len(found)
         return hardware.SUCCESS
 
@@ -422,14 +421,14 @@ class SimulatedLibrary:
         gpu = self.state_file.read().gpus[index]
         hardware.require_mig_enabled(self._model(index), gpu)
         gi = hardware.gpu_instance(gpu, _int(gi_id))
-        _store_handle(_out(ref), _handle(_GPU_INSTANCE, index, gi.id))
+        _store_handle(_out(ref), _handle(_GPU_INSTANCE, gpu=index, gi=gi.id))
         return hardware.SUCCESS
 
     @_entry("nvmlGpuInstanceGetInfo")
     def gpu_instance_info(self, handle: Any, ref: Any) -> int:
         index, _, gi = self._gpu_instance(handle, self.state_file.read())
         info = _out(ref)
-        _store_handle(info.device, _handle(_GPU, index))
+        _store_handle(info.device, _handle(_GPU, gpu=index))
         info.id = gi.id
         info.profileId = gi.profile_id
         info.placement.start, info.placement.size = gi.start, gi.size
@@ -473,7 +472,7 @@ class SimulatedLibrary:
             created = hardware.create_compute_instance(
                 model=self._model(index), gi=gi, profile_id=_int(profile_id)
             )
-        _store_handle(target, _handle(_COMPUTE_INSTANCE, index, gi.id, created.id))
+        _store_handle(target, _handle(_COMPUTE_INSTANCE, gpu=index, gi=gi.id, ci=created.id))
         return hardware.SUCCESS
 
     @_entry("nvmlGpuInstanceGetComputeInstances")
@@ -486,17 +485,19 @@ class SimulatedLibrary:
             raise Refused(hardware.INSUFFICIENT_SIZE, f"{len(found)} compute instances")
         for slot, ci_id in enumerate(found):
             instances[slot] = ctypes.cast(
-                _handle(_COMPUTE_INSTANCE, index, gi.id, ci_id), type(instances[slot])
+                _handle(_COMPUTE_INSTANCE, gpu=index, gi=gi.id, ci=ci_id), type(instances[slot])
             )
         _out(count).value = len(found)
         return hardware.SUCCESS
 
     @_entry("nvmlComputeInstanceGetInfo_v2")
     def compute_instance_info(self, handle: Any, ref: Any) -> int:
-        index, gi, ci = self._compute_instance(handle, _COMPUTE_INSTANCE, self.state_file.read())
+        index, gi, ci = self._compute_instance(
+            handle, kind=_COMPUTE_INSTANCE, machine_state=self.state_file.read()
+        )
         info = _out(ref)
-        _store_handle(info.device, _handle(_MIG_DEVICE, index, gi.id, ci.id))
-        _store_handle(info.gpuInstance, _handle(_GPU_INSTANCE, index, gi.id))
+        _store_handle(info.device, _handle(_MIG_DEVICE, gpu=index, gi=gi.id, ci=ci.id))
+        _store_handle(info.gpuInstance, _handle(_GPU_INSTANCE, gpu=index, gi=gi.id))
         info.id = ci.id
         info.profileId = ci.profile_id
         info.placement.start, info.placement.size = ci.start, ci.size
@@ -505,7 +506,7 @@ class SimulatedLibrary:
     @_entry("nvmlComputeInstanceDestroy")
     def destroy_compute_instance(self, handle: Any) -> int:
         with self.state_file.update() as machine_state:
-            _, gi, ci = self._compute_instance(handle, _COMPUTE_INSTANCE, machine_state)
+            _, gi, ci = self._compute_instance(handle, kind=_COMPUTE_INSTANCE, machine_state=machine_state)
             hardware.destroy_compute_instance(machine_state=machine_state, gi=gi, ci_id=ci.id)
         return hardware.SUCCESS
 
@@ -514,7 +515,7 @@ class SimulatedLibrary:
         if self._kind(handle) != _MIG_DEVICE:
             self._gpu(handle)
             raise Refused(hardware.NOT_SUPPORTED, "attributes are reported for MIG devices only")
-        index, gi, ci = self._compute_instance(handle, _MIG_DEVICE, self.state_file.read())
+        index, gi, ci = self._compute_instance(handle, kind=_MIG_DEVICE, machine_state=self.state_file.read())
         gi_profile = hardware.mig_profile(self._model(index), gi.profile_id)
         profile = hardware.compute_profile(gi_profile, ci.profile_id)
         info = _out(ref)

@@ -41,29 +41,67 @@ class _Target:
 
 
 @dataclass(frozen=True)
-class _Field:
-    header: str
-    unit: str
-    value: Callable[[machines.Machine, state.MachineState, int], str]
+class _Card:
+    """The simulated machine's fixed facts together with its current state."""
+
+    machine: machines.Machine
+    current: state.MachineState
+
+    @classmethod
+    def of(cls, machine_state: state.MachineState) -> _Card:
+        return cls(machines.MACHINES[machine_state.machine], machine_state)
+
+    def targets(self, ids: str) -> list[_Target]:
+        found = []
+        for wanted in ids.split(","):
+            target = self._target(wanted.strip())
+            if target is None:
+                raise _Failure(NOT_FOUND, "No devices were found")
+            found.append(target)
+        return found
+
+    def _target(self, wanted: str) -> _Target | None:
+        if wanted.isdigit():
+            return _Target(int(wanted)) if int(wanted) < len(self.machine.gpus) else None
+        for index, (slot, gpu) in enumerate(zip(self.machine.gpus, self.current.gpus, strict=True)):
+            if wanted in (gpu.uuid, slot.bus_id) or wanted.lower() in (
+                slot.bdf,
+                slot.bdf.removeprefix("0000:"),
+            ):
+                return _Target(index)
+            for gi in gpu.gpu_instances:
+                for ci in gi.compute_instances:
+                    if ci.uuid == wanted:
+                        return _Target(index, gi.id, ci.id)
+        return None
+
+    def label(self, target: _Target) -> str:
+        bus_id = self.machine.gpus[target.index].bus_id
+        if target.gi is None:
+            return f"GPU {bus_id}"
+        return f"GPU instance {target.gi} compute instance {target.ci} of GPU {bus_id}"
+
+    def compute_instance(self, target: _Target) -> state.ComputeInstance:
+        gpu = self.current.gpus[target.index]
+        gi = next(gi for gi in gpu.gpu_instances if gi.id == target.gi)
+        return next(ci for ci in gi.compute_instances if ci.id == target.ci)
+
+    def mig_mode(self, index: int) -> str:
+        if not self.machine.gpus[index].model.mig_capable:
+            return "[N/A]"
+        return "Enabled" if self.current.gpus[index].mig_mode else "Disabled"
 
 
-def _mig_mode(machine: machines.Machine, machine_state: state.MachineState, index: int) -> str:
-    if not machine.gpus[index].model.mig_capable:
-        return "[N/A]"
-    return "Enabled" if machine_state.gpus[index].mig_mode else "Disabled"
-
-
-_FIELDS = {
-    "index": _Field("index", "", lambda m, s, i: str(i)),
-    "uuid": _Field("uuid", "", lambda m, s, i: s.gpus[i].uuid),
-    "name": _Field("name", "", lambda m, s, i: m.gpus[i].model.name),
-    "memory.total": _Field("memory.total", "MiB", lambda m, s, i: str(m.gpus[i].model.memory_mib)),
-    "pci.bus_id": _Field("pci.bus_id", "", lambda m, s, i: m.gpus[i].bus_id),
-    "driver_version": _Field("driver_version", "", lambda m, s, i: m.driver_version),
-    "compute_mode": _Field(
-        "compute_mode", "", lambda m, s, i: _COMPUTE_MODE_NAMES[s.gpus[i].compute_mode].title()
-    ),
-    "mig.mode.current": _Field("mig.mode.current", "", _mig_mode),
+# --query-gpu field -> (unit, value)
+_FIELDS: dict[str, tuple[str, Callable[[_Card, int], str]]] = {
+    "index": ("", lambda card, i: str(i)),
+    "uuid": ("", lambda card, i: card.current.gpus[i].uuid),
+    "name": ("", lambda card, i: card.machine.gpus[i].model.name),
+    "memory.total": ("MiB", lambda card, i: str(card.machine.gpus[i].model.memory_mib)),
+    "pci.bus_id": ("", lambda card, i: card.machine.gpus[i].bus_id),
+    "driver_version": ("", lambda card, i: card.machine.driver_version),
+    "compute_mode": ("", lambda card, i: _COMPUTE_MODE_NAMES[card.current.gpus[i].compute_mode].title()),
+    "mig.mode.current": ("", lambda card, i: card.mig_mode(i)),
 }
 
 
@@ -84,54 +122,18 @@ def _options(args: list[str]) -> Iterator[tuple[str, str | None]]:
             yield arg, None
 
 
-def _targets(machine: machines.Machine, machine_state: state.MachineState, ids: str) -> list[_Target]:
-    found = []
-    for wanted in ids.split(","):
-        target = _target(machine, machine_state, wanted.strip())
-        if target is None:
-            raise _Failure(NOT_FOUND, "No devices were found")
-        found.append(target)
-    return found
-
-
-def _target(machine: machines.Machine, machine_state: state.MachineState, wanted: str) -> _Target | None:
-    if wanted.isdigit():
-        return _Target(int(wanted)) if int(wanted) < len(machine.gpus) else None
-    for index, (slot, gpu) in enumerate(zip(machine.gpus, machine_state.gpus, strict=True)):
-        if wanted in (gpu.uuid, slot.bus_id) or wanted.lower() in (slot.bdf, slot.bdf.removeprefix("0000:")):
-            return _Target(index)
-        for gi in gpu.gpu_instances:
-            for ci in gi.compute_instances:
-                if ci.uuid == wanted:
-                    return _Target(index, gi.id, ci.id)
-    return None
-
-
-def _label(machine: machines.Machine, machine_state: state.MachineState, target: _Target) -> str:
-    bus_id = machine.gpus[target.index].bus_id
-    if target.gi is None:
-        return f"GPU {bus_id}"
-    return f"GPU instance {target.gi} compute instance {target.ci} of GPU {bus_id}"
-
-
-def _compute_instance(machine_state: state.MachineState, target: _Target) -> state.ComputeInstance:
-    gpu = machine_state.gpus[target.index]
-    gi = next(gi for gi in gpu.gpu_instances if gi.id == target.gi)
-    return next(ci for ci in gi.compute_instances if ci.id == target.ci)
-
-
-def _set_compute_mode(store: state.StateFile, ids: str, mode_arg: str) -> list[str]:
-    mode = int(mode_arg) if mode_arg.isdigit() else _COMPUTE_MODES.get(mode_arg.upper(), -1)
-    if mode not in _COMPUTE_MODE_NAMES or mode == _COMPUTE_MODES["EXCLUSIVE_THREAD"]:
+def _set_compute_mode(store: state.StateFile, *, ids: str, mode: str) -> list[str]:
+    value = int(mode) if mode.isdigit() else _COMPUTE_MODES.get(mode.upper(), -1)
+    if value not in _COMPUTE_MODE_NAMES or value == _COMPUTE_MODES["EXCLUSIVE_THREAD"]:
         raise _Failure(
-            BAD_ARGUMENT, f'Invalid compute mode "{mode_arg}"; valid: DEFAULT, PROHIBITED, EXCLUSIVE_PROCESS'
+            BAD_ARGUMENT, f'Invalid compute mode "{mode}"; valid: DEFAULT, PROHIBITED, EXCLUSIVE_PROCESS'
         )
-    name = _COMPUTE_MODE_NAMES[mode]
+    name = _COMPUTE_MODE_NAMES[value]
     lines = []
     with store.update() as machine_state:
-        machine = machines.MACHINES[machine_state.machine]
-        for target in _targets(machine, machine_state, ids):
-            label = _label(machine, machine_state, target)
+        card = _Card.of(machine_state)
+        for target in card.targets(ids):
+            label = card.label(target)
             holder: state.Gpu | state.ComputeInstance
             if target.gi is None:
                 holder = machine_state.gpus[target.index]
@@ -142,66 +144,69 @@ def _set_compute_mode(store: state.StateFile, ids: str, mode_arg: str) -> list[s
                         "(MIG mode is enabled; set it on a MIG device)",
                     )
             else:
-                holder = _compute_instance(machine_state, target)
-            if holder.compute_mode == mode:
+                holder = card.compute_instance(target)
+            if holder.compute_mode == value:
                 lines.append(f"Compute mode is already set to {name} for {label}.")
             else:
-                holder.compute_mode = mode
+                holder.compute_mode = value
                 lines.append(f"Set compute mode to {name} for {label}.")
     return [*lines, "All done."]
 
 
-def _set_timeslice(store: state.StateFile, ids: str, value: str) -> list[str]:
+def _set_timeslice(store: state.StateFile, *, ids: str, value: str) -> list[str]:
     if value not in ("0", "1", "2", "3"):
         raise _Failure(
             BAD_ARGUMENT, f'Invalid timeslice "{value}"; valid: 0 (default), 1 (short), 2 (medium), 3 (long)'
         )
     lines = []
     with store.update() as machine_state:
-        machine = machines.MACHINES[machine_state.machine]
-        for target in _targets(machine, machine_state, ids):
-            label = _label(machine, machine_state, target)
+        card = _Card.of(machine_state)
+        for target in card.targets(ids):
             if target.gi is not None:
-                raise _Failure(NOT_SUPPORTED, f"Unable to set the timeslice for {label}: Not Supported")
+                raise _Failure(
+                    NOT_SUPPORTED, f"Unable to set the timeslice for {card.label(target)}: Not Supported"
+                )
             machine_state.gpus[target.index].timeslice = int(value)
-            lines.append(f"Set timeslice to {_TIMESLICES[int(value)].upper()} for {label}.")
+            lines.append(f"Set timeslice to {_TIMESLICES[int(value)].upper()} for {card.label(target)}.")
     return lines
 
 
+def _indices(card: _Card, ids: str | None) -> list[int]:
+    return [t.index for t in card.targets(ids)] if ids else list(range(len(card.machine.gpus)))
+
+
 def _list_policies(store: state.StateFile, ids: str | None) -> list[str]:
-    machine_state = store.read()
-    machine = machines.MACHINES[machine_state.machine]
-    indices = [t.index for t in _targets(machine, machine_state, ids)] if ids else range(len(machine.gpus))
-    rule = "+" + "-" * 37 + "+"
-    lines = [rule, "| GPU compute policies:" + " " * 15 + "|", "| GPU  Policy            Value          |"]
-    lines.append("|" + "=" * 37 + "|")
-    for index in indices:
-        value = _TIMESLICES[machine_state.gpus[index].timeslice]
-        lines.append(f"| {index:>3}  {'Timeslice':<16}  {value:<14} |")
-    return [*lines, rule]
+    card = _Card.of(store.read())
+    rows = [f"| {'GPU':>3}  {'Policy':<10}  {'Value':<8} |"] + [
+        f"| {index:>3}  {'Timeslice':<10}  {_TIMESLICES[card.current.gpus[index].timeslice]:<8} |"
+        for index in _indices(card, ids)
+    ]
+    width = len(rows[0])
+    rule = "+" + "-" * (width - 2) + "+"
+    title = f"| {'GPU compute policies:':<{width - 4}} |"
+    return [rule, title, rows[0], "|" + "=" * (width - 2) + "|", *rows[1:], rule]
 
 
-def _query(store: state.StateFile, fields_arg: str, fmt: str | None, ids: str | None) -> list[str]:
+def _query(store: state.StateFile, *, fields: str, fmt: str | None, ids: str | None) -> list[str]:
     options = (fmt or "").split(",")
     if options[0] != "csv":
         raise _Failure(BAD_ARGUMENT, '"--format=csv" is the supported format.')
-    names = [name.strip() for name in fields_arg.split(",")]
+    names = [name.strip() for name in fields.split(",")]
     for name in names:
         if name not in _FIELDS:
             raise _Failure(BAD_ARGUMENT, f'Field "{name}" is not a valid field to query.')
-    machine_state = store.read()
-    machine = machines.MACHINES[machine_state.machine]
-    indices = [t.index for t in _targets(machine, machine_state, ids)] if ids else range(len(machine.gpus))
+    card = _Card.of(store.read())
     units = "nounits" not in options
-    fields = [_FIELDS[name] for name in names]
     lines = []
     if "noheader" not in options:
-        lines.append(", ".join(f"{f.header} [{f.unit}]" if f.unit and units else f.header for f in fields))
-    for index in indices:
-        values = [f.value(machine, machine_state, index) for f in fields]
-        lines.append(
-            ", ".join(f"{v} {f.unit}" if f.unit and units else v for f, v in zip(fields, values, strict=True))
-        )
+        # nvidia-smi keeps the unit in the header even with nounits
+        lines.append(", ".join(f"{n} [{_FIELDS[n][0]}]" if _FIELDS[n][0] else n for n in names))
+    for index in _indices(card, ids):
+        values = []
+        for name in names:
+            unit, value = _FIELDS[name]
+            values.append(f"{value(card, index)} {unit}" if unit and units else value(card, index))
+        lines.append(", ".join(values))
     return lines
 
 
@@ -213,7 +218,7 @@ def _run(store: state.StateFile, args: list[str]) -> list[str]:
         timeslice = opts.pop("--set-timeslice", None)
         listing = None in {opts.pop(flag, "") for flag in ("-l", "--list")}
         if not opts and timeslice is not None and ids:
-            return _set_timeslice(store, ids, timeslice)
+            return _set_timeslice(store, ids=ids, value=timeslice)
         if not opts and listing and timeslice is None:
             return _list_policies(store, ids)
     else:
@@ -221,9 +226,9 @@ def _run(store: state.StateFile, args: list[str]) -> list[str]:
         query = opts.pop("--query-gpu", None)
         fmt = opts.pop("--format", None)
         if not opts and mode and ids and query is None:
-            return _set_compute_mode(store, ids, mode)
+            return _set_compute_mode(store, ids=ids, mode=mode)
         if not opts and query and mode is None:
-            return _query(store, query, fmt, ids)
+            return _query(store, fields=query, fmt=fmt, ids=ids)
     raise _Failure(
         BAD_ARGUMENT, "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help."
     )

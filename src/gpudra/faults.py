@@ -1,0 +1,20 @@
+"""Crash points for testing crash safety. I/O: kills the process when told to.
+
+`GPUDRA_CRASH_AT=<step>` makes the plugin SIGKILL itself when it reaches that step of prepare or
+unprepare, the same as a node-level kill at the worst moment; the integration tests restart it and check
+that the kubelet's retries complete and nothing is left over. Unset (always, in production) it does nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+PREPARE_STEPS = ("prepare-started", "prepare-applied", "prepare-cdi-written", "prepare-completed")
+UNPREPARE_STEPS = ("unprepare-started", "unprepare-undone", "unprepare-cdi-deleted")
+STEPS = PREPARE_STEPS + UNPREPARE_STEPS
+
+
+def reached(step: str) -> None:
+    if os.environ.get("GPUDRA_CRASH_AT") == step:
+        os.kill(os.getpid(), signal.SIGKILL)

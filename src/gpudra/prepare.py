@@ -1,0 +1,320 @@
+"""Prepares and unprepares ResourceClaims on this node: the kubelet plugin's state machine.
+I/O: the checkpoint file, CDI specs, GPU tools (through the Sharing it is given).
+
+Prepare, per claim: read the claim (UID, allocation, this driver's results in this node's pool) ->
+resolve and validate config -> refuse a device another claim holds -> checkpoint PrepareStarted ->
+apply sharing -> write the CDI spec -> checkpoint PrepareCompleted. Unprepare: checkpoint
+UnprepareStarted -> undo sharing -> delete the CDI spec -> forget the claim. Every step after the
+first checkpoint write is idempotent, so `recover()` at start-up can roll back a prepare or finish an
+unprepare that a crash interrupted, whichever step it stopped at.
+
+Claims that touch different devices prepare concurrently: a claim holds the locks of its own devices
+(taken in name order, so two claims never deadlock) and the checkpoint lock only while it edits and
+saves the checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from gpudra import cdi, faults
+from gpudra import checkpoint as ckpt
+from gpudra.api import GpuConfig, MigDeviceConfig
+from gpudra.config import resolve_configs
+from gpudra.devices import Device
+from gpudra.errors import ClaimError, GpudraError
+from gpudra.inventory import Gpu, Inventory
+
+log = logging.getLogger(__name__)
+DeviceType = Literal["gpu", "mig"]
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    """What the kubelet says about a claim: enough to unprepare it after the object is gone."""
+
+    uid: str
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name} ({self.uid})"
+
+
+class ClaimSource(Protocol):
+    def get(self, *, namespace: str, name: str, uid: str) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class Allocated:
+    """One of this driver's allocation results in a claim, resolved to this node's hardware."""
+
+    request: str  # as allocated: "req" or "req/sub"
+    device: str
+    kind: DeviceType
+    gpu: Gpu
+    config: GpuConfig | MigDeviceConfig
+    config_entry: int | None  # index in status.allocation.devices.config; None for the default
+    admin_access: bool
+
+    @property
+    def config_field(self) -> str:
+        """Where this device's config came from, for error messages."""
+        if self.config_entry is None:
+            return "(default config)"
+        return f"status.allocation.devices.config[{self.config_entry}].opaque.parameters"
+
+    @property
+    def base_request(self) -> str:
+        """The request name containers refer to (a subrequest's parent)."""
+        return self.request.split("/", 1)[0]
+
+
+class Sharing(Protocol):
+    """Applies and undoes how a device is shared (time-slicing, MPS); both idempotent."""
+
+    def apply(self, device: Allocated, *, claim_uid: str) -> ckpt.SharingRecord | None: ...
+
+    def undo(self, record: ckpt.SharingRecord, *, gpu_uuids: Sequence[str]) -> None: ...
+
+
+class DeviceState:
+    """The prepared claims of one node, kept in a crash-safe checkpoint."""
+
+    def __init__(
+        self,
+        *,
+        driver: str,
+        node_name: str,
+        inventory: Inventory,
+        devices: Mapping[str, Device],
+        claims: ClaimSource,
+        sharing: Sharing,
+        cdi_root: Path,
+        checkpoint_path: Path,
+        boot_id: str,
+        toolkit: cdi.ToolkitSpecs,
+    ) -> None:
+        self.driver = driver
+        self.node_name = node_name
+        self.devices = dict(devices)
+        self.gpus = {gpu.uuid: gpu for gpu in inventory.gpus}
+        self.claims = claims
+        self.sharing = sharing
+        self.cdi_root = cdi_root
+        self.checkpoint_path = checkpoint_path
+        self.boot_id = boot_id
+        self.toolkit = toolkit
+        self._checkpoint = ckpt.Checkpoint.empty(boot_id)
+        self._checkpoint_lock = threading.Lock()
+        self._device_locks: dict[str, threading.Lock] = {}
+
+    # --- start-up --------------------------------------------------------------------------------
+
+    def recover(self) -> None:
+        """Load the checkpoint and settle whatever a crash or reboot left half done."""
+        try:
+            loaded = ckpt.load(self.checkpoint_path, boot_id=self.boot_id)
+        except GpudraError as err:
+            moved = ckpt.quarantine(self.checkpoint_path)
+            log.error(
+                "checkpoint unreadable; moved aside, starting empty",
+                extra={"error": str(err), "moved_to": str(moved)},
+            )
+            loaded = ckpt.load(self.checkpoint_path, boot_id=self.boot_id)
+        self._checkpoint = loaded.checkpoint
+        for uid in loaded.stale_claims:  # the reboot reset the GPUs; only files remain
+            cdi.delete_spec(self.cdi_root, driver=self.driver, claim_uid=uid)
+        for entry in list(self._checkpoint.claims.values()):
+            if entry.state != "PrepareCompleted":
+                log.info("settling interrupted %s", entry.state, extra={"claim": entry.uid})
+                self._teardown(entry)
+        known = set(self._checkpoint.claims)
+        for uid in cdi.list_claim_specs(self.cdi_root, driver=self.driver).keys() - known:
+            cdi.delete_spec(self.cdi_root, driver=self.driver, claim_uid=uid)
+        self._save()
+
+    # --- prepare -------------------------------------------------------------------------------
+
+    def prepare(self, ref: ClaimRef) -> tuple[ckpt.PreparedDevice, ...]:
+        done = self._checkpoint.claims.get(ref.uid)
+        if done is not None and done.state == "PrepareCompleted":
+            return done.devices
+        claim = self.claims.get(namespace=ref.namespace, name=ref.name, uid=ref.uid)
+        allocated = self.allocated_devices(claim, ref)
+        with self._locked(a.device for a in allocated):
+            done = self._checkpoint.claims.get(ref.uid)
+            if done is not None and done.state == "PrepareCompleted":
+                return done.devices
+            self._refuse_taken(ref, allocated)
+            planned = tuple(self._planned(ref, a) for a in allocated)
+            entry = ckpt.ClaimEntry(
+                uid=ref.uid, namespace=ref.namespace, name=ref.name, state="PrepareStarted", devices=planned
+            )
+            self._record(entry)
+            faults.reached("prepare-started")
+            try:
+                applied = tuple(
+                    d.model_copy(update={"sharing": self.sharing.apply(a, claim_uid=ref.uid)})
+                    for d, a in zip(planned, allocated, strict=True)
+                )
+                entry = entry.with_state("PrepareStarted", devices=applied)
+                self._record(entry)
+                faults.reached("prepare-applied")
+                spec = cdi.build_claim_spec(
+                    driver=self.driver,
+                    claim_uid=ref.uid,
+                    devices=[_claim_device(a) for a in allocated],
+                )
+                cdi.write_spec(self.cdi_root, spec, claim_uid=ref.uid)
+                faults.reached("prepare-cdi-written")
+            except BaseException:
+                self._teardown(self._checkpoint.claims.get(ref.uid, entry))
+                raise
+            self._record(entry.with_state("PrepareCompleted"))
+            faults.reached("prepare-completed")
+            return applied
+
+    def allocated_devices(self, claim: Mapping[str, Any], ref: ClaimRef) -> list[Allocated]:
+        """This driver's results in `claim`, checked against the kubelet's request and this node."""
+        uid = claim.get("metadata", {}).get("uid")
+        if uid != ref.uid:
+            raise ClaimError(
+                f"ResourceClaim {ref.namespace}/{ref.name} has UID {uid}, not {ref.uid} "
+                "(it was deleted and created again)"
+            )
+        allocation = (claim.get("status") or {}).get("allocation")
+        if not allocation:
+            raise ClaimError(f"ResourceClaim {ref} is not allocated")
+        results = [
+            r for r in allocation.get("devices", {}).get("results", []) if r.get("driver") == self.driver
+        ]
+        if not results:
+            raise ClaimError(f"ResourceClaim {ref} has no devices of driver {self.driver}")
+        for result in results:
+            if result.get("pool") != self.node_name:
+                raise ClaimError(
+                    f"device {result.get('device')} of ResourceClaim {ref} is in pool {result.get('pool')}, "
+                    f"not in this node's pool {self.node_name}"
+                )
+            if result.get("device") not in self.devices:
+                raise ClaimError(f"device {result.get('device')} of ResourceClaim {ref} is not on this node")
+        types = {r["device"]: self._type(r["device"]) for r in results}
+        configs = resolve_configs(allocation, driver=self.driver, device_types=types)
+        admin = {(r["request"], r["device"]): bool(r.get("adminAccess")) for r in results}
+        return [
+            Allocated(
+                request=c.request,
+                device=c.device,
+                kind=types[c.device],
+                gpu=self._gpu_of(c.device),
+                config=c.config,
+                config_entry=c.entry,
+                admin_access=admin[(c.request, c.device)],
+            )
+            for c in configs
+        ]
+
+    # --- unprepare -----------------------------------------------------------------------------
+
+    def unprepare(self, ref: ClaimRef) -> None:
+        """Undo prepare for `ref`; a claim never prepared (or already unprepared) is fine."""
+        entry = self._checkpoint.claims.get(ref.uid)
+        if entry is None:
+            cdi.delete_spec(self.cdi_root, driver=self.driver, claim_uid=ref.uid)
+            return
+        with self._locked(d.device for d in entry.devices):
+            entry = self._checkpoint.claims.get(ref.uid)
+            if entry is None:
+                return
+            self._teardown(entry)
+
+    def _teardown(self, entry: ckpt.ClaimEntry) -> None:
+        """Unprepare `entry` from whatever step it reached; safe to repeat after a crash."""
+        if entry.state != "UnprepareStarted":
+            entry = entry.with_state("UnprepareStarted")
+            self._record(entry)
+        faults.reached("unprepare-started")
+        for device in entry.devices:
+            if device.sharing is not None:
+                self.sharing.undo(device.sharing, gpu_uuids=device.gpu_uuids)
+        faults.reached("unprepare-undone")
+        cdi.delete_spec(self.cdi_root, driver=self.driver, claim_uid=entry.uid)
+        faults.reached("unprepare-cdi-deleted")
+        with self._checkpoint_lock:
+            self._checkpoint = self._checkpoint.without_claim(entry.uid)
+            self._save()
+
+    # --- queries -------------------------------------------------------------------------------
+
+    def prepared_claims(self) -> dict[str, ckpt.ClaimEntry]:
+        return dict(self._checkpoint.claims)
+
+    # --- helpers -------------------------------------------------------------------------------
+
+    def _type(self, device: str) -> DeviceType:
+        kind = self.devices[device]["attributes"]["type"].get("string")
+        if kind not in ("gpu", "mig"):
+            raise ClaimError(f"device {device} has unknown type {kind!r}")
+        return kind  # type: ignore[return-value]
+
+    def _gpu_of(self, device: str) -> Gpu:
+        attributes = self.devices[device]["attributes"]
+        uuid = (attributes.get("parentUUID") or attributes["uuid"]).get("string", "")
+        return self.gpus[uuid]
+
+    def _refuse_taken(self, ref: ClaimRef, allocated: Sequence[Allocated]) -> None:
+        wanted = {a.device for a in allocated if not a.admin_access}
+        for other in self._checkpoint.claims.values():
+            if other.uid == ref.uid:
+                continue
+            taken = wanted & {d.device for d in other.devices if not d.admin_access}
+            if taken:
+                raise ClaimError(
+                    f"device {', '.join(sorted(taken))} is already prepared for ResourceClaim "
+                    f"{other.namespace}/{other.name} ({other.uid})"
+                )
+
+    def _planned(self, ref: ClaimRef, device: Allocated) -> ckpt.PreparedDevice:
+        if device.kind == "mig":
+            raise ClaimError(
+                f"device {device.device}: preparing MIG partitions is not supported by this gpudra "
+                "version; request whole GPUs (DeviceClass gpu.gpudra.io)"
+            )
+        own = cdi.claim_device_id(driver=self.driver, claim_uid=ref.uid, device_name=device.device)
+        return ckpt.PreparedDevice(
+            request_names=(device.base_request,),
+            pool=self.node_name,
+            device=device.device,
+            cdi_device_ids=(own, *self.toolkit.device_ids(_claim_device(device))),
+            gpu_uuids=(device.gpu.uuid,),
+            admin_access=device.admin_access,
+        )
+
+    def _record(self, entry: ckpt.ClaimEntry) -> None:
+        with self._checkpoint_lock:
+            self._checkpoint = self._checkpoint.with_claim(entry)
+            self._save()
+
+    def _save(self) -> None:
+        ckpt.save(self.checkpoint_path, self._checkpoint)
+
+    @contextmanager
+    def _locked(self, devices: Iterable[str]) -> Iterator[None]:
+        names = sorted(set(devices))
+        with self._checkpoint_lock:
+            locks = [self._device_locks.setdefault(name, threading.Lock()) for name in names]
+        with ExitStack() as stack:
+            for lock in locks:
+                stack.enter_context(lock)
+            yield
+
+
+def _claim_device(device: Allocated) -> cdi.ClaimDevice:
+    return cdi.ClaimDevice(name=device.device, gpu_minor=device.gpu.minor, uuid=device.gpu.uuid)

@@ -1,0 +1,124 @@
+"""Runs `gpudra kubelet-plugin` as a real process next to a local cluster's kubelet."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from gpudra.localcluster import LocalCluster, NodePaths
+
+from .kube_helpers import wait_for
+
+DRIVER = "gpu.gpudra.io"
+
+
+class PluginProcess:
+    """One node's gpudra plugin on a simulated machine; restartable, with its log kept across runs."""
+
+    def __init__(self, cluster: LocalCluster, node: NodePaths, profile: str) -> None:
+        self.cluster = cluster
+        self.node = node
+        self.profile = profile
+        self.state_dir = node.root / "gpudra"
+        self.sim_state = node.root / "sim" / f"{profile}.json"
+        self.log = node.root / "gpudra-plugin.log"
+        self.process: subprocess.Popen[bytes] | None = None
+        self._registrations_seen = 0
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.state_dir / "checkpoint.json"
+
+    def start(self, *, crash_at: str | None = None) -> None:
+        env = {**os.environ, "GPUDRA_SIM_STATE": str(self.sim_state)}
+        env.pop("GPUDRA_CRASH_AT", None)
+        if crash_at:
+            env["GPUDRA_CRASH_AT"] = crash_at
+        self._registrations_seen = self.registrations()
+        with self.log.open("ab") as out:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "gpudra",
+                    "kubelet-plugin",
+                    f"--node-name={self.node.name}",
+                    f"--kubeconfig={self.cluster.kubeconfig}",
+                    f"--nvml=sim:{self.profile}",
+                    f"--registry-dir={self.node.registry_dir}",
+                    f"--plugin-dir={self.node.plugins_dir / DRIVER}",
+                    f"--cdi-root={self.node.cdi_root}",
+                    f"--state-dir={self.state_dir}",
+                    "--toolkit-cdi-dirs=",
+                    "--resync-seconds=5",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        wait_for(
+            f"{self.node.name} plugin registered",
+            lambda: self.registrations() > self._registrations_seen or self._exited(),
+            timeout=60,
+        )
+        assert self.process.poll() is None, f"plugin exited:\n{self.tail()}"
+
+    def _exited(self) -> bool:
+        return self.process is not None and self.process.poll() is not None
+
+    def registrations(self) -> int:
+        if not self.log.exists():
+            return 0
+        return self.log.read_text(errors="replace").count("registered with the kubelet")
+
+    def wait_killed(self, timeout: float = 60) -> int:
+        """Wait for a crash-injected plugin to die; returns its exit status (negative: the signal)."""
+        assert self.process is not None
+        wait_for(f"{self.node.name} plugin to crash", self._exited, timeout=timeout)
+        return int(self.process.returncode)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+    def tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+    # --- what the plugin left on the node -------------------------------------------------------
+
+    def cdi_specs(self) -> dict[str, dict[str, Any]]:
+        """Claim UID -> this driver's CDI spec on the node."""
+        prefix = f"{DRIVER}-claim_"
+        return {
+            p.name[len(prefix) : -len(".json")]: json.loads(p.read_text())
+            for p in self.node.cdi_root.glob(f"{prefix}*.json")
+        }
+
+    def checkpoint_claims(self) -> dict[str, Any]:
+        if not self.checkpoint.exists():
+            return {}
+        return dict(json.loads(self.checkpoint.read_text())["data"]["claims"])
+
+    def timeslices(self) -> dict[str, int]:
+        """GPU UUID -> the simulated GPU's current time-slice setting."""
+        state = json.loads(self.sim_state.read_text())
+        return {gpu["uuid"]: int(gpu.get("timeslice", 0)) for gpu in state["gpus"]}
+
+
+def wait_until_stopped(process: subprocess.Popen[bytes], timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)

@@ -1,0 +1,227 @@
+"""gpudra's kubelet plugin on the real control plane and kubelet, with simulated GPUs.
+
+Pods are scheduled by the real scheduler from gpudra's slices, claims come from templates through the
+real claim controller, and the real kubelet registers the plugin and calls it; the fake runtime records
+the CDI device IDs it received.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client, utils
+
+from gpudra.localcluster import LocalCluster
+
+from .conftest import MACHINES, REPO
+from .gpudra_plugin import DRIVER, PluginProcess
+from .kube_helpers import Resources, pod_events, pod_gone, pod_running, wait_for
+
+EXAMPLES = REPO / "examples"
+
+
+def _namespace(api: client.ApiClient, prefix: str) -> str:
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    client.CoreV1Api(api).create_namespace({"metadata": {"name": name}})
+    return name
+
+
+def _apply(api: client.ApiClient, objects: list[dict[str, Any]], namespace: str) -> None:
+    utils.create_from_yaml(api, yaml_objects=objects, namespace=namespace)
+
+
+def _claims_of(api: client.ApiClient, pod: client.V1Pod) -> list[dict[str, Any]]:
+    resources = Resources(api)
+    ns = pod.metadata.namespace
+    return [
+        resources.get("resourceclaims", s.resource_claim_name, ns) for s in pod.status.resource_claim_statuses
+    ]
+
+
+def _cri_devices(cluster: LocalCluster, node: str, namespace: str, pod: str) -> dict[str, list[str]]:
+    """Container name -> CDI device IDs the kubelet gave the runtime for it."""
+    lines = Path(cluster.nodes[node].cri_record).read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    return {
+        r["container"]: r["cdiDevices"]
+        for r in records
+        if r["podNamespace"] == namespace and r["podName"] == pod
+    }
+
+
+def test_plugin_registers_and_publishes_valid_slices_for_every_machine(
+    api: client.ApiClient, gpudra: dict[str, PluginProcess]
+) -> None:
+    resources = Resources(api)
+    for node, profile in MACHINES.items():
+        expected = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "gpudra",
+                "inventory",
+                f"--nvml=sim:{profile}",
+                f"--node-name={node}",
+                "-o",
+                "json",
+            ],
+            env={"GPUDRA_SIM_STATE": str(gpudra[node].sim_state), "PATH": "/usr/bin:/bin"},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        wanted = {
+            d["name"] for s in json.loads(expected.stdout)["items"] for d in s["spec"].get("devices", [])
+        }
+
+        def published(node: str = node) -> list[dict[str, Any]] | None:
+            items = resources.list(
+                "resourceslices", field_selector=f"spec.nodeName={node},spec.driver={DRIVER}"
+            )
+            complete = items and len(items) == items[0]["spec"]["pool"]["resourceSliceCount"]
+            return items if complete else None
+
+        slices = wait_for(f"slices of {node}", published, timeout=30)
+        devices = [d["name"] for s in slices for d in s["spec"].get("devices", [])]
+        assert sorted(devices) == sorted(wanted), node
+        assert len({s["spec"]["pool"]["generation"] for s in slices}) == 1
+        assert all(s["metadata"]["ownerReferences"][0]["kind"] == "Node" for s in slices)
+        assert gpudra[node].registrations() >= 1
+
+
+@pytest.mark.parametrize(
+    ("example", "node", "devices"),
+    [
+        ("single-gpu.yaml", None, 1),
+        ("gpu-pair-nvlink.yaml", "node-h100", 2),
+        ("gpu-by-product.yaml", "node-mixed", 1),
+        ("time-slicing.yaml", None, 1),
+    ],
+    ids=["single-gpu", "gpu-pair-nvlink", "gpu-by-product", "time-slicing"],
+)
+def test_example_runs_and_cleans_up(
+    cluster: LocalCluster,
+    api: client.ApiClient,
+    gpudra: dict[str, PluginProcess],
+    example: str,
+    node: str | None,
+    devices: int,
+) -> None:
+    core = client.CoreV1Api(api)
+    objects = list(yaml.safe_load_all((EXAMPLES / example).read_text()))
+    pod_name = next(o["metadata"]["name"] for o in objects if o["kind"] == "Pod")
+    ns = _namespace(api, "example")
+    _apply(api, objects, ns)
+
+    pod = wait_for(f"{example} pod Running", lambda: pod_running(core, pod_name, ns), timeout=90)
+    if node is not None:
+        assert pod.spec.node_name == node
+    plugin = gpudra[pod.spec.node_name]
+    (claim,) = _claims_of(api, pod)
+    uid = claim["metadata"]["uid"]
+    results = claim["status"]["allocation"]["devices"]["results"]
+    assert len(results) == devices
+    expected_ids = sorted(f"{DRIVER}/claim={uid}-{r['device']}" for r in results)
+
+    spec = plugin.cdi_specs()[uid]
+    assert tuple(int(p) for p in spec["cdiVersion"].split(".")) >= (0, 5, 0)
+    assert spec["kind"] == f"{DRIVER}/claim"
+    assert sorted(f"{spec['kind']}={d['name']}" for d in spec["devices"]) == expected_ids
+    for container, ids in _cri_devices(cluster, pod.spec.node_name, ns, pod_name).items():
+        assert sorted(ids) == expected_ids, container
+    assert plugin.checkpoint_claims()[uid]["state"] == "PrepareCompleted"
+    if example == "time-slicing.yaml":
+        gpu = next(d for d in claim_devices(plugin, uid))
+        assert plugin.timeslices()[gpu] == 3  # Long
+
+    core.delete_namespaced_pod(pod_name, ns, grace_period_seconds=0)
+    wait_for("pod deleted", lambda: pod_gone(core, pod_name, ns), timeout=60)
+    wait_for("CDI spec removed", lambda: uid not in plugin.cdi_specs(), timeout=60)
+    assert uid not in plugin.checkpoint_claims()
+    assert all(v == 0 for v in plugin.timeslices().values())
+    core.delete_namespace(ns)
+
+
+def claim_devices(plugin: PluginProcess, uid: str) -> list[str]:
+    """GPU UUIDs the plugin's checkpoint records for a claim."""
+    return [g for d in plugin.checkpoint_claims()[uid]["devices"] for g in d["gpu_uuids"]]
+
+
+def _template(name: str, parameters: dict[str, Any] | None) -> dict[str, Any]:
+    request: dict[str, Any] = {"name": "gpu", "exactly": {"deviceClassName": DRIVER}}
+    devices: dict[str, Any] = {"requests": [request]}
+    if parameters is not None:
+        devices["config"] = [{"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": parameters}}]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {"spec": {"devices": devices}},
+    }
+
+
+def _pod(name: str, claims: dict[str, str], node: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "containers": [
+                {"name": "c", "image": "busybox", "resources": {"claims": [{"name": n} for n in claims]}}
+            ],
+            "resourceClaims": [{"name": n, "resourceClaimTemplateName": t} for n, t in claims.items()],
+        },
+    }
+
+
+def test_bad_config_fails_with_field_in_pod_event_while_good_claim_is_prepared(
+    api: client.ApiClient, gpudra: dict[str, PluginProcess]
+) -> None:
+    core = client.CoreV1Api(api)
+    ns = _namespace(api, "badconfig")
+    bad = {
+        "apiVersion": "resource.gpudra.io/v1beta1",
+        "kind": "GpuConfig",
+        "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Forever"}},
+    }
+    _apply(
+        api,
+        [
+            _template("good", None),
+            _template("bad", bad),
+            _pod("mixed", {"good": "good", "bad": "bad"}, "node-h100"),
+        ],
+        ns,
+    )
+    plugin = gpudra["node-h100"]
+
+    def failed_event() -> list[str] | None:
+        events = [e for e in pod_events(core, "mixed", ns) if "FailedPrepareDynamicResources" in e]
+        return events or None
+
+    events = wait_for("a prepare failure event", failed_event, timeout=90)
+    assert "sharing.timeSlicingConfig.interval" in events[0], events[0]
+    assert "Default, Short, Medium, Long" in events[0], events[0]
+    pod = core.read_namespaced_pod("mixed", ns)
+    assert pod.status.phase == "Pending"
+    claims = {s.name: s.resource_claim_name for s in pod.status.resource_claim_statuses}
+    resources = Resources(api)
+    good_uid = resources.get("resourceclaims", claims["good"], ns)["metadata"]["uid"]
+    bad_uid = resources.get("resourceclaims", claims["bad"], ns)["metadata"]["uid"]
+    prepared = plugin.checkpoint_claims()
+    assert prepared[good_uid]["state"] == "PrepareCompleted"
+    assert bad_uid not in prepared
+    assert good_uid in plugin.cdi_specs() and bad_uid not in plugin.cdi_specs()
+
+    core.delete_namespaced_pod("mixed", ns, grace_period_seconds=0)
+    wait_for("good claim unprepared", lambda: good_uid not in plugin.checkpoint_claims(), timeout=60)
+    assert good_uid not in plugin.cdi_specs()
+    core.delete_namespace(ns)
