@@ -34,6 +34,10 @@ integration: $(STAMP) k8s
 k8s:
 	bash deploy/local/build.sh >/dev/null
 
+# README's demo command: a real local cluster, simulated GPUs, gpudra installed, the examples prepared.
+demo: $(STAMP) k8s
+	$(BIN)/python -m gpudra.localcluster.demo
+
 cluster-up: $(STAMP) k8s
 	@$(BIN)/python -m gpudra.localcluster up $(if $(NODES),--nodes $(NODES))
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, cast
 
-from kubernetes import client, config, watch
+from kubernetes import client, config, utils, watch
 from kubernetes.client.exceptions import ApiException
 
 from gpudra.errors import ClusterError
@@ -146,3 +146,38 @@ class Kube:
                     raise ClusterError(f"watching ResourceClaims: HTTP {err.status} {err.reason}") from err
             finally:
                 stream.stop()
+
+    # --- generic objects (the demo and tooling) --------------------------------------------------
+
+    def create(self, objects: list[Obj], *, namespace: str) -> None:
+        """Create manifests (any kind the client knows) in `namespace`."""
+        for obj in objects:
+            kind = f"{obj.get('kind')} {obj.get('metadata', {}).get('name')}"
+            with _api_errors(f"creating {kind}"):
+                try:
+                    utils.create_from_dict(self.api, obj, namespace=namespace)
+                except utils.FailToCreateError as err:
+                    raise ClusterError(f"creating {kind}: {err}") from err
+
+    def create_namespace(self, name: str) -> None:
+        with _api_errors(f"creating namespace {name}"):
+            self._core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+
+    def list_pods(self, namespace: str) -> list[Obj]:
+        with _api_errors(f"listing pods in {namespace}"):
+            pods = self._core.list_namespaced_pod(namespace)
+        return [_obj(self.api.sanitize_for_serialization(p)) for p in pods.items]
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        try:
+            with _api_errors(f"deleting pod {namespace}/{name}"):
+                self._core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+        except NotFound:
+            pass
+
+    def list_claims(self, namespace: str) -> list[Obj]:
+        with _api_errors(f"listing ResourceClaims in {namespace}"):
+            result = _obj(
+                self._custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "resourceclaims")
+            )
+        return list(result["items"])

@@ -2,11 +2,11 @@
 I/O: the checkpoint file, CDI specs, GPU tools (through the Sharing it is given).
 
 Prepare, per claim: read the claim (UID, allocation, this driver's results in this node's pool) ->
-resolve and validate config -> refuse a device another claim holds -> checkpoint PrepareStarted ->
-apply sharing -> write the CDI spec -> checkpoint PrepareCompleted. Unprepare: checkpoint
-UnprepareStarted -> undo sharing -> delete the CDI spec -> forget the claim. Every step after the
-first checkpoint write is idempotent, so `recover()` at start-up can roll back a prepare or finish an
-unprepare that a crash interrupted, whichever step it stopped at.
+resolve and validate config -> refuse a device another claim holds -> plan sharing -> checkpoint
+PrepareStarted (with the planned sharing) -> apply sharing -> write the CDI spec -> checkpoint
+PrepareCompleted. Unprepare: checkpoint UnprepareStarted -> undo sharing -> delete the CDI spec ->
+forget the claim. Every step after the first checkpoint write is idempotent, so `recover()` at start-up
+can roll back a prepare or finish an unprepare that a crash interrupted, whichever step it stopped at.
 
 Claims that touch different devices prepare concurrently: a claim holds the locks of its own devices
 (taken in name order, so two claims never deadlock) and the checkpoint lock only while it edits and
@@ -77,9 +77,15 @@ class Allocated:
 
 
 class Sharing(Protocol):
-    """Applies and undoes how a device is shared (time-slicing, MPS); both idempotent."""
+    """Plans, applies and undoes how a device is shared (time-slicing, MPS).
 
-    def apply(self, device: Allocated, *, claim_uid: str) -> ckpt.SharingRecord | None: ...
+    `plan` has no side effect (it validates and says what `apply` will set), so the record is in the
+    checkpoint before the GPU changes and a rollback knows what to undo; `apply` and `undo` are idempotent.
+    """
+
+    def plan(self, device: Allocated) -> ckpt.SharingRecord | None: ...
+
+    def apply(self, record: ckpt.SharingRecord, *, gpu_uuids: Sequence[str]) -> None: ...
 
     def undo(self, record: ckpt.SharingRecord, *, gpu_uuids: Sequence[str]) -> None: ...
 
@@ -134,7 +140,12 @@ class DeviceState:
         for entry in list(self._checkpoint.claims.values()):
             if entry.state != "PrepareCompleted":
                 log.info("settling interrupted %s", entry.state, extra={"claim": entry.uid})
-                self._teardown(entry)
+                try:
+                    self._teardown(entry)
+                except GpudraError as err:
+                    # One broken GPU must not keep the plugin from serving the others; the entry stays
+                    # (UnprepareStarted, holding its devices) for the kubelet's retry to finish.
+                    log.error("cannot settle claim", extra={"claim": entry.uid, "error": str(err)})
         known = set(self._checkpoint.claims)
         for uid in cdi.list_claim_specs(self.cdi_root, driver=self.driver).keys() - known:
             cdi.delete_spec(self.cdi_root, driver=self.driver, claim_uid=uid)
@@ -160,12 +171,9 @@ class DeviceState:
             self._record(entry)
             faults.reached("prepare-started")
             try:
-                applied = tuple(
-                    d.model_copy(update={"sharing": self.sharing.apply(a, claim_uid=ref.uid)})
-                    for d, a in zip(planned, allocated, strict=True)
-                )
-                entry = entry.with_state("PrepareStarted", devices=applied)
-                self._record(entry)
+                for device in planned:
+                    if device.sharing is not None:
+                        self.sharing.apply(device.sharing, gpu_uuids=device.gpu_uuids)
                 faults.reached("prepare-applied")
                 spec = cdi.build_claim_spec(
                     driver=self.driver,
@@ -175,11 +183,11 @@ class DeviceState:
                 cdi.write_spec(self.cdi_root, spec, claim_uid=ref.uid)
                 faults.reached("prepare-cdi-written")
             except BaseException:
-                self._teardown(self._checkpoint.claims.get(ref.uid, entry))
+                self._teardown(entry)
                 raise
             self._record(entry.with_state("PrepareCompleted"))
             faults.reached("prepare-completed")
-            return applied
+            return planned
 
     def allocated_devices(self, claim: Mapping[str, Any], ref: ClaimRef) -> list[Allocated]:
         """This driver's results in `claim`, checked against the kubelet's request and this node."""
@@ -294,6 +302,7 @@ class DeviceState:
             device=device.device,
             cdi_device_ids=(own, *self.toolkit.device_ids(_claim_device(device))),
             gpu_uuids=(device.gpu.uuid,),
+            sharing=self.sharing.plan(device),
             admin_access=device.admin_access,
         )
 

@@ -13,8 +13,8 @@ import yaml
 from kubernetes import client, config, utils
 
 from gpudra.localcluster import LocalCluster
+from gpudra.localcluster.node_plugin import PluginProcess
 
-from .gpudra_plugin import PluginProcess
 from .procs import cluster_processes
 
 CLUSTER_PREFIX = "gpudra-it-"

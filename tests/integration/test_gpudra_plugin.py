@@ -19,9 +19,9 @@ import yaml
 from kubernetes import client, utils
 
 from gpudra.localcluster import LocalCluster
+from gpudra.localcluster.node_plugin import DRIVER, PluginProcess
 
 from .conftest import MACHINES, REPO
-from .gpudra_plugin import DRIVER, PluginProcess
 from .kube_helpers import Resources, pod_events, pod_gone, pod_running, wait_for
 
 EXAMPLES = REPO / "examples"

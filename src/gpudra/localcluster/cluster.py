@@ -167,17 +167,19 @@ class LocalCluster:
                 stderr=subprocess.DEVNULL,
             )
         (self.directory / "tokens.csv").write_text(f'{TOKEN},admin,admin,"system:masters"\n')
+
+    def _write_kubeconfig(self) -> None:
+        """The admin kubeconfig, trusting the serving certificate the apiserver generated for itself."""
+        cluster = {
+            "server": self.server,
+            "certificate-authority": str(self.directory / "pki" / "apiserver.crt"),
+        }
         self.kubeconfig.write_text(
             json.dumps(
                 {
                     "apiVersion": "v1",
                     "kind": "Config",
-                    "clusters": [
-                        {
-                            "name": "local",
-                            "cluster": {"server": self.server, "insecure-skip-tls-verify": True},
-                        }
-                    ],
+                    "clusters": [{"name": "local", "cluster": cluster}],
                     "users": [{"name": "admin", "user": {"token": TOKEN}}],
                     "contexts": [{"name": "local", "context": {"cluster": "local", "user": "admin"}}],
                     "current-context": "local",
@@ -236,6 +238,7 @@ class LocalCluster:
             ],
         )
         wait_until(apiserver, http_ok(f"{self.server}/readyz", token=TOKEN), what="apiserver /readyz")
+        self._write_kubeconfig()
 
     def _start_scheduler(self) -> None:
         config = self.directory / "scheduler.yaml"

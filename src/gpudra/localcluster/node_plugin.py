@@ -1,4 +1,6 @@
-"""Runs `gpudra kubelet-plugin` as a real process next to a local cluster's kubelet."""
+"""Runs `gpudra kubelet-plugin` as a real process next to a local cluster's kubelet, on a simulated
+machine, and reads back what it left on the node (CDI specs, checkpoint, simulated GPU settings).
+I/O: a child process and the node's files. Used by the demo and the integration tests."""
 
 from __future__ import annotations
 
@@ -8,12 +10,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpudra.localcluster import LocalCluster, NodePaths
-
-from .kube_helpers import wait_for
+from gpudra.errors import ClusterError
+from gpudra.localcluster.cluster import LocalCluster, NodePaths
 
 DRIVER = "gpu.gpudra.io"
 
@@ -63,12 +65,10 @@ class PluginProcess:
                 env=env,
                 start_new_session=True,
             )
-        wait_for(
-            f"{self.node.name} plugin registered",
-            lambda: self.registrations() > self._registrations_seen or self._exited(),
-            timeout=60,
-        )
-        assert self.process.poll() is None, f"plugin exited:\n{self.tail()}"
+        seen = self._registrations_seen
+        self._wait(lambda: self.registrations() > seen or self._exited(), "registered", 60)
+        if self.process.poll() is not None:
+            raise ClusterError(f"gpudra plugin on {self.node.name} exited:\n{self.tail()}")
 
     def _exited(self) -> bool:
         return self.process is not None and self.process.poll() is not None
@@ -81,8 +81,17 @@ class PluginProcess:
     def wait_killed(self, timeout: float = 60) -> int:
         """Wait for a crash-injected plugin to die; returns its exit status (negative: the signal)."""
         assert self.process is not None
-        wait_for(f"{self.node.name} plugin to crash", self._exited, timeout=timeout)
+        self._wait(self._exited, "crashed", timeout)
         return int(self.process.returncode)
+
+    def _wait(self, done: Callable[[], bool], what: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not done():
+            if time.monotonic() > deadline:
+                raise ClusterError(
+                    f"gpudra plugin on {self.node.name} not {what} in {timeout:.0f}s:\n{self.tail()}"
+                )
+            time.sleep(0.05)
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -116,9 +125,3 @@ class PluginProcess:
         """GPU UUID -> the simulated GPU's current time-slice setting."""
         state = json.loads(self.sim_state.read_text())
         return {gpu["uuid"]: int(gpu.get("timeslice", 0)) for gpu in state["gpus"]}
-
-
-def wait_until_stopped(process: subprocess.Popen[bytes], timeout: float = 15) -> None:
-    deadline = time.monotonic() + timeout
-    while process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)

@@ -1,0 +1,30 @@
+"""README's demo command works and leaves nothing behind."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from .procs import cluster_processes
+
+
+def test_demo_runs_end_to_end_and_cleans_up() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "gpudra.localcluster.demo"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    for line in (
+        "gpu-pair-nvlink  node-h100",
+        "l4-inference     node-mixed",
+        "CDI spec files written: 4",
+        "CDI spec files left: 0; GPU settings back to default: yes",
+        "no process left running",
+    ):
+        assert line in out, out
+    assert "Warning" not in result.stderr, result.stderr
+    assert cluster_processes("/tmp/gpudra-demo-") == []

@@ -1,0 +1,303 @@
+"""KubeletServer over real unix sockets: registration, both DRA API versions, errors per claim, stop."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import grpc
+import pytest
+
+from gpudra import checkpoint as ckpt
+from gpudra._proto import (
+    dra_v1_pb2,
+    dra_v1_pb2_grpc,
+    dra_v1beta1_pb2,
+    dra_v1beta1_pb2_grpc,
+    pluginregistration_v1_pb2,
+    pluginregistration_v1_pb2_grpc,
+)
+from gpudra.errors import ClaimError, ConfigError
+from gpudra.kubelet_plugin import KubeletServer, Observer
+from gpudra.prepare import ClaimRef
+
+DRIVER = "gpu.gpudra.io"
+VERSIONS = {
+    "v1": (dra_v1_pb2, dra_v1_pb2_grpc),
+    "v1beta1": (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc),
+}
+
+
+def device(uid: str, name: str) -> ckpt.PreparedDevice:
+    return ckpt.PreparedDevice(
+        request_names=("gpus",),
+        pool="node-a",
+        device=name,
+        cdi_device_ids=(f"{DRIVER}/claim={uid}-{name}", "nvidia.com/gpu=GPU-1"),
+        gpu_uuids=("GPU-1",),
+    )
+
+
+class Backend:
+    """Answers by claim UID: devices, or the exception in `failures`; can hold calls on an Event."""
+
+    def __init__(self) -> None:
+        self.failures: dict[str, Exception] = {}
+        self.calls: list[tuple[str, ClaimRef]] = []
+        self.entered = threading.Event()
+        self.release: threading.Event | None = None
+
+    def prepare(self, ref: ClaimRef) -> tuple[ckpt.PreparedDevice, ...]:
+        self._call("prepare", ref)
+        return (device(ref.uid, "gpu-0"), device(ref.uid, "gpu-1"))
+
+    def unprepare(self, ref: ClaimRef) -> None:
+        self._call("unprepare", ref)
+
+    def _call(self, action: str, ref: ClaimRef) -> None:
+        self.calls.append((action, ref))
+        self.entered.set()
+        if self.release is not None:
+            self.release.wait()
+        if ref.uid in self.failures:
+            raise self.failures[ref.uid]
+
+
+class Outcomes:
+    def __init__(self) -> None:
+        self.prepared: list[str] = []
+        self.unprepared: list[str] = []
+
+    def observer(self) -> Observer:
+        return Observer(
+            prepared=lambda outcome, seconds: self.prepared.append(outcome),
+            unprepared=lambda outcome, seconds: self.unprepared.append(outcome),
+        )
+
+
+@pytest.fixture
+def sockets() -> Iterator[Path]:
+    # unix socket paths are limited to 107 bytes; pytest's tmp_path can be longer
+    root = Path(tempfile.mkdtemp(prefix="gd-", dir="/tmp"))
+    yield root
+    shutil.rmtree(root)
+
+
+@pytest.fixture
+def backend() -> Backend:
+    return Backend()
+
+
+@pytest.fixture
+def outcomes() -> Outcomes:
+    return Outcomes()
+
+
+@pytest.fixture
+def server(sockets: Path, backend: Backend, outcomes: Outcomes) -> Iterator[KubeletServer]:
+    running = KubeletServer(
+        driver=DRIVER,
+        backend=backend,
+        registry_dir=sockets / "registry",
+        plugin_dir=sockets / "plugin",
+        observer=outcomes.observer(),
+    )
+    running.start()
+    yield running
+    if backend.release is not None:
+        backend.release.set()
+    running.stop(grace=1)
+
+
+def channel(socket: Path) -> grpc.Channel:
+    return grpc.insecure_channel(f"unix://{socket}")
+
+
+def claim(pb: ModuleType, uid: str) -> Any:
+    return pb.Claim(namespace="team-a", uid=uid, name=f"claim-{uid}")
+
+
+def test_get_info(server: KubeletServer, sockets: Path) -> None:
+    assert server.registration_socket == sockets / "registry" / f"{DRIVER}-reg.sock"
+    with channel(server.registration_socket) as ch:
+        info = pluginregistration_v1_pb2_grpc.RegistrationStub(ch).GetInfo(
+            pluginregistration_v1_pb2.InfoRequest(), timeout=10
+        )
+    assert info.type == "DRAPlugin"
+    assert info.name == DRIVER
+    assert info.endpoint == str(sockets / "plugin" / "dra.sock")
+    assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+
+
+@pytest.mark.parametrize("registered", [True, False], ids=["registered", "refused"])
+def test_registration_status_is_acknowledged(server: KubeletServer, registered: bool) -> None:
+    status = pluginregistration_v1_pb2.RegistrationStatus(
+        plugin_registered=registered, error="" if registered else "no"
+    )
+    with channel(server.registration_socket) as ch:
+        answer = pluginregistration_v1_pb2_grpc.RegistrationStub(ch).NotifyRegistrationStatus(
+            status, timeout=10
+        )
+    assert answer == pluginregistration_v1_pb2.RegistrationStatusResponse()
+
+
+def test_the_endpoint_is_absolute_for_relative_directories(
+    sockets: Path, backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(sockets)
+    relative = KubeletServer(
+        driver=DRIVER, backend=backend, registry_dir=Path("reg"), plugin_dir=Path("plug")
+    )
+    assert relative.dra_socket == sockets / "plug" / "dra.sock"
+    assert relative.registration_socket == sockets / "reg" / f"{DRIVER}-reg.sock"
+
+
+@pytest.mark.parametrize("version", VERSIONS, ids=str)
+def test_prepare_answers_each_claim_on_its_own(
+    server: KubeletServer, backend: Backend, outcomes: Outcomes, version: str
+) -> None:
+    pb, pb_grpc = VERSIONS[version]
+    backend.failures["bad"] = ClaimError("ResourceClaim team-a/claim-bad is not allocated")
+    request = pb.NodePrepareResourcesRequest(claims=[claim(pb, "bad"), claim(pb, "good")])
+    with channel(server.dra_socket) as ch:
+        answer = pb_grpc.DRAPluginStub(ch).NodePrepareResources(request, timeout=10)
+
+    assert set(answer.claims) == {"bad", "good"}
+    assert answer.claims["bad"] == pb.NodePrepareResourceResponse(
+        error="ResourceClaim team-a/claim-bad is not allocated"
+    )
+    good = answer.claims["good"]
+    assert good.error == ""
+    assert [
+        (list(d.request_names), d.pool_name, d.device_name, list(d.cdi_device_ids)) for d in good.devices
+    ] == [
+        (["gpus"], "node-a", "gpu-0", [f"{DRIVER}/claim=good-gpu-0", "nvidia.com/gpu=GPU-1"]),
+        (["gpus"], "node-a", "gpu-1", [f"{DRIVER}/claim=good-gpu-1", "nvidia.com/gpu=GPU-1"]),
+    ]
+    assert backend.calls == [
+        ("prepare", ClaimRef(uid="bad", namespace="team-a", name="claim-bad")),
+        ("prepare", ClaimRef(uid="good", namespace="team-a", name="claim-good")),
+    ]
+    assert outcomes.prepared == ["ClaimError", "ok"]
+
+
+@pytest.mark.parametrize("version", VERSIONS, ids=str)
+def test_unprepare_answers_each_claim_on_its_own(
+    server: KubeletServer, backend: Backend, outcomes: Outcomes, version: str
+) -> None:
+    pb, pb_grpc = VERSIONS[version]
+    backend.failures["bad"] = ConfigError("must be one of: a, b", field="x.y")
+    request = pb.NodeUnprepareResourcesRequest(claims=[claim(pb, "good"), claim(pb, "bad")])
+    with channel(server.dra_socket) as ch:
+        answer = pb_grpc.DRAPluginStub(ch).NodeUnprepareResources(request, timeout=10)
+    assert dict(answer.claims) == {
+        "good": pb.NodeUnprepareResourceResponse(),
+        "bad": pb.NodeUnprepareResourceResponse(error="x.y: must be one of: a, b"),
+    }
+    assert [action for action, _ in backend.calls] == ["unprepare", "unprepare"]
+    assert outcomes.unprepared == ["ok", "config"]
+
+
+@pytest.mark.parametrize("version", VERSIONS, ids=str)
+def test_an_unexpected_exception_is_an_internal_error_and_the_server_lives_on(
+    server: KubeletServer, backend: Backend, outcomes: Outcomes, version: str
+) -> None:
+    pb, pb_grpc = VERSIONS[version]
+    backend.failures["boom"] = RuntimeError("boom")
+    with channel(server.dra_socket) as ch:
+        stub = pb_grpc.DRAPluginStub(ch)
+        prepared = stub.NodePrepareResources(
+            pb.NodePrepareResourcesRequest(claims=[claim(pb, "boom")]), timeout=10
+        )
+        unprepared = stub.NodeUnprepareResources(
+            pb.NodeUnprepareResourcesRequest(claims=[claim(pb, "boom")]), timeout=10
+        )
+        after = stub.NodePrepareResources(
+            pb.NodePrepareResourcesRequest(claims=[claim(pb, "fine")]), timeout=10
+        )
+    assert prepared.claims["boom"] == pb.NodePrepareResourceResponse(
+        error="internal error: RuntimeError: boom"
+    )
+    assert unprepared.claims["boom"].error == "internal error: RuntimeError: boom"
+    assert len(after.claims["fine"].devices) == 2
+    assert outcomes.prepared == ["RuntimeError", "ok"]
+
+
+def test_an_empty_request_gets_an_empty_answer(server: KubeletServer) -> None:
+    with channel(server.dra_socket) as ch:
+        answer = dra_v1_pb2_grpc.DRAPluginStub(ch).NodePrepareResources(
+            dra_v1_pb2.NodePrepareResourcesRequest(), timeout=10
+        )
+    assert answer == dra_v1_pb2.NodePrepareResourcesResponse()
+
+
+def test_stale_sockets_are_replaced_at_start(sockets: Path, backend: Backend) -> None:
+    stale = [sockets / "registry" / f"{DRIVER}-reg.sock", sockets / "plugin" / "dra.sock"]
+    for path in stale:
+        path.parent.mkdir(parents=True)
+        path.write_text("left over from a previous run")
+    server = KubeletServer(
+        driver=DRIVER, backend=backend, registry_dir=sockets / "registry", plugin_dir=sockets / "plugin"
+    )
+    server.start()
+    try:
+        assert all(stat.S_ISSOCK(os.stat(path).st_mode) for path in stale)
+        with channel(server.dra_socket) as ch:
+            dra_v1_pb2_grpc.DRAPluginStub(ch).NodePrepareResources(
+                dra_v1_pb2.NodePrepareResourcesRequest(claims=[claim(dra_v1_pb2, "x")]), timeout=10
+            )
+    finally:
+        server.stop(grace=1)
+    assert not any(path.exists() for path in stale)
+
+
+def test_stop_removes_both_sockets(server: KubeletServer) -> None:
+    assert server.dra_socket.exists() and server.registration_socket.exists()
+    server.stop(grace=1)
+    assert not server.dra_socket.exists()
+    assert not server.registration_socket.exists()
+
+
+def _prepare_in_background(server: KubeletServer) -> Any:
+    ch = channel(server.dra_socket)
+    stub = dra_v1_pb2_grpc.DRAPluginStub(ch)
+    return ch, stub.NodePrepareResources.future(
+        dra_v1_pb2.NodePrepareResourcesRequest(claims=[claim(dra_v1_pb2, "slow")]), timeout=30
+    )
+
+
+def test_stop_waits_for_a_call_in_flight(server: KubeletServer, backend: Backend) -> None:
+    backend.release = threading.Event()
+    ch, call = _prepare_in_background(server)
+    assert backend.entered.wait(10)
+    stopper = threading.Thread(target=server.stop, kwargs={"grace": 10})
+    stopper.start()
+    time.sleep(0.3)
+    assert stopper.is_alive()  # still waiting for the call
+    backend.release.set()
+    stopper.join(10)
+    assert not stopper.is_alive()
+    assert len(call.result(timeout=10).claims["slow"].devices) == 2
+    assert not server.dra_socket.exists()
+    ch.close()
+
+
+def test_stop_gives_up_on_a_call_after_the_grace_period(server: KubeletServer, backend: Backend) -> None:
+    backend.release = threading.Event()
+    ch, call = _prepare_in_background(server)
+    assert backend.entered.wait(10)
+    started = time.monotonic()
+    server.stop(grace=0.5)
+    assert 0.4 < time.monotonic() - started < 3
+    with pytest.raises(grpc.RpcError):
+        call.result(timeout=10)
+    assert not server.dra_socket.exists() and not server.registration_socket.exists()
+    ch.close()

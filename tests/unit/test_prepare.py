@@ -1,0 +1,781 @@
+"""DeviceState: prepare and unprepare on a simulated node, claim checks, conflicts, crash safety, threads.
+
+Every test runs the real checkpoint and CDI files in a temporary directory, the real device model of a
+simulated machine, and GpuSharing driving the simulator's stand-in `nvidia-smi`, so a time-slice
+asserted here is what the stand-in wrote to the simulated card. Crash tests run prepare or unprepare
+in a child process (`python -m tests.unit.test_prepare`) that SIGKILLs itself at one step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpudra import cdi, devices, faults, nvml, sim
+from gpudra import checkpoint as ckpt
+from gpudra.errors import ClaimError, ConfigError, GpudraError, HardwareError
+from gpudra.gputools import GpuTools
+from gpudra.inventory import Inventory
+from gpudra.prepare import Allocated, ClaimRef, DeviceState, Sharing
+from gpudra.sharing import GpuSharing
+from gpudra.sim import state as sim_state
+from tests.unit import inventories
+from tests.unit.claims import (
+    DRIVER,
+    NODE,
+    from_claim,
+    from_class,
+    mps,
+    resource_claim,
+    result,
+    time_slicing,
+    whole_gpus,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+BOOT = "3f0b4e2a-6d1c-4c55-9d0e-1b2a3c4d5e6f"
+OTHER_BOOT = "8a7b6c5d-4e3f-4a1b-8c9d-0e1f2a3b4c5d"
+LONG = ckpt.TimeSlicingRecord(strategy="TimeSlicing", interval="Long")
+
+
+def uid(n: int) -> str:
+    return f"00000000-0000-4000-8000-{n:012x}"
+
+
+def ref(claim: dict[str, Any]) -> ClaimRef:
+    meta = claim["metadata"]
+    return ClaimRef(uid=meta["uid"], namespace=meta["namespace"], name=meta["name"])
+
+
+class Claims:
+    """A dict-backed ClaimSource, saved to a JSON file so that a child process sees the same claims."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
+        if path.exists():
+            for claim in json.loads(path.read_text()):
+                self.objects[(claim["metadata"]["namespace"], claim["metadata"]["name"])] = claim
+
+    def add(self, claim: dict[str, Any]) -> ClaimRef:
+        self.objects[(claim["metadata"]["namespace"], claim["metadata"]["name"])] = claim
+        self._save()
+        return ref(claim)
+
+    def clear(self) -> None:
+        self.objects.clear()
+        self._save()
+
+    def get(self, *, namespace: str, name: str, uid: str) -> dict[str, Any]:
+        try:
+            return self.objects[(namespace, name)]
+        except KeyError:
+            raise ClaimError(f"ResourceClaim {namespace}/{name} not found") from None
+
+    def _save(self) -> None:
+        self.path.write_text(json.dumps(list(self.objects.values())))
+
+
+class Node:
+    """One simulated node's files: the machine state, stand-in tools, CDI root, checkpoint and claims."""
+
+    def __init__(self, root: Path, profile: str) -> None:
+        self.root = root
+        self.profile = profile
+        self.state_file = root / "sim" / "machine.json"
+        with nvml.connect(f"sim:{profile}", state_file=self.state_file) as session:
+            self.inventory: Inventory = session.inventory()
+        self.tools = GpuTools.with_directory_first(sim.write_tools(root / "bin", state_file=self.state_file))
+        self.cdi_root = root / "cdi"
+        self.checkpoint_path = root / "state" / "checkpoint.json"
+        self.checkpoint_path.parent.mkdir(parents=True, exist_ok=True)
+        self.toolkit_dir = root / "toolkit"
+        self.claims = Claims(root / "claims.json")
+
+    def uuid(self, minor: int) -> str:
+        return next(gpu.uuid for gpu in self.inventory.gpus if gpu.minor == minor)
+
+    def state(
+        self,
+        *,
+        boot_id: str = BOOT,
+        sharing: Sharing | None = None,
+        inventory: Inventory | None = None,
+        recover: bool = True,
+    ) -> DeviceState:
+        """A DeviceState as the plugin builds it at start-up (recover() included unless told)."""
+        inventory = inventory or self.inventory
+        model = devices.build_devices(inventory, mig_mode="partitionable")
+        device_state = DeviceState(
+            driver=DRIVER,
+            node_name=NODE,
+            inventory=inventory,
+            devices={device["name"]: device for device in model.devices},
+            claims=self.claims,
+            sharing=sharing or GpuSharing(self.tools),
+            cdi_root=self.cdi_root,
+            checkpoint_path=self.checkpoint_path,
+            boot_id=boot_id,
+            toolkit=cdi.ToolkitSpecs([self.toolkit_dir]),
+        )
+        if recover:
+            device_state.recover()
+        return device_state
+
+    def timeslices(self) -> dict[str, int]:
+        return {gpu.uuid: gpu.timeslice for gpu in sim_state.StateFile(self.state_file).read().gpus}
+
+    def set_timeslice(self, uuid: str, level: int) -> None:
+        with sim_state.StateFile(self.state_file).update() as machine:
+            next(gpu for gpu in machine.gpus if gpu.uuid == uuid).timeslice = level
+
+    def spec_path(self, claim_uid: str) -> Path:
+        return self.cdi_root / f"{DRIVER}-claim_{claim_uid}.json"
+
+    def entries(self) -> dict[str, ckpt.ClaimEntry]:
+        return ckpt.load(self.checkpoint_path, boot_id=BOOT).checkpoint.claims
+
+    def assert_nothing_left(self, claim_uid: str) -> None:
+        assert not self.spec_path(claim_uid).exists()
+        assert claim_uid not in self.entries()
+        assert set(self.timeslices().values()) == {0}
+
+
+@pytest.fixture
+def h100(tmp_path: Path) -> Node:
+    return Node(tmp_path, "dgx-h100")
+
+
+@pytest.fixture
+def mixed(tmp_path: Path) -> Node:
+    return Node(tmp_path, "mixed")
+
+
+# --- whole GPUs --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("profile", "device", "minor"),
+    [("dgx-h100", "gpu-3", 3), ("mixed", "gpu-4", 4)],
+    ids=["h100", "mixed-t4-minor-differs-from-index"],
+)
+def test_prepare_whole_gpu(tmp_path: Path, profile: str, device: str, minor: int) -> None:
+    node = Node(tmp_path, profile)
+    claim = resource_claim(uid(1), results=[result("gpus/fast", device)])
+    answer = node.state().prepare(node.claims.add(claim))
+
+    cdi_id = f"{DRIVER}/claim={uid(1)}-{device}"
+    assert answer == (
+        ckpt.PreparedDevice(
+            request_names=("gpus",),
+            pool=NODE,
+            device=device,
+            cdi_device_ids=(cdi_id,),
+            gpu_uuids=(node.uuid(minor),),
+            sharing=ckpt.TimeSlicingRecord(strategy="TimeSlicing", interval="Default"),
+        ),
+    )
+    spec = json.loads(node.spec_path(uid(1)).read_text())
+    assert spec["kind"] == f"{DRIVER}/claim"
+    assert [d["name"] for d in spec["devices"]] == [f"{uid(1)}-{device}"]
+    edits = spec["devices"][0]["containerEdits"]
+    assert edits["env"] == [f"NVIDIA_VISIBLE_DEVICES={node.uuid(minor)}"]
+    assert edits["deviceNodes"] == [{"path": f"/dev/nvidia{minor}"}]
+    entry = node.entries()[uid(1)]
+    assert (entry.state, entry.namespace, entry.name, entry.devices) == (
+        "PrepareCompleted",
+        "default",
+        f"claim-{uid(1)}",
+        answer,
+    )
+
+
+def test_prepare_several_devices_and_requests(h100: Node) -> None:
+    claim = resource_claim(
+        uid(1), results=[result("a", "gpu-0"), result("b/sub", "gpu-5"), result("b/sub", "gpu-6")]
+    )
+    answer = h100.state().prepare(h100.claims.add(claim))
+    assert [(d.request_names, d.device) for d in answer] == [
+        (("a",), "gpu-0"),
+        (("b",), "gpu-5"),
+        (("b",), "gpu-6"),
+    ]
+    spec = json.loads(h100.spec_path(uid(1)).read_text())
+    assert [d["name"] for d in spec["devices"]] == [f"{uid(1)}-gpu-{n}" for n in (0, 5, 6)]
+
+
+def test_prepare_lists_the_toolkit_device_after_its_own(h100: Node) -> None:
+    h100.toolkit_dir.mkdir()
+    toolkit = {"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu", "devices": [{"name": h100.uuid(2)}]}
+    (h100.toolkit_dir / "nvidia.json").write_text(json.dumps(toolkit))
+    [device] = h100.state().prepare(h100.claims.add(whole_gpus(uid(1), "gpu-2")))
+    assert device.cdi_device_ids == (f"{DRIVER}/claim={uid(1)}-gpu-2", f"nvidia.com/gpu={h100.uuid(2)}")
+
+
+def test_repeated_prepare_answers_the_same_without_side_effects(h100: Node) -> None:
+    state = h100.state()
+    claim = h100.claims.add(whole_gpus(uid(1), "gpu-0", config=[from_claim(time_slicing("Long"))]))
+    first = state.prepare(claim)
+    spec, checkpoint = h100.spec_path(uid(1)).stat(), h100.checkpoint_path.stat()
+    h100.set_timeslice(h100.uuid(0), 2)  # a second apply would set it back to 3
+    h100.claims.clear()  # a second prepare must not need the claim
+
+    assert state.prepare(claim) == first
+    assert h100.spec_path(uid(1)).stat().st_ino == spec.st_ino  # both are replaced by rename when written
+    assert h100.checkpoint_path.stat().st_ino == checkpoint.st_ino
+    assert h100.state().prepare(claim) == first  # after a restart too
+    assert h100.timeslices()[h100.uuid(0)] == 2
+
+
+def test_unprepare_removes_the_spec_the_entry_and_the_timeslice(h100: Node) -> None:
+    state = h100.state()
+    claim = h100.claims.add(whole_gpus(uid(1), "gpu-1", config=[from_claim(time_slicing("Long"))]))
+    state.prepare(claim)
+    assert h100.timeslices()[h100.uuid(1)] == 3
+    h100.claims.clear()  # the claim object is gone before the kubelet unprepares
+
+    state.unprepare(claim)
+    h100.assert_nothing_left(uid(1))
+    assert state.prepared_claims() == {}
+    state.unprepare(claim)  # again
+    h100.assert_nothing_left(uid(1))
+
+
+def test_unprepare_of_a_claim_never_prepared(h100: Node) -> None:
+    state = h100.state()
+    state.unprepare(ClaimRef(uid=uid(9), namespace="default", name="never"))
+    assert state.prepared_claims() == {}
+
+
+def test_unprepare_leaves_other_claims_alone(h100: Node) -> None:
+    state = h100.state()
+    first = h100.claims.add(whole_gpus(uid(1), "gpu-0", config=[from_claim(time_slicing("Long"))]))
+    second = h100.claims.add(whole_gpus(uid(2), "gpu-1", config=[from_claim(time_slicing("Short"))]))
+    state.prepare(first)
+    state.prepare(second)
+    state.unprepare(first)
+    assert set(h100.entries()) == {uid(2)}
+    assert h100.spec_path(uid(2)).exists()
+    assert h100.timeslices()[h100.uuid(1)] == 1
+
+
+# --- claim checks ------------------------------------------------------------------------------
+
+LONG_ON_A = from_claim(time_slicing("Long"), "a")
+
+
+def _bad_config(parameters: dict[str, Any]) -> dict[str, Any]:
+    return resource_claim(
+        uid(1), results=[result("a", "gpu-0"), result("b", "gpu-1")], config=[from_claim(parameters)]
+    )
+
+
+BAD_CLAIMS: dict[str, tuple[dict[str, Any], type[GpudraError], str]] = {
+    "uid mismatch": (
+        whole_gpus(uid(2), "gpu-0", name=f"claim-{uid(1)}"),
+        ClaimError,
+        f"ResourceClaim default/claim-{uid(1)} has UID {uid(2)}, not {uid(1)} "
+        "(it was deleted and created again)",
+    ),
+    "not allocated": (
+        resource_claim(uid(1), results=None),
+        ClaimError,
+        f"ResourceClaim default/claim-{uid(1)} ({uid(1)}) is not allocated",
+    ),
+    "no results for this driver": (
+        resource_claim(uid(1), results=[result("a", "gpu-0", driver="other.example.com")]),
+        ClaimError,
+        f"ResourceClaim default/claim-{uid(1)} ({uid(1)}) has no devices of driver {DRIVER}",
+    ),
+    "another node's pool": (
+        resource_claim(uid(1), results=[result("a", "gpu-0"), result("b", "gpu-1", pool="node-b")]),
+        ClaimError,
+        f"device gpu-1 of ResourceClaim default/claim-{uid(1)} ({uid(1)}) is in pool node-b, "
+        f"not in this node's pool {NODE}",
+    ),
+    "device not on this node": (
+        resource_claim(uid(1), results=[result("a", "gpu-0"), result("b", "gpu-8")]),
+        ClaimError,
+        f"device gpu-8 of ResourceClaim default/claim-{uid(1)} ({uid(1)}) is not on this node",
+    ),
+    "bad interval": (
+        _bad_config(time_slicing("Forever")),
+        ConfigError,
+        "status.allocation.devices.config[0].opaque.parameters.sharing.timeSlicingConfig.interval: "
+        "must be one of: Default, Short, Medium, Long",
+    ),
+    "unknown field": (
+        _bad_config({**time_slicing("Long"), "replicas": 4}),
+        ConfigError,
+        "status.allocation.devices.config[0].opaque.parameters.replicas: unknown field; "
+        "the fields here are: apiVersion, kind, sharing",
+    ),
+    "bad source": (
+        resource_claim(
+            uid(1),
+            results=[result("a", "gpu-0")],
+            config=[{**from_claim(time_slicing("Long")), "source": "FromNowhere"}],
+        ),
+        ConfigError,
+        "status.allocation.devices.config[0].source: must be one of: FromClass, FromClaim",
+    ),
+    "MPS on the second device": (
+        resource_claim(
+            uid(1),
+            results=[result("a", "gpu-0"), result("b", "gpu-1")],
+            config=[LONG_ON_A, from_claim(mps(), "b")],
+        ),
+        ConfigError,
+        "status.allocation.devices.config[1].opaque.parameters.sharing.strategy: "
+        "MPS is not supported by this gpudra version; allowed: TimeSlicing",
+    ),
+    "MIG partition": (
+        resource_claim(
+            uid(1),
+            results=[result("a", "gpu-0"), result("b", "gpu-2-mig-1g10gb-3")],
+            config=[LONG_ON_A],
+        ),
+        ClaimError,
+        "device gpu-2-mig-1g10gb-3: preparing MIG partitions is not supported by this gpudra version; "
+        "request whole GPUs (DeviceClass gpu.gpudra.io)",
+    ),
+}
+
+
+@pytest.mark.parametrize(("claim", "error", "message"), BAD_CLAIMS.values(), ids=BAD_CLAIMS)
+def test_bad_claims_fail_with_a_clear_message_and_leave_nothing(
+    h100: Node, claim: dict[str, Any], error: type[GpudraError], message: str
+) -> None:
+    state = h100.state()
+    h100.claims.add(claim)
+    with pytest.raises(error) as raised:
+        state.prepare(ClaimRef(uid=uid(1), namespace="default", name=f"claim-{uid(1)}"))
+    assert str(raised.value) == message
+    h100.assert_nothing_left(uid(1))
+    assert state.prepared_claims() == {}
+
+
+def test_a_config_error_names_the_field(h100: Node) -> None:
+    h100.claims.add(_bad_config(time_slicing("Forever")))
+    with pytest.raises(ConfigError) as raised:
+        h100.state().prepare(ClaimRef(uid=uid(1), namespace="default", name=f"claim-{uid(1)}"))
+    field = "status.allocation.devices.config[0].opaque.parameters.sharing.timeSlicingConfig.interval"
+    assert raised.value.field == field
+
+
+def test_a_claim_that_is_gone_is_an_error(h100: Node) -> None:
+    with pytest.raises(ClaimError, match="not found"):
+        h100.state().prepare(ClaimRef(uid=uid(1), namespace="default", name="gone"))
+
+
+class FailingOn:
+    """GpuSharing whose apply fails on one GPU, as nvidia-smi does when a GPU falls off the bus."""
+
+    def __init__(self, inner: GpuSharing, gpu_uuid: str) -> None:
+        self.inner = inner
+        self.gpu_uuid = gpu_uuid
+
+    def plan(self, device: Allocated) -> ckpt.SharingRecord | None:
+        return self.inner.plan(device)
+
+    def apply(self, record: ckpt.SharingRecord, *, gpu_uuids: Sequence[str]) -> None:
+        if self.gpu_uuid in gpu_uuids:
+            raise HardwareError(f"nvidia-smi failed on {self.gpu_uuid}")
+        self.inner.apply(record, gpu_uuids=gpu_uuids)
+
+    def undo(self, record: ckpt.SharingRecord, *, gpu_uuids: Sequence[str]) -> None:
+        self.inner.undo(record, gpu_uuids=gpu_uuids)
+
+
+def test_a_failing_apply_rolls_back_the_devices_already_applied(h100: Node) -> None:
+    state = h100.state(sharing=FailingOn(GpuSharing(h100.tools), h100.uuid(1)))
+    claim = h100.claims.add(
+        resource_claim(
+            uid(1),
+            results=[result("a", "gpu-0"), result("b", "gpu-1")],
+            config=[from_claim(time_slicing("Long"))],
+        )
+    )
+    with pytest.raises(HardwareError, match="nvidia-smi failed"):
+        state.prepare(claim)
+    h100.assert_nothing_left(uid(1))
+
+
+# --- devices held by other claims ---------------------------------------------------------------
+
+
+def test_a_device_prepared_for_another_claim_is_refused(h100: Node) -> None:
+    state = h100.state()
+    state.prepare(h100.claims.add(whole_gpus(uid(1), "gpu-0", name="first")))
+    second = h100.claims.add(
+        resource_claim(uid(2), name="second", results=[result("a", "gpu-1"), result("b", "gpu-0")])
+    )
+    with pytest.raises(ClaimError) as raised:
+        state.prepare(second)
+    assert str(raised.value) == f"device gpu-0 is already prepared for ResourceClaim default/first ({uid(1)})"
+    assert set(h100.entries()) == {uid(1)}
+    assert not h100.spec_path(uid(2)).exists()
+
+    state.unprepare(ref(h100.claims.objects[("default", "first")]))
+    state.prepare(second)  # free again
+    assert set(h100.entries()) == {uid(2)}
+
+
+@pytest.mark.parametrize("admin_first", [False, True], ids=["user-then-admin", "admin-then-user"])
+def test_admin_access_does_not_conflict(h100: Node, admin_first: bool) -> None:
+    state = h100.state()
+    user = whole_gpus(uid(1), "gpu-0", config=[from_claim(time_slicing("Long"))])
+    admin = resource_claim(uid(2), results=[result("monitor", "gpu-0", admin_access=True)])
+    for claim in (admin, user) if admin_first else (user, admin):
+        state.prepare(h100.claims.add(claim))
+    assert set(h100.entries()) == {uid(1), uid(2)}
+    [admin_device] = h100.entries()[uid(2)].devices
+    assert admin_device.admin_access and admin_device.sharing is None
+    assert h100.timeslices()[h100.uuid(0)] == 3  # the admin claim leaves the user's setting alone
+
+    state.unprepare(ref(admin))
+    assert h100.timeslices()[h100.uuid(0)] == 3
+    another = h100.claims.add(whole_gpus(uid(3), "gpu-0"))
+    with pytest.raises(ClaimError, match=f"already prepared for ResourceClaim default/claim-{uid(1)}"):
+        state.prepare(another)
+
+
+# --- time-slicing --------------------------------------------------------------------------------
+
+TIMESLICE_CASES = {
+    "claim Long": ([from_claim(time_slicing("Long"))], {0: 3, 1: 3}),
+    "class Medium": ([from_class(time_slicing("Medium"))], {0: 2, 1: 2}),
+    "claim overrides class": (
+        [from_class(time_slicing("Short")), from_claim(time_slicing("Long"))],
+        {0: 3, 1: 3},
+    ),
+    "claim overrides class for one request": (
+        [from_class(time_slicing("Short")), from_claim(time_slicing("Long"), "b")],
+        {0: 1, 1: 3},
+    ),
+    "later claim entry wins": (
+        [from_claim(time_slicing("Long"), "a"), from_claim(time_slicing("Medium"))],
+        {0: 2, 1: 2},
+    ),
+    "no config": ([], {0: 0, 1: 0}),
+}
+
+
+@pytest.mark.parametrize(("config", "expected"), TIMESLICE_CASES.values(), ids=TIMESLICE_CASES)
+def test_time_slicing_sets_the_gpu_through_nvidia_smi(
+    h100: Node, config: list[dict[str, Any]], expected: dict[int, int]
+) -> None:
+    state = h100.state()
+    claim = h100.claims.add(
+        resource_claim(uid(1), results=[result("a", "gpu-0"), result("b", "gpu-1")], config=config)
+    )
+    state.prepare(claim)
+    others = {h100.uuid(minor): 0 for minor in range(2, 8)}
+    assert h100.timeslices() == {h100.uuid(0): expected[0], h100.uuid(1): expected[1], **others}
+    state.unprepare(claim)
+    assert set(h100.timeslices().values()) == {0}
+
+
+def test_a_gpu_without_sharing_config_gets_the_default_timeslice(h100: Node) -> None:
+    h100.set_timeslice(h100.uuid(4), 3)  # left over from before
+    state = h100.state()
+    state.prepare(h100.claims.add(whole_gpus(uid(1), "gpu-4")))
+    assert h100.timeslices()[h100.uuid(4)] == 0
+
+
+# --- crash safety ------------------------------------------------------------------------------
+
+
+def _child(node: Node, action: str, claim: ClaimRef, crash_at: str) -> subprocess.CompletedProcess[str]:
+    """Run `action` for `claim` in a new plugin process that kills itself at step `crash_at`."""
+    command = [sys.executable, "-m", "tests.unit.test_prepare", str(node.root), node.profile, action]
+    command += [claim.uid, claim.namespace, claim.name]
+    env = {**os.environ, "GPUDRA_CRASH_AT": crash_at}
+    return subprocess.run(
+        command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+# step -> (checkpoint state, CDI spec present, time-slice) as the crash leaves them
+CRASH_LEAVES: dict[str, tuple[str, bool, int]] = {
+    "prepare-started": ("PrepareStarted", False, 0),
+    "prepare-applied": ("PrepareStarted", False, 3),
+    "prepare-cdi-written": ("PrepareStarted", True, 3),
+    "prepare-completed": ("PrepareCompleted", True, 3),
+    "unprepare-started": ("UnprepareStarted", True, 3),
+    "unprepare-undone": ("UnprepareStarted", True, 0),
+    "unprepare-cdi-deleted": ("UnprepareStarted", False, 0),
+}
+
+
+def test_every_crash_step_is_covered() -> None:
+    assert set(CRASH_LEAVES) == set(faults.STEPS)
+
+
+@pytest.mark.parametrize("step", faults.PREPARE_STEPS)
+def test_crash_during_prepare_is_rolled_back_at_restart(h100: Node, step: str) -> None:
+    claim = h100.claims.add(whole_gpus(uid(1), "gpu-2", config=[from_claim(time_slicing("Long"))]))
+    h100.state()  # the checkpoint file exists, as after the plugin's first start
+    crashed = _child(h100, "prepare", claim, step)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+
+    state, spec, timeslice = CRASH_LEAVES[step]
+    [device] = h100.entries()[uid(1)].devices
+    assert h100.entries()[uid(1)].state == state
+    assert device.sharing == LONG  # recorded before the GPU changed, so a rollback knows what to undo
+    assert h100.spec_path(uid(1)).exists() == spec
+    assert h100.timeslices()[h100.uuid(2)] == timeslice
+
+    restarted = h100.state()
+    if step == "prepare-completed":  # done before the crash: kept, and the kubelet's retry gets it
+        assert restarted.prepared_claims()[uid(1)].state == "PrepareCompleted"
+        assert h100.spec_path(uid(1)).exists()
+    else:
+        h100.assert_nothing_left(uid(1))
+    [device] = restarted.prepare(claim)
+    assert device.cdi_device_ids == (f"{DRIVER}/claim={uid(1)}-gpu-2",)
+    assert h100.entries()[uid(1)].state == "PrepareCompleted"
+    assert h100.spec_path(uid(1)).exists()
+    assert h100.timeslices()[h100.uuid(2)] == 3
+
+
+@pytest.mark.parametrize("step", faults.UNPREPARE_STEPS)
+def test_crash_during_unprepare_is_finished_at_restart(h100: Node, step: str) -> None:
+    claim = h100.claims.add(whole_gpus(uid(1), "gpu-2", config=[from_claim(time_slicing("Long"))]))
+    h100.state().prepare(claim)
+    crashed = _child(h100, "unprepare", claim, step)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+
+    state, spec, timeslice = CRASH_LEAVES[step]
+    assert h100.entries()[uid(1)].state == state
+    assert h100.spec_path(uid(1)).exists() == spec
+    assert h100.timeslices()[h100.uuid(2)] == timeslice
+
+    restarted = h100.state()
+    h100.assert_nothing_left(uid(1))
+    assert restarted.prepared_claims() == {}
+    restarted.unprepare(claim)  # the kubelet's retry
+    h100.assert_nothing_left(uid(1))
+
+
+def test_the_crash_child_runs_to_the_end_without_a_crash_step(h100: Node) -> None:
+    claim = h100.claims.add(whole_gpus(uid(1), "gpu-2"))
+    h100.state()
+    finished = _child(h100, "prepare", claim, "")
+    assert finished.returncode == 0, finished.stderr
+    assert h100.entries()[uid(1)].state == "PrepareCompleted"
+
+
+class UndoFailsOn(FailingOn):
+    """GpuSharing whose undo fails on one GPU."""
+
+    def apply(self, record: ckpt.SharingRecord, *, gpu_uuids: Sequence[str]) -> None:
+        self.inner.apply(record, gpu_uuids=gpu_uuids)
+
+    def undo(self, record: ckpt.SharingRecord, *, gpu_uuids: Sequence[str]) -> None:
+        if self.gpu_uuid in gpu_uuids:
+            raise HardwareError(f"nvidia-smi failed on {self.gpu_uuid}")
+        self.inner.undo(record, gpu_uuids=gpu_uuids)
+
+
+def test_a_claim_that_cannot_be_settled_at_start_up_does_not_stop_the_plugin(h100: Node) -> None:
+    """One broken GPU must not keep the plugin from starting: its claim waits for the kubelet's retry."""
+    first = h100.claims.add(whole_gpus(uid(1), "gpu-2", config=[from_claim(time_slicing("Long"))]))
+    second = h100.claims.add(whole_gpus(uid(2), "gpu-3", config=[from_claim(time_slicing("Long"))]))
+    state = h100.state()
+    state.prepare(first)
+    state.prepare(second)
+    interrupted = ckpt.Checkpoint.empty(BOOT)  # as a crash of both before PrepareCompleted leaves it
+    for entry in h100.entries().values():
+        interrupted = interrupted.with_claim(entry.with_state("PrepareStarted"))
+    ckpt.save(h100.checkpoint_path, interrupted)
+
+    sharing = UndoFailsOn(GpuSharing(h100.tools), h100.uuid(2))
+    restarted = h100.state(sharing=sharing)
+    assert not h100.spec_path(uid(2)).exists() and h100.timeslices()[h100.uuid(3)] == 0
+    assert set(restarted.prepared_claims()) == {uid(1)}
+    assert restarted.prepared_claims()[uid(1)].state == "UnprepareStarted"
+    with pytest.raises(
+        ClaimError, match=f"gpu-2 is already prepared for ResourceClaim default/claim-{uid(1)}"
+    ):
+        restarted.prepare(h100.claims.add(whole_gpus(uid(3), "gpu-2")))
+
+    sharing.gpu_uuid = "GPU-healed"
+    restarted.unprepare(first)  # the kubelet's retry, once the GPU answers again
+    h100.assert_nothing_left(uid(1))
+
+
+def test_specs_of_an_earlier_boot_are_removed_at_recover(h100: Node) -> None:
+    claim = h100.claims.add(whole_gpus(uid(1), "gpu-0"))
+    h100.state(boot_id=OTHER_BOOT).prepare(claim)
+    assert h100.spec_path(uid(1)).exists()
+
+    rebooted = h100.state(boot_id=BOOT)
+    assert rebooted.prepared_claims() == {}
+    assert not h100.spec_path(uid(1)).exists()
+    saved = ckpt.load(h100.checkpoint_path, boot_id=BOOT)
+    assert (saved.checkpoint.boot_id, saved.checkpoint.claims, saved.stale_claims) == (BOOT, {}, {})
+    rebooted.prepare(claim)
+    assert h100.spec_path(uid(1)).exists()
+
+
+def test_a_corrupt_checkpoint_is_quarantined_and_the_plugin_starts_empty(h100: Node) -> None:
+    state = h100.state()
+    state.prepare(h100.claims.add(whole_gpus(uid(1), "gpu-0")))
+    garbage = h100.checkpoint_path.read_bytes()[:-40]
+    h100.checkpoint_path.write_bytes(garbage)
+
+    restarted = h100.state()
+    assert restarted.prepared_claims() == {}
+    [moved] = h100.checkpoint_path.parent.glob("checkpoint.json.corrupt-*")
+    assert moved.read_bytes() == garbage
+    assert h100.entries() == {}
+    assert not h100.spec_path(uid(1)).exists()  # unknown to the new checkpoint
+    restarted.prepare(h100.claims.add(whole_gpus(uid(2), "gpu-0")))
+    assert set(h100.entries()) == {uid(2)}
+
+
+def test_stray_specs_of_unknown_claims_are_removed_at_recover(h100: Node) -> None:
+    h100.state().prepare(h100.claims.add(whole_gpus(uid(1), "gpu-0")))
+    stray = cdi.build_claim_spec(
+        driver=DRIVER,
+        claim_uid=uid(7),
+        devices=[cdi.ClaimDevice(name="gpu-1", gpu_minor=1, uuid=h100.uuid(1))],
+    )
+    cdi.write_spec(h100.cdi_root, stray, claim_uid=uid(7))
+    other_driver = h100.cdi_root / f"other.example.com-claim_{uid(8)}.json"
+    other_driver.write_text("{}")
+    toolkit = h100.cdi_root / "nvidia.yaml"
+    toolkit.write_text("kind: nvidia.com/gpu\n")
+
+    h100.state()
+    assert not h100.spec_path(uid(7)).exists()
+    assert h100.spec_path(uid(1)).exists()
+    assert other_driver.exists() and toolkit.exists()
+
+
+# --- concurrency -------------------------------------------------------------------------------
+
+
+class RecordingSharing:
+    """A Sharing that only records, and fails the test if two claims configure one GPU at once."""
+
+    def __init__(self, pause: float = 0.0) -> None:
+        self.pause = pause
+        self.busy: set[str] = set()
+        self.applied: list[str] = []
+        self.undone: list[str] = []
+        self.overlaps: list[str] = []
+        self._lock = threading.Lock()
+
+    def plan(self, device: Allocated) -> ckpt.SharingRecord | None:
+        return (
+            None
+            if device.admin_access
+            else ckpt.TimeSlicingRecord(strategy="TimeSlicing", interval="Default")
+        )
+
+    def apply(self, record: ckpt.SharingRecord, *, gpu_uuids: Sequence[str]) -> None:
+        self._touch(gpu_uuids, self.applied)
+
+    def undo(self, record: ckpt.SharingRecord, *, gpu_uuids: Sequence[str]) -> None:
+        self._touch(gpu_uuids, self.undone)
+
+    def _touch(self, gpu_uuids: Sequence[str], log: list[str]) -> None:
+        with self._lock:
+            self.overlaps += [uuid for uuid in gpu_uuids if uuid in self.busy]
+            self.busy |= set(gpu_uuids)
+            log += gpu_uuids
+        time.sleep(self.pause)
+        with self._lock:
+            self.busy -= set(gpu_uuids)
+
+
+def _all_at_once(calls: Sequence[Callable[[], Any]]) -> list[BaseException | Any]:
+    """Run `calls` from as many threads, released together; each call's return value or exception."""
+    start = threading.Barrier(len(calls))
+
+    def run(call: Callable[[], Any]) -> BaseException | Any:
+        start.wait()
+        try:
+            return call()
+        except GpudraError as err:
+            return err
+
+    with ThreadPoolExecutor(len(calls)) as pool:
+        return list(pool.map(run, calls))
+
+
+@pytest.fixture
+def big(tmp_path: Path) -> Iterator[tuple[Node, RecordingSharing, DeviceState]]:
+    node = Node(tmp_path, "mixed")  # files only: the GPUs come from a hand-built inventory
+    sharing = RecordingSharing(pause=0.002)
+    inventory = inventories.node(*(inventories.h100(minor) for minor in range(56)))
+    yield node, sharing, node.state(sharing=sharing, inventory=inventory)
+
+
+def test_fifty_claims_on_different_devices_prepare_at_once(
+    big: tuple[Node, RecordingSharing, DeviceState],
+) -> None:
+    node, sharing, state = big
+    claims = [node.claims.add(whole_gpus(uid(n), f"gpu-{n}")) for n in range(50)]
+    answers = _all_at_once([lambda c=c: state.prepare(c) for c in claims])  # type: ignore[misc]
+    assert [a[0].device for a in answers] == [f"gpu-{n}" for n in range(50)]
+    assert sharing.overlaps == []
+    entries = node.entries()
+    assert set(entries) == {uid(n) for n in range(50)}
+    assert {e.state for e in entries.values()} == {"PrepareCompleted"}
+    assert set(cdi.list_claim_specs(node.cdi_root, driver=DRIVER)) == set(entries)
+
+    assert _all_at_once([lambda c=c: state.unprepare(c) for c in claims]) == [None] * 50  # type: ignore[misc]
+    assert node.entries() == {}
+    assert cdi.list_claim_specs(node.cdi_root, driver=DRIVER) == {}
+    assert sorted(sharing.undone) == sorted(sharing.applied)
+
+
+def test_two_claims_for_one_device_at_once_exactly_one_wins(
+    big: tuple[Node, RecordingSharing, DeviceState],
+) -> None:
+    node, sharing, state = big
+    for round_ in range(25):
+        device = f"gpu-{round_ % 8}"
+        pair = [node.claims.add(whole_gpus(uid(2 * round_ + i), device)) for i in range(2)]
+        outcomes = _all_at_once([lambda c=c: state.prepare(c) for c in pair])  # type: ignore[misc]
+        failed = [i for i, outcome in enumerate(outcomes) if isinstance(outcome, ClaimError)]
+        assert len(failed) == 1, outcomes
+        winner, loser = pair[1 - failed[0]], pair[failed[0]]
+        assert str(outcomes[failed[0]]) == (
+            f"device {device} is already prepared for ResourceClaim default/{winner.name} ({winner.uid})"
+        )
+        assert set(node.entries()) == {winner.uid}
+        assert not node.spec_path(loser.uid).exists()
+        state.unprepare(winner)
+    assert sharing.overlaps == []
+
+
+# --- the crash child -----------------------------------------------------------------------------
+
+
+def _crash_child(argv: list[str]) -> None:
+    root, profile, action, claim_uid, namespace, name = argv
+    state = Node(Path(root), profile).state()
+    claim = ClaimRef(uid=claim_uid, namespace=namespace, name=name)
+    if action == "prepare":
+        state.prepare(claim)
+    else:
+        state.unprepare(claim)
+
+
+if __name__ == "__main__":
+    _crash_child(sys.argv[1:])
