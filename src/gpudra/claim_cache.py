@@ -29,6 +29,7 @@ class ClaimCache:
         self.driver = driver
         self.pool = pool
         self._claims: dict[tuple[str, str], Obj] = {}
+        self._seen: set[tuple[str, str]] = set()  # keys with an event since the last relist
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -45,9 +46,16 @@ class ClaimCache:
 
     def _on_event(self, kind: str, claim: Obj) -> None:
         if kind == "RESYNC":
+            # A relist just replayed every claim that exists: whatever was not replayed was deleted
+            # while the watch was down.
+            with self._lock:
+                for key in set(self._claims) - self._seen:
+                    del self._claims[key]
+                self._seen.clear()
             return
         key = (claim["metadata"]["namespace"], claim["metadata"]["name"])
         with self._lock:
+            self._seen.add(key)
             if kind != "DELETED" and allocated_here(claim, driver=self.driver, pool=self.pool):
                 self._claims[key] = claim
             else:

@@ -35,7 +35,7 @@ class GpuTools:
                 [executable, *args], capture_output=True, text=True, timeout=self.timeout, check=False
             )
         except subprocess.TimeoutExpired as err:
-            raise HardwareError(f"{tool} {' '.join(args)} did not finish in {self.timeout:.0f}s") from err
+            raise HardwareError(f"{tool} {' '.join(args)} did not finish in {self.timeout:g}s") from err
         if result.returncode != 0:
             detail = (result.stderr or result.stdout).strip()
             raise HardwareError(f"{tool} {' '.join(args)} failed ({result.returncode}): {detail}")

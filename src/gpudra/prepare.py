@@ -182,8 +182,11 @@ class DeviceState:
                 )
                 cdi.write_spec(self.cdi_root, spec, claim_uid=ref.uid)
                 faults.reached("prepare-cdi-written")
-            except BaseException:
-                self._teardown(entry)
+            except BaseException as err:
+                try:
+                    self._teardown(entry)
+                except Exception as rollback:  # keep the first error; the entry stays for recover()
+                    err.add_note(f"rolling back also failed: {rollback}")
                 raise
             self._record(entry.with_state("PrepareCompleted"))
             faults.reached("prepare-completed")
@@ -293,7 +296,7 @@ class DeviceState:
         if device.kind == "mig":
             raise ClaimError(
                 f"device {device.device}: preparing MIG partitions is not supported by this gpudra "
-                "version; request whole GPUs (DeviceClass gpu.gpudra.io)"
+                "version; request whole GPUs (devices of type gpu)"
             )
         own = cdi.claim_device_id(driver=self.driver, claim_uid=ref.uid, device_name=device.device)
         return ckpt.PreparedDevice(

@@ -144,9 +144,9 @@ class SliceController:
                 "published ResourceSlices",
                 extra={
                     "generation": plan.generation,
-                    "created": len(plan.create),
-                    "updated": len(plan.update),
-                    "deleted": len(plan.delete),
+                    "slices_created": len(plan.create),
+                    "slices_updated": len(plan.update),
+                    "slices_deleted": len(plan.delete),
                 },
             )
         return plan
@@ -170,12 +170,13 @@ class SliceController:
         while not self._stop.is_set():
             try:
                 self.sync_once()
-            except GpudraError as err:
+            except Exception as err:  # the thread must outlive any one failure, expected or not
                 # Forget cached cluster facts: the node or the server may have been replaced.
                 self._server_minor = self._node_uid = None
                 log.warning(
                     "publishing ResourceSlices failed; retrying",
                     extra={"error": str(err), "retry_in": backoff},
+                    exc_info=not isinstance(err, GpudraError),
                 )
                 self._wake.wait(backoff)
                 self._wake.clear()

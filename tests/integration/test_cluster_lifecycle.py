@@ -20,7 +20,7 @@ def test_two_node_cluster_starts_and_stops_without_leftovers() -> None:
         bring_up = time.monotonic() - started
         status, body = http_get(f"{cluster.server}/version", token=TOKEN)
         assert status == 200
-        assert json.loads(body)["gitVersion"].startswith("v1.")
+        assert json.loads(body)["gitVersion"] == _pinned_version()
         status, body = http_get(f"{cluster.server}/api/v1/nodes", token=TOKEN)
         names = sorted(item["metadata"]["name"] for item in json.loads(body)["items"])
         assert names == ["node-a", "node-b"]
@@ -31,6 +31,15 @@ def test_two_node_cluster_starts_and_stops_without_leftovers() -> None:
     print(f"two-node cluster ready in {bring_up:.1f}s")
     assert cluster_processes(str(root)) == []
     assert not (root / "state.json").exists()
+
+
+def _pinned_version() -> str:
+    go_mod = Path(__file__).resolve().parents[2] / "deploy" / "local" / "go.mod"
+    return next(
+        line.split()[1]
+        for line in go_mod.read_text().splitlines()
+        if line.split()[:1] == ["k8s.io/kubernetes"]
+    )
 
 
 def test_stop_cluster_from_another_process_state(tmp_path: Path) -> None:

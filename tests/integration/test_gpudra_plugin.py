@@ -8,8 +8,10 @@ the CDI device IDs it received.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -225,3 +227,40 @@ def test_bad_config_fails_with_field_in_pod_event_while_good_claim_is_prepared(
     wait_for("good claim unprepared", lambda: good_uid not in plugin.checkpoint_claims(), timeout=60)
     assert good_uid not in plugin.cdi_specs()
     core.delete_namespace(ns)
+
+
+def test_unchanged_pool_is_not_rewritten_on_resync(
+    api: client.ApiClient, gpudra: dict[str, PluginProcess]
+) -> None:
+    """The plugins resync every 5 s here; an unchanged model must cost no writes."""
+    resources = Resources(api)
+
+    def versions() -> dict[str, str]:
+        return {
+            s["metadata"]["name"]: s["metadata"]["resourceVersion"]
+            for s in resources.list("resourceslices", field_selector=f"spec.driver={DRIVER}")
+        }
+
+    before = versions()
+    time.sleep(12)  # more than two resync periods
+    assert versions() == before
+    # The resyncs did run: a slice deleted behind the plugin's back is published again.
+    victim = sorted(before)[0]
+    resources.delete("resourceslices", victim)
+    wait_for("the deleted slice to be republished", lambda: victim in versions(), timeout=30)
+
+
+def test_sigterm_stops_quickly_and_removes_sockets(gpudra: dict[str, PluginProcess]) -> None:
+    plugin = gpudra["node-mixed"]
+    registration = plugin.node.registry_dir / f"{DRIVER}-reg.sock"
+    dra = plugin.node.plugins_dir / DRIVER / "dra.sock"
+    assert registration.exists() and dra.exists()
+    process = plugin.process
+    assert process is not None
+    started = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=10) == 0
+    print(f"plugin stopped {time.monotonic() - started:.2f}s after SIGTERM")
+    assert not registration.exists() and not dra.exists()
+    plugin.start()
+    assert registration.exists() and dra.exists()

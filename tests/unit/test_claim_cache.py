@@ -93,7 +93,13 @@ def test_allocated_here(claim: Obj, kept: bool) -> None:
 
 
 def test_allocated_here_tolerates_missing_parts() -> None:
-    for claim in ({}, {"status": None}, {"status": {"allocation": None}}, {"status": {"allocation": {}}}):
+    partial: list[Obj] = [
+        {},
+        {"status": None},
+        {"status": {"allocation": None}},
+        {"status": {"allocation": {}}},
+    ]
+    for claim in partial:
         assert not allocated_here(claim, driver=DRIVER, pool=NODE)
 
 
@@ -179,3 +185,14 @@ def test_stop_ends_the_watch(kube: FakeKube) -> None:
     assert cache._thread is not None
     cache._thread.join(2)
     assert not cache._thread.is_alive()
+
+
+def test_relist_drops_claims_deleted_while_the_watch_was_down(kube: FakeKube, cache: ClaimCache) -> None:
+    meta = HERE["metadata"]
+    kube.objects[(meta["namespace"], meta["name"])] = HERE
+    feed(kube, ("ADDED", HERE), ("RESYNC", {}))  # a relist that replayed the claim keeps it
+    get(cache, HERE)
+    assert kube.gets == []
+    feed(kube, ("RESYNC", {}))  # a relist without it: deleted while nobody watched
+    get(cache, HERE)
+    assert kube.gets == [(meta["namespace"], meta["name"])]

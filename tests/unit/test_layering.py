@@ -46,3 +46,23 @@ def test_checker_sees_imports(tmp_path: Path) -> None:
     sample = tmp_path / "sample.py"
     sample.write_text("import pynvml\nfrom kubernetes import client\nfrom . import x\n")
     assert _imported_roots(sample) == {"pynvml", "kubernetes"}
+
+
+_RESERVED = set(vars(__import__("logging").makeLogRecord({}))) | {"message", "asctime"}
+
+
+def test_log_context_keys_never_collide_with_logrecord_attributes() -> None:
+    """logging raises KeyError for `extra` keys such as 'name' or 'created', which would turn a log
+    line into a failed gRPC call or a dead controller thread."""
+    clashes = []
+    for path in _sources():
+        for node in ast.walk(ast.parse(path.read_text())):
+            named_extra = (isinstance(node, ast.keyword) and node.arg == "extra") or (
+                isinstance(node, ast.Assign)
+                and any(isinstance(t, ast.Name) and t.id == "extra" for t in node.targets)
+            )
+            value = getattr(node, "value", None)
+            if named_extra and isinstance(value, ast.Dict):
+                keys = {k.value for k in value.keys if isinstance(k, ast.Constant)}
+                clashes += [f"{_module_name(path)}:{value.lineno}: {k}" for k in keys & _RESERVED]
+    assert clashes == []

@@ -157,11 +157,6 @@ def h100(tmp_path: Path) -> Node:
     return Node(tmp_path, "dgx-h100")
 
 
-@pytest.fixture
-def mixed(tmp_path: Path) -> Node:
-    return Node(tmp_path, "mixed")
-
-
 # --- whole GPUs --------------------------------------------------------------------------------
 
 
@@ -252,8 +247,16 @@ def test_unprepare_removes_the_spec_the_entry_and_the_timeslice(h100: Node) -> N
     h100.assert_nothing_left(uid(1))
 
 
-def test_unprepare_of_a_claim_never_prepared(h100: Node) -> None:
+def test_unprepare_of_a_claim_never_prepared_removes_a_leftover_spec(h100: Node) -> None:
     state = h100.state()
+    leftover = cdi.build_claim_spec(
+        driver=DRIVER,
+        claim_uid=uid(9),
+        devices=[cdi.ClaimDevice(name="gpu-1", gpu_minor=1, uuid=h100.uuid(1))],
+    )
+    cdi.write_spec(h100.cdi_root, leftover, claim_uid=uid(9))
+    state.unprepare(ClaimRef(uid=uid(9), namespace="default", name="never"))
+    assert not h100.spec_path(uid(9)).exists()
     state.unprepare(ClaimRef(uid=uid(9), namespace="default", name="never"))
     assert state.prepared_claims() == {}
 
@@ -348,7 +351,7 @@ BAD_CLAIMS: dict[str, tuple[dict[str, Any], type[GpudraError], str]] = {
         ),
         ClaimError,
         "device gpu-2-mig-1g10gb-3: preparing MIG partitions is not supported by this gpudra version; "
-        "request whole GPUs (DeviceClass gpu.gpudra.io)",
+        "request whole GPUs (devices of type gpu)",
     ),
 }
 
@@ -606,6 +609,7 @@ def test_a_claim_that_cannot_be_settled_at_start_up_does_not_stop_the_plugin(h10
     assert not h100.spec_path(uid(2)).exists() and h100.timeslices()[h100.uuid(3)] == 0
     assert set(restarted.prepared_claims()) == {uid(1)}
     assert restarted.prepared_claims()[uid(1)].state == "UnprepareStarted"
+    assert h100.entries()[uid(1)].state == "UnprepareStarted"
     with pytest.raises(
         ClaimError, match=f"gpu-2 is already prepared for ResourceClaim default/claim-{uid(1)}"
     ):
@@ -702,11 +706,11 @@ class RecordingSharing:
             self.busy -= set(gpu_uuids)
 
 
-def _all_at_once(calls: Sequence[Callable[[], Any]]) -> list[BaseException | Any]:
+def _all_at_once(calls: Sequence[Callable[[], Any]]) -> list[Any]:
     """Run `calls` from as many threads, released together; each call's return value or exception."""
     start = threading.Barrier(len(calls))
 
-    def run(call: Callable[[], Any]) -> BaseException | Any:
+    def run(call: Callable[[], Any]) -> Any:
         start.wait()
         try:
             return call()
@@ -762,6 +766,17 @@ def test_two_claims_for_one_device_at_once_exactly_one_wins(
         assert not node.spec_path(loser.uid).exists()
         state.unprepare(winner)
     assert sharing.overlaps == []
+
+
+def test_the_same_claim_prepared_twice_at_once_is_prepared_once(
+    big: tuple[Node, RecordingSharing, DeviceState],
+) -> None:
+    node, sharing, state = big
+    claim = node.claims.add(whole_gpus(uid(1), "gpu-7", "gpu-3"))
+    first, second = _all_at_once([lambda: state.prepare(claim), lambda: state.prepare(claim)])
+    assert first == second
+    assert sorted(sharing.applied) == sorted(uuid for device in first for uuid in device.gpu_uuids)
+    assert len(sharing.applied) == 2
 
 
 # --- the crash child -----------------------------------------------------------------------------

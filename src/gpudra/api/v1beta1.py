@@ -259,7 +259,8 @@ def _require_type_fields(schema: dict[str, Any]) -> None:
 
 
 class GpuConfig(_Object):
-    """Configuration of whole GPUs allocated by gpudra. Without `sharing`, the GPU is left as it is."""
+    """Configuration of whole GPUs allocated by gpudra. Without `sharing`, the GPU runs with the default
+    time-slice (a setting left by an earlier claim is reset)."""
 
     model_config = ConfigDict(json_schema_extra=_require_type_fields, title="GpuConfig")
 

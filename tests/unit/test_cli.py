@@ -1,0 +1,148 @@
+"""`gpudra inventory` and `gpudra validate` as a user runs them."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpudra import cli
+from gpudra.slices import validate_slices
+
+# MIG partitions per H100 80GB and A100-SXM4-40GB GPU, from the placement tables
+H100 = {"1g.10gb": 7, "1g.10gb+me": 7, "1g.20gb": 4, "2g.20gb": 3, "3g.40gb": 2, "4g.40gb": 1, "7g.80gb": 1}
+A100 = {"1g.5gb": 7, "1g.5gb+me": 7, "1g.10gb": 4, "2g.10gb": 3, "3g.20gb": 2, "4g.20gb": 1, "7g.40gb": 1}
+
+
+def _inventory(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, profile: str, *extra: str
+) -> tuple[int, str]:
+    code = cli.main(["inventory", f"--nvml=sim:{profile}", "--node-name=node-a", *extra])
+    return code, capsys.readouterr().out
+
+
+@pytest.fixture(autouse=True)
+def _sim_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUDRA_SIM_STATE", str(tmp_path / "sim" / "state.json"))
+
+
+@pytest.mark.parametrize(
+    ("profile", "gpus", "partitions"),
+    [("dgx-h100", 8, H100), ("dgx-a100", 8, A100), ("mixed", 6, {})],
+    ids=["dgx-h100", "dgx-a100", "mixed"],
+)
+@pytest.mark.parametrize("server_minor", [34, 36])
+def test_inventory_json_is_a_list_of_valid_slices(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    profile: str,
+    gpus: int,
+    partitions: dict[str, int],
+    server_minor: int,
+) -> None:
+    code, out = _inventory(capsys, tmp_path, profile, "-o", "json", f"--server-minor={server_minor}")
+    assert code == 0
+    listing = json.loads(out)
+    assert (listing["apiVersion"], listing["kind"]) == ("v1", "List")
+    slices = listing["items"]
+    assert validate_slices(slices, server_minor=server_minor) == []
+    devices = [d for s in slices for d in s["spec"].get("devices", [])]
+    names = [d["name"] for d in devices]
+    assert len(names) == len(set(names))
+    counters = {c["name"]: set(c["counters"]) for s in slices for c in s["spec"].get("sharedCounters", [])}
+    for device in devices:
+        for use in device.get("consumesCounters", []):
+            assert set(use["counters"]) <= counters[use["counterSet"]], device["name"]
+    per_gpu: dict[int, Counter[str]] = {}
+    for device in devices:
+        attrs = device["attributes"]
+        if attrs["type"]["string"] == "mig":
+            per_gpu.setdefault(attrs["parentMinor"]["int"], Counter())[attrs["profile"]["string"]] += 1
+    assert len(per_gpu) == (gpus if partitions else 0)
+    for minor, profiles in per_gpu.items():
+        assert dict(profiles) == partitions, f"gpu-{minor}"
+
+
+def test_inventory_yaml_matches_json(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    _, as_json = _inventory(capsys, tmp_path, "mixed", "-o", "json")
+    _, as_yaml = _inventory(capsys, tmp_path, "mixed", "-o", "yaml")
+    assert yaml.safe_load(as_yaml) == json.loads(as_json)
+
+
+def test_inventory_table_lists_gpus_and_partitions(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, out = _inventory(capsys, tmp_path, "dgx-h100")
+    assert code == 0
+    assert "NVIDIA H100 80GB HBM3" in out and "0000:18:00.0" in out
+    assert "1g.10gb x7 @0,1,2,3,4,5,6" in out and "7g.80gb x1 @0" in out
+    assert "208 devices, 8 counter sets" in out
+
+
+def test_inventory_static_mode_publishes_existing_mig_devices_only(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, out = _inventory(capsys, tmp_path, "dgx-h100", "-o", "json", "--mig-mode=static")
+    assert code == 0
+    slices = json.loads(out)["items"]
+    assert all("sharedCounters" not in s["spec"] for s in slices)
+    assert [d for s in slices for d in s["spec"].get("devices", [])] == []  # MIG on, no instances yet
+
+
+def test_unknown_nvml_is_a_clear_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code = cli.main(["inventory", "--nvml=sim:dgx-z900"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "--nvml" in err and "sim:dgx-h100" in err
+
+
+def test_validate_reports_each_bad_config_with_file_object_and_field(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "metadata": {"name": "c", "namespace": "ns"},
+                "spec": {
+                    "devices": {
+                        "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.gpudra.io"}}],
+                        "config": [
+                            {
+                                "opaque": {
+                                    "driver": "gpu.gpudra.io",
+                                    "parameters": {
+                                        "apiVersion": "resource.gpudra.io/v1beta1",
+                                        "kind": "GpuConfig",
+                                        "sharing": {
+                                            "strategy": "MPS",
+                                            "mpsConfig": {"defaultActiveThreadPercentage": 150},
+                                        },
+                                    },
+                                }
+                            },
+                            {"opaque": {"driver": "other.example.com", "parameters": {"anything": True}}},
+                        ],
+                    }
+                },
+            }
+        )
+    )
+    assert cli.main(["validate", str(bad)]) == 1
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1
+    assert out[0].startswith(
+        f"{bad}: ResourceClaim ns/c: spec.devices.config[0].opaque.parameters.sharing.mpsConfig"
+    )
+    assert "1 to 100" in out[0]
+
+
+def test_validate_accepts_the_examples(capsys: pytest.CaptureFixture[str]) -> None:
+    root = Path(__file__).resolve().parents[2]
+    files = sorted(str(p) for p in (root / "examples").glob("*.yaml"))
+    assert cli.main(["validate", *files, str(root / "deploy/manifests/deviceclasses.yaml")]) == 0
