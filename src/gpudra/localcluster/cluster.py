@@ -15,7 +15,6 @@ import json
 import shutil
 import socket
 import subprocess
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from gpudra.localcluster.processes import (
     http_get,
     http_ok,
     spawn,
-    stop_group,
+    stop_groups,
     wait_until,
 )
 
@@ -129,8 +128,8 @@ class LocalCluster:
 
     def stop(self) -> None:
         """Stop every component, nodes first, and wait until no process of the cluster is left."""
-        for component in reversed(self.components):
-            stop_group(component.process.pid)
+        stop_groups([c.process.pid for c in self.components])
+        for component in self.components:
             component.process.wait()
         self.components.clear()
         state = self.directory / "state.json"
@@ -378,13 +377,10 @@ def stop_cluster(directory: Path) -> bool:
     if not state_file.exists():
         return False
     state = json.loads(state_file.read_text())
-    for pgid in reversed(list(state["pgids"].values())):
-        stop_group(int(pgid))
-    deadline = time.monotonic() + 15
-    while any(group_alive(int(p)) for p in state["pgids"].values()):
-        if time.monotonic() > deadline:
-            raise ClusterError(f"cluster processes still alive: {state['pgids']}")
-        time.sleep(0.1)
+    pgids = [int(p) for p in state["pgids"].values()]
+    stop_groups(pgids)
+    if any(group_alive(p) for p in pgids):
+        raise ClusterError(f"cluster processes still alive: {state['pgids']}")
     state_file.unlink()
     return True
 

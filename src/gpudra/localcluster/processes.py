@@ -56,18 +56,23 @@ def spawn(name: str, argv: Sequence[str], *, log: Path, env: dict[str, str] | No
     return Component(name=name, process=process, log=log)
 
 
-def stop_group(pid: int, *, timeout: float = 10.0) -> None:
-    """SIGTERM the process group led by `pid`, then SIGKILL what is left after `timeout`."""
+def stop_groups(pgids: Sequence[int], *, timeout: float = 3.0) -> None:
+    """SIGTERM every process group at once, then SIGKILL the groups still alive after `timeout`.
+
+    The kubelets, controllers and fake runtimes exit within about two seconds; kube-apiserver drains
+    for much longer and etcd waits for it, and their data is thrown away, so the grace stays short.
+    """
     for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(pid, sig)
-        except ProcessLookupError:
-            return
+        alive = [pgid for pgid in pgids if group_alive(pgid)]
+        for pgid in alive:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, sig)
         deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            if not group_alive(pid):
-                return
+        while alive and time.monotonic() < deadline:
+            alive = [pgid for pgid in alive if group_alive(pgid)]
             time.sleep(0.05)
+        if not alive:
+            return
 
 
 def group_alive(pgid: int) -> bool:
