@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import socket
@@ -20,7 +21,7 @@ from typing import Any
 import yaml
 
 from gpudra import devices, logs, nvml, plugin, slices, validate
-from gpudra.errors import GpudraError
+from gpudra.errors import ConfigError, GpudraError
 from gpudra.inventory import Gpu, Inventory
 
 DRIVER = "gpu.gpudra.io"
@@ -85,6 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add(plugin, "log-format", default="text", help="text or json", choices=["text", "json"])
     _add(plugin, "log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
     _add(plugin, "resync-seconds", default="30", help="ResourceSlice resync period")
+    _add(
+        plugin,
+        "health-interval-seconds",
+        default="10",
+        help="how often GPU health is probed for the kubelet (0: no health service)",
+    )
     return parser
 
 
@@ -186,7 +193,6 @@ def _kubelet_plugin(args: argparse.Namespace) -> int:
     if not args.node_name:
         print("gpudra kubelet-plugin: --node-name (or GPUDRA_NODE_NAME) is required", file=sys.stderr)
         return 2
-    logs.configure(fmt=args.log_format, level=args.log_level.upper())
     plugin_dir = Path(args.plugin_dir or f"/var/lib/kubelet/plugins/{args.driver_name}")
     options = plugin.Options(
         node_name=args.node_name,
@@ -201,12 +207,24 @@ def _kubelet_plugin(args: argparse.Namespace) -> int:
         toolkit_cdi_dirs=tuple(Path(p) for p in args.toolkit_cdi_dirs.split(":") if p),
         metrics_port=_int_option(args.metrics_port, "--metrics-port"),
         resync_seconds=float(args.resync_seconds),
+        health_interval_seconds=_seconds_option(args.health_interval_seconds, "--health-interval-seconds"),
     )
+    logs.configure(fmt=args.log_format, level=args.log_level.upper())
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     plugin.run(options, stop=stop)
     return 0
+
+
+def _seconds_option(value: str, option: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise ConfigError(f"{value!r} is not a number of seconds >= 0 (0: off)", field=option)
+    return seconds
 
 
 def _int_option(value: str, option: str) -> int:

@@ -1,4 +1,4 @@
-"""Serves the kubelet: plugin registration and the DRA gRPC API, v1 and v1beta1.
+"""Serves the kubelet: plugin registration, the DRA gRPC API (v1 and v1beta1) and device health.
 I/O: two unix sockets (the only module that imports grpc).
 
 The registration socket goes in the kubelet's plugins_registry directory; the kubelet's plugin watcher
@@ -7,13 +7,18 @@ previous run are removed at start and both sockets on stop. The registration soc
 the kubelet never calls a plugin that cannot serve yet.
 
 One claim's failure is that claim's error in the response; the others in the same call proceed.
+
+With a health source, the DRA socket also serves DRAResourceHealth (v1alpha1, KEP-4680): a kubelet
+that calls NodeWatchResources gets every device's health at once and again after every poll, until it
+cancels or the server stops; `stop()` ends open streams first, so they never hold up shutdown.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +29,8 @@ import grpc
 
 from gpudra import checkpoint as ckpt
 from gpudra._proto import (
+    dra_health_v1alpha1_pb2,
+    dra_health_v1alpha1_pb2_grpc,
     dra_v1_pb2,
     dra_v1_pb2_grpc,
     dra_v1beta1_pb2,
@@ -32,10 +39,20 @@ from gpudra._proto import (
     pluginregistration_v1_pb2_grpc,
 )
 from gpudra.errors import ConfigError, GpudraError
+from gpudra.health import Health, Snapshot
 from gpudra.prepare import ClaimRef
 
 log = logging.getLogger(__name__)
 SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+HEALTH_SERVICE = "v1alpha1.DRAResourceHealth"
+
+# How often an idle health stream looks whether the kubelet went away or the server is stopping.
+_STREAM_CHECK_SECONDS = 0.25
+_HEALTH_STATUS = {
+    Health.HEALTHY: dra_health_v1alpha1_pb2.HEALTHY,
+    Health.UNHEALTHY: dra_health_v1alpha1_pb2.UNHEALTHY,
+    Health.UNKNOWN: dra_health_v1alpha1_pb2.UNKNOWN,
+}
 
 
 class PrepareBackend(Protocol):
@@ -44,6 +61,15 @@ class PrepareBackend(Protocol):
     def prepare(self, ref: ClaimRef) -> tuple[ckpt.PreparedDevice, ...]: ...
 
     def unprepare(self, ref: ClaimRef) -> None: ...
+
+
+class HealthSource(Protocol):
+    """What the health stream reads: gpudra.health.HealthMonitor."""
+
+    @property
+    def timeout_seconds(self) -> int: ...
+
+    def wait(self, *, after: int, timeout: float) -> Snapshot | None: ...
 
 
 @dataclass
@@ -121,17 +147,53 @@ def _log_failure(action: str, claim: Any, err: BaseException) -> None:
         log.exception(f"{action} failed unexpectedly", extra=extra)
 
 
+def _health_response(snapshot: Snapshot, *, timeout_seconds: int) -> Any:
+    """One NodeWatchResources message: the complete device list of a snapshot."""
+    return dra_health_v1alpha1_pb2.NodeWatchResourcesResponse(
+        devices=[
+            dra_health_v1alpha1_pb2.DeviceHealth(
+                device=dra_health_v1alpha1_pb2.DeviceIdentifier(pool_name=d.pool, device_name=d.device),
+                health=_HEALTH_STATUS[d.health],
+                last_updated_time=int(snapshot.checked_at),
+                health_check_timeout_seconds=timeout_seconds,
+                message=d.message,
+            )
+            for d in snapshot.devices
+        ]
+    )
+
+
+class _HealthServicer(dra_health_v1alpha1_pb2_grpc.DRAResourceHealthServicer):  # type: ignore[misc]
+    def __init__(self, source: HealthSource, stopping: threading.Event) -> None:
+        self.source = source
+        self.stopping = stopping
+
+    def NodeWatchResources(self, request: Any, context: Any) -> Iterator[Any]:
+        log.info("the kubelet watches device health")
+        seen = 0
+        try:
+            while context.is_active() and not self.stopping.is_set():
+                snapshot = self.source.wait(after=seen, timeout=_STREAM_CHECK_SECONDS)
+                if snapshot is not None:
+                    seen = snapshot.generation
+                    yield _health_response(snapshot, timeout_seconds=self.source.timeout_seconds)
+        finally:
+            # also when gRPC drops the generator at a yield because the kubelet went away
+            log.info("device health stream ended")
+
+
 class _Registration(pluginregistration_v1_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
-    def __init__(self, driver: str, endpoint: Path) -> None:
+    def __init__(self, driver: str, endpoint: Path, versions: tuple[str, ...]) -> None:
         self.driver = driver
         self.endpoint = endpoint
+        self.versions = versions
 
     def GetInfo(self, request: Any, context: Any) -> Any:
         return pluginregistration_v1_pb2.PluginInfo(
             type="DRAPlugin",
             name=self.driver,
             endpoint=str(self.endpoint),
-            supported_versions=list(SUPPORTED_VERSIONS),
+            supported_versions=list(self.versions),
         )
 
     def NotifyRegistrationStatus(self, request: Any, context: Any) -> Any:
@@ -143,7 +205,7 @@ class _Registration(pluginregistration_v1_pb2_grpc.RegistrationServicer):  # typ
 
 
 class KubeletServer:
-    """The two gRPC servers the kubelet talks to."""
+    """The two gRPC servers the kubelet talks to; device health only when given a `health` source."""
 
     def __init__(
         self,
@@ -153,6 +215,7 @@ class KubeletServer:
         registry_dir: Path,
         plugin_dir: Path,
         observer: Observer | None = None,
+        health: HealthSource | None = None,
         workers: int = 16,
     ) -> None:
         self.driver = driver
@@ -166,9 +229,16 @@ class KubeletServer:
         dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(
             _servicer(dra_v1beta1_pb2, dra_v1beta1_pb2_grpc.DRAPluginServicer, backend, observer), self._dra
         )
+        self._stopping = threading.Event()
+        versions: tuple[str, ...] = SUPPORTED_VERSIONS
+        if health is not None:
+            dra_health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
+                _HealthServicer(health, self._stopping), self._dra
+            )
+            versions += (HEALTH_SERVICE,)
         self._registration = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="reg"))
         pluginregistration_v1_pb2_grpc.add_RegistrationServicer_to_server(
-            _Registration(driver, self.dra_socket), self._registration
+            _Registration(driver, self.dra_socket, versions), self._registration
         )
 
     def start(self) -> None:
@@ -183,7 +253,9 @@ class KubeletServer:
         )
 
     def stop(self, grace: float = 5.0) -> None:
-        """Stop accepting calls, let those in flight finish (up to `grace` seconds), remove the sockets."""
+        """End health streams, stop accepting calls, let those in flight finish (up to `grace` seconds),
+        remove the sockets."""
+        self._stopping.set()
         self._registration.stop(grace=None)
         self.registration_socket.unlink(missing_ok=True)
         self._dra.stop(grace=grace).wait(grace + 1)

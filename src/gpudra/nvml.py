@@ -7,7 +7,8 @@ The only module that imports pynvml. `connect("real")` uses the machine's libnvi
 Every NVML failure leaves this module as a gpudra error, translated in one place (`_nvml_errors`):
 library or driver missing -> NvmlUnavailable, NOT_SUPPORTED -> NotSupported, INSUFFICIENT_RESOURCES
 -> InsufficientResources, IN_USE -> InUse, anything else -> HardwareError; each carries the
-NVMLError class name and says which call failed on which GPU.
+NVMLError class name and says which call failed on which GPU. The one exception is the health probe,
+`Nvml.gpu_health`: there the errors of a GPU that is gone (`_GPU_GONE`) are its answer, not a failure.
 """
 
 from __future__ import annotations
@@ -42,6 +43,17 @@ _ERROR_CLASSES: dict[int, type[errors.HardwareError]] = {
     pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES: errors.InsufficientResources,
     pynvml.NVML_ERROR_IN_USE: errors.InUse,
 }
+# What NVML answers for a GPU that fell off the bus, hung, needs a reset or is no longer enumerated.
+_GPU_GONE = frozenset(
+    pynvml.nvmlExceptionClass(code).__name__
+    for code in (
+        pynvml.NVML_ERROR_GPU_IS_LOST,
+        pynvml.NVML_ERROR_RESET_REQUIRED,
+        pynvml.NVML_ERROR_UNKNOWN,
+        pynvml.NVML_ERROR_GPU_NOT_FOUND,
+        pynvml.NVML_ERROR_NOT_FOUND,
+    )
+)
 # What a probe loop over profile indices or NVLink numbers meets for entries a GPU does not have.
 _ABSENT = (pynvml.NVMLError_NotSupported, pynvml.NVMLError_InvalidArgument)
 
@@ -184,6 +196,27 @@ class Nvml:
         self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
     ) -> None:
         self.close()
+
+    # --- health --------------------------------------------------------------------------------
+
+    def gpu_health(self, *, gpu_uuid: str) -> tuple[bool, str]:
+        """(healthy, reason) from a cheap read-only probe: find the GPU by UUID, read its memory info.
+
+        An error of a GPU that is gone makes it unhealthy, with the NVMLError class name as the reason;
+        NOT_SUPPORTED is an answer from a working GPU. Other failures (no driver, no permission) say
+        nothing about this GPU and are raised like any NVML failure.
+        """
+        try:
+            handle = self._handle(gpu_uuid)
+            _call(pynvml.nvmlDeviceGetMemoryInfo, handle, gpu=gpu_uuid)
+        except errors.NotSupported:
+            pass
+        except errors.HardwareError as error:
+            reason = error.nvml_error or ""
+            if reason in _GPU_GONE:
+                return False, reason
+            raise
+        return True, ""
 
     # --- discovery -----------------------------------------------------------------------------
 

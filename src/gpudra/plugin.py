@@ -1,9 +1,10 @@
-"""Runs the kubelet plugin: discovery, slice publishing, claim cache, prepare state, the kubelet's gRPC.
+"""Runs the kubelet plugin: discovery, slices, claim cache, prepare state, device health, the kubelet's gRPC.
 I/O: everything the plugin touches, wired here and nowhere else.
 
 Start-up order matters: settle the checkpoint first (a crash may have left a prepare half done), then
-publish slices and open the sockets, registration socket last, so the kubelet calls a ready plugin.
-Stop (SIGTERM) is the reverse: no new calls, calls in flight finish, then the threads stop.
+start the health monitor, publish slices and open the sockets, registration socket last, so the kubelet
+calls a ready plugin. Stop (SIGTERM) is the reverse: health streams end, no new calls, calls in flight
+finish, then the threads stop.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from gpudra import cdi, checkpoint, devices, kube, nvml, sim
 from gpudra.claim_cache import ClaimCache
 from gpudra.devices import MigMode
 from gpudra.gputools import GpuTools
+from gpudra.health import HealthMonitor
 from gpudra.kubelet_plugin import KubeletServer, Observer
 from gpudra.metrics import PluginMetrics
 from gpudra.prepare import DeviceState
@@ -40,6 +42,7 @@ class Options:
     toolkit_cdi_dirs: tuple[Path, ...]
     metrics_port: int
     resync_seconds: float
+    health_interval_seconds: float  # 0: no health service
 
 
 def _tools(options: Options) -> GpuTools:
@@ -83,21 +86,34 @@ def run(options: Options, *, stop: threading.Event) -> None:
         resync_seconds=options.resync_seconds,
         on_publish=lambda op: metrics.slice_writes.labels(op).inc(),
     )
+    health = None
+    if options.health_interval_seconds:
+        health = HealthMonitor(
+            pool=options.node_name,
+            devices=model.devices,
+            open_nvml=lambda: nvml.connect(options.nvml),
+            interval=options.health_interval_seconds,
+        )
     server = KubeletServer(
         driver=options.driver,
         backend=state,
         registry_dir=options.registry_dir,
         plugin_dir=options.plugin_dir,
         observer=Observer(prepared=metrics.observe_prepare, unprepared=metrics.observe_unprepare),
+        health=health,
     )
     if options.metrics_port:
         metrics.serve(options.metrics_port)
+    if health is not None:
+        health.start()
     claims.start()
     slices.start()
     server.start()
     stop.wait()
     log.info("stopping")
     server.stop()
+    if health is not None:
+        health.stop()
     slices.stop()
     claims.stop()
 

@@ -1,4 +1,4 @@
-"""`gpudra inventory` and `gpudra validate` as a user runs them."""
+"""`gpudra inventory`, `gpudra validate` and kubelet-plugin's option checks as a user runs them."""
 
 from __future__ import annotations
 
@@ -146,3 +146,27 @@ def test_validate_accepts_the_examples(capsys: pytest.CaptureFixture[str]) -> No
     root = Path(__file__).resolve().parents[2]
     files = sorted(str(p) for p in (root / "examples").glob("*.yaml"))
     assert cli.main(["validate", *files, str(root / "deploy/manifests/deviceclasses.yaml")]) == 0
+
+
+@pytest.mark.parametrize("value", ["-1", "soon", "nan", "inf"], ids=["negative", "word", "nan", "infinite"])
+def test_a_bad_health_interval_is_a_clear_error(capsys: pytest.CaptureFixture[str], value: str) -> None:
+    code = cli.main(["kubelet-plugin", "--node-name=node-a", f"--health-interval-seconds={value}"])
+    assert code == 1
+    assert capsys.readouterr().err == (
+        f"gpudra kubelet-plugin: --health-interval-seconds: {value!r} is not a number of seconds >= 0 "
+        "(0: off)\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("environment", "expected"), [(None, "10"), ("0", "0"), ("2.5", "2.5")], ids=["default", "off", "env"]
+)
+def test_health_interval_default_and_environment(
+    monkeypatch: pytest.MonkeyPatch, environment: str | None, expected: str
+) -> None:
+    if environment is None:
+        monkeypatch.delenv("GPUDRA_HEALTH_INTERVAL_SECONDS", raising=False)
+    else:
+        monkeypatch.setenv("GPUDRA_HEALTH_INTERVAL_SECONDS", environment)
+    args = cli.build_parser().parse_args(["kubelet-plugin", "--node-name=node-a"])
+    assert args.health_interval_seconds == expected

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -275,3 +276,56 @@ def test_a_machine_whose_state_is_gone_has_no_driver(state_file: Path) -> None:
         assert missing.value.nvml_error == "NVMLError_DriverNotLoaded"
     finally:
         sim.uninstall(pynvml)
+
+
+@dataclass(frozen=True)
+class _LostGpu:
+    """GPU 0 of a DGX H100 with one MIG device, marked lost after its handles were taken."""
+
+    uuid: str
+    gpu: Any
+    gi: Any
+    ci: Any
+    mig: Any
+    mig_uuid: str
+
+
+@pytest.fixture
+def lost(h100: Any, state_file: Path) -> Iterator[_LostGpu]:
+    gi, ci = _mig_device(h100, profile_id=19, start=0, size=1)
+    mig = pynvml.nvmlComputeInstanceGetInfo(ci).device
+    gpu = _LostGpu(pynvml.nvmlDeviceGetUUID(h100), h100, gi, ci, mig, pynvml.nvmlDeviceGetUUID(mig))
+    sim.set_gpu_lost(state_file=state_file, gpu_uuid=gpu.uuid, lost=True)
+    yield gpu
+    sim.set_gpu_lost(state_file=state_file, gpu_uuid=gpu.uuid, lost=False)
+
+
+_ON_A_LOST_GPU: dict[str, Callable[[_LostGpu], object]] = {
+    "handle by index": lambda g: pynvml.nvmlDeviceGetHandleByIndex(0),
+    "handle by UUID": lambda g: pynvml.nvmlDeviceGetHandleByUUID(g.uuid),
+    "MIG device by UUID": lambda g: pynvml.nvmlDeviceGetHandleByUUID(g.mig_uuid),
+    "name": lambda g: pynvml.nvmlDeviceGetName(g.gpu),
+    "memory": lambda g: pynvml.nvmlDeviceGetMemoryInfo(g.gpu),
+    "MIG mode": lambda g: pynvml.nvmlDeviceGetMigMode(g.gpu),
+    "GPU instance": lambda g: pynvml.nvmlGpuInstanceGetInfo(g.gi),
+    "compute instance": lambda g: pynvml.nvmlComputeInstanceGetInfo(g.ci),
+    "MIG device memory": lambda g: pynvml.nvmlDeviceGetMemoryInfo(g.mig),
+    "destroy": lambda g: pynvml.nvmlComputeInstanceDestroy(g.ci),
+}
+
+
+@pytest.mark.parametrize("call", _ON_A_LOST_GPU.values(), ids=_ON_A_LOST_GPU.keys())
+def test_every_call_on_a_lost_gpu_is_gpu_is_lost(lost: _LostGpu, call: Callable[[_LostGpu], object]) -> None:
+    with pytest.raises(pynvml.NVMLError_GpuIsLost, match="GPU is lost"):
+        call(lost)
+
+
+def test_a_lost_gpu_leaves_the_others_alone_and_comes_back(lost: _LostGpu, state_file: Path) -> None:
+    assert pynvml.nvmlDeviceGetCount() == 8  # still enumerated, as on real hardware
+    assert pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(1)) == "NVIDIA H100 80GB HBM3"
+    sim.set_gpu_lost(state_file=state_file, gpu_uuid=lost.uuid, lost=False)
+    again = pynvml.nvmlDeviceGetHandleByUUID(lost.uuid)
+    assert ctypes.cast(again, ctypes.c_void_p).value == ctypes.cast(lost.gpu, ctypes.c_void_p).value
+    assert pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByUUID(lost.mig_uuid)) == lost.mig_uuid
+    pynvml.nvmlComputeInstanceDestroy(lost.ci)
+    pynvml.nvmlGpuInstanceDestroy(lost.gi)

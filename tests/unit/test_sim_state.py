@@ -63,8 +63,15 @@ def test_unknown_fields_in_the_state_file_are_rejected(tmp_path: Path) -> None:
         (sim.set_utilization, {"gpu_uuid": "GPU-nope", "percent": 5}, hardware.NOT_FOUND),
         (sim.set_utilization, {"gpu_uuid": "GPU-nope", "percent": 101}, hardware.INVALID_ARGUMENT),
         (sim.set_mig_mode, {"gpu_uuid": machines.MIXED.gpu_uuid(0), "enabled": True}, hardware.NOT_SUPPORTED),
+        (sim.set_gpu_lost, {"gpu_uuid": "GPU-nope", "lost": True}, hardware.NOT_FOUND),
     ],
-    ids=["process on unknown device", "unknown gpu", "over 100 percent", "mig mode without mig"],
+    ids=[
+        "process on unknown device",
+        "unknown gpu",
+        "over 100 percent",
+        "mig mode without mig",
+        "lose unknown gpu",
+    ],
 )
 def test_hooks_refuse_what_cannot_be(
     tmp_path: Path, hook: Callable[..., None], kwargs: dict[str, object], code: int

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from gpudra import errors
 from gpudra.sim import library, machines, state, sysfs
-from gpudra.sim.hooks import attach_process, detach_process, set_mig_mode, set_utilization
+from gpudra.sim.hooks import attach_process, detach_process, set_gpu_lost, set_mig_mode, set_utilization
 from gpudra.sim.tools import write_tools
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "detach_process",
     "install",
     "installed",
+    "set_gpu_lost",
     "set_mig_mode",
     "set_utilization",
     "uninstall",

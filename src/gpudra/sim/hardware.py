@@ -20,6 +20,7 @@ NOT_SUPPORTED = 3
 NOT_FOUND = 6
 DRIVER_NOT_LOADED = 9
 INSUFFICIENT_SIZE = 7
+GPU_IS_LOST = 15
 IN_USE = 19
 INSUFFICIENT_RESOURCES = 23
 ARGUMENT_VERSION_MISMATCH = 25
@@ -32,6 +33,7 @@ ERROR_STRINGS = {
     NOT_FOUND: "Not Found",
     DRIVER_NOT_LOADED: "Driver Not Loaded",
     INSUFFICIENT_SIZE: "Insufficient Size",
+    GPU_IS_LOST: "GPU is lost",
     IN_USE: "In use by another client",
     INSUFFICIENT_RESOURCES: "Insufficient resources",
     ARGUMENT_VERSION_MISMATCH: "Argument version mismatch",
@@ -75,6 +77,12 @@ def mig_profile(model: machines.GpuModel, profile_id: int) -> machines.MigProfil
         if profile.id == profile_id:
             return profile
     raise Refused(INVALID_ARGUMENT, f"{model.name} has no GPU-instance profile ID {profile_id}")
+
+
+def require_present(gpu: state.Gpu) -> None:
+    """What the driver answers for a GPU that fell off the bus, whatever was asked of it."""
+    if gpu.lost:
+        raise Refused(GPU_IS_LOST, f"{gpu.uuid} has fallen off the bus")
 
 
 def require_mig_capable(model: machines.GpuModel) -> None:

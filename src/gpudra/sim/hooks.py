@@ -1,8 +1,10 @@
-"""Test hooks for what gpudra's NVML calls never change: processes, MIG mode, load. I/O: the state file.
+"""Test hooks for what gpudra's NVML calls never change: processes, MIG mode, load, a lost GPU.
+I/O: the state file.
 
-Real hardware gets processes from workloads, MIG mode from an administrator and utilization from
-work; the simulator gets them from these calls, so tests can exercise "destroy while in use" or the
-Ampere rule that MIG profiles are hidden while MIG is disabled.
+Real hardware gets processes from workloads, MIG mode from an administrator, utilization from work
+and a lost GPU from a fault; the simulator gets them from these calls, so tests can exercise "destroy
+while in use", the Ampere rule that MIG profiles are hidden while MIG is disabled, or a GPU that fell
+off the bus.
 """
 
 from __future__ import annotations
@@ -44,6 +46,13 @@ def set_utilization(*, state_file: Path, gpu_uuid: str, percent: int) -> None:
         raise hardware.Refused(hardware.INVALID_ARGUMENT, f"utilization {percent}% is not within 0..100")
     with state.StateFile(state_file).update() as machine_state:
         _gpu(machine_state, gpu_uuid)[1].utilization = percent
+
+
+def set_gpu_lost(*, state_file: Path, gpu_uuid: str, lost: bool) -> None:
+    """Like a GPU falling off the bus (XID 79) and coming back after a reset: while lost, every NVML call
+    on it, its GPU and compute instances and its MIG devices answers GPU_IS_LOST."""
+    with state.StateFile(state_file).update() as machine_state:
+        _gpu(machine_state, gpu_uuid)[1].lost = lost
 
 
 def _gpu(machine_state: state.MachineState, gpu_uuid: str) -> tuple[int, state.Gpu]:

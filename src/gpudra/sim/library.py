@@ -10,7 +10,9 @@ pynvml raises NVMLError_FunctionNotFound.
 
 Handles are opaque pointer values that encode what they point at (GPU, GPU instance, compute
 instance, MIG device) and are checked against the current state on every call, so a handle to an
-instance another process destroyed is refused like a stale one on real hardware.
+instance another process destroyed is refused like a stale one on real hardware. A GPU marked lost
+in the state (`hooks.set_gpu_lost`) answers GPU_IS_LOST to every call that reaches it: handle lookups,
+queries and MIG calls on it, its instances and its MIG devices.
 """
 
 from __future__ import annotations
@@ -148,13 +150,16 @@ class SimulatedLibrary:
         return (value >> 24) & 0xFF if value >> 32 == _MAGIC else 0
 
     def _gpu(self, handle: Any) -> int:
-        return self._decode(handle, _GPU)[0]
+        index = self._decode(handle, _GPU)[0]
+        hardware.require_present(self.state_file.read().gpus[index])
+        return index
 
     def _gpu_instance(
         self, handle: Any, machine_state: state.MachineState
     ) -> tuple[int, state.Gpu, state.GpuInstance]:
         index, gi_id, _ = self._decode(handle, _GPU_INSTANCE)
         gpu = machine_state.gpus[index]
+        hardware.require_present(gpu)
         try:
             return index, gpu, hardware.gpu_instance(gpu, gi_id)
         except Refused as refused:
@@ -164,6 +169,7 @@ class SimulatedLibrary:
         self, handle: Any, *, kind: int, machine_state: state.MachineState
     ) -> tuple[int, state.GpuInstance, state.ComputeInstance]:
         index, gi_id, ci_id = self._decode(handle, kind)
+        hardware.require_present(machine_state.gpus[index])
         try:
             gi = hardware.gpu_instance(machine_state.gpus[index], gi_id)
             return index, gi, hardware.compute_instance(gi, ci_id)
@@ -213,6 +219,7 @@ class SimulatedLibrary:
         i = _int(index)
         if not 0 <= i < len(self.machine.gpus):
             raise Refused(hardware.INVALID_ARGUMENT, f"no GPU with index {i}")
+        hardware.require_present(self.state_file.read().gpus[i])
         _store_handle(_out(ref), _handle(_GPU, gpu=i))
         return hardware.SUCCESS
 
@@ -223,14 +230,17 @@ class SimulatedLibrary:
             raise Refused(hardware.INVALID_ARGUMENT, "UUID is not a C string")
         wanted = raw.decode()
         target = _out(ref)
-        for i in range(len(self.machine.gpus)):
-            if self.machine.gpu_uuid(i) == wanted:
+        gpus = self.state_file.read().gpus
+        for i, gpu in enumerate(gpus):
+            if gpu.uuid == wanted:
+                hardware.require_present(gpu)
                 _store_handle(target, _handle(_GPU, gpu=i))
                 return hardware.SUCCESS
-        for i, gpu in enumerate(self.state_file.read().gpus):
+        for i, gpu in enumerate(gpus):
             for gi in gpu.gpu_instances:
                 for ci in gi.compute_instances:
                     if ci.uuid == wanted:
+                        hardware.require_present(gpu)
                         _store_handle(target, _handle(_MIG_DEVICE, gpu=i, gi=gi.id, ci=ci.id))
                         return hardware.SUCCESS
         raise Refused(hardware.NOT_FOUND, f"no device with UUID {wanted}")

@@ -51,6 +51,7 @@ class Gpu(_Model):
     compute_mode: int = 0
     timeslice: int = 0  # nvidia-smi compute-policy: 0 default, 1 short, 2 medium, 3 long
     utilization: int = 0  # percent, what nvmlDeviceGetUtilizationRates reports as .gpu
+    lost: bool = False  # fallen off the bus: NVML calls on it answer GPU_IS_LOST (hooks.set_gpu_lost)
     gpu_instances: list[GpuInstance] = []
 
 

@@ -1,0 +1,207 @@
+"""Device health for the kubelet: polls each published device's GPU and hands the result to subscribers.
+I/O: NVML, through the session opener it is given, from its own thread.
+
+Whole GPUs and MIG partitions take their GPU's health: a partition fails with its GPU. Every poll probes
+each GPU once (`Nvml.gpu_health`) and yields a complete snapshot of every device, changed or not,
+because the kubelet turns a device Unknown when its health is not refreshed within the timeout sent
+along. A GPU that cannot be probed (no NVML, an unexpected error) is Unknown, with the error as message.
+The monitor keeps its own NVML session in its own thread, so a slow or hanging GPU never holds up
+prepare; subscribers wait on a condition for the next snapshot.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from gpudra.devices import Device
+from gpudra.errors import GpudraError
+
+log = logging.getLogger(__name__)
+
+# The kubelet's own timeout when a driver sends none (KEP-4680); ours is never shorter.
+KUBELET_DEFAULT_TIMEOUT_SECONDS = 30
+# A probe of a failing GPU can hang inside NVML; shutdown leaves the (daemon) thread behind after this.
+_STOP_WAIT_SECONDS = 5.0
+
+
+class Health(enum.StrEnum):
+    """The kubelet's ResourceHealthStatus values."""
+
+    HEALTHY = "Healthy"
+    UNHEALTHY = "Unhealthy"
+    UNKNOWN = "Unknown"
+
+
+@dataclass(frozen=True)
+class GpuHealth:
+    health: Health
+    message: str  # why it is not healthy; empty when it is
+
+
+@dataclass(frozen=True)
+class DeviceHealth:
+    pool: str
+    device: str
+    health: Health
+    message: str
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One poll's result: every published device, in publishing order."""
+
+    generation: int  # polls so far, from 1
+    checked_at: float  # Unix seconds when the poll finished
+    devices: tuple[DeviceHealth, ...]
+
+
+class GpuProbe(Protocol):
+    """An open NVML session: gpudra.nvml.Nvml."""
+
+    def gpu_health(self, *, gpu_uuid: str) -> tuple[bool, str]: ...
+
+    def close(self) -> None: ...
+
+
+# --- pure helpers ---------------------------------------------------------------------------------
+
+
+def device_gpus(devices: Iterable[Device]) -> dict[str, str]:
+    """Device name -> UUID of the GPU that the device is, or is a MIG partition of."""
+    gpus = {}
+    for device in devices:
+        attributes = device["attributes"]
+        parent = attributes.get("parentUUID") or attributes["uuid"]
+        gpus[device["name"]] = str(parent["string"])
+    return gpus
+
+
+def gpu_health(*, gpu_uuid: str, healthy: bool, reason: str) -> GpuHealth:
+    """A probe's answer as the kubelet is told it."""
+    if healthy:
+        return GpuHealth(Health.HEALTHY, "")
+    return GpuHealth(Health.UNHEALTHY, f"GPU {gpu_uuid}: {reason}")
+
+
+def devices_health(
+    *, pool: str, device_gpus: Mapping[str, str], gpus: Mapping[str, GpuHealth]
+) -> tuple[DeviceHealth, ...]:
+    """Every device with its GPU's health."""
+    return tuple(
+        DeviceHealth(pool=pool, device=name, health=gpus[uuid].health, message=gpus[uuid].message)
+        for name, uuid in device_gpus.items()
+    )
+
+
+def kubelet_timeout_seconds(interval: float) -> int:
+    """How long the kubelet should trust a report: three polls, never less than its own default."""
+    return max(KUBELET_DEFAULT_TIMEOUT_SECONDS, math.ceil(3 * interval))
+
+
+# --- the polling thread ---------------------------------------------------------------------------
+
+
+class HealthMonitor:
+    """Polls every `interval` seconds from its own thread; `wait` gives subscribers each new snapshot."""
+
+    def __init__(
+        self,
+        *,
+        pool: str,
+        devices: Sequence[Device],
+        open_nvml: Callable[[], GpuProbe],
+        interval: float,
+    ) -> None:
+        self.pool = pool
+        self.interval = interval
+        self.timeout_seconds = kubelet_timeout_seconds(interval)
+        self._device_gpus = device_gpus(devices)
+        self._gpus = tuple(dict.fromkeys(self._device_gpus.values()))
+        self._open_nvml = open_nvml
+        self._stopping = threading.Event()
+        self._changed = threading.Condition()
+        self._snapshot: Snapshot | None = None
+        self._last: dict[str, GpuHealth] = {}
+        self._thread = threading.Thread(target=self._run, name="health", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._thread.join(_STOP_WAIT_SECONDS)
+
+    def wait(self, *, after: int, timeout: float) -> Snapshot | None:
+        """The newest snapshot once one newer than generation `after` exists; None after `timeout` s."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._newer_than(after), timeout)
+            return self._snapshot if self._newer_than(after) else None
+
+    def _newer_than(self, generation: int) -> bool:
+        return self._snapshot is not None and self._snapshot.generation > generation
+
+    def _run(self) -> None:
+        session: GpuProbe | None = None
+        try:
+            while True:
+                session, gpus = self._probe_all(session)
+                self._publish(gpus)
+                if self._stopping.wait(self.interval):
+                    return
+        finally:
+            if session is not None:
+                _close(session)
+
+    def _probe_all(self, session: GpuProbe | None) -> tuple[GpuProbe | None, dict[str, GpuHealth]]:
+        if session is None:
+            try:
+                session = self._open_nvml()
+            except Exception as err:
+                _log_failure("cannot open NVML for health checks", err)
+                return None, dict.fromkeys(self._gpus, GpuHealth(Health.UNKNOWN, f"NVML unavailable: {err}"))
+        return session, {uuid: _probe(session, uuid) for uuid in self._gpus}
+
+    def _publish(self, gpus: dict[str, GpuHealth]) -> None:
+        for uuid, now in gpus.items():
+            if now != self._last.get(uuid, GpuHealth(Health.HEALTHY, "")):
+                if now.health == Health.HEALTHY:
+                    log.info("GPU healthy", extra={"gpu": uuid})
+                else:
+                    log.warning(f"GPU {now.health.lower()}", extra={"gpu": uuid, "error": now.message})
+        self._last = gpus
+        devices = devices_health(pool=self.pool, device_gpus=self._device_gpus, gpus=gpus)
+        with self._changed:
+            generation = self._snapshot.generation + 1 if self._snapshot else 1
+            self._snapshot = Snapshot(generation=generation, checked_at=time.time(), devices=devices)
+            self._changed.notify_all()
+
+
+def _probe(session: GpuProbe, gpu_uuid: str) -> GpuHealth:
+    try:
+        healthy, reason = session.gpu_health(gpu_uuid=gpu_uuid)
+    except Exception as err:
+        _log_failure("GPU health probe failed", err, gpu=gpu_uuid)
+        return GpuHealth(Health.UNKNOWN, f"GPU {gpu_uuid} could not be probed: {err}")
+    return gpu_health(gpu_uuid=gpu_uuid, healthy=healthy, reason=reason)
+
+
+def _log_failure(message: str, err: Exception, **context: str) -> None:
+    """A gpudra error is the hardware's answer; anything else is a bug and gets its traceback."""
+    if isinstance(err, GpudraError):
+        log.warning(message, extra={**context, "error": str(err)})
+    else:
+        log.exception(f"{message} unexpectedly", extra=context)
+
+
+def _close(session: GpuProbe) -> None:
+    try:
+        session.close()
+    except GpudraError as err:
+        log.warning("closing NVML after health checks failed", extra={"error": str(err)})
