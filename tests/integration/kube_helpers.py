@@ -72,3 +72,31 @@ def pod_gone(core: client.CoreV1Api, name: str, namespace: str) -> bool:
 def pod_events(core: client.CoreV1Api, name: str, namespace: str) -> list[str]:
     events = core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}")
     return [f"{e.reason}: {e.message}" for e in events.items]
+
+
+def claim_template(name: str, parameters: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A ResourceClaimTemplate for one whole gpudra GPU (request `gpu`), optionally with an opaque config."""
+    devices: dict[str, Any] = {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.gpudra.io"}}]}
+    if parameters is not None:
+        devices["config"] = [
+            {"requests": ["gpu"], "opaque": {"driver": "gpu.gpudra.io", "parameters": parameters}}
+        ]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {"spec": {"devices": devices}},
+    }
+
+
+def claim_pod(name: str, claims: dict[str, str], node: str | None = None) -> dict[str, Any]:
+    """A one-container pod using a claim per entry of `claims` (claim name -> template name)."""
+    spec: dict[str, Any] = {
+        "containers": [
+            {"name": "c", "image": "busybox", "resources": {"claims": [{"name": n} for n in claims]}}
+        ],
+        "resourceClaims": [{"name": n, "resourceClaimTemplateName": t} for n, t in claims.items()],
+    }
+    if node is not None:
+        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}

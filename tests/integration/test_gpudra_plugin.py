@@ -24,7 +24,7 @@ from gpudra.localcluster import LocalCluster
 from gpudra.localcluster.node_plugin import DRIVER, PluginProcess
 
 from .conftest import MACHINES, REPO
-from .kube_helpers import Resources, pod_events, pod_gone, pod_running, wait_for
+from .kube_helpers import Resources, claim_pod, claim_template, pod_events, pod_gone, pod_running, wait_for
 
 EXAMPLES = REPO / "examples"
 
@@ -156,34 +156,6 @@ def claim_devices(plugin: PluginProcess, uid: str) -> list[str]:
     return [g for d in plugin.checkpoint_claims()[uid]["devices"] for g in d["gpu_uuids"]]
 
 
-def _template(name: str, parameters: dict[str, Any] | None) -> dict[str, Any]:
-    request: dict[str, Any] = {"name": "gpu", "exactly": {"deviceClassName": DRIVER}}
-    devices: dict[str, Any] = {"requests": [request]}
-    if parameters is not None:
-        devices["config"] = [{"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": parameters}}]
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": name},
-        "spec": {"spec": {"devices": devices}},
-    }
-
-
-def _pod(name: str, claims: dict[str, str], node: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": node},
-            "containers": [
-                {"name": "c", "image": "busybox", "resources": {"claims": [{"name": n} for n in claims]}}
-            ],
-            "resourceClaims": [{"name": n, "resourceClaimTemplateName": t} for n, t in claims.items()],
-        },
-    }
-
-
 def test_bad_config_fails_with_field_in_pod_event_while_good_claim_is_prepared(
     api: client.ApiClient, gpudra: dict[str, PluginProcess]
 ) -> None:
@@ -197,9 +169,9 @@ def test_bad_config_fails_with_field_in_pod_event_while_good_claim_is_prepared(
     _apply(
         api,
         [
-            _template("good", None),
-            _template("bad", bad),
-            _pod("mixed", {"good": "good", "bad": "bad"}, "node-h100"),
+            claim_template("good"),
+            claim_template("bad", bad),
+            claim_pod("mixed", {"good": "good", "bad": "bad"}, "node-h100"),
         ],
         ns,
     )

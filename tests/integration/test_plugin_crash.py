@@ -10,15 +10,14 @@ from __future__ import annotations
 import signal
 import uuid
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from kubernetes import client, utils
 
 from gpudra import faults
-from gpudra.localcluster.node_plugin import DRIVER, PluginProcess
+from gpudra.localcluster.node_plugin import PluginProcess
 
-from .kube_helpers import Resources, pod_gone, pod_running, wait_for
+from .kube_helpers import Resources, claim_pod, claim_template, pod_gone, pod_running, wait_for
 
 NODE = "node-h100"
 LONG_SLICES = {
@@ -26,35 +25,6 @@ LONG_SLICES = {
     "kind": "GpuConfig",
     "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
 }
-
-
-def _objects(name: str) -> list[dict[str, Any]]:
-    template = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": name},
-        "spec": {
-            "spec": {
-                "devices": {
-                    "requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}],
-                    "config": [
-                        {"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": LONG_SLICES}}
-                    ],
-                }
-            }
-        },
-    }
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": NODE},
-            "containers": [{"name": "c", "image": "busybox", "resources": {"claims": [{"name": "gpu"}]}}],
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
-        },
-    }
-    return [template, pod]
 
 
 @pytest.fixture
@@ -80,7 +50,11 @@ def test_crash_during_prepare_then_restart_completes(
     core.create_namespace({"metadata": {"name": ns}})
     plugin.stop()
     plugin.start(crash_at=step)
-    utils.create_from_yaml(api, yaml_objects=_objects("victim"), namespace=ns)
+    utils.create_from_yaml(
+        api,
+        yaml_objects=[claim_template("victim", LONG_SLICES), claim_pod("victim", {"gpu": "victim"}, NODE)],
+        namespace=ns,
+    )
 
     assert plugin.wait_killed() == -signal.SIGKILL
     plugin.start()
@@ -107,7 +81,11 @@ def test_crash_during_unprepare_then_restart_completes(
     core = client.CoreV1Api(api)
     ns = f"crash-{uuid.uuid4().hex[:6]}"
     core.create_namespace({"metadata": {"name": ns}})
-    utils.create_from_yaml(api, yaml_objects=_objects("victim"), namespace=ns)
+    utils.create_from_yaml(
+        api,
+        yaml_objects=[claim_template("victim", LONG_SLICES), claim_pod("victim", {"gpu": "victim"}, NODE)],
+        namespace=ns,
+    )
     pod = wait_for("pod Running", lambda: pod_running(core, "victim", ns), timeout=90)
     claim = Resources(api).get(
         "resourceclaims", pod.status.resource_claim_statuses[0].resource_claim_name, ns

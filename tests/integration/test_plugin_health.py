@@ -12,32 +12,10 @@ from gpudra import sim
 from gpudra.localcluster import LocalCluster
 from gpudra.localcluster.node_plugin import DRIVER, PluginProcess
 
-from .kube_helpers import Resources, pod_gone, pod_running, wait_for
+from .kube_helpers import Resources, claim_pod, claim_template, pod_gone, pod_running, wait_for
 
 NODE = "node-mixed"
 POD = "watched"
-
-
-def _objects() -> list[dict[str, Any]]:
-    template = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": "one-gpu"},
-        "spec": {
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}}
-        },
-    }
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": POD},
-        "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": NODE},
-            "containers": [{"name": "c", "image": "busybox", "resources": {"claims": [{"name": "gpu"}]}}],
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
-        },
-    }
-    return [template, pod]
 
 
 def _kubelet_log_since_registration(cluster: LocalCluster) -> list[str]:
@@ -79,7 +57,11 @@ def test_a_lost_gpu_reaches_the_pod_status_through_the_kubelet(
     core.create_namespace({"metadata": {"name": ns}})
     gpu_uuid = None
     try:
-        utils.create_from_yaml(api, yaml_objects=_objects(), namespace=ns)
+        utils.create_from_yaml(
+            api,
+            yaml_objects=[claim_template("one-gpu"), claim_pod(POD, {"gpu": "one-gpu"}, NODE)],
+            namespace=ns,
+        )
         pod = wait_for("pod Running", lambda: pod_running(core, POD, ns), timeout=90)
         claim = Resources(api).get(
             "resourceclaims", pod.status.resource_claim_statuses[0].resource_claim_name, ns

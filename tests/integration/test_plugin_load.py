@@ -14,9 +14,9 @@ from collections import Counter
 
 from kubernetes import client, utils
 
-from gpudra.localcluster.node_plugin import DRIVER, PluginProcess
+from gpudra.localcluster.node_plugin import PluginProcess
 
-from .kube_helpers import wait_for
+from .kube_helpers import claim_pod, claim_template, wait_for
 
 PODS = 50
 
@@ -27,15 +27,7 @@ def test_fifty_pods_at_once_all_prepared_never_sharing_a_device(
     core = client.CoreV1Api(api)
     ns = f"load-{uuid.uuid4().hex[:6]}"
     core.create_namespace({"metadata": {"name": ns}})
-    template = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": "gpu"},
-        "spec": {
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}}
-        },
-    }
-    utils.create_from_yaml(api, yaml_objects=[template], namespace=ns)
+    utils.create_from_yaml(api, yaml_objects=[claim_template("gpu")], namespace=ns)
 
     overlaps: list[str] = []
     stop = threading.Event()
@@ -52,18 +44,7 @@ def test_fifty_pods_at_once_all_prepared_never_sharing_a_device(
     started = time.monotonic()
     try:
         for i in range(PODS):
-            core.create_namespaced_pod(
-                ns,
-                {
-                    "metadata": {"name": f"p{i:02d}"},
-                    "spec": {
-                        "containers": [
-                            {"name": "c", "image": "busybox", "resources": {"claims": [{"name": "gpu"}]}}
-                        ],
-                        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "gpu"}],
-                    },
-                },
-            )
+            core.create_namespaced_pod(ns, claim_pod(f"p{i:02d}", {"gpu": "gpu"}))
         ran: dict[str, str] = {}
 
         def churn() -> bool:

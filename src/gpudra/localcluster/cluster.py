@@ -12,7 +12,6 @@ can tear down a cluster started by another process (`make cluster-down`).
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import subprocess
 from dataclasses import asdict, dataclass, field
@@ -383,7 +382,3 @@ def stop_cluster(directory: Path) -> bool:
         raise ClusterError(f"cluster processes still alive: {state['pgids']}")
     state_file.unlink()
     return True
-
-
-def remove_cluster_dir(directory: Path) -> None:
-    shutil.rmtree(directory, ignore_errors=True)

@@ -31,7 +31,6 @@ class PluginProcess:
         self.sim_state = node.root / "sim" / f"{profile}.json"
         self.log = node.root / "gpudra-plugin.log"
         self.process: subprocess.Popen[bytes] | None = None
-        self._registrations_seen = 0
 
     @property
     def checkpoint(self) -> Path:
@@ -42,7 +41,7 @@ class PluginProcess:
         env.pop("GPUDRA_CRASH_AT", None)
         if crash_at:
             env["GPUDRA_CRASH_AT"] = crash_at
-        self._registrations_seen = self.registrations()
+        seen = self.registrations()
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
                 [
@@ -65,7 +64,6 @@ class PluginProcess:
                 env=env,
                 start_new_session=True,
             )
-        seen = self._registrations_seen
         self._wait(lambda: self.registrations() > seen or self._exited(), "registered", 60)
         if self.process.poll() is not None:
             raise ClusterError(f"gpudra plugin on {self.node.name} exited:\n{self.tail()}")
