@@ -36,13 +36,13 @@ k8s:
 
 # README's demo command: a real local cluster, simulated GPUs, gpudra installed, the examples prepared.
 demo: $(STAMP) k8s
-	$(BIN)/python -m gpudra.localcluster.demo
+	$(BIN)/python -m tests.localcluster.demo
 
 cluster-up: $(STAMP) k8s
-	@$(BIN)/python -m gpudra.localcluster up $(if $(NODES),--nodes $(NODES))
+	@$(BIN)/python -m tests.localcluster up $(if $(NODES),--nodes $(NODES))
 
 cluster-down: $(STAMP)
-	@$(BIN)/python -m gpudra.localcluster down
+	@$(BIN)/python -m tests.localcluster down
 
 proto: $(STAMP)
 	$(BIN)/python scripts/gen_proto.py

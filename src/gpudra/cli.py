@@ -20,9 +20,13 @@ from typing import Any
 
 import yaml
 
-from gpudra import devices, logs, nvml, plugin, slices, validate
+from gpudra import logs
 from gpudra.errors import ConfigError, GpudraError
-from gpudra.inventory import Gpu, Inventory
+from gpudra.gpu import nvml
+from gpudra.model import devices, slices
+from gpudra.model import manifests as validate
+from gpudra.model.inventory import Gpu, Inventory
+from gpudra.node import daemon as plugin
 
 DRIVER = "gpu.gpudra.io"
 NEWEST_MINOR = 36

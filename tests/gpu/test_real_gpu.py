@@ -13,7 +13,8 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from gpudra import inventory, nvml
+from gpudra.gpu import nvml
+from gpudra.model import inventory
 from gpudra.sim import machines
 
 pytestmark = pytest.mark.gpu

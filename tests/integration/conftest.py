@@ -12,8 +12,8 @@ import pytest
 import yaml
 from kubernetes import client, config, utils
 
-from gpudra.localcluster import LocalCluster
-from gpudra.localcluster.node_plugin import PluginProcess
+from tests.localcluster import LocalCluster
+from tests.localcluster.node_plugin import PluginProcess
 
 from .procs import cluster_processes
 

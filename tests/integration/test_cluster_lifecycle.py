@@ -7,8 +7,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpudra.localcluster import TOKEN, LocalCluster, stop_cluster
-from gpudra.localcluster.processes import http_get
+from tests.localcluster import TOKEN, LocalCluster, stop_cluster
+from tests.localcluster.processes import http_get
 
 from .procs import cluster_processes
 

@@ -27,7 +27,7 @@ from gpudra._proto import (
     pluginregistration_v1_pb2,
     pluginregistration_v1_pb2_grpc,
 )
-from gpudra.localcluster import LocalCluster
+from tests.localcluster import LocalCluster
 
 from .kube_helpers import Resources, pod_gone, pod_running, wait_for
 

@@ -10,7 +10,7 @@ from .procs import cluster_processes
 
 def test_demo_runs_end_to_end_and_cleans_up() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "gpudra.localcluster.demo"],
+        [sys.executable, "-m", "tests.localcluster.demo"],
         capture_output=True,
         text=True,
         timeout=600,

@@ -20,8 +20,8 @@ import pytest
 import yaml
 from kubernetes import client, utils
 
-from gpudra.localcluster import LocalCluster
-from gpudra.localcluster.node_plugin import DRIVER, PluginProcess
+from tests.localcluster import LocalCluster
+from tests.localcluster.node_plugin import DRIVER, PluginProcess
 
 from .conftest import MACHINES, REPO
 from .kube_helpers import Resources, claim_pod, claim_template, pod_events, pod_gone, pod_running, wait_for

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import pytest
 from kubernetes import client, utils
 
-from gpudra import faults
-from gpudra.localcluster.node_plugin import PluginProcess
+from gpudra.node import faults
+from tests.localcluster.node_plugin import PluginProcess
 
 from .kube_helpers import Resources, claim_pod, claim_template, pod_gone, pod_running, wait_for
 

@@ -9,8 +9,8 @@ from typing import Any
 from kubernetes import client, utils
 
 from gpudra import sim
-from gpudra.localcluster import LocalCluster
-from gpudra.localcluster.node_plugin import DRIVER, PluginProcess
+from tests.localcluster import LocalCluster
+from tests.localcluster.node_plugin import DRIVER, PluginProcess
 
 from .kube_helpers import Resources, claim_pod, claim_template, pod_gone, pod_running, wait_for
 

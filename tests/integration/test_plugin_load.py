@@ -14,7 +14,7 @@ from collections import Counter
 
 from kubernetes import client, utils
 
-from gpudra.localcluster.node_plugin import PluginProcess
+from tests.localcluster.node_plugin import PluginProcess
 
 from .kube_helpers import claim_pod, claim_template, wait_for
 

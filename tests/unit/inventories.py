@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Sequence
 
-from gpudra.inventory import Gpu, Inventory, MigDevice, MigPlacement, MigProfile
+from gpudra.model.inventory import Gpu, Inventory, MigDevice, MigPlacement, MigProfile
 
 DRIVER_VERSION = "580.65.06"
 CUDA_DRIVER_VERSION = "13.0"

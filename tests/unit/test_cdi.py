@@ -13,9 +13,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from gpudra import cdi
-from gpudra.cdi import CdiSpec, ClaimDevice, MigAccess, Mount, ToolkitSpecs
 from gpudra.errors import ConfigError
+from gpudra.node import cdi
+from gpudra.node.cdi import CdiSpec, ClaimDevice, MigAccess, Mount, ToolkitSpecs
 
 DRIVER = "gpu.gpudra.io"
 CLAIM = "5f7c2a9e-8b1d-4e3f-a6c0-2d9b8e7f1a34"
@@ -24,7 +24,7 @@ GPU1 = "GPU-66666666-7777-8888-9999-000000000000"
 MIG = "MIG-0a0b0c0d-1111-2222-3333-444455556666"
 CONTROL = [{"path": "/dev/nvidiactl"}, {"path": "/dev/nvidia-uvm"}, {"path": "/dev/nvidia-uvm-tools"}]
 
-# The CDI qualified-name rules, written independently of gpudra.cdi.
+# The CDI qualified-name rules, written independently of gpudra.node.cdi.
 VENDOR_OR_CLASS = re.compile(r"^[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")
 DEVICE_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
 KNOWN_VERSIONS = ["0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0", "1.1.0"]
@@ -523,7 +523,7 @@ def test_files_that_offer_no_toolkit_devices(tmp_path: Path, name: str, content:
 def test_broken_toolkit_spec_is_logged_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     (tmp_path / "nvidia.yaml").write_text("kind: [\n")
     specs = ToolkitSpecs([tmp_path])
-    with caplog.at_level(logging.WARNING, logger="gpudra.cdi"):
+    with caplog.at_level(logging.WARNING, logger="gpudra.node.cdi"):
         specs.device_ids(gpu())
         specs.device_ids(gpu())
     assert [record.getMessage().startswith("ignoring CDI spec") for record in caplog.records] == [True]
@@ -569,6 +569,6 @@ def test_unchanged_toolkit_spec_is_not_reparsed(tmp_path: Path, caplog: pytest.L
     with path.open("r+") as f:
         f.write("kind: [" + " " * (len("cdiVersion: 0.7.0") - len("kind: [")))
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    with caplog.at_level(logging.WARNING, logger="gpudra.cdi"):
+    with caplog.at_level(logging.WARNING, logger="gpudra.node.cdi"):
         assert specs.device_ids(gpu()) == (f"nvidia.com/gpu={GPU0}",)
     assert caplog.records == []

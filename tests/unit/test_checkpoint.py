@@ -11,8 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from gpudra import checkpoint
-from gpudra.checkpoint import (
+from gpudra.errors import GpudraError
+from gpudra.node import checkpoint
+from gpudra.node.checkpoint import (
     Checkpoint,
     ClaimEntry,
     MigRecord,
@@ -20,7 +21,6 @@ from gpudra.checkpoint import (
     PreparedDevice,
     TimeSlicingRecord,
 )
-from gpudra.errors import GpudraError
 
 BOOT = "3f0b4e2a-6d1c-4c55-9d0e-1b2a3c4d5e6f"
 OTHER_BOOT = "8a7b6c5d-4e3f-4a1b-8c9d-0e1f2a3b4c5d"

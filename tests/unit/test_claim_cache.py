@@ -8,14 +8,14 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from gpudra.claim_cache import ClaimCache, allocated_here
 from gpudra.errors import ClaimError, ClusterError
-from gpudra.kube import NotFound, Obj
+from gpudra.kube.claim_cache import ClaimCache, allocated_here
+from gpudra.kube.client import NotFound, Obj
 from tests.unit.claims import DRIVER, NODE, resource_claim, result, whole_gpus
 
 
 class FakeKube:
-    """The claim half of gpudra.kube.Kube: GETs from `objects`, watch events from a queue."""
+    """The claim half of gpudra.kube.client.Kube: GETs from `objects`, watch events from a queue."""
 
     def __init__(self) -> None:
         self.objects: dict[tuple[str, str], Obj] = {}

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from gpudra import cli
-from gpudra.slices import validate_slices
+from gpudra.model.slices import validate_slices
 
 # MIG partitions per H100 80GB and A100-SXM4-40GB GPU, from the placement tables
 H100 = {"1g.10gb": 7, "1g.10gb+me": 7, "1g.20gb": 4, "2g.20gb": 3, "3g.40gb": 2, "4g.40gb": 1, "7g.80gb": 1}

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from gpudra.api import API_VERSION, GpuConfig, MigDeviceConfig, decode_config
-from gpudra.config import DeviceType, ResolvedConfig, resolve_configs
 from gpudra.errors import ClaimError, ConfigError
+from gpudra.model.claim_config import DeviceType, ResolvedConfig, resolve_configs
 
 DRIVER = "gpu.gpudra.io"
 POOL = "node-a"

@@ -9,11 +9,11 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from gpudra.devices import Device, DeviceModel, build_devices, bytes_quantity, dns_label, semver
 from gpudra.errors import ConfigError, HardwareError, NotSupported
-from gpudra.inventory import Gpu, Inventory, MigDevice, MigPlacement, MigProfile
+from gpudra.model.devices import Device, DeviceModel, build_devices, bytes_quantity, dns_label, semver
+from gpudra.model.inventory import Gpu, Inventory, MigDevice, MigPlacement, MigProfile
+from gpudra.model.slices import ResourceSlice, build_slices
 from gpudra.quantity import parse_quantity
-from gpudra.slices import ResourceSlice, build_slices
 from tests.unit import inventories as inv
 
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")

@@ -15,14 +15,16 @@ import grpc
 import pynvml
 import pytest
 
-from gpudra import devices, errors, nvml, sim
+from gpudra import errors, sim
 from gpudra._proto import (
     dra_health_v1alpha1_pb2,
     dra_health_v1alpha1_pb2_grpc,
     pluginregistration_v1_pb2,
     pluginregistration_v1_pb2_grpc,
 )
-from gpudra.health import (
+from gpudra.gpu import nvml
+from gpudra.model import devices
+from gpudra.node.health import (
     DeviceHealth,
     GpuHealth,
     Health,
@@ -33,8 +35,8 @@ from gpudra.health import (
     gpu_health,
     kubelet_timeout_seconds,
 )
-from gpudra.kubelet_plugin import KubeletServer
-from gpudra.prepare import ClaimRef
+from gpudra.node.kubelet_grpc import KubeletServer
+from gpudra.node.prepare import ClaimRef
 
 from . import inventories
 
@@ -288,7 +290,7 @@ def test_subscribers_see_a_gpu_lost_and_back(
 def test_a_change_is_logged_once(
     monitor: HealthMonitor, state_file: Path, gpu_uuids: dict[str, str], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="gpudra.health")
+    caplog.set_level(logging.INFO, logger="gpudra.node.health")
     uuid = gpu_uuids["gpu-0"]
     _next(monitor, 0)
     sim.set_gpu_lost(state_file=state_file, gpu_uuid=uuid, lost=True)

@@ -16,7 +16,6 @@ from typing import Any
 import grpc
 import pytest
 
-from gpudra import checkpoint as ckpt
 from gpudra._proto import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
@@ -26,8 +25,9 @@ from gpudra._proto import (
     pluginregistration_v1_pb2_grpc,
 )
 from gpudra.errors import ClaimError, ConfigError
-from gpudra.kubelet_plugin import KubeletServer, Observer
-from gpudra.prepare import ClaimRef
+from gpudra.node import checkpoint as ckpt
+from gpudra.node.kubelet_grpc import KubeletServer, Observer
+from gpudra.node.prepare import ClaimRef
 
 DRIVER = "gpu.gpudra.io"
 VERSIONS = {

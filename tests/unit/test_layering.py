@@ -11,9 +11,9 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "gpudra"
 
 # library -> the only modules allowed to import it (generated stubs under _proto may import grpc too)
 OWNERS = {
-    "pynvml": {"gpudra.nvml"},
-    "kubernetes": {"gpudra.kube"},
-    "grpc": {"gpudra.kubelet_plugin"},
+    "pynvml": {"gpudra.gpu.nvml"},
+    "kubernetes": {"gpudra.kube.client"},
+    "grpc": {"gpudra.node.kubelet_grpc"},
 }
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from gpudra import logs
 from gpudra.logs import JsonFormatter, TextFormatter
-from gpudra.metrics import PluginMetrics
+from gpudra.node.metrics import PluginMetrics
 
 UID = "5f7c2a9e-8b1d-4e3f-a6c0-2d9b8e7f1a34"
 
@@ -149,11 +149,11 @@ def test_configure_writes_one_line_per_record_to_stderr(
     root_logger: logging.Logger, capsys: pytest.CaptureFixture[str], fmt: str
 ) -> None:
     logs.configure(fmt=fmt, level="INFO")  # type: ignore[arg-type]
-    logging.getLogger("gpudra.plugin").info("discovered GPUs", extra={"gpus": 8})
-    logging.getLogger("gpudra.plugin").debug("not shown")
+    logging.getLogger("gpudra.node.daemon").info("discovered GPUs", extra={"gpus": 8})
+    logging.getLogger("gpudra.node.daemon").debug("not shown")
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1
     if fmt == "json":
         assert json.loads(lines[0])["gpus"] == 8
     else:
-        assert lines[0].endswith("gpudra.plugin: discovered GPUs gpus=8")
+        assert lines[0].endswith("gpudra.node.daemon: discovered GPUs gpus=8")

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from gpudra import errors, inventory, nvml, sim
+from gpudra import errors, sim
+from gpudra.gpu import nvml
+from gpudra.model import inventory
 
 # Transcribed from reference/gpu-mechanics.md section 2 (real -lgip / -lgipp output):
 # name, profile ID, max instances, placement starts, memory slices, SMs, CE, DEC, JPEG, OFA, MiB

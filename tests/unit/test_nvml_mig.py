@@ -1,4 +1,4 @@
-"""MIG instance lifecycle through gpudra.nvml on the simulated machines: what works, what is refused."""
+"""MIG instance lifecycle through gpudra.gpu.nvml on the simulated machines: what works, what is refused."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from gpudra import errors, inventory, nvml, sim
+from gpudra import errors, sim
+from gpudra.gpu import nvml
+from gpudra.model import inventory
 
 
 @pytest.fixture
@@ -265,7 +267,7 @@ _OTHER_PROCESS = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from gpudra import nvml
+    from gpudra.gpu import nvml
     with nvml.connect("sim:dgx-h100", state_file=Path(sys.argv[1])) as session:
         gpu = session.inventory().gpus[0]
         print(",".join(d.uuid for d in gpu.mig_devices))

@@ -8,7 +8,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpudra import errors, nvml
+from gpudra import errors
+from gpudra.gpu import nvml
 from gpudra.sim import state
 
 # (profile ID, placement start) pairs, valid and not, across the A100-40GB's profiles

@@ -22,13 +22,16 @@ from typing import Any
 
 import pytest
 
-from gpudra import cdi, devices, faults, nvml, sim
-from gpudra import checkpoint as ckpt
+from gpudra import sim
 from gpudra.errors import ClaimError, ConfigError, GpudraError, HardwareError
-from gpudra.gputools import GpuTools
-from gpudra.inventory import Inventory
-from gpudra.prepare import Allocated, ClaimRef, DeviceState, Sharing
-from gpudra.sharing import GpuSharing
+from gpudra.gpu import nvml
+from gpudra.gpu.tools import GpuTools
+from gpudra.model import devices
+from gpudra.model.inventory import Inventory
+from gpudra.node import cdi, faults
+from gpudra.node import checkpoint as ckpt
+from gpudra.node.prepare import Allocated, ClaimRef, DeviceState, Sharing
+from gpudra.node.sharing import GpuSharing
 from gpudra.sim import state as sim_state
 from tests.unit import inventories
 from tests.unit.claims import (

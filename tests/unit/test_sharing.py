@@ -7,14 +7,15 @@ from typing import Any
 
 import pytest
 
-from gpudra import checkpoint as ckpt
-from gpudra import nvml, sim
+from gpudra import sim
 from gpudra.api import API_VERSION, GpuConfig, decode_config
 from gpudra.errors import ConfigError, HardwareError, NvmlUnavailable
-from gpudra.gputools import GpuTools
-from gpudra.inventory import Gpu
-from gpudra.prepare import Allocated
-from gpudra.sharing import GpuSharing
+from gpudra.gpu import nvml
+from gpudra.gpu.tools import GpuTools
+from gpudra.model.inventory import Gpu
+from gpudra.node import checkpoint as ckpt
+from gpudra.node.prepare import Allocated
+from gpudra.node.sharing import GpuSharing
 from gpudra.sim import state as sim_state
 from tests.unit.claims import mps, time_slicing
 

@@ -11,7 +11,8 @@ from typing import Any
 import pynvml
 import pytest
 
-from gpudra import errors, nvml, sim
+from gpudra import errors, sim
+from gpudra.gpu import nvml
 
 
 @pytest.fixture

@@ -97,7 +97,8 @@ _CREATOR = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from gpudra import errors, nvml
+    from gpudra import errors
+    from gpudra.gpu import nvml
     made = []
     with nvml.connect("sim:dgx-h100", state_file=Path(sys.argv[1])) as session:
         uuid = session.inventory().gpus[0].uuid

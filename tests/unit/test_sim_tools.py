@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from gpudra import nvml, sim
+from gpudra import sim
+from gpudra.gpu import nvml
 from gpudra.sim import state
 
 PR_SET_CHILD_SUBREAPER = 36

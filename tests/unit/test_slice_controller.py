@@ -12,13 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpudra.devices import DeviceModel, build_devices
 from gpudra.errors import ClusterError
-from gpudra.inventory import Inventory
-from gpudra.kube import Conflict, NotFound, Obj
+from gpudra.kube.client import Conflict, NotFound, Obj
+from gpudra.kube.slice_sync import SPEC_HASH, SliceController, SyncPlan, plan_sync, spec_hash
+from gpudra.model.devices import DeviceModel, build_devices
+from gpudra.model.inventory import Inventory
+from gpudra.model.slices import ResourceSlice, build_slices
 from gpudra.quantity import parse_quantity
-from gpudra.slice_controller import SPEC_HASH, SliceController, SyncPlan, plan_sync, spec_hash
-from gpudra.slices import ResourceSlice, build_slices
 from tests.unit import inventories as inv
 
 DRIVER = "gpu.gpudra.io"
@@ -54,7 +54,7 @@ def builder(model: DeviceModel, server_minor: int = 35) -> Callable[[int], list[
 
 
 class FakeKube:
-    """The slice half of gpudra.kube.Kube, in memory, storing objects as an API server does.
+    """The slice half of gpudra.kube.client.Kube, in memory, storing objects as an API server does.
 
     Stored objects get server fields (uid, resourceVersion, managedFields, ...) and reformatted
     quantities, as a real server would return them; a replace with a stale resourceVersion or a create

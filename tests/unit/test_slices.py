@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpudra.devices import CounterSet, Device, DeviceModel, build_devices
 from gpudra.errors import ClusterError, NotSupported
-from gpudra.inventory import Gpu
-from gpudra.slices import ResourceSlice, build_slices, validate_slices
+from gpudra.model.devices import CounterSet, Device, DeviceModel, build_devices
+from gpudra.model.inventory import Gpu
+from gpudra.model.slices import ResourceSlice, build_slices, validate_slices
 from tests.unit import inventories as inv
 
 DRIVER = "gpu.gpudra.io"

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpudra.validate import Problem, validate_documents, validate_files
+from gpudra.model.manifests import Problem, validate_documents, validate_files
 
 DRIVER = "gpu.gpudra.io"
 DATA = Path(__file__).parent / "data"

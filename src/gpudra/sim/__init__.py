@@ -2,7 +2,7 @@
 
 `install` puts a `SimulatedLibrary` where pynvml keeps the loaded libnvidia-ml (`nvmlLib`) and fills
 pynvml's function-pointer cache with its entry points, so every pynvml wrapper runs unchanged on top
-of simulated C functions. This package never imports pynvml: `gpudra.nvml` passes the module in.
+of simulated C functions. This package never imports pynvml: `gpudra.gpu.nvml` passes the module in.
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from gpudra.errors import ClusterError
-from gpudra.localcluster import binaries
-from gpudra.localcluster.processes import (
+from tests.localcluster import binaries
+from tests.localcluster.processes import (
     Component,
     group_alive,
     http_get,

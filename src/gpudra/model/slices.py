@@ -22,8 +22,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NotRequired, TypedDict
 
-from gpudra.devices import CounterSet, Device, DeviceModel
 from gpudra.errors import ClusterError, NotSupported
+from gpudra.model.devices import CounterSet, Device, DeviceModel
 from gpudra.quantity import QUANTITY_PATTERN
 
 API_VERSION = "resource.k8s.io/v1"

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Literal, NotRequired, TypedDict, get_args
 
 from gpudra.errors import ConfigError, HardwareError, NotSupported
-from gpudra.inventory import Gpu, Inventory, MigDevice, MigPlacement, MigProfile
+from gpudra.model.inventory import Gpu, Inventory, MigDevice, MigPlacement, MigProfile
 
 MigMode = Literal["partitionable", "static"]
 

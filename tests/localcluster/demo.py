@@ -20,11 +20,11 @@ from typing import Any
 
 import yaml
 
-from gpudra import kube
 from gpudra.errors import GpudraError
-from gpudra.localcluster import binaries
-from gpudra.localcluster.cluster import LocalCluster
-from gpudra.localcluster.node_plugin import DRIVER, PluginProcess
+from gpudra.kube import client as kube
+from tests.localcluster import binaries
+from tests.localcluster.cluster import LocalCluster
+from tests.localcluster.node_plugin import DRIVER, PluginProcess
 
 MACHINES = {"node-h100": "dgx-h100", "node-a100": "dgx-a100", "node-mixed": "mixed"}
 NAMESPACE = "demo"
@@ -171,7 +171,7 @@ def _runtime_devices(cluster: LocalCluster, node: str, pod: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gpudra.localcluster.demo", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m tests.localcluster.demo", description=__doc__)
     parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="gpudra-demo-", dir="/tmp"))
     try:

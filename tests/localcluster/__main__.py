@@ -1,4 +1,4 @@
-"""`python -m gpudra.localcluster up|down [--dir DIR] [--nodes N]`: the cluster behind make cluster-up/down.
+"""`python -m tests.localcluster up|down [--dir DIR] [--nodes N]`: the cluster behind make cluster-up/down.
 
 `up` leaves the cluster running in the background and prints the kubeconfig path as its last line.
 """
@@ -11,11 +11,11 @@ import sys
 from pathlib import Path
 
 from gpudra.errors import GpudraError
-from gpudra.localcluster.cluster import LocalCluster, stop_cluster
+from tests.localcluster.cluster import LocalCluster, stop_cluster
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gpudra.localcluster")
+    parser = argparse.ArgumentParser(prog="python -m tests.localcluster")
     parser.add_argument("action", choices=["up", "down"])
     default_dir = Path(os.environ.get("GPUDRA_CLUSTER_DIR", "/tmp/gpudra-cluster"))
     parser.add_argument("--dir", type=Path, default=default_dir, help=f"cluster directory ({default_dir})")

@@ -14,16 +14,20 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpudra import cdi, checkpoint, devices, kube, nvml, sim
-from gpudra.claim_cache import ClaimCache
-from gpudra.devices import MigMode
-from gpudra.gputools import GpuTools
-from gpudra.health import HealthMonitor
-from gpudra.kubelet_plugin import KubeletServer, Observer
-from gpudra.metrics import PluginMetrics
-from gpudra.prepare import DeviceState
-from gpudra.sharing import GpuSharing
-from gpudra.slice_controller import SliceController
+from gpudra import sim
+from gpudra.gpu import nvml
+from gpudra.gpu.tools import GpuTools
+from gpudra.kube import client as kube
+from gpudra.kube.claim_cache import ClaimCache
+from gpudra.kube.slice_sync import SliceController
+from gpudra.model import devices
+from gpudra.model.devices import MigMode
+from gpudra.node import cdi, checkpoint
+from gpudra.node.health import HealthMonitor
+from gpudra.node.kubelet_grpc import KubeletServer, Observer
+from gpudra.node.metrics import PluginMetrics
+from gpudra.node.prepare import DeviceState
+from gpudra.node.sharing import GpuSharing
 
 log = logging.getLogger(__name__)
 

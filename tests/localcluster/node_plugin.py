@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gpudra.errors import ClusterError
-from gpudra.localcluster.cluster import LocalCluster, NodePaths
+from tests.localcluster.cluster import LocalCluster, NodePaths
 
 DRIVER = "gpu.gpudra.io"
 

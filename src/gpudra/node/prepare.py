@@ -23,13 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from gpudra import cdi, faults
-from gpudra import checkpoint as ckpt
 from gpudra.api import GpuConfig, MigDeviceConfig
-from gpudra.config import resolve_configs
-from gpudra.devices import Device
 from gpudra.errors import ClaimError, GpudraError
-from gpudra.inventory import Gpu, Inventory
+from gpudra.model.claim_config import resolve_configs
+from gpudra.model.devices import Device
+from gpudra.model.inventory import Gpu, Inventory
+from gpudra.node import cdi, faults
+from gpudra.node import checkpoint as ckpt
 
 log = logging.getLogger(__name__)
 DeviceType = Literal["gpu", "mig"]

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gpudra import checkpoint as ckpt
 from gpudra.api import GpuConfig
 from gpudra.api.v1beta1 import TIMESLICE
 from gpudra.errors import ConfigError
-from gpudra.gputools import GpuTools
-from gpudra.prepare import Allocated
+from gpudra.gpu.tools import GpuTools
+from gpudra.node import checkpoint as ckpt
+from gpudra.node.prepare import Allocated
 
 
 class GpuSharing:

@@ -27,7 +27,6 @@ from typing import Any, Protocol
 
 import grpc
 
-from gpudra import checkpoint as ckpt
 from gpudra._proto import (
     dra_health_v1alpha1_pb2,
     dra_health_v1alpha1_pb2_grpc,
@@ -39,8 +38,9 @@ from gpudra._proto import (
     pluginregistration_v1_pb2_grpc,
 )
 from gpudra.errors import ConfigError, GpudraError
-from gpudra.health import Health, Snapshot
-from gpudra.prepare import ClaimRef
+from gpudra.node import checkpoint as ckpt
+from gpudra.node.health import Health, Snapshot
+from gpudra.node.prepare import ClaimRef
 
 log = logging.getLogger(__name__)
 SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
@@ -56,7 +56,7 @@ _HEALTH_STATUS = {
 
 
 class PrepareBackend(Protocol):
-    """What the servicers call: gpudra.prepare.DeviceState."""
+    """What the servicers call: gpudra.node.prepare.DeviceState."""
 
     def prepare(self, ref: ClaimRef) -> tuple[ckpt.PreparedDevice, ...]: ...
 
@@ -64,7 +64,7 @@ class PrepareBackend(Protocol):
 
 
 class HealthSource(Protocol):
-    """What the health stream reads: gpudra.health.HealthMonitor."""
+    """What the health stream reads: gpudra.node.health.HealthMonitor."""
 
     @property
     def timeout_seconds(self) -> int: ...

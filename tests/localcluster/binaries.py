@@ -18,7 +18,7 @@ BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager
 
 def repo_root() -> Path:
     """The checkout this package runs from (the launcher is a development and CI tool)."""
-    root = Path(__file__).resolve().parents[3]
+    root = Path(__file__).resolve().parents[2]
     if not (root / "deploy" / "local" / "build.sh").is_file():
         raise ClusterError(
             f"deploy/local/build.sh not found under {root}: the local cluster needs a gpudra checkout "

@@ -1,4 +1,4 @@
-"""Keeps this node's ResourceSlices equal to the device model. I/O: the API server, through gpudra.kube.
+"""Keeps this node's ResourceSlices equal to the device model. I/O: the API server, via gpudra.kube.client.
 
 Each slice carries a hash of what gpudra meant to publish (annotation `gpudra.io/spec-hash`), so an
 unchanged model costs one LIST and no writes, whatever defaults the API server filled in. When anything
@@ -19,11 +19,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpudra import slices as slice_builder
-from gpudra.devices import DeviceModel
 from gpudra.errors import GpudraError
-from gpudra.kube import Kube, Obj
-from gpudra.slices import ResourceSlice
+from gpudra.kube.client import Kube, Obj
+from gpudra.model import slices as slice_builder
+from gpudra.model.devices import DeviceModel
+from gpudra.model.slices import ResourceSlice
 
 SPEC_HASH = "gpudra.io/spec-hash"
 log = logging.getLogger(__name__)

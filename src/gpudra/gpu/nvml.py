@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import pynvml
 
 from gpudra import errors, sim
-from gpudra import inventory as records
+from gpudra.model import inventory as records
 
 SPECS = ("real", *(f"sim:{profile}" for profile in sim.PROFILES))
 

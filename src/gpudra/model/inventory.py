@@ -1,7 +1,7 @@
 """What a node's GPUs are: the records that discovery produces and the device model consumes. Pure.
 
 These are plain frozen dataclasses so that the device model, slice building and the CLI can be
-tested without NVML; `gpudra.nvml` fills them from pynvml (real or simulated).
+tested without NVML; `gpudra.gpu.nvml` fills them from pynvml (real or simulated).
 """
 
 from __future__ import annotations

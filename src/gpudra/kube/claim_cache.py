@@ -10,7 +10,7 @@ import logging
 import threading
 
 from gpudra.errors import ClaimError, GpudraError
-from gpudra.kube import Kube, NotFound, Obj
+from gpudra.kube.client import Kube, NotFound, Obj
 
 log = logging.getLogger(__name__)
 

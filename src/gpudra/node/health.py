@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from gpudra.devices import Device
 from gpudra.errors import GpudraError
+from gpudra.model.devices import Device
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class Snapshot:
 
 
 class GpuProbe(Protocol):
-    """An open NVML session: gpudra.nvml.Nvml."""
+    """An open NVML session: gpudra.gpu.nvml.Nvml."""
 
     def gpu_health(self, *, gpu_uuid: str) -> tuple[bool, str]: ...
 
