@@ -20,11 +20,10 @@ from typing import Any
 
 import yaml
 
-from gpudra import logs
+from gpudra import logs, manifest_files
 from gpudra.errors import ConfigError, GpudraError
 from gpudra.gpu import nvml
 from gpudra.model import devices, slices
-from gpudra.model import manifests as validate
 from gpudra.model.inventory import Gpu, Inventory
 from gpudra.node import daemon as plugin
 
@@ -87,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="directories searched for the NVIDIA Container Toolkit's CDI spec",
     )
     _add(plugin, "metrics-port", default="0", help="Prometheus metrics port (0: off)")
+    _add(plugin, "metrics-address", default="0.0.0.0", help="address the metrics port binds (e.g. 127.0.0.1)")
     _add(plugin, "log-format", default="text", help="text or json", choices=["text", "json"])
     _add(plugin, "log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
     _add(plugin, "resync-seconds", default="30", help="ResourceSlice resync period")
@@ -182,7 +182,7 @@ def _gpu_row(gpu: Gpu) -> tuple[str, ...]:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    problems = validate.validate_files(args.files, driver=args.driver_name)
+    problems = manifest_files.validate_files(args.files, driver=args.driver_name)
     for problem in problems:
         print(problem)
     if not problems:
@@ -210,6 +210,7 @@ def _kubelet_plugin(args: argparse.Namespace) -> int:
         state_dir=Path(args.state_dir) if args.state_dir else plugin_dir,
         toolkit_cdi_dirs=tuple(Path(p) for p in args.toolkit_cdi_dirs.split(":") if p),
         metrics_port=_int_option(args.metrics_port, "--metrics-port"),
+        metrics_address=args.metrics_address,
         resync_seconds=float(args.resync_seconds),
         health_interval_seconds=_seconds_option(args.health_interval_seconds, "--health-interval-seconds"),
     )

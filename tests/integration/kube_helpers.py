@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from kubernetes import client
 
@@ -34,13 +34,18 @@ class Resources:
 
     def create(self, plural: str, body: dict[str, Any], namespace: str | None = None) -> dict[str, Any]:
         if namespace:
-            return self.custom.create_namespaced_custom_object(*RESOURCE, namespace, plural, body)  # type: ignore[no-any-return]
-        return self.custom.create_cluster_custom_object(*RESOURCE, plural, body)  # type: ignore[no-any-return]
+            return cast(
+                dict[str, Any],
+                self.custom.create_namespaced_custom_object(*RESOURCE, namespace, plural, body),
+            )
+        return cast(dict[str, Any], self.custom.create_cluster_custom_object(*RESOURCE, plural, body))
 
     def get(self, plural: str, name: str, namespace: str | None = None) -> dict[str, Any]:
         if namespace:
-            return self.custom.get_namespaced_custom_object(*RESOURCE, namespace, plural, name)  # type: ignore[no-any-return]
-        return self.custom.get_cluster_custom_object(*RESOURCE, plural, name)  # type: ignore[no-any-return]
+            return cast(
+                dict[str, Any], self.custom.get_namespaced_custom_object(*RESOURCE, namespace, plural, name)
+            )
+        return cast(dict[str, Any], self.custom.get_cluster_custom_object(*RESOURCE, plural, name))
 
     def list(self, plural: str, namespace: str | None = None, **kwargs: Any) -> list[dict[str, Any]]:
         if namespace:

@@ -32,7 +32,7 @@ def _claim_health(core: client.CoreV1Api, namespace: str, health: str) -> tuple[
 
     Read as the API server returns it, so no client model can drop a field.
     """
-    pod = core.read_namespaced_pod(POD, namespace, _preload_content=False).json()
+    pod: dict[str, Any] = core.read_namespaced_pod(POD, namespace, _preload_content=False).json()
     containers = pod.get("status", {}).get("containerStatuses") or []
     statuses = [status for c in containers for status in c.get("allocatedResourcesStatus") or []]
     if not statuses:

@@ -19,10 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from kubernetes import config
+from kubernetes.client.exceptions import ApiException
 
 from gpudra.errors import GpudraError
-from gpudra.kube import client as kube
 from tests.localcluster import binaries
+from tests.localcluster.api import DemoApi
 from tests.localcluster.cluster import LocalCluster
 from tests.localcluster.node_plugin import DRIVER, PluginProcess
 
@@ -54,7 +56,7 @@ def run(root: Path) -> None:
     with LocalCluster(root, nodes=tuple(MACHINES)) as cluster:
         print(f"cluster ready in {time.monotonic() - started:.1f}s: {cluster.server}")
         print(f"kubeconfig: {cluster.kubeconfig}")
-        api = kube.Kube(kube.connect(str(cluster.kubeconfig)))
+        api = DemoApi(config.new_client_from_config(str(cluster.kubeconfig)))
         plugins = {n: PluginProcess(cluster, cluster.nodes[n], p) for n, p in MACHINES.items()}
         try:
             _demo(api, cluster, plugins, repo)
@@ -64,7 +66,7 @@ def run(root: Path) -> None:
     print("\ncluster stopped; no process left running.")
 
 
-def _demo(api: kube.Kube, cluster: LocalCluster, plugins: dict[str, PluginProcess], repo: Path) -> None:
+def _demo(api: DemoApi, cluster: LocalCluster, plugins: dict[str, PluginProcess], repo: Path) -> None:
     _step("installing gpudra: DeviceClasses + the kubelet plugin on every node (simulated GPUs)")
     api.create(
         list(yaml.safe_load_all((repo / "deploy/manifests/deviceclasses.yaml").read_text())),
@@ -147,7 +149,7 @@ def _demo(api: kube.Kube, cluster: LocalCluster, plugins: dict[str, PluginProces
     print(f"CDI spec files left: {left}; GPU settings back to default: {'yes' if reset else 'NO'}")
 
 
-def _products(api: kube.Kube) -> dict[tuple[str, str], str]:
+def _products(api: DemoApi) -> dict[tuple[str, str], str]:
     return {
         (node, d["name"]): d["attributes"]["productName"]["string"]
         for node in MACHINES
@@ -176,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="gpudra-demo-", dir="/tmp"))
     try:
         run(root)
-    except GpudraError as err:
+    except (GpudraError, ApiException) as err:
         print(f"demo failed: {err}\nlogs: {root}/logs and {root}/nodes/*/gpudra-plugin.log", file=sys.stderr)
         return 1
     return 0

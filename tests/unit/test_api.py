@@ -470,7 +470,7 @@ def test_accessors_give_the_active_strategy_settings() -> None:
 def test_configs_are_frozen() -> None:
     config = GpuConfig()
     with pytest.raises(ValueError, match="frozen"):
-        config.sharing = None  # type: ignore[misc]
+        config.sharing = None
 
 
 # --- pinned memory limits per device

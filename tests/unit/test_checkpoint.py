@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -15,12 +16,19 @@ from gpudra.errors import GpudraError
 from gpudra.node import checkpoint
 from gpudra.node.checkpoint import (
     Checkpoint,
+    CheckpointTooNew,
     ClaimEntry,
+    MigLive,
     MigRecord,
+    MigSpec,
     MpsRecord,
     PreparedDevice,
     TimeSlicingRecord,
 )
+from tests.unit.claims import from_claim, time_slicing, whole_gpus
+from tests.unit.test_prepare import Node, uid
+
+DATA = Path(__file__).parent / "data" / "checkpoint"
 
 BOOT = "3f0b4e2a-6d1c-4c55-9d0e-1b2a3c4d5e6f"
 OTHER_BOOT = "8a7b6c5d-4e3f-4a1b-8c9d-0e1f2a3b4c5d"
@@ -52,12 +60,10 @@ def rich_checkpoint() -> Checkpoint:
         cdi_device_ids=(f"gpu.gpudra.io/claim={uid_mig}-gpu-0-mig-1g10gb-19-0",),
         gpu_uuids=(GPU0,),
         mig=MigRecord(
-            gpu_uuid=GPU0,
-            profile_id=19,
-            placement_start=0,
-            gpu_instance_id=7,
-            compute_instance_id=0,
-            uuid="MIG-0a0b0c0d-1111-2222-3333-444455556666",
+            spec=MigSpec(gpu_uuid=GPU0, profile_id=19, placement_start=0),
+            live=MigLive(
+                gpu_instance_id=7, compute_instance_id=0, uuid="MIG-0a0b0c0d-1111-2222-3333-444455556666"
+            ),
         ),
     )
     mps = whole_gpu(uid_mps, device="gpu-1", uuid=GPU1).model_copy(
@@ -153,6 +159,7 @@ def test_damaged_file_is_reported(tmp_path: Path, damage: Any, message: str) -> 
     path.write_text(damage(path.read_text()))
     with pytest.raises(GpudraError, match=message) as raised:
         checkpoint.load(path, boot_id=BOOT)
+    assert not isinstance(raised.value, CheckpointTooNew)
     assert str(path) in str(raised.value)
 
 
@@ -175,6 +182,8 @@ def test_any_single_byte_change_is_harmless_or_detected(position: int, replaceme
         path.write_bytes(bytes(content))
         try:
             loaded = checkpoint.load(path, boot_id=BOOT)
+        except CheckpointTooNew:
+            raise AssertionError("a damaged file was taken for one written by a newer gpudra") from None
         except GpudraError:
             return
     assert loaded.checkpoint == saved
@@ -209,13 +218,24 @@ def test_other_boot_yields_stale_claims(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        (lambda d: d["claims"]["u1"].update(colour="red"), r"claims\.u1\.colour: Extra inputs"),
-        (lambda d: d["claims"]["u1"]["devices"][0].update(gpu=1), r"devices\.0\.gpu: Extra inputs"),
         (lambda d: d["claims"]["u1"].update(state="Prepared"), r"claims\.u1\.state"),
         (lambda d: d.update(claims={"u2": d["claims"]["u1"]}), "holds the entry of claim 'u1'"),
         (lambda d: d.update(boot_id=""), "boot_id"),
+        (lambda d: d["claims"]["u1"]["devices"][0].pop("pool"), r"devices\.0\.pool: Field required"),
+        (lambda d: d["claims"]["u1"]["devices"][0].update(admin_access="maybe"), r"devices\.0\.admin_access"),
+        (
+            lambda d: d["claims"]["u1"]["devices"][0].update(sharing={"strategy": "Exclusive"}),
+            r"devices\.0\.sharing",
+        ),
     ],
-    ids=["unknown-claim-field", "unknown-device-field", "unknown-state", "key-is-not-uid", "empty-boot-id"],
+    ids=[
+        "unknown-state",
+        "key-is-not-uid",
+        "empty-boot-id",
+        "missing-field",
+        "wrong-type",
+        "unknown-strategy",
+    ],
 )
 def test_schema_violation_in_file_is_reported(tmp_path: Path, edit: Any, message: str) -> None:
     path = tmp_path / "checkpoint.json"
@@ -225,19 +245,118 @@ def test_schema_violation_in_file_is_reported(tmp_path: Path, edit: Any, message
     write_document(path, data)  # a correct checksum: only the schema is wrong
     with pytest.raises(GpudraError, match="does not match the schema") as raised:
         checkpoint.load(path, boot_id=BOOT)
+    assert not isinstance(raised.value, CheckpointTooNew)
     assert raised.match(message)
     assert str(path) in str(raised.value)
 
 
-@pytest.mark.parametrize("version", [2, 0, None], ids=["newer", "zero", "missing"])
-def test_unknown_version_is_reported(tmp_path: Path, version: int | None) -> None:
+def _snapshot(directory: Path) -> dict[str, tuple[bytes, int, int]]:
+    """Every file under `directory`: its bytes, inode and mtime (a rewrite by rename changes the inode)."""
+    return {
+        str(path.relative_to(directory)): (path.read_bytes(), path.stat().st_ino, path.stat().st_mtime_ns)
+        for path in sorted(directory.rglob("*"))
+        if path.is_file()
+    }
+
+
+@pytest.mark.parametrize("version", [2, 3, 1000])
+def test_newer_version_is_refused_as_too_new(tmp_path: Path, version: int) -> None:
+    path = tmp_path / "checkpoint.json"
+    data = Checkpoint.empty(BOOT).with_claim(entry("u1")).model_dump(mode="json")
+    data["version"] = version
+    data["claims"]["u1"]["devices"][0]["mig_v9"] = {"what": "a format this gpudra cannot read"}
+    write_document(path, data)
+    before = _snapshot(tmp_path)
+
+    with pytest.raises(CheckpointTooNew) as raised:
+        checkpoint.load(path, boot_id=BOOT)
+
+    message = str(raised.value)
+    assert str(path) in message
+    assert f"has format version {version}:" in message
+    assert "this gpudra reads format version 1 and older" in message
+    assert "upgrade gpudra back" in message
+    assert "move the file aside" in message
+    assert (raised.value.path, raised.value.version, raised.value.reads_version) == (path, version, 1)
+    assert raised.value.unknown_fields == ()  # a newer version is refused before its fields are read
+    assert "is corrupt" not in message
+    assert _snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    ("edit", "unknown"),
+    [
+        (lambda d: d.update(node="gpu-node-07"), ["node"]),
+        (lambda d: d["claims"]["u1"].update(colour="red"), ["claims.u1.colour"]),
+        (lambda d: d["claims"]["u1"]["devices"][0].update(gpu=1), ["claims.u1.devices.0.gpu"]),
+        (
+            lambda d: d["claims"]["u1"]["devices"][0]["sharing"].update(priority=3),
+            ["claims.u1.devices.0.sharing.TimeSlicing.priority"],
+        ),
+        (
+            lambda d: d["claims"]["u1"]["devices"][0].update(mig={"spec": {}, "instance": 7}),
+            ["claims.u1.devices.0.mig.instance"],
+        ),
+        (  # an unknown field is never taken for damage, even next to a field this gpudra rejects
+            lambda d: (d.update(node="n"), d["claims"]["u1"].update(state="Paused")),
+            ["node"],
+        ),
+        (
+            lambda d: (d.update(node="n"), d["claims"]["u1"].update(colour="red")),
+            ["node", "claims.u1.colour"],
+        ),
+    ],
+    ids=["top-level", "claim", "device", "sharing", "mig", "next-to-a-bad-value", "two-fields"],
+)
+def test_same_version_with_unknown_fields_is_refused_as_too_new(
+    tmp_path: Path, edit: Any, unknown: list[str]
+) -> None:
+    path = tmp_path / "checkpoint.json"
+    device = whole_gpu("u1").model_copy(
+        update={"sharing": TimeSlicingRecord(strategy="TimeSlicing", interval="Long")}
+    )
+    data = Checkpoint.empty(BOOT).with_claim(entry("u1", devices=(device,))).model_dump(mode="json")
+    edit(data)
+    write_document(path, data)
+    before = _snapshot(tmp_path)
+
+    with pytest.raises(CheckpointTooNew) as raised:
+        checkpoint.load(path, boot_id=BOOT)
+
+    message = str(raised.value)
+    assert sorted(raised.value.unknown_fields) == sorted(unknown)
+    assert f"checkpoint {path} has format version 1 but fields this gpudra does not know (" in message
+    assert all(field in message for field in unknown)
+    assert "this gpudra reads format version 1 and older" in message
+    assert "upgrade gpudra back" in message
+    assert "move the file aside" in message
+    assert _snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    "version", [0, -1, None, "1", True, 1.0], ids=["zero", "negative", "missing", "string", "bool", "float"]
+)
+def test_invalid_version_is_corrupt(tmp_path: Path, version: Any) -> None:
     path = tmp_path / "checkpoint.json"
     data: dict[str, Any] = {"boot_id": BOOT, "claims": {}}
     if version is not None:
         data["version"] = version
     write_document(path, data)
-    with pytest.raises(GpudraError, match=f"has version {version!r}; this gpudra reads version 1"):
+    with pytest.raises(GpudraError, match=r"is corrupt: version .* is not a format version") as raised:
         checkpoint.load(path, boot_id=BOOT)
+    assert not isinstance(raised.value, CheckpointTooNew)
+    assert f"version {version!r}" in str(raised.value)
+
+
+def test_data_that_is_not_an_object_is_corrupt(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    write_document(path, [1])
+    with pytest.raises(GpudraError, match="is corrupt: data is not a JSON object"):
+        checkpoint.load(path, boot_id=BOOT)
+
+
+def test_every_version_up_to_the_current_one_has_a_reader() -> None:
+    assert sorted(checkpoint._READERS) == list(range(1, checkpoint.VERSION + 1))
 
 
 @pytest.mark.parametrize(
@@ -253,7 +372,7 @@ def test_unknown_version_is_reported(tmp_path: Path, version: int | None) -> Non
                 "extra": 1,
             }
         ),
-        lambda: MigRecord(gpu_uuid=GPU0, profile_id=-1, placement_start=0),
+        lambda: MigSpec(gpu_uuid=GPU0, profile_id=-1, placement_start=0),
         lambda: TimeSlicingRecord.model_validate({"strategy": "TimeSlicing", "interval": "Sometimes"}),
         lambda: TimeSlicingRecord.model_validate(
             {"strategy": "TimeSlicing", "interval": "Long", "daemon_id": "x"}
@@ -289,6 +408,54 @@ def test_models_are_strict(build: Any) -> None:
         build()
 
 
+def test_mig_record_live_is_optional() -> None:
+    spec = MigSpec(gpu_uuid=GPU0, profile_id=19, placement_start=4)
+    planned = MigRecord(spec=spec)
+    assert planned.live is None
+    live = MigLive(gpu_instance_id=0, compute_instance_id=0, uuid="MIG-0a0b0c0d-1111-2222-3333-444455556666")
+    created = MigRecord.model_validate({"spec": spec.model_dump(), "live": live.model_dump()})
+    assert (created.spec, created.live) == (spec, live)
+    assert MigRecord.model_validate(planned.model_dump()) == planned
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: MigSpec(gpu_uuid=GPU0, profile_id=-1, placement_start=0),
+        lambda: MigSpec(gpu_uuid=GPU0, profile_id=19, placement_start=-1),
+        lambda: MigSpec(gpu_uuid="", profile_id=19, placement_start=0),
+        lambda: MigSpec.model_validate({"gpu_uuid": GPU0, "profile_id": 19}),
+        lambda: MigLive(gpu_instance_id=-1, compute_instance_id=0, uuid="MIG-1"),
+        lambda: MigLive(gpu_instance_id=1, compute_instance_id=-1, uuid="MIG-1"),
+        lambda: MigLive(gpu_instance_id=1, compute_instance_id=0, uuid=""),
+        lambda: MigLive.model_validate({"gpu_instance_id": 1, "compute_instance_id": 0}),
+        lambda: MigLive.model_validate({"gpu_instance_id": 1, "uuid": "MIG-1"}),
+        lambda: MigLive.model_validate({"gpu_instance_id": None, "compute_instance_id": 0, "uuid": "MIG-1"}),
+        lambda: MigRecord.model_validate({"live": None}),
+        lambda: MigRecord.model_validate(
+            {"spec": {"gpu_uuid": GPU0, "profile_id": 19, "placement_start": 0}, "gpu_instance_id": 7}
+        ),
+    ],
+    ids=[
+        "negative-profile",
+        "negative-placement",
+        "empty-parent",
+        "spec-without-placement",
+        "negative-gpu-instance",
+        "negative-compute-instance",
+        "empty-mig-uuid",
+        "live-without-uuid",
+        "live-without-compute-instance",
+        "live-with-null-id",
+        "no-spec",
+        "old-flat-field",
+    ],
+)
+def test_mig_record_is_strict(build: Any) -> None:
+    with pytest.raises(ValidationError):
+        build()
+
+
 def test_models_are_frozen() -> None:
     claim = entry("u1")
     with pytest.raises(ValidationError):
@@ -318,19 +485,15 @@ def test_with_state_moves_an_entry_and_can_replace_devices() -> None:
         device="gpu-0-mig-1g10gb-19-0",
         cdi_device_ids=(),
         gpu_uuids=(GPU0,),
-        mig=MigRecord(gpu_uuid=GPU0, profile_id=19, placement_start=0),
+        mig=MigRecord(spec=MigSpec(gpu_uuid=GPU0, profile_id=19, placement_start=0)),
     )
     started = entry(uid, state="PrepareStarted", devices=(planned,))
     created = planned.model_copy(
         update={
             "cdi_device_ids": (f"gpu.gpudra.io/claim={uid}-gpu-0-mig-1g10gb-19-0",),
             "mig": MigRecord(
-                gpu_uuid=GPU0,
-                profile_id=19,
-                placement_start=0,
-                gpu_instance_id=7,
-                compute_instance_id=0,
-                uuid="MIG-1",
+                spec=MigSpec(gpu_uuid=GPU0, profile_id=19, placement_start=0),
+                live=MigLive(gpu_instance_id=7, compute_instance_id=0, uuid="MIG-1"),
             ),
         }
     )
@@ -343,7 +506,7 @@ def test_with_state_moves_an_entry_and_can_replace_devices() -> None:
     assert unpreparing.devices == (created,)
     assert (unpreparing.uid, unpreparing.namespace, unpreparing.name) == (uid, "default", started.name)
     with pytest.raises(ValidationError):
-        started.with_state("Done")  # type: ignore[arg-type]
+        started.with_state("Done")
 
 
 def test_quarantine_moves_the_file_aside(tmp_path: Path) -> None:
@@ -380,3 +543,174 @@ def test_current_boot_id_errors(tmp_path: Path, content: str | None, message: st
         source.write_text(content)
     with pytest.raises(GpudraError, match=message):
         checkpoint.current_boot_id(tmp_path)
+
+
+# --- the golden file of version 1 -----------------------------------------------------------------
+#
+# tests/unit/data/checkpoint/v1.json was written once by version 1's `save`, as a node running gpudra
+# leaves it. NEVER EDIT OR REGENERATE IT: it stands for the files on nodes, which no later gpudra may
+# fail to read. Every later version must keep these tests passing (through its reader of version 1);
+# a new version adds its own golden file next to it instead.
+
+GOLDEN_V1 = DATA / "v1.json"
+GOLDEN_BOOT = "6c2f0d9e-3b1a-4f5e-8d7c-2a9b0e1f3c4d"
+TRAIN = "5d3c1b2a-8f4e-4d6c-9b7a-0e1f2d3c4b5a"
+SERVE = "a7b8c9d0-e1f2-4a3b-8c4d-5e6f7a8b9c0d"
+MONITOR = "c0ffee00-1234-4abc-9def-567890abcdef"
+H100_0 = "GPU-4f8a3b2c-1d6e-7f90-a1b2-c3d4e5f60718"
+H100_1 = "GPU-9e7d6c5b-4a39-2817-f6e5-d4c3b2a19080"
+H100_2 = "GPU-0a1b2c3d-4e5f-6071-8293-a4b5c6d7e8f9"
+H100_3 = "GPU-b1c2d3e4-f5a6-4b7c-8d9e-0f1a2b3c4d5e"
+
+
+def _golden_copy(tmp_path: Path) -> Path:
+    path = tmp_path / "checkpoint.json"
+    path.write_bytes(GOLDEN_V1.read_bytes())
+    return path
+
+
+def _assert_golden_v1_content(loaded: Checkpoint) -> None:
+    assert loaded.version == checkpoint.VERSION
+    assert loaded.boot_id == GOLDEN_BOOT
+    assert list(loaded.claims) == [TRAIN, SERVE, MONITOR]
+
+    train = loaded.claims[TRAIN]
+    assert (train.uid, train.namespace, train.name, train.state) == (
+        TRAIN,
+        "ml-training",
+        "llm-finetune-gpus-x7k2p",
+        "PrepareCompleted",
+    )
+    expected_train = [
+        ("trainer", "gpu-0", H100_0, "Long"),
+        ("trainer", "gpu-1", H100_1, "Long"),
+        ("evaluator", "gpu-2", H100_2, "Default"),
+    ]
+    assert len(train.devices) == len(expected_train)
+    for device, (request, name, gpu, interval) in zip(train.devices, expected_train, strict=True):
+        assert device.request_names == (request,)
+        assert device.pool == "gpu-node-07"
+        assert device.device == name
+        assert device.cdi_device_ids == (f"gpu.gpudra.io/claim={TRAIN}-{name}", f"nvidia.com/gpu={gpu}")
+        assert device.gpu_uuids == (gpu,)
+        assert device.mig is None
+        assert device.sharing == TimeSlicingRecord(strategy="TimeSlicing", interval=interval)
+        assert device.admin_access is False
+
+    serve = loaded.claims[SERVE]
+    assert (serve.uid, serve.namespace, serve.name, serve.state) == (
+        SERVE,
+        "inference",
+        "vllm-0-gpu-q9w4z",
+        "PrepareStarted",
+    )
+    [device] = serve.devices
+    assert (device.request_names, device.pool, device.device) == (("gpu",), "gpu-node-07", "gpu-3")
+    assert device.cdi_device_ids == (f"gpu.gpudra.io/claim={SERVE}-gpu-3", f"nvidia.com/gpu={H100_3}")
+    assert device.gpu_uuids == (H100_3,)
+    assert device.mig is None
+    assert device.sharing == TimeSlicingRecord(strategy="TimeSlicing", interval="Medium")
+    assert device.admin_access is False
+
+    monitor = loaded.claims[MONITOR]
+    assert (monitor.uid, monitor.namespace, monitor.name, monitor.state) == (
+        MONITOR,
+        "monitoring",
+        "dcgm-exporter-admin-m2v8n",
+        "UnprepareStarted",
+    )
+    assert len(monitor.devices) == 2
+    for device, (name, gpu) in zip(monitor.devices, [("gpu-0", H100_0), ("gpu-3", H100_3)], strict=True):
+        assert (device.request_names, device.pool, device.device) == (("monitor",), "gpu-node-07", name)
+        assert device.cdi_device_ids == (f"gpu.gpudra.io/claim={MONITOR}-{name}", f"nvidia.com/gpu={gpu}")
+        assert device.gpu_uuids == (gpu,)
+        assert device.mig is None
+        assert device.sharing is None
+        assert device.admin_access is True
+
+
+def test_golden_v1_is_read_field_by_field(tmp_path: Path) -> None:
+    assert json.loads(GOLDEN_V1.read_text())["data"]["version"] == 1
+    path = _golden_copy(tmp_path)
+    loaded = checkpoint.load(path, boot_id=GOLDEN_BOOT)
+    assert loaded.stale_claims == {}
+    _assert_golden_v1_content(loaded.checkpoint)
+    assert path.read_bytes() == GOLDEN_V1.read_bytes()  # reading never writes
+
+
+def test_golden_v1_after_a_reboot_is_all_stale(tmp_path: Path) -> None:
+    loaded = checkpoint.load(_golden_copy(tmp_path), boot_id=BOOT)
+    assert loaded.checkpoint == Checkpoint.empty(BOOT)
+    assert loaded.stale_claims == checkpoint.load(GOLDEN_V1, boot_id=GOLDEN_BOOT).checkpoint.claims
+
+
+def test_golden_v1_round_trips_through_save(tmp_path: Path) -> None:
+    first = checkpoint.load(_golden_copy(tmp_path), boot_id=GOLDEN_BOOT).checkpoint
+    resaved = tmp_path / "resaved.json"
+    checkpoint.save(resaved, first)
+    again = checkpoint.load(resaved, boot_id=GOLDEN_BOOT).checkpoint
+    assert again == first
+    _assert_golden_v1_content(again)
+    assert json.loads(resaved.read_text())["data"]["version"] == checkpoint.VERSION
+
+
+def _keeps(old: Any, new: Any, where: str = "data") -> None:
+    """`new` has every key of `old` with the same value; dicts may have gained keys."""
+    if isinstance(old, dict):
+        assert isinstance(new, dict), where
+        for key, value in old.items():
+            assert key in new, f"{where}.{key} is no longer written"
+            _keeps(value, new[key], f"{where}.{key}")
+    elif isinstance(old, list):
+        assert isinstance(new, list) and len(new) == len(old), where
+        for index, (a, b) in enumerate(zip(old, new, strict=True)):
+            _keeps(a, b, f"{where}.{index}")
+    else:
+        assert new == old, f"{where} was {old!r}, is now written as {new!r}"
+
+
+@pytest.mark.skipif(checkpoint.VERSION != 1, reason="version 1 is no longer written; its reader converts")
+def test_version_1_writers_only_add_fields(tmp_path: Path) -> None:
+    # Rule 2: within a version a field is never removed, renamed or written differently.
+    resaved = tmp_path / "resaved.json"
+    checkpoint.save(resaved, checkpoint.load(GOLDEN_V1, boot_id=GOLDEN_BOOT).checkpoint)
+    _keeps(json.loads(GOLDEN_V1.read_text())["data"], json.loads(resaved.read_text())["data"])
+
+
+# --- recover() and a checkpoint of a newer gpudra -------------------------------------------------
+
+
+@pytest.mark.parametrize("newer", ["version", "unknown-field"])
+def test_recover_refuses_a_too_new_checkpoint_and_touches_nothing(tmp_path: Path, newer: str) -> None:
+    node = Node(tmp_path, "dgx-h100")
+    claim = node.claims.add(whole_gpus(uid(1), "gpu-0", config=[from_claim(time_slicing("Long"))]))
+    node.state().prepare(claim)
+    data = json.loads(node.checkpoint_path.read_text())["data"]
+    if newer == "version":
+        data["version"] = 2
+    else:
+        data["claims"][uid(1)]["devices"][0]["mps_daemon"] = {"id": "d-1"}
+    write_document(node.checkpoint_path, data)
+    os.chmod(node.checkpoint_path, 0o600)
+    stray = node.spec_path(uid(7))  # a spec recover() would delete: it belongs to no claim it knows
+    stray.write_text(node.spec_path(uid(1)).read_text().replace(uid(1), uid(7)))
+    before = {
+        "state": _snapshot(node.checkpoint_path.parent),
+        "cdi": _snapshot(node.cdi_root),
+        "timeslices": node.timeslices(),
+    }
+
+    restarted = node.state(recover=False)
+    with pytest.raises(CheckpointTooNew) as raised:
+        restarted.recover()
+
+    assert str(node.checkpoint_path) in str(raised.value)
+    assert "upgrade gpudra back" in str(raised.value)
+    after = {
+        "state": _snapshot(node.checkpoint_path.parent),
+        "cdi": _snapshot(node.cdi_root),
+        "timeslices": node.timeslices(),
+    }
+    assert after == before
+    assert not list(node.checkpoint_path.parent.glob("*.corrupt-*"))
+    assert node.timeslices()[node.uuid(0)] != 0  # the claim's time-slice was not undone either

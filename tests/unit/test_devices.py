@@ -280,14 +280,14 @@ def test_unparseable_driver_version_is_a_clear_error() -> None:
 
 def test_unknown_mig_mode_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="partitionable, static") as raised:
-        build_devices(inv.mixed_node(), mig_mode="dynamic")  # type: ignore[arg-type]
+        build_devices(inv.mixed_node(), mig_mode="dynamic")
     assert raised.value.field == "migMode"
 
 
 @pytest.mark.parametrize("mode", ["partitionable", "static"])
 @pytest.mark.parametrize("name", sorted(inv.REALISTIC))
 def test_device_names_are_unique_dns_labels(name: str, mode: str) -> None:
-    model = build_devices(inv.REALISTIC[name](), mig_mode=mode)  # type: ignore[arg-type]
+    model = build_devices(inv.REALISTIC[name](), mig_mode=mode)
     names = [d["name"] for d in model.devices]
     assert len(names) == len(set(names))
     assert all(len(n) <= 63 and DNS_LABEL.fullmatch(n) for n in names), names

@@ -24,6 +24,7 @@ from gpudra._proto import (
 )
 from gpudra.gpu import nvml
 from gpudra.model import devices
+from gpudra.node.allocation import ClaimRef
 from gpudra.node.health import (
     DeviceHealth,
     GpuHealth,
@@ -36,7 +37,6 @@ from gpudra.node.health import (
     kubelet_timeout_seconds,
 )
 from gpudra.node.kubelet_grpc import KubeletServer
-from gpudra.node.prepare import ClaimRef
 
 from . import inventories
 
@@ -303,7 +303,7 @@ def test_a_change_is_logged_once(
         ("WARNING", "GPU unhealthy", uuid),
         ("INFO", "GPU healthy", uuid),
     ]
-    assert caplog.records[0].error == f"GPU {uuid}: NVMLError_GpuIsLost"
+    assert caplog.records[0].__dict__["error"] == f"GPU {uuid}: NVMLError_GpuIsLost"
 
 
 _FAILURES = {
@@ -440,7 +440,7 @@ def server(sockets: Path, monitor: HealthMonitor) -> Iterator[KubeletServer]:
     running = _server(sockets, monitor)
     running.start()
     yield running
-    running.stop(grace=1)
+    running.stop(timeout=1)
 
 
 def _watch(server: KubeletServer, timeout: float = 30) -> tuple[grpc.Channel, Any]:
@@ -476,7 +476,7 @@ def test_without_a_monitor_there_is_no_health_service(sockets: Path) -> None:
         assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
         channel.close()
     finally:
-        plain.stop(grace=1)
+        plain.stop(timeout=1)
 
 
 def test_first_message_lists_every_device_healthy(server: KubeletServer, model: devices.DeviceModel) -> None:
@@ -518,7 +518,7 @@ def test_stop_ends_open_streams_at_once(server: KubeletServer) -> None:
     channel, stream = _watch(server)
     next(stream)
     started = time.monotonic()
-    server.stop(grace=5)
+    server.stop(timeout=5)
     assert time.monotonic() - started < 2  # far below the grace: the stream ended, nobody waited on it
     for _ in stream:  # ends cleanly (status OK) after what was already on its way
         pass
@@ -549,5 +549,5 @@ def test_cancelled_streams_give_their_worker_back(
         assert len(next(stream).devices) == len(model.devices)
         channel.close()
     finally:
-        server.stop(grace=1)
+        server.stop(timeout=1)
         idle.stop()

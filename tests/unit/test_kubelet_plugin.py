@@ -26,8 +26,8 @@ from gpudra._proto import (
 )
 from gpudra.errors import ClaimError, ConfigError
 from gpudra.node import checkpoint as ckpt
+from gpudra.node.allocation import ClaimRef
 from gpudra.node.kubelet_grpc import KubeletServer, Observer
-from gpudra.node.prepare import ClaimRef
 
 DRIVER = "gpu.gpudra.io"
 VERSIONS = {
@@ -114,7 +114,7 @@ def server(sockets: Path, backend: Backend, outcomes: Outcomes) -> Iterator[Kube
     yield running
     if backend.release is not None:
         backend.release.set()
-    running.stop(grace=1)
+    running.stop(timeout=1)
 
 
 def channel(socket: Path) -> grpc.Channel:
@@ -255,13 +255,13 @@ def test_stale_sockets_are_replaced_at_start(sockets: Path, backend: Backend) ->
                 dra_v1_pb2.NodePrepareResourcesRequest(claims=[claim(dra_v1_pb2, "x")]), timeout=10
             )
     finally:
-        server.stop(grace=1)
+        server.stop(timeout=1)
     assert not any(path.exists() for path in stale)
 
 
 def test_stop_removes_both_sockets(server: KubeletServer) -> None:
     assert server.dra_socket.exists() and server.registration_socket.exists()
-    server.stop(grace=1)
+    server.stop(timeout=1)
     assert not server.dra_socket.exists()
     assert not server.registration_socket.exists()
 
@@ -278,7 +278,7 @@ def test_stop_waits_for_a_call_in_flight(server: KubeletServer, backend: Backend
     backend.release = threading.Event()
     ch, call = _prepare_in_background(server)
     assert backend.entered.wait(10)
-    stopper = threading.Thread(target=server.stop, kwargs={"grace": 10})
+    stopper = threading.Thread(target=server.stop, kwargs={"timeout": 10})
     stopper.start()
     time.sleep(0.3)
     assert stopper.is_alive()  # still waiting for the call
@@ -295,7 +295,7 @@ def test_stop_gives_up_on_a_call_after_the_grace_period(server: KubeletServer, b
     ch, call = _prepare_in_background(server)
     assert backend.entered.wait(10)
     started = time.monotonic()
-    server.stop(grace=0.5)
+    server.stop(timeout=0.5)
     assert 0.4 < time.monotonic() - started < 3
     with pytest.raises(grpc.RpcError):
         call.result(timeout=10)

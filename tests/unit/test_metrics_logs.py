@@ -148,7 +148,7 @@ def root_logger() -> Iterator[logging.Logger]:
 def test_configure_writes_one_line_per_record_to_stderr(
     root_logger: logging.Logger, capsys: pytest.CaptureFixture[str], fmt: str
 ) -> None:
-    logs.configure(fmt=fmt, level="INFO")  # type: ignore[arg-type]
+    logs.configure(fmt=fmt, level="INFO")
     logging.getLogger("gpudra.node.daemon").info("discovered GPUs", extra={"gpus": 8})
     logging.getLogger("gpudra.node.daemon").debug("not shown")
     lines = capsys.readouterr().err.splitlines()

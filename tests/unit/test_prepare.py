@@ -30,7 +30,8 @@ from gpudra.model import devices
 from gpudra.model.inventory import Inventory
 from gpudra.node import cdi, faults
 from gpudra.node import checkpoint as ckpt
-from gpudra.node.prepare import Allocated, ClaimRef, DeviceState, Sharing
+from gpudra.node.allocation import Allocated, ClaimRef, Sharing
+from gpudra.node.prepare import DeviceState
 from gpudra.node.sharing import GpuSharing
 from gpudra.sim import state as sim_state
 from tests.unit import inventories

@@ -14,7 +14,7 @@ from gpudra.gpu import nvml
 from gpudra.gpu.tools import GpuTools
 from gpudra.model.inventory import Gpu
 from gpudra.node import checkpoint as ckpt
-from gpudra.node.prepare import Allocated
+from gpudra.node.allocation import Allocated
 from gpudra.node.sharing import GpuSharing
 from gpudra.sim import state as sim_state
 from tests.unit.claims import mps, time_slicing

@@ -291,7 +291,7 @@ class Model:
 def controller(kube: FakeKube, model: Model, **kwargs: Any) -> tuple[SliceController, list[str]]:
     published: list[str] = []
     made = SliceController(
-        kube,  # type: ignore[arg-type]
+        kube,
         driver=DRIVER,
         node_name=NODE,
         model=model,
@@ -349,8 +349,8 @@ def test_the_thread_retries_with_backoff_and_resets_it_after_a_success() -> None
         while len(kube.times) < 5 and time.monotonic() < deadline:
             time.sleep(0.02)
     finally:
-        slices.stop()
-    assert slices._thread is not None and not slices._thread.is_alive()
+        slices.stop(5)
+    assert not slices.loop.alive
     gaps = [later - earlier for earlier, later in zip(kube.times, kube.times[1:], strict=False)]
     assert 0.4 < gaps[0] < 0.9  # first retry after 0.5 s
     assert 0.9 < gaps[1] < 1.6  # then 1 s
@@ -375,15 +375,15 @@ def test_trigger_syncs_early_and_stop_ends_the_thread() -> None:
         assert generations(kube) == {2}
     finally:
         started = time.monotonic()
-        slices.stop()
+        slices.stop(5)
     assert time.monotonic() - started < 2
-    assert slices._thread is not None and not slices._thread.is_alive()
+    assert not slices.loop.alive
     assert "update" in published
 
 
 def test_stop_without_start() -> None:
     slices, _ = controller(FakeKube(), Model(MODELS["mixed"]))
-    slices.stop()
+    slices.stop(5)
     assert not slices.synced.is_set()
 
 
@@ -396,4 +396,4 @@ def test_the_thread_is_not_synced_until_a_sync_succeeds() -> None:
         assert not slices.synced.wait(0.2)
         assert slices.synced.wait(3)
     finally:
-        slices.stop()
+        slices.stop(5)

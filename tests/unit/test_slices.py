@@ -24,7 +24,7 @@ MINORS = [34, 35, 36]
 
 def publish(model: DeviceModel, server_minor: int, **overrides: object) -> list[ResourceSlice]:
     arguments: dict[str, object] = {"driver": DRIVER, "node_name": "node-a", "generation": 1} | overrides
-    return build_slices(model, server_minor=server_minor, **arguments)  # type: ignore[arg-type]
+    return build_slices(model, server_minor=server_minor, **arguments)
 
 
 def devices_of(slices: list[ResourceSlice]) -> list[Device]:
@@ -144,7 +144,7 @@ REALISTIC_COUNTS = [
     ids=[f"{c[0]}-{c[1]}-1.{c[2]}" for c in REALISTIC_COUNTS],
 )
 def test_realistic_inventories(name: str, mode: str, server_minor: int, expected: tuple[object, ...]) -> None:
-    model = build_devices(inv.REALISTIC[name](), mig_mode=mode)  # type: ignore[arg-type]
+    model = build_devices(inv.REALISTIC[name](), mig_mode=mode)
     slices = publish(model, server_minor)
     assert (len(model.devices), len(model.counter_sets), shape(slices)) == expected
     assert validate_slices(slices, server_minor=server_minor) == []
@@ -665,7 +665,7 @@ def test_published_slices_always_validate_and_preserve_the_model(
     gpus: list[tuple[str, bool]], mode: str, server_minor: int, generation: int
 ) -> None:
     inventory = inv.node(*(GPU_KINDS[kind](minor, on) for minor, (kind, on) in enumerate(gpus)))
-    model = build_devices(inventory, mig_mode=mode)  # type: ignore[arg-type]
+    model = build_devices(inventory, mig_mode=mode)
     slices = publish(model, server_minor, generation=generation)
     assert validate_slices(slices, server_minor=server_minor) == []
     assert devices_of(slices) == model.devices

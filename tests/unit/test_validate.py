@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gpudra.model.manifests import Problem, validate_documents, validate_files
+from gpudra.manifest_files import validate_files
+from gpudra.model.manifests import Problem, validate_documents
 
 DRIVER = "gpu.gpudra.io"
 DATA = Path(__file__).parent / "data"
@@ -268,3 +270,69 @@ def test_readme_examples_are_valid() -> None:
     for block in manifests:
         documents = [(str(README), d) for d in yaml.safe_load_all(block) if d is not None]
         assert validate_documents(documents, driver=DRIVER) == []
+
+
+# --- hostile files: every one ends in one line naming the file, never a hang or a traceback -------
+
+LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 9)}]\n" for i in range(8)
+)
+
+
+def hostile(tmp_path: Path, name: str, content: str | bytes) -> Path:
+    path = tmp_path / name
+    if isinstance(content, str):
+        content = content.encode()
+    path.write_bytes(content)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        ("laughs.yaml", LAUGHS, "expands to more than 1000000 nodes"),
+        ("self.yaml", "a: &a [*a]\n", "refers to itself through a YAML alias"),
+        ("deep.yaml", "[" * 10_000 + "]" * 10_000, "nests deeper than 100 levels"),
+        ("deep-map.yaml", "a:\n" + "".join(" " * i + "a:\n" for i in range(1, 300)), "nests deeper than 100"),
+        ("deep.json", "[" * 10_000 + "]" * 10_000, "nests deeper than 100 levels"),
+        ("deep-ok-parse.json", "[" * 500 + "]" * 500, "nests deeper than 100 levels"),
+    ],
+)
+def test_hostile_yaml_and_json_are_refused_in_one_line(
+    tmp_path: Path, name: str, content: str, message: str
+) -> None:
+    problems = validate_files([hostile(tmp_path, name, content)], driver=DRIVER)
+    assert len(problems) == 1
+    assert problems[0].file.endswith(name) and message in problems[0].message
+    assert "\n" not in str(problems[0])
+
+
+def test_the_laughs_file_is_small() -> None:
+    assert len(LAUGHS) < 1024  # a kilobyte that would expand to 9**9 nodes
+
+
+def test_an_oversized_file_is_refused_unread(tmp_path: Path) -> None:
+    big = hostile(tmp_path, "big.yaml", b"# " + b"x" * (8 * 1024 * 1024))
+    [problem] = validate_files([big], driver=DRIVER)
+    assert problem.message == "is larger than 8 MiB"
+
+
+def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe.yaml"
+    os.mkfifo(fifo)
+    [problem] = validate_files([fifo], driver=DRIVER)
+    assert problem.message == "is not a regular file"
+
+
+def test_a_device_is_refused() -> None:
+    [problem] = validate_files([Path("/dev/zero")], driver=DRIVER)
+    assert problem.message == "is not a regular file"
+
+
+def test_anchors_used_a_few_times_are_fine(tmp_path: Path) -> None:
+    good = hostile(
+        tmp_path,
+        "anchors.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\ndata: &d {a: b}\nextra: [*d, *d, *d]\n",
+    )
+    assert validate_files([good], driver=DRIVER) == []

@@ -5,10 +5,12 @@ The only module that imports pynvml. `connect("real")` uses the machine's libnvi
 `gpudra.sim`), so everything below runs the same pynvml calls on a real card and in tests.
 
 Every NVML failure leaves this module as a gpudra error, translated in one place (`_nvml_errors`):
-library or driver missing -> NvmlUnavailable, NOT_SUPPORTED -> NotSupported, INSUFFICIENT_RESOURCES
--> InsufficientResources, IN_USE -> InUse, anything else -> HardwareError; each carries the
-NVMLError class name and says which call failed on which GPU. The one exception is the health probe,
-`Nvml.gpu_health`: there the errors of a GPU that is gone (`_GPU_GONE`) are its answer, not a failure.
+library or driver missing or not each other's version -> NvmlUnavailable, NOT_SUPPORTED ->
+NotSupported, INSUFFICIENT_RESOURCES -> InsufficientResources, IN_USE -> InUse, anything else (other
+codes, pynvml's NVMLLibraryMismatchError, text NVML returns that is not UTF-8) -> HardwareError; each
+carries the NVMLError class name and says which call failed on which GPU. The one exception is the
+health probe, `Nvml.gpu_health`: there the errors of a GPU that is gone (`_GPU_GONE`) are its answer,
+not a failure.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ _GIB = 1024**3
 _ERROR_CLASSES: dict[int, type[errors.HardwareError]] = {
     pynvml.NVML_ERROR_LIBRARY_NOT_FOUND: errors.NvmlUnavailable,
     pynvml.NVML_ERROR_DRIVER_NOT_LOADED: errors.NvmlUnavailable,
+    # libnvidia-ml is not the loaded kernel driver's version (a driver upgrade without a reboot)
+    pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH: errors.NvmlUnavailable,
     pynvml.NVML_ERROR_NOT_SUPPORTED: errors.NotSupported,
     pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES: errors.InsufficientResources,
     pynvml.NVML_ERROR_IN_USE: errors.InUse,
@@ -112,15 +116,33 @@ _FULL_GPU_MULTIPROCESSORS = {
 _PCIE_ROOT = re.compile(r"pci[0-9a-f]{4}:[0-9a-f]{2}")
 
 
+def _nvml_text(error: pynvml.NVMLError) -> str:
+    """The error's text; pynvml asks NVML itself for codes it does not know, and that can fail too."""
+    try:
+        return str(error)
+    except Exception:
+        return f"NVML error {error.value}"
+
+
 @contextmanager
 def _nvml_errors(call: str, gpu: str | None) -> Iterator[None]:
-    """Turns an NVMLError raised inside into the gpudra error for its code (module docstring)."""
+    """Turns what pynvml raises inside into the gpudra error for it (module docstring).
+
+    pynvml raises NVMLError subclasses (a missing libnvidia-ml, whose OSError it catches, included),
+    NVMLLibraryMismatchError for the unversioned functions it guards, and UnicodeDecodeError when it
+    decodes text NVML returned. ctypes.ArgumentError and TypeError mean gpudra passed a wrong argument:
+    a bug, left to surface as one.
+    """
+    where = f"{call} on GPU {gpu}" if gpu else call
     try:
         yield
     except pynvml.NVMLError as error:
-        where = f"{call} on GPU {gpu}" if gpu else call
         error_class = _ERROR_CLASSES.get(error.value, errors.HardwareError)
-        raise error_class(f"{where} failed: {error}", nvml_error=type(error).__name__) from error
+        raise error_class(f"{where} failed: {_nvml_text(error)}", nvml_error=type(error).__name__) from error
+    except pynvml.NVMLLibraryMismatchError as error:
+        raise errors.HardwareError(f"{where} failed: {error}", nvml_error=type(error).__name__) from error
+    except UnicodeDecodeError as error:
+        raise errors.HardwareError(f"{where} failed: NVML returned text that is not UTF-8") from error
 
 
 def _call(function: Callable[..., _T], *args: Any, gpu: str | None) -> _T:

@@ -7,17 +7,28 @@ the tests build by hand. API failures become `ClusterError` with the HTTP status
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Iterator
+import contextlib
+import http.client
+import json
+import os
+import re
+import socket
+import ssl
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, cast
 
-from kubernetes import client, config, utils, watch
+import urllib3
+from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from gpudra.errors import ClusterError
 
 GROUP, VERSION = "resource.k8s.io", "v1"
+# (connect, read) seconds for every call: a hung API server fails a call instead of holding it forever.
+REQUEST_TIMEOUT = (5.0, 30.0)
+# How long the API server keeps one watch open before the client opens the next.
+WATCH_SECONDS = 60
 Obj = dict[str, Any]
 
 
@@ -34,15 +45,87 @@ class Conflict(ClusterError):
     """The object changed since it was read, or already exists (HTTP 409)."""
 
 
+class Expired(ClusterError):
+    """A watch's resourceVersion is too old to resume from (HTTP 410): list again."""
+
+
+# What the kubernetes client lets through besides ApiException: urllib3's errors (MaxRetryError on a
+# refused connection, ProtocolError on a reset: neither is an OSError), http.client's and the socket's,
+# malformed replies (ValueError), and urllib3's warnings where a warnings filter raises them.
+_TRANSPORT_ERRORS = (
+    urllib3.exceptions.HTTPError,
+    urllib3.exceptions.HTTPWarning,
+    http.client.HTTPException,
+    OSError,
+    ValueError,
+)
+# What a transport failure means, by the first of these that its cause chain holds; most specific first.
+_TRANSPORT_REASONS: tuple[tuple[tuple[type[BaseException], ...], str], ...] = (
+    ((urllib3.exceptions.NameResolutionError, socket.gaierror), "cannot resolve the API server's name"),
+    ((ssl.SSLError, urllib3.exceptions.SSLError), "TLS failure"),
+    ((urllib3.exceptions.ProxyError,), "proxy failure"),
+    ((urllib3.exceptions.NewConnectionError, ConnectionRefusedError), "cannot reach the API server"),
+    ((urllib3.exceptions.TimeoutError, TimeoutError), "timed out"),
+    ((urllib3.exceptions.ProtocolError, http.client.HTTPException, ConnectionError), "connection broken"),
+    ((urllib3.exceptions.ResponseError,), "too many error responses"),
+    ((urllib3.exceptions.HTTPWarning,), "HTTP client warning raised as an error"),
+    (
+        (ValueError, urllib3.exceptions.DecodeError, urllib3.exceptions.HeaderParsingError),
+        "malformed request or reply",
+    ),
+    ((OSError,), "network or I/O failure"),
+)
+
+
+def _cause_chain(err: BaseException) -> list[BaseException]:
+    """`err` and what it wraps, outermost first: MaxRetryError's reason, ProxyError's original error,
+    `raise ... from`, else an exception among the arguments (urllib3's `ProtocolError(msg, error)`)."""
+    chain: list[BaseException] = []
+    current: BaseException | None = err
+    while current is not None and len(chain) < 10 and all(current is not seen for seen in chain):
+        chain.append(current)
+        if isinstance(current, urllib3.exceptions.MaxRetryError) and current.reason is not None:
+            current = current.reason
+        elif isinstance(current, urllib3.exceptions.ProxyError):
+            current = current.original_error
+        elif current.__cause__ is not None:
+            current = current.__cause__
+        else:
+            current = next((arg for arg in current.args if isinstance(arg, BaseException)), None)
+    return chain
+
+
+def _transport_message(what: str, err: BaseException) -> str:
+    """The message: "<what>: <reason> (<exception classes>[: <detail>])", from class names, errno and OpenSSL
+    reason codes only: the exceptions' own texts name the API server's host, port and URL."""
+    chain = _cause_chain(err)
+    reason = next(
+        (text for kinds, text in _TRANSPORT_REASONS if any(isinstance(e, kinds) for e in chain)),
+        "HTTP client failure",
+    )
+    root, detail = chain[-1], ""
+    if isinstance(root, ssl.SSLError):
+        code = getattr(root, "reason", None)
+        detail = code if isinstance(code, str) and re.fullmatch(r"[A-Z0-9_]+", code) else ""
+    elif isinstance(root, OSError) and isinstance(root.errno, int) and root.errno > 0:
+        detail = os.strerror(root.errno)
+    names = " > ".join(type(e).__name__ for e in chain)
+    return f"{what}: {reason} ({names}{': ' + detail if detail else ''})"
+
+
 @contextmanager
 def _api_errors(what: str) -> Iterator[None]:
+    """Turns every failure the kubernetes client raises into `ClusterError` (404 `NotFound`, 409
+    `Conflict`, 410 `Expired`). No message carries the API server's address."""
     try:
         yield
     except ApiException as err:
-        kind = {404: NotFound, 409: Conflict}.get(int(err.status or 0), ClusterError)
+        kind = {404: NotFound, 409: Conflict, 410: Expired}.get(int(err.status or 0), ClusterError)
         raise kind(f"{what}: HTTP {err.status} {err.reason}") from err
-    except (OSError, ValueError) as err:  # connection refused, reset, TLS errors, malformed replies
-        raise ClusterError(f"{what}: {err}") from err
+    except config.ConfigException as err:  # kubeconfig or service account unusable, exec plugin failed
+        raise ClusterError(f"{what}: invalid cluster credentials: {err}") from err
+    except _TRANSPORT_ERRORS as err:
+        raise ClusterError(_transport_message(what, err)) from err
 
 
 def connect(kubeconfig: str | None) -> client.ApiClient:
@@ -65,12 +148,12 @@ class Kube:
 
     def server_minor(self) -> int:
         with _api_errors("reading the server version"):
-            info = client.VersionApi(self.api).get_code()
+            info = client.VersionApi(self.api).get_code(_request_timeout=REQUEST_TIMEOUT)
         return int("".join(ch for ch in info.minor if ch.isdigit()))
 
     def node_uid(self, name: str) -> str:
         with _api_errors(f"reading node {name}"):
-            node = self._core.read_node(name)
+            node = self._core.read_node(name, _request_timeout=REQUEST_TIMEOUT)
         if node.metadata is None:
             raise ClusterError(f"node {name} has no metadata")
         return str(node.metadata.uid)
@@ -82,26 +165,38 @@ class Kube:
         with _api_errors("listing ResourceSlices"):
             result = _obj(
                 self._custom.list_cluster_custom_object(
-                    GROUP, VERSION, "resourceslices", field_selector=selector
+                    GROUP,
+                    VERSION,
+                    "resourceslices",
+                    field_selector=selector,
+                    _request_timeout=REQUEST_TIMEOUT,
                 )
             )
         return list(result["items"])
 
     def create_slice(self, body: Obj) -> Obj:
         with _api_errors(f"creating ResourceSlice {body['metadata'].get('name')}"):
-            return _obj(self._custom.create_cluster_custom_object(GROUP, VERSION, "resourceslices", body))
+            return _obj(
+                self._custom.create_cluster_custom_object(
+                    GROUP, VERSION, "resourceslices", body, _request_timeout=REQUEST_TIMEOUT
+                )
+            )
 
     def replace_slice(self, body: Obj) -> Obj:
         name = body["metadata"]["name"]
         with _api_errors(f"updating ResourceSlice {name}"):
             return _obj(
-                self._custom.replace_cluster_custom_object(GROUP, VERSION, "resourceslices", name, body)
+                self._custom.replace_cluster_custom_object(
+                    GROUP, VERSION, "resourceslices", name, body, _request_timeout=REQUEST_TIMEOUT
+                )
             )
 
     def delete_slice(self, name: str) -> None:
         try:
             with _api_errors(f"deleting ResourceSlice {name}"):
-                self._custom.delete_cluster_custom_object(GROUP, VERSION, "resourceslices", name)
+                self._custom.delete_cluster_custom_object(
+                    GROUP, VERSION, "resourceslices", name, _request_timeout=REQUEST_TIMEOUT
+                )
         except NotFound:
             pass
 
@@ -110,74 +205,76 @@ class Kube:
     def get_claim(self, namespace: str, name: str) -> Obj:
         with _api_errors(f"reading ResourceClaim {namespace}/{name}"):
             return _obj(
-                self._custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "resourceclaims", name)
+                self._custom.get_namespaced_custom_object(
+                    GROUP, VERSION, namespace, "resourceclaims", name, _request_timeout=REQUEST_TIMEOUT
+                )
             )
 
-    def watch_claims(self, on_event: Callable[[str, Obj], None], *, stop: threading.Event) -> None:
-        """List then watch every ResourceClaim, calling on_event(type, claim) until `stop` is set.
-
-        The first call for each claim is ("ADDED", claim); a relist after an expired watch replays
-        ADDED for everything, and "RESYNC" with an empty dict marks the end of each list.
-        """
-        while not stop.is_set():
-            with _api_errors("listing ResourceClaims"):
-                listing = _obj(self._custom.list_cluster_custom_object(GROUP, VERSION, "resourceclaims"))
-            for item in listing["items"]:
-                on_event("ADDED", item)
-            on_event("RESYNC", {})
-            version = listing["metadata"]["resourceVersion"]
-            stream = watch.Watch()
-            try:
-                for event in stream.stream(
-                    self._custom.list_cluster_custom_object,
-                    GROUP,
-                    VERSION,
-                    "resourceclaims",
-                    resource_version=version,
-                    timeout_seconds=30,
-                    allow_watch_bookmarks=True,
-                ):
-                    if stop.is_set():
-                        return
-                    if event["type"] in ("ADDED", "MODIFIED", "DELETED"):
-                        on_event(event["type"], event["object"])
-            except ApiException as err:
-                if err.status != 410:  # 410 Gone: our version expired, relist
-                    raise ClusterError(f"watching ResourceClaims: HTTP {err.status} {err.reason}") from err
-            finally:
-                stream.stop()
-
-    # --- generic objects (the demo and tooling) --------------------------------------------------
-
-    def create(self, objects: list[Obj], *, namespace: str) -> None:
-        """Create manifests (any kind the client knows) in `namespace`."""
-        for obj in objects:
-            kind = f"{obj.get('kind')} {obj.get('metadata', {}).get('name')}"
-            with _api_errors(f"creating {kind}"):
-                try:
-                    utils.create_from_dict(self.api, obj, namespace=namespace)
-                except utils.FailToCreateError as err:
-                    raise ClusterError(f"creating {kind}: {err}") from err
-
-    def create_namespace(self, name: str) -> None:
-        with _api_errors(f"creating namespace {name}"):
-            self._core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
-
-    def list_pods(self, namespace: str) -> list[Obj]:
-        with _api_errors(f"listing pods in {namespace}"):
-            pods = self._core.list_namespaced_pod(namespace)
-        return [_obj(self.api.sanitize_for_serialization(p)) for p in pods.items]
-
-    def delete_pod(self, namespace: str, name: str) -> None:
-        try:
-            with _api_errors(f"deleting pod {namespace}/{name}"):
-                self._core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
-        except NotFound:
-            pass
-
-    def list_claims(self, namespace: str) -> list[Obj]:
-        with _api_errors(f"listing ResourceClaims in {namespace}"):
-            result = _obj(
-                self._custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "resourceclaims")
+    def list_claims(self) -> tuple[list[Obj], str]:
+        """Every ResourceClaim, and the resourceVersion to watch from."""
+        with _api_errors("listing ResourceClaims"):
+            listing = _obj(
+                self._custom.list_cluster_custom_object(
+                    GROUP, VERSION, "resourceclaims", _request_timeout=REQUEST_TIMEOUT
+                )
             )
-        return list(result["items"])
+        return list(listing["items"]), str(listing["metadata"]["resourceVersion"])
+
+    def watch_claims(self, resource_version: str) -> Watch:
+        """Open a watch on every ResourceClaim from `resource_version` (the server ends it after
+        WATCH_SECONDS; a read timeout beyond that catches a server that hangs)."""
+        with _api_errors("watching ResourceClaims"):
+            response: Any = self._custom.list_cluster_custom_object(
+                GROUP,
+                VERSION,
+                "resourceclaims",
+                watch=True,
+                resource_version=resource_version,
+                timeout_seconds=WATCH_SECONDS,
+                allow_watch_bookmarks=True,
+                _preload_content=False,
+                _request_timeout=(REQUEST_TIMEOUT[0], WATCH_SECONDS + REQUEST_TIMEOUT[1]),
+            )
+        status = int(response.status)
+        if not 200 <= status <= 299:
+            with contextlib.suppress(Exception):
+                response.release_conn()
+            raise ClusterError(f"watching ResourceClaims: HTTP {status} {response.reason}")
+        return Watch(response, what="watching ResourceClaims")
+
+
+class Watch:
+    """One watch request's events as (type, object) pairs: ADDED, MODIFIED, DELETED, BOOKMARK.
+
+    `close()` may be called from another thread: it shuts the connection down, so a blocked read
+    ends at once instead of at the next event. A 410 Gone (the resourceVersion is too old) raises
+    `Expired`; other errors leave as `ClusterError`.
+    """
+
+    def __init__(self, response: Any, *, what: str) -> None:
+        self._response = response
+        self._what = what
+
+    def __iter__(self) -> Iterator[tuple[str, Obj]]:
+        with _api_errors(self._what):
+            buffer = b""
+            for chunk in self._response.stream(amt=None, decode_content=True):
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        yield self._event(json.loads(line))
+
+    def _event(self, event: Obj) -> tuple[str, Obj]:
+        kind, obj = str(event.get("type")), event.get("object") or {}
+        if kind == "ERROR":
+            if obj.get("code") == 410:
+                raise Expired(f"{self._what}: resourceVersion expired ({obj.get('message')})")
+            raise ClusterError(f"{self._what}: {obj.get('reason')}: {obj.get('message')}")
+        return kind, obj
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):  # closing a broken connection may fail in many ways
+            self._response.shutdown()
+        with contextlib.suppress(Exception):
+            self._response.release_conn()

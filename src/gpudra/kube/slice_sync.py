@@ -5,8 +5,8 @@ unchanged model costs one LIST and no writes, whatever defaults the API server f
 changed, every slice of the pool is rewritten with the next pool generation (the scheduler only trusts
 slices of a pool's newest generation) and slices that are no longer wanted are deleted.
 
-The controller runs in its own thread, retries with backoff while the API server is away, and never
-holds anything that prepare waits on.
+The controller runs in a `service.Loop` (its own thread, retried with backoff while the API server
+is away) and never holds anything that prepare waits on.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpudra.errors import GpudraError
 from gpudra.kube.client import Kube, Obj
 from gpudra.model import slices as slice_builder
 from gpudra.model.devices import DeviceModel
 from gpudra.model.slices import ResourceSlice
+from gpudra.service import Loop
 
 SPEC_HASH = "gpudra.io/spec-hash"
 log = logging.getLogger(__name__)
@@ -103,9 +103,7 @@ class SliceController:
         self.model = model
         self.resync_seconds = resync_seconds
         self.on_publish = on_publish
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self.loop = Loop("slice-sync", self._step, on_error=self._forget_cluster_facts)
         self._server_minor: int | None = None
         self._node_uid: str | None = None
         self.synced = threading.Event()  # set after the first successful sync
@@ -153,36 +151,19 @@ class SliceController:
 
     def trigger(self) -> None:
         """Ask for a sync soon (e.g. after the device model changed)."""
-        self._wake.set()
+        self.loop.wake()
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="slice-controller", daemon=True)
-        self._thread.start()
+        self.loop.start()
 
-    def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+    def stop(self, timeout: float) -> None:
+        self.loop.stop(timeout)
 
-    def _run(self) -> None:
-        backoff = 0.5
-        while not self._stop.is_set():
-            try:
-                self.sync_once()
-            except Exception as err:  # the thread must outlive any one failure, expected or not
-                # Forget cached cluster facts: the node or the server may have been replaced.
-                self._server_minor = self._node_uid = None
-                log.warning(
-                    "publishing ResourceSlices failed; retrying",
-                    extra={"error": str(err), "retry_in": backoff},
-                    exc_info=not isinstance(err, GpudraError),
-                )
-                self._wake.wait(backoff)
-                self._wake.clear()
-                backoff = min(backoff * 2, 30.0)
-                continue
-            backoff = 0.5
-            self.synced.set()
-            self._wake.wait(self.resync_seconds)
-            self._wake.clear()
+    def _step(self) -> float:
+        self.sync_once()
+        self.synced.set()
+        return self.resync_seconds
+
+    def _forget_cluster_facts(self, err: BaseException) -> None:
+        """After a failure the node or the API server may have been replaced."""
+        self._server_minor = self._node_uid = None

@@ -1,7 +1,7 @@
-"""Checks of the gpudra configs in claim, template and class manifests. I/O: reads the files named.
+"""Checks of the gpudra configs in claim, template and class manifests. Pure.
 
-`validate_files` reads the files; `validate_documents`, which judges parsed objects, is pure. This is
-what `gpudra validate FILE...` runs: each config entry whose `opaque.driver` is gpudra's must carry a
+`validate_documents` judges parsed objects (`gpudra.manifest_files` reads them from files for
+`gpudra validate FILE...`): each config entry whose `opaque.driver` is gpudra's must carry a
 valid GpuConfig or MigDeviceConfig of at most 10 KiB, and in claims its `requests` must name requests of
 the claim. Other drivers' entries and other kinds of objects are left alone.
 """
@@ -11,10 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
-
-import yaml
 
 from gpudra.api import config_problems
 
@@ -42,60 +39,12 @@ class Problem:
         return ": ".join(part for part in (self.file, self.object, self.field, self.message) if part)
 
 
-def validate_files(paths: Sequence[Path], *, driver: str) -> list[Problem]:
-    """Every problem in the YAML (multi-document) or JSON files; an unreadable file is a Problem too."""
-    problems = []
-    for path in paths:
-        file = str(path)
-        try:
-            documents = _documents(path)
-        except ValueError as err:
-            problems.append(Problem(file, "", "", str(err)))
-            continue
-        objects = []
-        for number, document in enumerate(documents, start=1):
-            if document is None:
-                continue
-            if isinstance(document, Mapping) and "kind" in document and "apiVersion" in document:
-                objects.append((file, document))
-            else:
-                problems.append(
-                    Problem(
-                        file, f"document {number}", "", "is not a Kubernetes object (no apiVersion and kind)"
-                    )
-                )
-        problems.extend(validate_documents(objects, driver=driver))
-    return problems
-
-
 def validate_documents(docs: Iterable[tuple[str, Mapping[str, Any]]], *, driver: str) -> list[Problem]:
     """Every problem in the gpudra configs of the (file name, parsed object) pairs, `v1 List`s included."""
     problems: list[Problem] = []
     for file, document in docs:
         _check_object(document, file=file, prefix="", driver=driver, problems=problems)
     return problems
-
-
-def _documents(path: Path) -> list[Any]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise ValueError(f"cannot be read: {err.strerror}") from err
-    except UnicodeDecodeError as err:
-        raise ValueError("is not YAML or JSON: not UTF-8 text") from err
-    if path.suffix == ".json":
-        try:
-            return [json.loads(text)]
-        except json.JSONDecodeError as err:
-            raise ValueError(f"is not valid JSON: {err}") from err
-    try:
-        return list(yaml.safe_load_all(text))
-    except yaml.MarkedYAMLError as err:
-        mark = err.problem_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ValueError(f"is not valid YAML: {err.problem or err.context}{where}") from err
-    except yaml.YAMLError as err:
-        raise ValueError(f"is not valid YAML: {err}") from err
 
 
 def _check_object(

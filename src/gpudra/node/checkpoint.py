@@ -5,9 +5,10 @@ so that after a crash at any step the entry says what may exist on the node and 
 or completed:
 
     PrepareStarted    written before any side effect. `devices` holds what is being prepared; a MIG
-                      record's `gpu_instance_id`, `compute_instance_id` and `uuid` stay None until
-                      the instance exists, so recovery finds it by (gpu_uuid, profile_id,
-                      placement_start), the only identity that is known beforehand.
+                      record holds only its `spec` (gpu_uuid, profile_id, placement_start), the only
+                      identity known before the instance exists, by which recovery finds it. Its
+                      `live` part (GPU and compute instance IDs, MIG UUID) is None until the
+                      instance has been created.
     PrepareCompleted  every device is configured and the CDI spec is written; a repeated
                       NodePrepareResources returns the recorded CDI IDs.
     UnprepareStarted  teardown has begun; recovery finishes it. The entry is removed when done.
@@ -17,6 +18,30 @@ JSON (sorted keys, no whitespace) of `data` *as it is in the file*, not of the m
 So a later gpudra that adds a field with a default still reads older files, and a file is only
 called corrupt when its bytes really changed (NVIDIA's driver checksums the re-marshalled struct
 and crash-looped on upgrade, issue #1080).
+
+Compatibility. `data.version` is the number of the format of `data`; the envelope (the two keys
+`checksum` and `data`, the checksum rule) is the same in every version. This gpudra writes VERSION.
+
+ 1. A reader reads every version up to its own. An older version is read with that version's
+    reader (`_READERS`), which converts it in memory to the current models; the next `save` writes
+    it back in the reader's version. (Version 1 is the only version so far.)
+ 2. Within a version, fields are only added, never removed, renamed or given another meaning, and
+    only when an older reader of that version may drop them without losing hardware state: the
+    field has a default (so files written before it still load), and nothing it records has to be
+    undone on the node. Anything an older reader would need to undo (a MIG instance, an MPS daemon)
+    means a new version, so that such a reader refuses the file instead of forgetting the state.
+    Version 1 files therefore hold no `mig` record and no MPS `sharing` record: no gpudra writing
+    version 1 creates them, and the first that does must write version 2.
+ 3. A reader that finds a newer version, or a file of a version it reads with fields it does not
+    know (pydantic's `extra_forbidden`, at any depth, even alongside other schema errors), refuses
+    it: `load` raises CheckpointTooNew, naming the file, the version found, the version this gpudra
+    reads, and what the operator can do (upgrade gpudra back to the release that wrote it, or clean
+    up the node by hand and move the file aside). Such a file is never quarantined nor overwritten;
+    the plugin does not start. (A reader cannot check that an unknown field obeys rule 2, so it does
+    not drop it.)
+ 4. A damaged file (not JSON, not the envelope, checksum mismatch, a missing or non-integer
+    version, or a schema violation other than unknown fields) is corrupt: `load` raises
+    GpudraError, and the caller may quarantine it.
 
 Boot ID: GPU and compute instances, MPS daemons, compute modes and time-slices do not survive a
 reboot, so entries written under another boot describe nothing that still exists on the GPUs.
@@ -30,6 +55,7 @@ import datetime
 import hashlib
 import json
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -39,25 +65,66 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from gpudra.atomic_file import fsync_directory, write_atomically
 from gpudra.errors import GpudraError
 
-VERSION: Literal[1] = 1
+VERSION: Literal[1] = 1  # the format version this gpudra writes, and the newest it reads
 
 ClaimState = Literal["PrepareStarted", "PrepareCompleted", "UnprepareStarted"]
 TimeSliceInterval = Literal["Default", "Short", "Medium", "Long"]
+
+
+class CheckpointTooNew(GpudraError):
+    """The checkpoint was written by a newer gpudra (a newer version, or fields this one does not know).
+
+    The file may record state on the GPUs that this gpudra cannot undo: never quarantine nor
+    overwrite it. The message says what the operator can do.
+    """
+
+    def __init__(self, path: Path, *, version: int, unknown_fields: Sequence[str] = ()) -> None:
+        self.path = path
+        self.version = version
+        self.reads_version = VERSION
+        self.unknown_fields = tuple(unknown_fields)
+        if self.unknown_fields:
+            found = (
+                f"has format version {version} but fields this gpudra does not know "
+                f"({', '.join(self.unknown_fields)})"
+            )
+        else:
+            found = f"has format version {version}"
+        super().__init__(
+            f"checkpoint {path} {found}: it was written by a newer gpudra; this gpudra reads format "
+            f"version {VERSION} and older. It may record GPU state (MIG instances, MPS daemons) that "
+            "this gpudra cannot undo, so the file is left untouched and the plugin does not start. "
+            "Either upgrade gpudra back to the release that wrote it (it settles its own checkpoint), "
+            "or clean up by hand what the file lists for each claim (CDI specs, MIG instances, MPS "
+            "daemons, time-slices) and then move the file aside."
+        )
 
 
 class _Record(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class MigRecord(_Record):
-    """A MIG device the claim creates on demand."""
+class MigSpec(_Record):
+    """What identifies a MIG device before it exists; recovery finds the instance by it."""
 
-    gpu_uuid: str  # the parent GPU
+    gpu_uuid: str = Field(min_length=1)  # the parent GPU
     profile_id: int = Field(ge=0)
     placement_start: int = Field(ge=0)
-    gpu_instance_id: int | None = Field(default=None, ge=0)
-    compute_instance_id: int | None = Field(default=None, ge=0)
-    uuid: str | None = None  # "MIG-…"; changes every time the instance is re-created
+
+
+class MigLive(_Record):
+    """What exists of a MIG device only once it has been created."""
+
+    gpu_instance_id: int = Field(ge=0)
+    compute_instance_id: int = Field(ge=0)
+    uuid: str = Field(min_length=1)  # "MIG-…"; changes every time the instance is re-created
+
+
+class MigRecord(_Record):
+    """A MIG device the claim creates on demand: `live` is None until the instance exists."""
+
+    spec: MigSpec
+    live: MigLive | None = None
 
 
 class TimeSlicingRecord(_Record):
@@ -159,9 +226,12 @@ class LoadedCheckpoint:
 def load(path: Path, *, boot_id: str) -> LoadedCheckpoint:
     """Read the checkpoint at `path`; a missing file is an empty checkpoint.
 
-    Raises GpudraError naming the file when it is not what `save` writes (bad JSON, checksum
-    mismatch, unknown version, schema violation); the caller decides whether to `quarantine` it.
-    Errors reading the file (permissions, I/O) propagate as OSError: the file may be fine.
+    An older format version is converted to the current models (see Compatibility in the module
+    docstring). Raises CheckpointTooNew when a newer gpudra wrote the file (a newer version, or
+    fields this one does not know): never quarantine or overwrite it. Raises GpudraError naming the
+    file when it is damaged (bad JSON, checksum mismatch, missing version, schema violation); the
+    caller decides whether to `quarantine` it. Errors reading the file (permissions, I/O) propagate
+    as OSError: the file may be fine.
     """
     try:
         content = path.read_bytes()
@@ -206,6 +276,13 @@ def _checksum(data: Any) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+# How to read each format version this gpudra reads, from 1 to VERSION. The reader of VERSION
+# validates against the models above. When VERSION goes up, the models of the old version are kept
+# (renamed `_V<n>…`, never changed again) and its reader validates against them and converts the
+# result to the current models, so that the next `save` writes the file in the current version.
+_READERS: dict[int, Callable[[dict[str, Any]], Checkpoint]] = {1: Checkpoint.model_validate}
+
+
 def _decode(content: bytes, *, source: Path) -> Checkpoint:
     def corrupt(what: str) -> GpudraError:
         return GpudraError(f"checkpoint {source} is corrupt: {what}")
@@ -219,13 +296,23 @@ def _decode(content: bytes, *, source: Path) -> Checkpoint:
     data = document["data"]
     if document["checksum"] != _checksum(data):
         raise corrupt("checksum mismatch (the file was changed or truncated after it was written)")
-    if not isinstance(data, dict) or data.get("version") != VERSION:
-        found = data.get("version") if isinstance(data, dict) else None
-        raise GpudraError(f"checkpoint {source} has version {found!r}; this gpudra reads version {VERSION}")
+    if not isinstance(data, dict):
+        raise corrupt("data is not a JSON object")
+    version = data.get("version")
+    if type(version) is not int or version < 1:  # bool is an int subclass: true is no version
+        raise corrupt(f"version {version!r} is not a format version; this gpudra reads 1 to {VERSION}")
+    if version > VERSION:
+        raise CheckpointTooNew(source, version=version)
     try:
-        return Checkpoint.model_validate(data)
+        return _READERS[version](data)
     except ValidationError as e:
-        problems = "; ".join(
-            f"{'.'.join(str(part) for part in error['loc'])}: {error['msg']}" for error in e.errors()
-        )
+        errors = e.errors()
+        unknown = [_dotted(error["loc"]) for error in errors if error["type"] == "extra_forbidden"]
+        if unknown:
+            raise CheckpointTooNew(source, version=version, unknown_fields=unknown) from e
+        problems = "; ".join(f"{_dotted(error['loc'])}: {error['msg']}" for error in errors)
         raise corrupt(f"does not match the schema ({problems})") from e
+
+
+def _dotted(loc: tuple[int | str, ...]) -> str:
+    return ".".join(str(part) for part in loc)

@@ -3,18 +3,20 @@ I/O: everything the plugin touches, wired here and nowhere else.
 
 Start-up order matters: settle the checkpoint first (a crash may have left a prepare half done), then
 start the health monitor, publish slices and open the sockets, registration socket last, so the kubelet
-calls a ready plugin. Stop (SIGTERM) is the reverse: health streams end, no new calls, calls in flight
-finish, then the threads stop.
+calls a ready plugin. Every background part is a `service.Service` started by `service.running`:
+a part that fails to start stops the ones already started. Stop (SIGTERM) is the reverse order:
+health streams end, no new calls, calls in flight finish, then the loops stop.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpudra import sim
+from gpudra import service, sim
 from gpudra.gpu import nvml
 from gpudra.gpu.tools import GpuTools
 from gpudra.kube import client as kube
@@ -25,11 +27,13 @@ from gpudra.model.devices import MigMode
 from gpudra.node import cdi, checkpoint
 from gpudra.node.health import HealthMonitor
 from gpudra.node.kubelet_grpc import KubeletServer, Observer
-from gpudra.node.metrics import PluginMetrics
+from gpudra.node.metrics import MetricsEndpoint, PluginMetrics
 from gpudra.node.prepare import DeviceState
 from gpudra.node.sharing import GpuSharing
 
 log = logging.getLogger(__name__)
+# Each service's share of shutdown: calls in flight finish, threads end.
+STOP_TIMEOUT_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,7 @@ class Options:
     state_dir: Path
     toolkit_cdi_dirs: tuple[Path, ...]
     metrics_port: int
+    metrics_address: str
     resync_seconds: float
     health_interval_seconds: float  # 0: no health service
 
@@ -106,20 +111,27 @@ def run(options: Options, *, stop: threading.Event) -> None:
         observer=Observer(prepared=metrics.observe_prepare, unprepared=metrics.observe_unprepare),
         health=health,
     )
+    metrics.track_claim_reads(
+        connected=lambda: claims.connected, lists=lambda: claims.lists, gets=lambda: claims.gets
+    )
+    loops = [claims.loop, slices.loop] + ([health.loop] if health is not None else [])
+    metrics.track_loop_failures({loop.name: _failures(loop) for loop in loops})
+    services: list[service.Service] = []
     if options.metrics_port:
-        metrics.serve(options.metrics_port)
+        services.append(
+            MetricsEndpoint(metrics.registry, address=options.metrics_address, port=options.metrics_port)
+        )
     if health is not None:
-        health.start()
-    claims.start()
-    slices.start()
-    server.start()
-    stop.wait()
-    log.info("stopping")
-    server.stop()
-    if health is not None:
-        health.stop()
-    slices.stop()
-    claims.stop()
+        services.append(health)
+    # The kubelet's sockets last: it calls a plugin whose claim cache and slices are already running.
+    services += [claims, slices, server]
+    with service.running(services, stop_timeout=STOP_TIMEOUT_SECONDS):
+        stop.wait()
+        log.info("stopping")
+
+
+def _failures(loop: service.Loop) -> Callable[[], int]:
+    return lambda: loop.failures
 
 
 def _counts(state: DeviceState) -> tuple[int, int]:

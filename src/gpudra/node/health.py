@@ -22,6 +22,7 @@ from typing import Protocol
 
 from gpudra.errors import GpudraError
 from gpudra.model.devices import Device
+from gpudra.service import Loop
 
 log = logging.getLogger(__name__)
 
@@ -125,18 +126,20 @@ class HealthMonitor:
         self._device_gpus = device_gpus(devices)
         self._gpus = tuple(dict.fromkeys(self._device_gpus.values()))
         self._open_nvml = open_nvml
-        self._stopping = threading.Event()
         self._changed = threading.Condition()
         self._snapshot: Snapshot | None = None
         self._last: dict[str, GpuHealth] = {}
-        self._thread = threading.Thread(target=self._run, name="health", daemon=True)
+        self._session: GpuProbe | None = None
+        self.loop = Loop("health", self._poll)
 
     def start(self) -> None:
-        self._thread.start()
+        self.loop.start()
 
-    def stop(self) -> None:
-        self._stopping.set()
-        self._thread.join(_STOP_WAIT_SECONDS)
+    def stop(self, timeout: float = _STOP_WAIT_SECONDS) -> None:
+        self.loop.stop(timeout)
+        if not self.loop.alive and self._session is not None:  # else a hung probe still holds it
+            _close(self._session)
+            self._session = None
 
     def wait(self, *, after: int, timeout: float) -> Snapshot | None:
         """The newest snapshot once one newer than generation `after` exists; None after `timeout` s."""
@@ -147,17 +150,10 @@ class HealthMonitor:
     def _newer_than(self, generation: int) -> bool:
         return self._snapshot is not None and self._snapshot.generation > generation
 
-    def _run(self) -> None:
-        session: GpuProbe | None = None
-        try:
-            while True:
-                session, gpus = self._probe_all(session)
-                self._publish(gpus)
-                if self._stopping.wait(self.interval):
-                    return
-        finally:
-            if session is not None:
-                _close(session)
+    def _poll(self) -> float:
+        self._session, gpus = self._probe_all(self._session)
+        self._publish(gpus)
+        return self.interval
 
     def _probe_all(self, session: GpuProbe | None) -> tuple[GpuProbe | None, dict[str, GpuHealth]]:
         if session is None:

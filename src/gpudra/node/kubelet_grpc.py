@@ -39,8 +39,8 @@ from gpudra._proto import (
 )
 from gpudra.errors import ConfigError, GpudraError
 from gpudra.node import checkpoint as ckpt
+from gpudra.node.allocation import ClaimRef
 from gpudra.node.health import Health, Snapshot
-from gpudra.node.prepare import ClaimRef
 
 log = logging.getLogger(__name__)
 SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
@@ -252,11 +252,11 @@ class KubeletServer:
             extra={"dra_socket": str(self.dra_socket), "registration_socket": str(self.registration_socket)},
         )
 
-    def stop(self, grace: float = 5.0) -> None:
-        """End health streams, stop accepting calls, let those in flight finish (up to `grace` seconds),
-        remove the sockets."""
+    def stop(self, timeout: float = 5.0) -> None:
+        """End health streams, stop accepting calls, let those in flight finish (up to `timeout`
+        seconds), remove the sockets."""
         self._stopping.set()
         self._registration.stop(grace=None)
         self.registration_socket.unlink(missing_ok=True)
-        self._dra.stop(grace=grace).wait(grace + 1)
+        self._dra.stop(grace=timeout).wait(timeout + 1)
         self.dra_socket.unlink(missing_ok=True)

@@ -19,75 +19,18 @@ import logging
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any
 
-from gpudra.api import GpuConfig, MigDeviceConfig
 from gpudra.errors import ClaimError, GpudraError
 from gpudra.model.claim_config import resolve_configs
 from gpudra.model.devices import Device
 from gpudra.model.inventory import Gpu, Inventory
 from gpudra.node import cdi, faults
 from gpudra.node import checkpoint as ckpt
+from gpudra.node.allocation import Allocated, ClaimRef, ClaimSource, DeviceType, Sharing
 
 log = logging.getLogger(__name__)
-DeviceType = Literal["gpu", "mig"]
-
-
-@dataclass(frozen=True)
-class ClaimRef:
-    """What the kubelet says about a claim: enough to unprepare it after the object is gone."""
-
-    uid: str
-    namespace: str
-    name: str
-
-    def __str__(self) -> str:
-        return f"{self.namespace}/{self.name} ({self.uid})"
-
-
-class ClaimSource(Protocol):
-    def get(self, *, namespace: str, name: str, uid: str) -> dict[str, Any]: ...
-
-
-@dataclass(frozen=True)
-class Allocated:
-    """One of this driver's allocation results in a claim, resolved to this node's hardware."""
-
-    request: str  # as allocated: "req" or "req/sub"
-    device: str
-    kind: DeviceType
-    gpu: Gpu
-    config: GpuConfig | MigDeviceConfig
-    config_entry: int | None  # index in status.allocation.devices.config; None for the default
-    admin_access: bool
-
-    @property
-    def config_field(self) -> str:
-        """Where this device's config came from, for error messages."""
-        if self.config_entry is None:
-            return "(default config)"
-        return f"status.allocation.devices.config[{self.config_entry}].opaque.parameters"
-
-    @property
-    def base_request(self) -> str:
-        """The request name containers refer to (a subrequest's parent)."""
-        return self.request.split("/", 1)[0]
-
-
-class Sharing(Protocol):
-    """Plans, applies and undoes how a device is shared (time-slicing, MPS).
-
-    `plan` has no side effect (it validates and says what `apply` will set), so the record is in the
-    checkpoint before the GPU changes and a rollback knows what to undo; `apply` and `undo` are idempotent.
-    """
-
-    def plan(self, device: Allocated) -> ckpt.SharingRecord | None: ...
-
-    def apply(self, record: ckpt.SharingRecord, *, gpu_uuids: Sequence[str]) -> None: ...
-
-    def undo(self, record: ckpt.SharingRecord, *, gpu_uuids: Sequence[str]) -> None: ...
 
 
 class DeviceState:
@@ -124,9 +67,17 @@ class DeviceState:
     # --- start-up --------------------------------------------------------------------------------
 
     def recover(self) -> None:
-        """Load the checkpoint and settle whatever a crash or reboot left half done."""
+        """Load the checkpoint and settle whatever a crash or reboot left half done.
+
+        A corrupt checkpoint is moved aside and the plugin starts empty; one written by a newer
+        gpudra raises CheckpointTooNew with everything left as it is.
+        """
         try:
             loaded = ckpt.load(self.checkpoint_path, boot_id=self.boot_id)
+        except ckpt.CheckpointTooNew:
+            # A newer gpudra wrote it: it may record GPU state this one cannot undo. Leave the file
+            # (and the CDI specs) as they are and refuse to start; the message says what to do.
+            raise
         except GpudraError as err:
             moved = ckpt.quarantine(self.checkpoint_path)
             log.error(

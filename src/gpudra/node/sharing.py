@@ -16,7 +16,7 @@ from gpudra.api.v1beta1 import TIMESLICE
 from gpudra.errors import ConfigError
 from gpudra.gpu.tools import GpuTools
 from gpudra.node import checkpoint as ckpt
-from gpudra.node.prepare import Allocated
+from gpudra.node.allocation import Allocated
 
 
 class GpuSharing:

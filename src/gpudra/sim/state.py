@@ -10,15 +10,14 @@ rename, so it cannot carry the lock) and are written atomically: temp file, fsyn
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
 from gpudra import errors
+from gpudra.atomic_file import locked, write_atomically
 from gpudra.sim import machines
 
 ENVIRONMENT = "GPUDRA_SIM_STATE"
@@ -94,7 +93,6 @@ class StateFile:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._lock_path = path.with_name(path.name + ".lock")
 
     def exists(self) -> bool:
         return self.path.exists()
@@ -102,7 +100,7 @@ class StateFile:
     def create(self, machine: machines.Machine) -> None:
         """Boots `machine` into a new state file, or checks that an existing one is the same machine."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self._locked(fcntl.LOCK_EX):
+        with locked(self.path, exclusive=True):
             if not self.path.exists():
                 self._write(initial_state(machine))
                 return
@@ -115,45 +113,22 @@ class StateFile:
             )
 
     def read(self) -> MachineState:
-        with self._locked(fcntl.LOCK_SH):
+        with locked(self.path, exclusive=False):
             return self._read()
 
     @contextlib.contextmanager
     def update(self) -> Iterator[MachineState]:
         """Yields the state for changing; writes it back only if the block finishes without raising."""
-        with self._locked(fcntl.LOCK_EX):
+        with locked(self.path, exclusive=True):
             state = self._read()
             yield state
             self._write(state)
-
-    @contextlib.contextmanager
-    def _locked(self, mode: int) -> Iterator[None]:
-        with self._lock_path.open("a") as lock:
-            fcntl.flock(lock, mode)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
 
     def _read(self) -> MachineState:
         return MachineState.model_validate_json(self.path.read_bytes())
 
     def _write(self, state: MachineState) -> None:
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
-        try:
-            with os.fdopen(fd, "wb") as out:
-                out.write(state.model_dump_json(indent=1).encode())
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        dir_fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        write_atomically(self.path, state.model_dump_json(indent=1).encode(), mode=0o644)
 
 
 def from_environment() -> StateFile | None:

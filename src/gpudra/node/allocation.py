@@ -1,0 +1,73 @@
+"""What a claim asks of this node, as the state machine and its steps see it. Pure.
+
+`ClaimRef` is what the kubelet names; `Allocated` is one allocation result resolved to this node's
+hardware and config. The steps of prepare (sharing today, MIG and MPS next) take these and sit below
+the state machine in `prepare`, which sequences them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from gpudra.api import GpuConfig, MigDeviceConfig
+from gpudra.model.inventory import Gpu
+from gpudra.node import checkpoint as ckpt
+
+DeviceType = Literal["gpu", "mig"]
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    """What the kubelet says about a claim: enough to unprepare it after the object is gone."""
+
+    uid: str
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name} ({self.uid})"
+
+
+class ClaimSource(Protocol):
+    def get(self, *, namespace: str, name: str, uid: str) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class Allocated:
+    """One of this driver's allocation results in a claim, resolved to this node's hardware."""
+
+    request: str  # as allocated: "req" or "req/sub"
+    device: str
+    kind: DeviceType
+    gpu: Gpu
+    config: GpuConfig | MigDeviceConfig
+    config_entry: int | None  # index in status.allocation.devices.config; None for the default
+    admin_access: bool
+
+    @property
+    def config_field(self) -> str:
+        """Where this device's config came from, for error messages."""
+        if self.config_entry is None:
+            return "(default config)"
+        return f"status.allocation.devices.config[{self.config_entry}].opaque.parameters"
+
+    @property
+    def base_request(self) -> str:
+        """The request name containers refer to (a subrequest's parent)."""
+        return self.request.split("/", 1)[0]
+
+
+class Sharing(Protocol):
+    """Plans, applies and undoes how a device is shared (time-slicing, MPS).
+
+    `plan` has no side effect (it validates and says what `apply` will set), so the record is in the
+    checkpoint before the GPU changes and a rollback knows what to undo; `apply` and `undo` are idempotent.
+    """
+
+    def plan(self, device: Allocated) -> ckpt.SharingRecord | None: ...
+
+    def apply(self, record: ckpt.SharingRecord, *, gpu_uuids: Sequence[str]) -> None: ...
+
+    def undo(self, record: ckpt.SharingRecord, *, gpu_uuids: Sequence[str]) -> None: ...
