@@ -114,7 +114,7 @@ class LocalCluster:
         try:
             self._write_credentials()
             self._start_etcd()
-            self._start_apiserver()
+            self.start_apiserver()
             self._start_scheduler()
             self._start_controller_manager()
             for node in self.nodes.values():
@@ -211,7 +211,16 @@ class LocalCluster:
 
         wait_until(etcd, healthy, what="etcd /health")
 
-    def _start_apiserver(self) -> None:
+    def stop_apiserver(self) -> None:
+        """Stop the API server (a control-plane outage); `start_apiserver` brings it back on the same
+        port with the same certificate, so every client's kubeconfig stays valid."""
+        [apiserver] = [c for c in self.components if c.name == "kube-apiserver"]
+        stop_groups([apiserver.process.pid])
+        apiserver.process.wait()
+        self.components.remove(apiserver)
+        self._save_state()
+
+    def start_apiserver(self) -> None:
         pki = self.directory / "pki"
         apiserver = self._component(
             "kube-apiserver",

@@ -16,6 +16,7 @@ from typing import Any
 
 from gpudra.errors import ClusterError
 from tests.localcluster.cluster import LocalCluster, NodePaths
+from tests.localcluster.processes import http_get
 
 DRIVER = "gpu.gpudra.io"
 
@@ -31,17 +32,19 @@ class PluginProcess:
         self.sim_state = node.root / "sim" / f"{profile}.json"
         self.log = node.root / "gpudra-plugin.log"
         self.process: subprocess.Popen[bytes] | None = None
+        self.metrics_port = 0
 
     @property
     def checkpoint(self) -> Path:
         return self.state_dir / "checkpoint.json"
 
-    def start(self, *, crash_at: str | None = None) -> None:
+    def start(self, *, crash_at: str | None = None, metrics_port: int = 0) -> None:
         env = {**os.environ, "GPUDRA_SIM_STATE": str(self.sim_state)}
         env.pop("GPUDRA_CRASH_AT", None)
         if crash_at:
             env["GPUDRA_CRASH_AT"] = crash_at
         seen = self.registrations()
+        self.metrics_port = metrics_port
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
                 [
@@ -58,6 +61,8 @@ class PluginProcess:
                     f"--state-dir={self.state_dir}",
                     "--toolkit-cdi-dirs=",
                     "--resync-seconds=5",
+                    f"--metrics-port={metrics_port}",
+                    "--metrics-address=127.0.0.1",
                 ],
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -103,6 +108,18 @@ class PluginProcess:
 
     def tail(self, lines: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+    def metrics(self) -> dict[str, float]:
+        """The plugin's Prometheus samples, `name{labels}` -> value (started with a metrics_port)."""
+        status, body = http_get(f"http://127.0.0.1:{self.metrics_port}/metrics")
+        if status != 200:
+            raise ClusterError(f"metrics of the plugin on {self.node.name}: HTTP {status}")
+        samples = {}
+        for line in body.decode().splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                samples[name] = float(value)
+        return samples
 
     # --- what the plugin left on the node -------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """Decoding user-supplied opaque parameters into GpuConfig / MigDeviceConfig, with every problem named. Pure.
 
-The webhook, `gpudra validate` and the kubelet plugin all decode through here, so a config is judged the
-same way at admission and at prepare.
+`gpudra validate` and the kubelet plugin both decode through here, so a config is judged the same way
+before it is applied and at prepare.
 """
 
 from __future__ import annotations

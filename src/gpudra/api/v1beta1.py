@@ -137,7 +137,9 @@ class TimeSlicingConfig(_Object):
 
 
 class MpsConfig(_Object):
-    """Limits the MPS control daemon sets for every client of the shared devices. Unset: no limit."""
+    """Limits for every client of an MPS control daemon on the shared devices. Unset: no limit.
+
+    Decoded and validated today; prepare refuses strategy MPS until the daemon lands."""
 
     default_active_thread_percentage: Percentage | None = Field(
         default=None,

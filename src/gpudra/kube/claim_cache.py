@@ -6,9 +6,9 @@ API server, so a claim re-allocated while nobody watched is never served from a 
 or a cached copy with another UID or no allocation yet, also falls through to a GET (the watch may lag
 the scheduler by a moment).
 
-The watch runs in a `service.Loop`: any failure is logged and retried with backoff, and a watch that
-ended (the server closes it every WATCH_SECONDS, or after a failure) resumes from the last
-resourceVersion it saw; only an expired version (HTTP 410) costs a new LIST.
+The watch runs in a `service.Loop`: any failure is logged and retried with backoff (0.5 s doubling
+to 5 s), and a watch that ended (the server closes it every WATCH_SECONDS, or after a failure)
+resumes from the last resourceVersion it saw; only an expired version (HTTP 410) costs a new LIST.
 """
 
 from __future__ import annotations
@@ -41,7 +41,11 @@ class ClaimCache:
         self._version: str | None = None  # resourceVersion to resume the watch from; None: LIST first
         self._watch: Watch | None = None
         self._connected = threading.Event()  # set while a watch stream is open and healthy
-        self.loop = Loop("claim-cache", self._step, on_error=self._on_error, min_backoff=min_backoff)
+        # Retries are capped at 5 s, not 30: while the watch is down every prepare costs a GET, so
+        # coming back soon after the API server does is worth one connection attempt per 5 s.
+        self.loop = Loop(
+            "claim-cache", self._step, on_error=self._on_error, min_backoff=min_backoff, max_backoff=5.0
+        )
         self.lists = 0  # LISTs done, for tests and metrics
         self.gets = 0  # fallback GETs done
 

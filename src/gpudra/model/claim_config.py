@@ -58,9 +58,9 @@ def resolve_configs(
     """The config of every result of `driver` in a claim's `status.allocation`, in result order.
 
     `device_types` tells, by device name, whether each allocated device is a whole GPU or a MIG device.
-    Raises ConfigError naming every invalid entry of this driver (even one that no result uses, as the
-    admission webhook would) or every entry whose kind does not fit a device it names; ClaimError when
-    a result names a device that `device_types` does not know.
+    Raises ConfigError naming every invalid entry of this driver (even one that no result uses, as
+    `gpudra validate` would) or every entry whose kind does not fit a device it names; ClaimError
+    when a result names a device that `device_types` does not know.
     """
     devices = allocation.get("devices") or {}
     entries = _entries(devices.get("config") or [], driver)
