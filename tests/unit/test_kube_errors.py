@@ -26,7 +26,7 @@ from kubernetes import client, config
 from kubernetes.client import exceptions as api_exceptions
 
 from gpudra.errors import ClusterError
-from gpudra.kube.client import Conflict, Expired, NotFound, _api_errors, connect
+from gpudra.kube.client import Conflict, NotFound, _api_errors, connect
 
 HOST, PORT = "127.0.0.1", 6443
 URL = f"https://{HOST}:{PORT}/apis/resource.k8s.io/v1/resourceslices?labelSelector=x"
@@ -264,7 +264,7 @@ API_STATUSES = [
     (403, ClusterError),
     (404, NotFound),
     (409, Conflict),
-    (410, Expired),
+    (410, ClusterError),
     (422, ClusterError),
     (429, ClusterError),
     (500, ClusterError),

@@ -7,7 +7,6 @@ the tests build by hand. API failures become `ClusterError` with the HTTP status
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import json
 import os
@@ -27,8 +26,6 @@ from gpudra.errors import ClusterError
 GROUP, VERSION = "resource.k8s.io", "v1"
 # (connect, read) seconds for every call: a hung API server fails a call instead of holding it forever.
 REQUEST_TIMEOUT = (5.0, 30.0)
-# How long the API server keeps one watch open before the client opens the next.
-WATCH_SECONDS = 60
 Obj = dict[str, Any]
 
 
@@ -43,10 +40,6 @@ class NotFound(ClusterError):
 
 class Conflict(ClusterError):
     """The object changed since it was read, or already exists (HTTP 409)."""
-
-
-class Expired(ClusterError):
-    """A watch's resourceVersion is too old to resume from (HTTP 410): list again."""
 
 
 # What the kubernetes client lets through besides ApiException: urllib3's errors (MaxRetryError on a
@@ -116,11 +109,11 @@ def _transport_message(what: str, err: BaseException) -> str:
 @contextmanager
 def _api_errors(what: str) -> Iterator[None]:
     """Turns every failure the kubernetes client raises into `ClusterError` (404 `NotFound`, 409
-    `Conflict`, 410 `Expired`). No message carries the API server's address."""
+    `Conflict`). No message carries the API server's address."""
     try:
         yield
     except ApiException as err:
-        kind = {404: NotFound, 409: Conflict, 410: Expired}.get(int(err.status or 0), ClusterError)
+        kind = {404: NotFound, 409: Conflict}.get(int(err.status or 0), ClusterError)
         raise kind(f"{what}: HTTP {err.status} {err.reason}") from err
     except config.ConfigException as err:  # kubeconfig or service account unusable, exec plugin failed
         raise ClusterError(f"{what}: invalid cluster credentials: {err}") from err
@@ -203,78 +196,27 @@ class Kube:
     # --- ResourceClaims ------------------------------------------------------------------------
 
     def get_claim(self, namespace: str, name: str) -> Obj:
-        with _api_errors(f"reading ResourceClaim {namespace}/{name}"):
-            return _obj(
-                self._custom.get_namespaced_custom_object(
-                    GROUP, VERSION, namespace, "resourceclaims", name, _request_timeout=REQUEST_TIMEOUT
-                )
-            )
-
-    def list_claims(self) -> tuple[list[Obj], str]:
-        """Every ResourceClaim, and the resourceVersion to watch from."""
-        with _api_errors("listing ResourceClaims"):
-            listing = _obj(
-                self._custom.list_cluster_custom_object(
-                    GROUP, VERSION, "resourceclaims", _request_timeout=REQUEST_TIMEOUT
-                )
-            )
-        return list(listing["items"]), str(listing["metadata"]["resourceVersion"])
-
-    def watch_claims(self, resource_version: str) -> Watch:
-        """Open a watch on every ResourceClaim from `resource_version` (the server ends it after
-        WATCH_SECONDS; a read timeout beyond that catches a server that hangs)."""
-        with _api_errors("watching ResourceClaims"):
-            response: Any = self._custom.list_cluster_custom_object(
+        """The claim, decoded here rather than by the client: any tenant can nest a claim's opaque
+        parameters thousands of levels deep, which Python's JSON decoder refuses with RecursionError."""
+        what = f"reading ResourceClaim {namespace}/{name}"
+        with _api_errors(what):
+            response: Any = self._custom.get_namespaced_custom_object(
                 GROUP,
                 VERSION,
+                namespace,
                 "resourceclaims",
-                watch=True,
-                resource_version=resource_version,
-                timeout_seconds=WATCH_SECONDS,
-                allow_watch_bookmarks=True,
+                name,
                 _preload_content=False,
-                _request_timeout=(REQUEST_TIMEOUT[0], WATCH_SECONDS + REQUEST_TIMEOUT[1]),
+                _request_timeout=REQUEST_TIMEOUT,
             )
-        status = int(response.status)
-        if not 200 <= status <= 299:
-            with contextlib.suppress(Exception):
-                response.release_conn()
-            raise ClusterError(f"watching ResourceClaims: HTTP {status} {response.reason}")
-        return Watch(response, what="watching ResourceClaims")
-
-
-class Watch:
-    """One watch request's events as (type, object) pairs: ADDED, MODIFIED, DELETED, BOOKMARK.
-
-    `close()` may be called from another thread: it shuts the connection down, so a blocked read
-    ends at once instead of at the next event. A 410 Gone (the resourceVersion is too old) raises
-    `Expired`; other errors leave as `ClusterError`.
-    """
-
-    def __init__(self, response: Any, *, what: str) -> None:
-        self._response = response
-        self._what = what
-
-    def __iter__(self) -> Iterator[tuple[str, Obj]]:
-        with _api_errors(self._what):
-            buffer = b""
-            for chunk in self._response.stream(amt=None, decode_content=True):
-                buffer += chunk
-                *lines, buffer = buffer.split(b"\n")
-                for line in lines:
-                    if line.strip():
-                        yield self._event(json.loads(line))
-
-    def _event(self, event: Obj) -> tuple[str, Obj]:
-        kind, obj = str(event.get("type")), event.get("object") or {}
-        if kind == "ERROR":
-            if obj.get("code") == 410:
-                raise Expired(f"{self._what}: resourceVersion expired ({obj.get('message')})")
-            raise ClusterError(f"{self._what}: {obj.get('reason')}: {obj.get('message')}")
-        return kind, obj
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):  # closing a broken connection may fail in many ways
-            self._response.shutdown()
-        with contextlib.suppress(Exception):
-            self._response.release_conn()
+            body = response.data
+        if not 200 <= int(response.status) <= 299:
+            raise {404: NotFound, 409: Conflict}.get(int(response.status), ClusterError)(
+                f"{what}: HTTP {response.status} {response.reason}"
+            )
+        try:
+            return _obj(json.loads(body))
+        except RecursionError as err:
+            raise ClusterError(f"{what}: the object nests too deeply to decode") from err
+        except ValueError as err:
+            raise ClusterError(f"{what}: the API server sent no JSON object ({err})") from err

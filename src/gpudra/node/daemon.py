@@ -1,4 +1,4 @@
-"""Runs the kubelet plugin: discovery, slices, claim cache, prepare state, device health, the kubelet's gRPC.
+"""Runs the kubelet plugin: discovery, slices, claim reads, prepare state, device health, the kubelet's gRPC.
 I/O: everything the plugin touches, wired here and nowhere else.
 
 Start-up order matters: settle the checkpoint first (a crash may have left a prepare half done), then
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from gpudra import service, sim
 from gpudra.gpu import nvml
 from gpudra.gpu.tools import GpuTools
 from gpudra.kube import client as kube
-from gpudra.kube.claim_cache import ClaimCache
+from gpudra.kube.claims import ClaimReader
 from gpudra.kube.slice_sync import SliceController
 from gpudra.model import devices
 from gpudra.model.devices import MigMode
@@ -72,7 +71,7 @@ def run(options: Options, *, stop: threading.Event) -> None:
 
     client = kube.Kube(kube.connect(options.kubeconfig))
     metrics = PluginMetrics()
-    claims = ClaimCache(client, driver=options.driver, pool=options.node_name)
+    claims = ClaimReader(client)
     state = DeviceState(
         driver=options.driver,
         node_name=options.node_name,
@@ -111,11 +110,8 @@ def run(options: Options, *, stop: threading.Event) -> None:
         observer=Observer(prepared=metrics.observe_prepare, unprepared=metrics.observe_unprepare),
         health=health,
     )
-    metrics.track_claim_reads(
-        connected=lambda: claims.connected, lists=lambda: claims.lists, gets=lambda: claims.gets
-    )
-    loops = [claims.loop, slices.loop] + ([health.loop] if health is not None else [])
-    metrics.track_loop_failures({loop.name: _failures(loop) for loop in loops})
+    metrics.track_claim_reads(lambda: claims.gets)
+    metrics.track_loops([slices.loop] + ([health.loop] if health is not None else []))
     services: list[service.Service] = []
     if options.metrics_port:
         services.append(
@@ -123,15 +119,11 @@ def run(options: Options, *, stop: threading.Event) -> None:
         )
     if health is not None:
         services.append(health)
-    # The kubelet's sockets last: it calls a plugin whose claim cache and slices are already running.
-    services += [claims, slices, server]
+    # The kubelet's sockets last: it calls a plugin whose slices are already being published.
+    services += [slices, server]
     with service.running(services, stop_timeout=STOP_TIMEOUT_SECONDS):
         stop.wait()
         log.info("stopping")
-
-
-def _failures(loop: service.Loop) -> Callable[[], int]:
-    return lambda: loop.failures
 
 
 def _counts(state: DeviceState) -> tuple[int, int]:

@@ -6,10 +6,12 @@ Names are prefixed `gpudra_`; every series is created up front so dashboards see
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Sequence
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from gpudra.service import Loop
 
 _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
@@ -62,34 +64,31 @@ class PluginMetrics:
         if outcome != "ok":
             self.errors.labels("unprepare", outcome).inc()
 
-    def track_claim_reads(
-        self, *, connected: Callable[[], bool], lists: Callable[[], int], gets: Callable[[], int]
-    ) -> None:
-        """The claim cache's state and its reads from the API server, read at scrape time."""
+    def track_claim_reads(self, gets: Callable[[], int]) -> None:
+        """ResourceClaim reads from the API server since start (one GET per claim prepared)."""
         Gauge(
-            "gpudra_claim_watch_connected",
-            "1 while the ResourceClaim watch is connected (prepare reads from the cache), else 0.",
+            "gpudra_claim_reads",
+            "ResourceClaims read from the API server since start: one GET per claim prepared.",
             registry=self.registry,
-        ).set_function(lambda: float(connected()))
-        reads = Gauge(
-            "gpudra_claim_api_reads",
-            "ResourceClaim reads from the API server since start: list (relists), get (cache bypassed).",
-            ["verb"],
-            registry=self.registry,
-        )
-        reads.labels("list").set_function(lists)
-        reads.labels("get").set_function(gets)
+        ).set_function(gets)
 
-    def track_loop_failures(self, failures: Mapping[str, Callable[[], int]]) -> None:
-        """Failed steps of each background loop since start (each failure was logged and retried)."""
-        gauge = Gauge(
+    def track_loops(self, loops: Sequence[Loop]) -> None:
+        """Each background loop's failed steps since start, and whether its last step succeeded."""
+        failures = Gauge(
             "gpudra_background_failures",
             "Failed steps of a background loop since start, by loop; each is logged and retried.",
             ["loop"],
             registry=self.registry,
         )
-        for name, count in failures.items():
-            gauge.labels(name).set_function(count)
+        healthy = Gauge(
+            "gpudra_background_healthy",
+            "1 when the loop's last step succeeded (or it has not failed yet), 0 while it is failing.",
+            ["loop"],
+            registry=self.registry,
+        )
+        for loop in loops:
+            failures.labels(loop.name).set_function(_failures_of(loop))
+            healthy.labels(loop.name).set_function(_healthy_of(loop))
 
     def track_prepared(self, counts: Callable[[], tuple[int, int]]) -> None:
         """Read (claims, devices) at scrape time, so the gauges can never drift from the checkpoint."""
@@ -115,3 +114,11 @@ class MetricsEndpoint:
             self._server.shutdown()
             self._server.server_close()
             self._thread.join(timeout)
+
+
+def _failures_of(loop: Loop) -> Callable[[], float]:
+    return lambda: float(loop.failures)
+
+
+def _healthy_of(loop: Loop) -> Callable[[], float]:
+    return lambda: float(loop.last_error is None)
