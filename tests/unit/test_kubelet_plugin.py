@@ -301,3 +301,41 @@ def test_stop_gives_up_on_a_call_after_the_grace_period(server: KubeletServer, b
         call.result(timeout=10)
     assert not server.dra_socket.exists() and not server.registration_socket.exists()
     ch.close()
+
+
+@pytest.mark.parametrize("version", VERSIONS, ids=str)
+def test_a_claim_named_twice_in_one_call_is_answered_once(
+    server: KubeletServer, backend: Backend, version: str
+) -> None:
+    pb, pb_grpc = VERSIONS[version]
+    twice = [claim(pb, "c"), claim(pb, "c")]
+    with channel(server.dra_socket) as ch:
+        stub = pb_grpc.DRAPluginStub(ch)
+        prepared = stub.NodePrepareResources(pb.NodePrepareResourcesRequest(claims=twice), timeout=10)
+        stub.NodeUnprepareResources(pb.NodeUnprepareResourcesRequest(claims=twice), timeout=10)
+    assert [d.device_name for d in prepared.claims["c"].devices] == ["gpu-0", "gpu-1"]
+    assert [action for action, _ in backend.calls] == ["prepare", "unprepare"]
+
+
+def test_an_old_instance_stopping_leaves_the_new_instance_s_sockets(sockets: Path) -> None:
+    """A rolling update: the new instance starts (and takes the sockets over) before the old one stops."""
+
+    def instance() -> KubeletServer:
+        return KubeletServer(
+            driver=DRIVER, backend=Backend(), registry_dir=sockets / "registry", plugin_dir=sockets / "plugin"
+        )
+
+    old, new = instance(), instance()
+    old.start()
+    new.start()
+    try:
+        old.stop(timeout=1)
+        assert new.registration_socket.exists() and new.dra_socket.exists()
+        with channel(new.registration_socket) as ch:
+            info = pluginregistration_v1_pb2_grpc.RegistrationStub(ch).GetInfo(
+                pluginregistration_v1_pb2.InfoRequest(), timeout=10
+            )
+        assert info.name == DRIVER
+    finally:
+        new.stop(timeout=1)
+    assert not new.registration_socket.exists() and not new.dra_socket.exists()

@@ -638,20 +638,63 @@ def test_specs_of_an_earlier_boot_are_removed_at_recover(h100: Node) -> None:
     assert h100.spec_path(uid(1)).exists()
 
 
-def test_a_corrupt_checkpoint_is_quarantined_and_the_plugin_starts_empty(h100: Node) -> None:
+def test_a_corrupt_checkpoint_is_quarantined_and_claims_are_rebuilt_from_their_cdi_specs(h100: Node) -> None:
+    """A damaged checkpoint must not forget running claims: their CDI specs stay (their containers
+    can restart) and their GPUs stay taken until the kubelet unprepares them."""
     state = h100.state()
-    state.prepare(h100.claims.add(whole_gpus(uid(1), "gpu-0")))
+    running = h100.claims.add(whole_gpus(uid(1), "gpu-0", "gpu-1"))
+    state.prepare(running)
     garbage = h100.checkpoint_path.read_bytes()[:-40]
     h100.checkpoint_path.write_bytes(garbage)
 
     restarted = h100.state()
-    assert restarted.prepared_claims() == {}
     [moved] = h100.checkpoint_path.parent.glob("checkpoint.json.corrupt-*")
     assert moved.read_bytes() == garbage
-    assert h100.entries() == {}
-    assert not h100.spec_path(uid(1)).exists()  # unknown to the new checkpoint
+    assert h100.spec_path(uid(1)).exists()
+    rebuilt = restarted.prepared_claims()[uid(1)]
+    assert rebuilt.state == "PrepareCompleted"
+    assert [d.device for d in rebuilt.devices] == ["gpu-0", "gpu-1"]
+    assert set(h100.entries()) == {uid(1)}  # and it is durable
+
+    with pytest.raises(ClaimError, match="gpu-0 is already prepared"):
+        restarted.prepare(h100.claims.add(whole_gpus(uid(2), "gpu-0")))
+    restarted.prepare(h100.claims.add(whole_gpus(uid(3), "gpu-2")))  # a free GPU is fine
+
+    # a repeated prepare of the running claim reads it again and records it in full
+    devices = restarted.prepare(running)
+    assert [d.request_names for d in devices] == [("gpu",), ("gpu",)]
+    restarted.unprepare(running)
+    assert not h100.spec_path(uid(1)).exists()
     restarted.prepare(h100.claims.add(whole_gpus(uid(2), "gpu-0")))
-    assert set(h100.entries()) == {uid(2)}
+    assert set(h100.entries()) == {uid(2), uid(3)}
+
+
+def test_an_unreadable_checkpoint_refuses_to_start_and_changes_nothing(h100: Node) -> None:
+    h100.state().prepare(h100.claims.add(whole_gpus(uid(1), "gpu-0")))
+    h100.checkpoint_path.unlink()
+    h100.checkpoint_path.mkdir()  # e.g. a hostPath mount gone wrong
+    with pytest.raises(
+        ckpt.CheckpointUnreadable, match=r"cannot read the checkpoint .*checkpoint.json: Is a directory"
+    ):
+        h100.state()
+    assert h100.spec_path(uid(1)).exists()
+    assert h100.checkpoint_path.is_dir()
+
+
+def test_a_failed_save_changes_nothing_in_memory(h100: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Disk full at the first checkpoint write: no phantom entry may refuse the next claim."""
+    state = h100.state()
+
+    def disk_full(path: Path, checkpoint: ckpt.Checkpoint) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ckpt, "save", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        state.prepare(h100.claims.add(whole_gpus(uid(1), "gpu-0")))
+    assert state.prepared_claims() == {}
+    monkeypatch.undo()
+    state.prepare(h100.claims.add(whole_gpus(uid(2), "gpu-0")))
+    assert set(state.prepared_claims()) == {uid(2)}
 
 
 def test_stray_specs_of_unknown_claims_are_removed_at_recover(h100: Node) -> None:

@@ -47,11 +47,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic.alias_generators import to_camel
 
 from gpudra.atomic_file import fsync_directory, write_atomically
-from gpudra.errors import ConfigError
+from gpudra.errors import ConfigError, GpudraError
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +104,9 @@ class CdiSpec(_CdiModel):
     kind: str
     devices: tuple[CdiDevice, ...]
     container_edits: ContainerEdits = ContainerEdits()
+
+    def device_names(self) -> tuple[str, ...]:
+        return tuple(device.name for device in self.devices)
 
     def to_json(self) -> str:
         """The spec file's content: camelCase keys, empty fields left out."""
@@ -197,6 +200,14 @@ def delete_spec(cdi_root: Path, *, driver: str, claim_uid: str) -> bool:
         return False
     fsync_directory(cdi_root)
     return True
+
+
+def read_spec(path: Path) -> CdiSpec:
+    """A claim spec gpudra wrote; GpudraError when it cannot be read or is not one."""
+    try:
+        return CdiSpec.model_validate_json(path.read_bytes())
+    except (OSError, ValidationError) as err:
+        raise GpudraError(f"CDI spec {path} cannot be read: {err}") from err
 
 
 def list_claim_specs(cdi_root: Path, *, driver: str) -> dict[str, Path]:

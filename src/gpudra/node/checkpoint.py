@@ -71,6 +71,12 @@ ClaimState = Literal["PrepareStarted", "PrepareCompleted", "UnprepareStarted"]
 TimeSliceInterval = Literal["Default", "Short", "Medium", "Long"]
 
 
+class CheckpointUnreadable(GpudraError):
+    """The checkpoint exists but cannot be read (permissions, I/O error, a directory in its place).
+
+    The file may be fine, so it is neither quarantined nor replaced."""
+
+
 class CheckpointTooNew(GpudraError):
     """The checkpoint was written by a newer gpudra (a newer version, or fields this one does not know).
 
@@ -209,6 +215,11 @@ class Checkpoint(_Record):
             version=self.version, boot_id=self.boot_id, claims={**self.claims, entry.uid: entry}
         )
 
+    def with_claims(self, entries: Sequence[ClaimEntry]) -> Checkpoint:
+        """A copy with every entry of `entries` added (or replacing the entry of the same claim)."""
+        claims = {**self.claims, **{entry.uid: entry for entry in entries}}
+        return Checkpoint(version=self.version, boot_id=self.boot_id, claims=claims)
+
     def without_claim(self, uid: str) -> Checkpoint:
         """A copy without the claim `uid` (the same claims when it is not there)."""
         claims = {key: entry for key, entry in self.claims.items() if key != uid}
@@ -230,13 +241,18 @@ def load(path: Path, *, boot_id: str) -> LoadedCheckpoint:
     docstring). Raises CheckpointTooNew when a newer gpudra wrote the file (a newer version, or
     fields this one does not know): never quarantine or overwrite it. Raises GpudraError naming the
     file when it is damaged (bad JSON, checksum mismatch, missing version, schema violation); the
-    caller decides whether to `quarantine` it. Errors reading the file (permissions, I/O) propagate
-    as OSError: the file may be fine.
+    caller decides whether to `quarantine` it. Errors reading the file (permissions, I/O, a
+    directory at `path`) raise CheckpointUnreadable: the file may be fine.
     """
     try:
         content = path.read_bytes()
     except FileNotFoundError:
         return LoadedCheckpoint(Checkpoint.empty(boot_id), {})
+    except OSError as err:
+        raise CheckpointUnreadable(
+            f"cannot read the checkpoint {path}: {err.strerror}; nothing was changed. Fix the path or "
+            "its permissions and restart the plugin"
+        ) from err
     checkpoint = _decode(content, source=path)
     if checkpoint.boot_id != boot_id:
         return LoadedCheckpoint(Checkpoint.empty(boot_id), checkpoint.claims)

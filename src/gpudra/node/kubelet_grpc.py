@@ -3,8 +3,9 @@ I/O: two unix sockets (the only module that imports grpc).
 
 The registration socket goes in the kubelet's plugins_registry directory; the kubelet's plugin watcher
 finds it, calls GetInfo, and connects to the DRA socket in the plugin directory. Stale sockets from a
-previous run are removed at start and both sockets on stop. The registration socket is opened last, so
-the kubelet never calls a plugin that cannot serve yet.
+previous run are removed at start, and on stop each socket is removed only while it is still the one
+this instance bound (a newer instance of a rolling update may have replaced it). The registration
+socket is opened last, so the kubelet never calls a plugin that cannot serve yet.
 
 One claim's failure is that claim's error in the response; the others in the same call proceed.
 
@@ -16,6 +17,7 @@ cancels or the server stops; `stop()` ends open streams first, so they never hol
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -95,6 +97,8 @@ def _servicer(pb: ModuleType, base: type, backend: PrepareBackend, observer: Obs
         def NodePrepareResources(self, request: Any, context: Any) -> Any:
             response = pb.NodePrepareResourcesResponse()
             for claim in request.claims:
+                if claim.uid in response.claims:  # named twice in one call: answered once
+                    continue
                 started, outcome = time.monotonic(), "ok"
                 result = response.claims[claim.uid]
                 try:
@@ -116,6 +120,8 @@ def _servicer(pb: ModuleType, base: type, backend: PrepareBackend, observer: Obs
         def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
             response = pb.NodeUnprepareResourcesResponse()
             for claim in request.claims:
+                if claim.uid in response.claims:  # named twice in one call: answered once
+                    continue
                 started, outcome = time.monotonic(), "ok"
                 result = response.claims[claim.uid]
                 try:
@@ -230,6 +236,7 @@ class KubeletServer:
             _servicer(dra_v1beta1_pb2, dra_v1beta1_pb2_grpc.DRAPluginServicer, backend, observer), self._dra
         )
         self._stopping = threading.Event()
+        self._inodes: dict[Path, int] = {}  # socket -> inode this instance bound
         versions: tuple[str, ...] = SUPPORTED_VERSIONS
         if health is not None:
             dra_health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
@@ -244,9 +251,15 @@ class KubeletServer:
     def start(self) -> None:
         for server, socket in ((self._dra, self.dra_socket), (self._registration, self.registration_socket)):
             socket.parent.mkdir(parents=True, exist_ok=True)
-            socket.unlink(missing_ok=True)
-            server.add_insecure_port(f"unix://{socket}")
+            # Bound under a hidden name (the kubelet's plugin watcher skips dot files), then renamed
+            # over the real one: a previous instance's socket is replaced atomically, and gRPC,
+            # which unlinks the path it bound when it stops, only ever removes the hidden name.
+            bound = socket.with_name(f".{socket.name}.{os.getpid()}")
+            bound.unlink(missing_ok=True)
+            server.add_insecure_port(f"unix://{bound}")
             server.start()
+            os.replace(bound, socket)
+            self._inodes[socket] = socket.stat().st_ino
         log.info(
             "serving the kubelet",
             extra={"dra_socket": str(self.dra_socket), "registration_socket": str(self.registration_socket)},
@@ -257,6 +270,15 @@ class KubeletServer:
         seconds), remove the sockets."""
         self._stopping.set()
         self._registration.stop(grace=None)
-        self.registration_socket.unlink(missing_ok=True)
+        self._unlink_own(self.registration_socket)
         self._dra.stop(grace=timeout).wait(timeout + 1)
-        self.dra_socket.unlink(missing_ok=True)
+        self._unlink_own(self.dra_socket)
+
+    def _unlink_own(self, socket: Path) -> None:
+        """Remove `socket` only if it is still the one this instance bound: during a rolling update the
+        next instance has already replaced it, and removing that one would cut the kubelet off."""
+        try:
+            if socket.stat().st_ino == self._inodes.get(socket):
+                socket.unlink()
+        except FileNotFoundError:
+            pass

@@ -70,21 +70,25 @@ class DeviceState:
         """Load the checkpoint and settle whatever a crash or reboot left half done.
 
         A corrupt checkpoint is moved aside and the plugin starts empty; one written by a newer
-        gpudra raises CheckpointTooNew with everything left as it is.
+        gpudra (CheckpointTooNew) or one that cannot be read (CheckpointUnreadable) is raised with
+        everything left as it is.
         """
         try:
             loaded = ckpt.load(self.checkpoint_path, boot_id=self.boot_id)
-        except ckpt.CheckpointTooNew:
+        except (ckpt.CheckpointTooNew, ckpt.CheckpointUnreadable):
             # A newer gpudra wrote it: it may record GPU state this one cannot undo. Leave the file
             # (and the CDI specs) as they are and refuse to start; the message says what to do.
             raise
         except GpudraError as err:
+            # Damaged: keep it for diagnosis, and rebuild from the CDI specs on disk which claims
+            # hold which devices, so running claims keep their specs and their GPUs stay taken.
             moved = ckpt.quarantine(self.checkpoint_path)
+            rebuilt = self._rebuild_from_cdi_specs()
             log.error(
-                "checkpoint unreadable; moved aside, starting empty",
-                extra={"error": str(err), "moved_to": str(moved)},
+                "checkpoint corrupt; moved aside, prepared claims rebuilt from their CDI specs",
+                extra={"error": str(err), "moved_to": str(moved), "claims_rebuilt": len(rebuilt)},
             )
-            loaded = ckpt.load(self.checkpoint_path, boot_id=self.boot_id)
+            loaded = ckpt.LoadedCheckpoint(ckpt.Checkpoint.empty(self.boot_id).with_claims(rebuilt), {})
         self._checkpoint = loaded.checkpoint
         for uid in loaded.stale_claims:  # the reboot reset the GPUs; only files remain
             cdi.delete_spec(self.cdi_root, driver=self.driver, claim_uid=uid)
@@ -100,19 +104,53 @@ class DeviceState:
         known = set(self._checkpoint.claims)
         for uid in cdi.list_claim_specs(self.cdi_root, driver=self.driver).keys() - known:
             cdi.delete_spec(self.cdi_root, driver=self.driver, claim_uid=uid)
-        self._save()
+        self._commit(self._checkpoint)
 
     # --- prepare -------------------------------------------------------------------------------
 
+    def _rebuild_from_cdi_specs(self) -> list[ckpt.ClaimEntry]:
+        """A PrepareCompleted entry per claim spec on disk, with the devices the spec names.
+
+        Request names, namespace and name are not in a spec: such an entry holds its devices until
+        the kubelet unprepares the claim (a repeated prepare reads the claim again). Undo resets the
+        time-slice to Default, which is what an unshared GPU has anyway."""
+        entries = []
+        for uid, path in cdi.list_claim_specs(self.cdi_root, driver=self.driver).items():
+            prefix = f"{uid}-"
+            try:
+                names = cdi.read_spec(path).device_names()
+            except GpudraError as err:
+                log.error("CDI spec unreadable; left in place", extra={"claim": uid, "error": str(err)})
+                continue
+            devices = tuple(
+                ckpt.PreparedDevice(
+                    request_names=(),
+                    pool=self.node_name,
+                    device=device,
+                    cdi_device_ids=(
+                        cdi.claim_device_id(driver=self.driver, claim_uid=uid, device_name=device),
+                    ),
+                    gpu_uuids=(self._gpu_of(device).uuid,),
+                    sharing=ckpt.TimeSlicingRecord(strategy="TimeSlicing", interval="Default"),
+                )
+                for device in (name.removeprefix(prefix) for name in names if name.startswith(prefix))
+                if device in self.devices
+            )
+            entries.append(
+                ckpt.ClaimEntry(uid=uid, namespace="", name="", state="PrepareCompleted", devices=devices)
+            )
+        return entries
+
     def prepare(self, ref: ClaimRef) -> tuple[ckpt.PreparedDevice, ...]:
         done = self._checkpoint.claims.get(ref.uid)
-        if done is not None and done.state == "PrepareCompleted":
+        # An entry rebuilt from a CDI spec has no request names: prepare it again from the claim.
+        if done is not None and done.state == "PrepareCompleted" and _complete(done):
             return done.devices
         claim = self.claims.get(namespace=ref.namespace, name=ref.name, uid=ref.uid)
         allocated = self.allocated_devices(claim, ref)
         with self._locked(a.device for a in allocated):
             done = self._checkpoint.claims.get(ref.uid)
-            if done is not None and done.state == "PrepareCompleted":
+            if done is not None and done.state == "PrepareCompleted" and _complete(done):
                 return done.devices
             self._refuse_taken(ref, allocated)
             planned = tuple(self._planned(ref, a) for a in allocated)
@@ -210,8 +248,7 @@ class DeviceState:
         cdi.delete_spec(self.cdi_root, driver=self.driver, claim_uid=entry.uid)
         faults.reached("unprepare-cdi-deleted")
         with self._checkpoint_lock:
-            self._checkpoint = self._checkpoint.without_claim(entry.uid)
-            self._save()
+            self._commit(self._checkpoint.without_claim(entry.uid))
 
     # --- queries -------------------------------------------------------------------------------
 
@@ -262,11 +299,13 @@ class DeviceState:
 
     def _record(self, entry: ckpt.ClaimEntry) -> None:
         with self._checkpoint_lock:
-            self._checkpoint = self._checkpoint.with_claim(entry)
-            self._save()
+            self._commit(self._checkpoint.with_claim(entry))
 
-    def _save(self) -> None:
-        ckpt.save(self.checkpoint_path, self._checkpoint)
+    def _commit(self, checkpoint: ckpt.Checkpoint) -> None:
+        """Make `checkpoint` durable, then current: a failed save (disk full) changes nothing, so
+        memory never claims a state the file does not hold. Call with the checkpoint lock held."""
+        ckpt.save(self.checkpoint_path, checkpoint)
+        self._checkpoint = checkpoint
 
     @contextmanager
     def _locked(self, devices: Iterable[str]) -> Iterator[None]:
@@ -281,3 +320,8 @@ class DeviceState:
 
 def _claim_device(device: Allocated) -> cdi.ClaimDevice:
     return cdi.ClaimDevice(name=device.device, gpu_minor=device.gpu.minor, uuid=device.gpu.uuid)
+
+
+def _complete(entry: ckpt.ClaimEntry) -> bool:
+    """False for an entry rebuilt from a CDI spec (see `_rebuild_from_cdi_specs`)."""
+    return all(device.request_names for device in entry.devices) and bool(entry.devices)
