@@ -20,7 +20,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,9 +96,7 @@ def _servicer(pb: ModuleType, base: type, backend: PrepareBackend, observer: Obs
     class Servicer(base):  # type: ignore[misc]
         def NodePrepareResources(self, request: Any, context: Any) -> Any:
             response = pb.NodePrepareResourcesResponse()
-            for claim in request.claims:
-                if claim.uid in response.claims:  # named twice in one call: answered once
-                    continue
+            for claim in _distinct(request.claims):
                 started, outcome = time.monotonic(), "ok"
                 result = response.claims[claim.uid]
                 try:
@@ -119,9 +117,7 @@ def _servicer(pb: ModuleType, base: type, backend: PrepareBackend, observer: Obs
 
         def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
             response = pb.NodeUnprepareResourcesResponse()
-            for claim in request.claims:
-                if claim.uid in response.claims:  # named twice in one call: answered once
-                    continue
+            for claim in _distinct(request.claims):
                 started, outcome = time.monotonic(), "ok"
                 result = response.claims[claim.uid]
                 try:
@@ -134,6 +130,15 @@ def _servicer(pb: ModuleType, base: type, backend: PrepareBackend, observer: Obs
             return response
 
     return Servicer()
+
+
+def _distinct(claims: Iterable[Any]) -> Iterator[Any]:
+    """Each claim once: a claim named twice in one call is answered (and prepared) once."""
+    seen: set[str] = set()
+    for claim in claims:
+        if claim.uid not in seen:
+            seen.add(claim.uid)
+            yield claim
 
 
 def _message(err: BaseException) -> str:
