@@ -656,7 +656,7 @@ def test_a_corrupt_checkpoint_is_quarantined_and_claims_are_rebuilt_from_their_c
     assert [d.device for d in rebuilt.devices] == ["gpu-0", "gpu-1"]
     assert set(h100.entries()) == {uid(1)}  # and it is durable
 
-    with pytest.raises(ClaimError, match="gpu-0 is already prepared"):
+    with pytest.raises(ClaimError, match=r"gpu-0 is already prepared .*recovered from its CDI spec"):
         restarted.prepare(h100.claims.add(whole_gpus(uid(2), "gpu-0")))
     restarted.prepare(h100.claims.add(whole_gpus(uid(3), "gpu-2")))  # a free GPU is fine
 

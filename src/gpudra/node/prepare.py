@@ -275,9 +275,13 @@ class DeviceState:
                 continue
             taken = wanted & {d.device for d in other.devices if not d.admin_access}
             if taken:
-                raise ClaimError(
-                    f"device {', '.join(sorted(taken))} is already prepared for ResourceClaim "
+                holder = (
                     f"{other.namespace}/{other.name} ({other.uid})"
+                    if other.name
+                    else f"{other.uid} (recovered from its CDI spec after a damaged checkpoint)"
+                )
+                raise ClaimError(
+                    f"device {', '.join(sorted(taken))} is already prepared for ResourceClaim {holder}"
                 )
 
     def _planned(self, ref: ClaimRef, device: Allocated) -> ckpt.PreparedDevice:
