@@ -106,6 +106,12 @@ def _transport_message(what: str, err: BaseException) -> str:
     return f"{what}: {reason} ({names}{': ' + detail if detail else ''})"
 
 
+def _http_error(what: str, status: int | None, reason: object) -> ClusterError:
+    """The error for an HTTP error status: 404 `NotFound`, 409 `Conflict`, else `ClusterError`."""
+    kind = {404: NotFound, 409: Conflict}.get(int(status or 0), ClusterError)
+    return kind(f"{what}: HTTP {status} {reason}")
+
+
 @contextmanager
 def _api_errors(what: str) -> Iterator[None]:
     """Turns every failure the kubernetes client raises into `ClusterError` (404 `NotFound`, 409
@@ -113,8 +119,7 @@ def _api_errors(what: str) -> Iterator[None]:
     try:
         yield
     except ApiException as err:
-        kind = {404: NotFound, 409: Conflict}.get(int(err.status or 0), ClusterError)
-        raise kind(f"{what}: HTTP {err.status} {err.reason}") from err
+        raise _http_error(what, err.status, err.reason) from err
     except config.ConfigException as err:  # kubeconfig or service account unusable, exec plugin failed
         raise ClusterError(f"{what}: invalid cluster credentials: {err}") from err
     except _TRANSPORT_ERRORS as err:
@@ -211,9 +216,7 @@ class Kube:
             )
             body = response.data
         if not 200 <= int(response.status) <= 299:
-            raise {404: NotFound, 409: Conflict}.get(int(response.status), ClusterError)(
-                f"{what}: HTTP {response.status} {response.reason}"
-            )
+            raise _http_error(what, int(response.status), response.reason)
         try:
             return _obj(json.loads(body))
         except RecursionError as err:
