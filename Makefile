@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install lint test unit integration k8s cluster-up cluster-down demo proto schemas clean
+.PHONY: install lint test unit integration faults k8s cluster-up cluster-down demo proto schemas clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,11 @@ unit: $(STAMP)
 
 integration: $(STAMP) k8s
 	$(BIN)/pytest tests/integration
+
+# The fault suite (also part of `make test`): random SIGKILLs with an auditor, disk full at every
+# write, damaged checkpoints, a read-only CDI root. Simulated GPUs, no cluster; about a minute.
+faults: $(STAMP)
+	$(BIN)/pytest tests/faults
 
 k8s:
 	bash deploy/local/build.sh >/dev/null

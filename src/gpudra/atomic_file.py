@@ -4,7 +4,8 @@ A reader sees either the old file or the new one, never a partly written one, an
 new file survives a power cut: write a temp file in the same directory, fsync it, rename it over the
 target, fsync the directory. The temp name starts with a dot and ends in `.tmp`, so a file left
 behind by a crash is invisible to readers that look for `*.json` / `*.yaml` (the CDI registries and
-gpudra's own readers).
+gpudra's own readers). Such a leftover is removed by the next write of the same file, or by
+`remove_leftovers` when the file is deleted instead, so crashes do not pile them up.
 
 A file replaced by rename cannot carry an `flock` (the lock would stay on the old inode), so
 `locked()` takes the lock on a sibling `<name>.lock` file that is never replaced.
@@ -14,14 +15,28 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import glob
 import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 
+class NotDurable(OSError):
+    """`write_atomically` replaced the file, then syncing its directory failed: every reader already
+    sees the new content, but a power cut may bring the old one back. Callers that keep the file's
+    content in memory must treat the new content as written (a restart reads it), and still report
+    the error."""
+
+
 def write_atomically(path: Path, content: bytes, *, mode: int) -> None:
-    """Replace `path` with `content` (permission bits `mode`); the directory must exist."""
+    """Replace `path` with `content` (permission bits `mode`); the directory must exist.
+
+    Raises OSError with `path` unchanged, or NotDurable (an OSError) with `path` replaced.
+
+    Writers of one file must not overlap (each caller holds a lock): a write removes the temp files
+    of earlier writes of `path`, which only a crash leaves behind."""
+    remove_leftovers(path)
     fd, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as temp:
@@ -34,7 +49,17 @@ def write_atomically(path: Path, content: bytes, *, mode: int) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temp_name)
         raise
-    fsync_directory(path.parent)
+    try:
+        fsync_directory(path.parent)
+    except OSError as err:
+        raise NotDurable(err.errno, err.strerror, str(path.parent)) from err
+
+
+def remove_leftovers(path: Path) -> None:
+    """Remove the temp files that a crash inside `write_atomically(path)` left behind."""
+    for leftover in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        with contextlib.suppress(FileNotFoundError):
+            leftover.unlink()
 
 
 def fsync_directory(directory: Path) -> None:

@@ -85,8 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
         default="/etc/cdi:/var/run/cdi",
         help="directories searched for the NVIDIA Container Toolkit's CDI spec",
     )
-    _add(plugin, "metrics-port", default="0", help="Prometheus metrics port (0: off)")
-    _add(plugin, "metrics-address", default="0.0.0.0", help="address the metrics port binds (e.g. 127.0.0.1)")
+    _add(plugin, "metrics-port", default="0", help="HTTP port for /metrics, /livez and /readyz (0: off)")
+    _add(plugin, "metrics-address", default="0.0.0.0", help="address the HTTP port binds (e.g. 127.0.0.1)")
     _add(plugin, "log-format", default="text", help="text or json", choices=["text", "json"])
     _add(plugin, "log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
     _add(plugin, "resync-seconds", default="30", help="ResourceSlice resync period")

@@ -88,6 +88,11 @@ class Loop:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
+    @property
+    def ended(self) -> bool:
+        """The thread ran and is gone without being asked to stop (it never should: see `_run`)."""
+        return self._thread.ident is not None and not self._thread.is_alive() and not self.stopping.is_set()
+
     def _run(self) -> None:
         backoff = self._min_backoff
         while not self.stopping.is_set():

@@ -17,7 +17,9 @@ from tests.localcluster.node_plugin import PluginProcess
 
 from .procs import cluster_processes
 
-CLUSTER_PREFIX = "gpudra-it-"
+# Per test run: the leak check at the end of a run must not see (and kill) the clusters of another run
+# on the same machine.
+CLUSTER_PREFIX = f"gpudra-it-{os.getpid()}-"
 REPO = Path(__file__).resolve().parents[2]
 MACHINES = {"node-h100": "dgx-h100", "node-a100": "dgx-a100", "node-mixed": "mixed"}
 

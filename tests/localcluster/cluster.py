@@ -6,12 +6,17 @@ runtime and the real kubelet. Every path a node uses (kubelet root with plugins_
 plugins, CDI root, pod logs) lives under the cluster's own directory, never /var/lib/kubelet.
 
 `state.json` in the cluster directory records the process groups, so `stop_cluster(directory)`
-can tear down a cluster started by another process (`make cluster-down`).
+can tear down a cluster started by another process (`make cluster-down`). Stopping also unmounts what
+the kubelets mounted under the cluster directory (`unmount_under`), which outlives their processes.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import json
+import os
+import re
 import socket
 import subprocess
 from dataclasses import asdict, dataclass, field
@@ -131,6 +136,7 @@ class LocalCluster:
         for component in self.components:
             component.process.wait()
         self.components.clear()
+        unmount_under(self.directory)
         state = self.directory / "state.json"
         if state.exists():
             state.unlink()
@@ -389,5 +395,43 @@ def stop_cluster(directory: Path) -> bool:
     stop_groups(pgids)
     if any(group_alive(p) for p in pgids):
         raise ClusterError(f"cluster processes still alive: {state['pgids']}")
+    unmount_under(Path(state["directory"]))
     state_file.unlink()
     return True
+
+
+# --- mounts the kubelets leave behind ------------------------------------------------------------
+
+_MNT_DETACH = 2  # umount2 flag: detach now, let go once no longer busy (`umount -l`)
+_UNMOUNT_ROUNDS = 8  # a mount point can hold stacked mounts: each round takes the top one off
+
+
+def mounts_under(directory: Path) -> list[Path]:
+    """Mount points at or under `directory` in this process's mount namespace, deepest first.
+
+    The kubelet bind-mounts its root directory onto itself (to make it rshared) and mounts pod volumes
+    beneath it; those mounts stay after the kubelet exits.
+    """
+    inside: list[tuple[int, int, Path]] = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        point = Path(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), fields[4]))  # \040 is a space
+        if point.is_relative_to(directory):
+            inside.append((len(point.parts), int(fields[0]), point))
+    return [point for _, _, point in sorted(inside, reverse=True)]
+
+
+def unmount_under(directory: Path) -> None:
+    """Unmount everything at or under `directory`, deepest first; a busy mount is detached lazily."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    for _ in range(_UNMOUNT_ROUNDS):
+        points = mounts_under(directory)
+        if not points:
+            return
+        for point in points:
+            if libc.umount2(os.fsencode(point), 0) == 0 or libc.umount2(os.fsencode(point), _MNT_DETACH) == 0:
+                continue
+            code = ctypes.get_errno()
+            if code != errno.EINVAL:  # EINVAL: no longer a mount point (it went with its parent)
+                raise ClusterError(f"cannot unmount {point}: {os.strerror(code)}")
+    raise ClusterError(f"mounts left under {directory}: {mounts_under(directory)}")

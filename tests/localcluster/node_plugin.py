@@ -38,7 +38,7 @@ class PluginProcess:
     def checkpoint(self) -> Path:
         return self.state_dir / "checkpoint.json"
 
-    def start(self, *, crash_at: str | None = None, metrics_port: int = 0) -> None:
+    def start(self, *, crash_at: str | None = None, metrics_port: int = 0, resync_seconds: int = 5) -> None:
         env = {**os.environ, "GPUDRA_SIM_STATE": str(self.sim_state)}
         env.pop("GPUDRA_CRASH_AT", None)
         if crash_at:
@@ -60,7 +60,7 @@ class PluginProcess:
                     f"--cdi-root={self.node.cdi_root}",
                     f"--state-dir={self.state_dir}",
                     "--toolkit-cdi-dirs=",
-                    "--resync-seconds=5",
+                    f"--resync-seconds={resync_seconds}",
                     f"--metrics-port={metrics_port}",
                     "--metrics-address=127.0.0.1",
                 ],

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from gpudra.errors import GpudraError
+from gpudra.errors import ClaimError, GpudraError
 from gpudra.node import checkpoint
 from gpudra.node.checkpoint import (
     Checkpoint,
@@ -509,15 +509,23 @@ def test_with_state_moves_an_entry_and_can_replace_devices() -> None:
         started.with_state("Done")
 
 
-def test_quarantine_moves_the_file_aside(tmp_path: Path) -> None:
+def test_keep_copy_copies_the_damaged_file_and_leaves_it_in_place(tmp_path: Path) -> None:
     path = tmp_path / "checkpoint.json"
     path.write_text("{broken")
-    moved = checkpoint.quarantine(path)
-    assert moved.parent == tmp_path
-    assert moved.name.startswith("checkpoint.json.corrupt-")
-    assert moved.read_text() == "{broken"
-    assert not path.exists()
-    assert checkpoint.load(path, boot_id=BOOT).checkpoint == Checkpoint.empty(BOOT)
+    copy = checkpoint.keep_copy(path)
+    assert copy is not None and copy.parent == tmp_path
+    assert copy.name.startswith("checkpoint.json.corrupt-")
+    assert copy.read_text() == "{broken"
+    assert path.read_text() == "{broken"  # replaced only by the rebuilt checkpoint's save
+    with pytest.raises(checkpoint.CheckpointCorrupt):
+        checkpoint.load(path, boot_id=BOOT)
+
+
+def test_keep_copy_returns_none_when_no_copy_can_be_made(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    path.write_text("{broken")
+    (tmp_path / "sub").mkdir()
+    assert checkpoint.keep_copy(tmp_path / "sub" / "absent.json") is None
 
 
 def test_current_boot_id_reads_proc(tmp_path: Path) -> None:
@@ -701,11 +709,13 @@ def test_recover_refuses_a_too_new_checkpoint_and_touches_nothing(tmp_path: Path
     }
 
     restarted = node.state(recover=False)
-    with pytest.raises(CheckpointTooNew) as raised:
-        restarted.recover()
+    refused = restarted.recover().refused
 
-    assert str(node.checkpoint_path) in str(raised.value)
-    assert "upgrade gpudra back" in str(raised.value)
+    assert refused is not None
+    assert str(node.checkpoint_path) in refused
+    assert "upgrade gpudra back" in refused
+    with pytest.raises(ClaimError, match="upgrade gpudra back"):
+        restarted.prepare(node.claims.add(whole_gpus(uid(2), "gpu-1")))
     after = {
         "state": _snapshot(node.checkpoint_path.parent),
         "cdi": _snapshot(node.cdi_root),

@@ -10,7 +10,17 @@ from collections.abc import Callable, Sequence
 import pytest
 
 from gpudra.errors import ConfigError, HardwareError, NotSupported
-from gpudra.model.devices import Device, DeviceModel, build_devices, bytes_quantity, dns_label, semver
+from gpudra.model.devices import (
+    UNHEALTHY_TAINT_KEY,
+    Device,
+    DeviceModel,
+    build_devices,
+    bytes_quantity,
+    dns_label,
+    gpu_uuid_of,
+    semver,
+    with_health_taints,
+)
 from gpudra.model.inventory import Gpu, Inventory, MigDevice, MigPlacement, MigProfile
 from gpudra.model.slices import ResourceSlice, build_slices
 from gpudra.quantity import parse_quantity
@@ -543,3 +553,64 @@ def test_realistic_inventories_build_identically_twice(name: str) -> None:
     assert build_devices(inventory, mig_mode="partitionable") == build_devices(
         inventory, mig_mode="partitionable"
     )
+
+
+# ---- health taints
+
+
+LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
+
+
+@pytest.mark.parametrize("mode", ["partitionable", "static"])
+def test_an_unhealthy_gpu_taints_itself_and_its_partitions_only(mode: str) -> None:
+    model = build_devices(inv.h100_node(), mig_mode=mode)
+    gpus = {gpu.minor: gpu.uuid for gpu in inv.h100_node().gpus}
+    lost = {gpus[4]: "NVMLError_GpuIsLost", gpus[1]: "NVMLError_ResetRequired"}
+    tainted = with_health_taints(model, lost)
+
+    assert tainted.counter_sets == model.counter_sets
+    assert [d["name"] for d in tainted.devices] == [d["name"] for d in model.devices]
+    for before, after in zip(model.devices, tainted.devices, strict=True):
+        reason = lost.get(gpu_uuid_of(before))
+        if reason is None:
+            assert after is before
+        else:
+            assert after == {
+                **before,
+                "taints": [{"key": UNHEALTHY_TAINT_KEY, "value": reason, "effect": "NoSchedule"}],
+            }
+    on_gpu_4 = [d["name"] for d in tainted.devices if d.get("taints") and gpu_uuid_of(d) == gpus[4]]
+    assert "-mig-" in " ".join(on_gpu_4)  # its partitions, possible or existing, are tainted too
+    assert all("taints" not in d for d in model.devices)  # the model itself is left as it was
+
+
+def test_no_unhealthy_gpu_leaves_the_model_as_it_is() -> None:
+    model = partitionable(inv.h100(0))
+    assert with_health_taints(model, {}) is model
+    assert with_health_taints(model, {"GPU-not-here": "NVMLError_GpuIsLost"}).devices == model.devices
+
+
+def test_a_taint_is_added_to_those_a_device_already_has() -> None:
+    model = partitionable(inv.plain(0, "l4"))
+    taint = {"key": "example.com/other", "effect": "NoSchedule"}
+    model.devices[0]["taints"] = [taint]  # type: ignore[list-item]
+    (device,) = with_health_taints(model, {inv.plain(0, "l4").uuid: "NVMLError_GpuIsLost"}).devices
+    assert [t["key"] for t in device["taints"]] == ["example.com/other", UNHEALTHY_TAINT_KEY]
+
+
+@pytest.mark.parametrize(
+    ("reason", "value"),
+    [
+        ("NVMLError_GpuIsLost", "NVMLError_GpuIsLost"),
+        ("a reason: with spaces/slashes!", "areasonwithspacesslashes"),
+        ("_" + "x" * 80, "x" * 62),
+        ("", ""),
+    ],
+    ids=["nvml", "punctuation", "long", "empty"],
+)
+def test_the_taint_value_is_always_a_label_value(reason: str, value: str) -> None:
+    gpu = inv.plain(0, "l4")
+    (device,) = with_health_taints(partitionable(gpu), {gpu.uuid: reason}).devices
+    (taint,) = device["taints"]
+    assert taint["value"] == value
+    assert len(value) <= 63 and LABEL_VALUE.fullmatch(value)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import shutil
 import tempfile
@@ -35,6 +36,7 @@ from gpudra.node.health import (
     devices_health,
     gpu_health,
     kubelet_timeout_seconds,
+    tainted_gpus,
 )
 from gpudra.node.kubelet_grpc import KubeletServer
 
@@ -186,7 +188,11 @@ def test_every_device_maps_to_its_gpu(mig_mode: devices.MigMode) -> None:
     ("healthy", "reason", "expected"),
     [
         (True, "", GpuHealth(Health.HEALTHY, "")),
-        (False, "NVMLError_GpuIsLost", GpuHealth(Health.UNHEALTHY, "GPU GPU-1: NVMLError_GpuIsLost")),
+        (
+            False,
+            "NVMLError_GpuIsLost",
+            GpuHealth(Health.UNHEALTHY, "GPU GPU-1: NVMLError_GpuIsLost", "NVMLError_GpuIsLost"),
+        ),
     ],
     ids=["healthy", "lost"],
 )
@@ -203,6 +209,34 @@ def test_devices_take_their_gpus_health_in_device_order() -> None:
         DeviceHealth(POOL, "gpu-0", Health.HEALTHY, ""),
         DeviceHealth(POOL, "gpu-1-mig-1g10gb-0", Health.UNHEALTHY, lost.message),
     )
+
+
+_FINE = GpuHealth(Health.HEALTHY, "")
+_LOST = GpuHealth(Health.UNHEALTHY, "GPU G: NVMLError_GpuIsLost", "NVMLError_GpuIsLost")
+_RESET = GpuHealth(Health.UNHEALTHY, "GPU G: NVMLError_ResetRequired", "NVMLError_ResetRequired")
+_UNKNOWN = GpuHealth(Health.UNKNOWN, "GPU G could not be probed: Timeout")
+
+
+@pytest.mark.parametrize(
+    ("before", "now", "tainted"),
+    [
+        ({}, _FINE, {}),
+        ({}, _LOST, {"G": "NVMLError_GpuIsLost"}),
+        ({"G": "NVMLError_GpuIsLost"}, _FINE, {}),
+        ({"G": "NVMLError_GpuIsLost"}, _RESET, {"G": "NVMLError_ResetRequired"}),
+        ({}, _UNKNOWN, {}),
+        ({"G": "NVMLError_GpuIsLost"}, _UNKNOWN, {"G": "NVMLError_GpuIsLost"}),
+    ],
+    ids=["healthy", "lost", "back", "other-reason", "unknown-untainted", "unknown-keeps-taint"],
+)
+def test_unhealthy_taints_healthy_lifts_unknown_keeps(
+    before: dict[str, str], now: GpuHealth, tainted: dict[str, str]
+) -> None:
+    assert tainted_gpus(before, {"G": now, "H": _FINE}) == tainted
+
+
+def test_gpus_no_longer_probed_are_not_tainted() -> None:
+    assert tainted_gpus({"gone": "NVMLError_GpuIsLost"}, {"G": _UNKNOWN}) == {}
 
 
 @pytest.mark.parametrize(
@@ -285,6 +319,93 @@ def test_subscribers_see_a_gpu_lost_and_back(
         states = [entry["gpu-0"] for entry in log]
         assert states[0] == Health.HEALTHY and states[-1] == Health.HEALTHY
         assert Health.UNHEALTHY in states
+
+
+def test_on_change_fires_once_per_change_of_the_unhealthy_gpus(
+    state_file: Path, model: devices.DeviceModel, gpu_uuids: dict[str, str]
+) -> None:
+    seen: list[dict[str, str]] = []
+    watched = HealthMonitor(
+        pool=POOL,
+        devices=model.devices,
+        open_nvml=lambda: nvml.connect(f"sim:{PROFILE}", state_file=state_file),
+        interval=INTERVAL,
+        on_change=lambda: seen.append(watched.unhealthy_gpus()),
+    )
+    first, second = gpu_uuids["gpu-0"], gpu_uuids["gpu-3"]
+    lost = "NVMLError_GpuIsLost"
+    watched.start()
+    try:
+        healthy = _next(watched, 0)
+        assert watched.unhealthy_gpus() == {}
+        sim.set_gpu_lost(state_file=state_file, gpu_uuid=first, lost=True)
+        one = _until(watched, lambda s: _of(s)["gpu-0"] == Health.UNHEALTHY)
+        assert watched.unhealthy_gpus() == {first: lost}
+        sim.set_gpu_lost(state_file=state_file, gpu_uuid=second, lost=True)
+        both = _until(watched, lambda s: _of(s)["gpu-3"] == Health.UNHEALTHY)
+        _next(watched, _next(watched, both.generation).generation)  # two more polls, nothing new
+        sim.set_gpu_lost(state_file=state_file, gpu_uuid=first, lost=False)
+        sim.set_gpu_lost(state_file=state_file, gpu_uuid=second, lost=False)
+        back = _until(watched, lambda s: Health.UNHEALTHY not in _of(s).values())
+        _next(watched, back.generation)
+    finally:
+        sim.set_gpu_lost(state_file=state_file, gpu_uuid=first, lost=False)
+        sim.set_gpu_lost(state_file=state_file, gpu_uuid=second, lost=False)
+        watched.stop()
+    assert healthy.generation < one.generation
+    assert watched.unhealthy_gpus() == {}
+    # both may come back in one poll or in two, but no poll without a change calls back
+    assert seen[:2] == [{first: lost}, {first: lost, second: lost}]
+    assert seen[-1] == {} and 3 <= len(seen) <= 4
+    assert all(a != b for a, b in itertools.pairwise(seen))
+
+
+def test_a_gpu_that_cannot_be_probed_keeps_its_taint_until_a_probe_says_healthy(
+    state_file: Path, model: devices.DeviceModel, gpu_uuids: dict[str, str]
+) -> None:
+    lost = gpu_uuids["gpu-2"]
+    broken = threading.Event()
+    calls: list[None] = []
+
+    class Probe:
+        def __init__(self) -> None:
+            self.session = nvml.connect(f"sim:{PROFILE}", state_file=state_file)
+
+        def gpu_health(self, *, gpu_uuid: str) -> tuple[bool, str]:
+            if broken.is_set():
+                raise errors.HardwareError(
+                    "nvmlDeviceGetMemoryInfo failed: Timeout", nvml_error="NVMLError_Timeout"
+                )
+            return self.session.gpu_health(gpu_uuid=gpu_uuid)
+
+        def close(self) -> None:
+            self.session.close()
+
+    monitor = HealthMonitor(
+        pool=POOL,
+        devices=model.devices,
+        open_nvml=Probe,
+        interval=INTERVAL,
+        on_change=lambda: calls.append(None),
+    )
+    sim.set_gpu_lost(state_file=state_file, gpu_uuid=lost, lost=True)
+    monitor.start()
+    try:
+        _until(monitor, lambda s: _of(s)["gpu-2"] == Health.UNHEALTHY)
+        broken.set()
+        unknown = _until(monitor, lambda s: set(_of(s).values()) == {Health.UNKNOWN})
+        later = _next(monitor, unknown.generation)
+        assert monitor.unhealthy_gpus() == {lost: "NVMLError_GpuIsLost"}
+        sim.set_gpu_lost(state_file=state_file, gpu_uuid=lost, lost=False)
+        _next(monitor, _next(monitor, later.generation).generation)
+        assert monitor.unhealthy_gpus() == {lost: "NVMLError_GpuIsLost"}  # still no probe
+        broken.clear()
+        _until(monitor, lambda s: set(_of(s).values()) == {Health.HEALTHY})
+    finally:
+        sim.set_gpu_lost(state_file=state_file, gpu_uuid=lost, lost=False)
+        monitor.stop()
+    assert monitor.unhealthy_gpus() == {}
+    assert len(calls) == 2  # tainted, lifted; the unknown polls in between changed nothing
 
 
 def test_a_change_is_logged_once(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -669,16 +670,40 @@ def test_a_corrupt_checkpoint_is_quarantined_and_claims_are_rebuilt_from_their_c
     assert set(h100.entries()) == {uid(2), uid(3)}
 
 
-def test_an_unreadable_checkpoint_refuses_to_start_and_changes_nothing(h100: Node) -> None:
-    h100.state().prepare(h100.claims.add(whole_gpus(uid(1), "gpu-0")))
+def test_an_unreadable_checkpoint_refuses_claims_until_it_is_fixed(h100: Node) -> None:
+    running = h100.claims.add(whole_gpus(uid(1), "gpu-0"))
+    h100.state().prepare(running)
+    saved = h100.checkpoint_path.read_bytes()
     h100.checkpoint_path.unlink()
     h100.checkpoint_path.mkdir()  # e.g. a hostPath mount gone wrong
-    with pytest.raises(
-        ckpt.CheckpointUnreadable, match=r"cannot read the checkpoint .*checkpoint.json: Is a directory"
-    ):
-        h100.state()
+
+    state = h100.state(recover=False)
+    recovery = state.recover()
+
+    assert recovery.refused is not None
+    assert re.search(r"cannot read the checkpoint .*checkpoint.json: Is a directory", recovery.refused)
+    assert state.refusal == recovery.refused
+    for call in (state.prepare, state.unprepare):
+        with pytest.raises(ClaimError, match=r"not preparing or unpreparing claims on this node: cannot"):
+            call(h100.claims.add(whole_gpus(uid(2), "gpu-1")))
+        with pytest.raises(ClaimError, match="not preparing"):
+            call(running)  # not even the running claim: nothing is known about it
     assert h100.spec_path(uid(1)).exists()
     assert h100.checkpoint_path.is_dir()
+
+    # the operator puts the file back; the next recover() (the plugin retries it) serves again
+    h100.checkpoint_path.rmdir()
+    h100.checkpoint_path.write_bytes(saved)
+    assert state.recover().refused is None
+    assert state.refusal is None
+    state.unprepare(running)
+    assert not h100.spec_path(uid(1)).exists()
+
+
+def test_a_state_that_has_not_recovered_yet_refuses_claims(h100: Node) -> None:
+    state = h100.state(recover=False)
+    with pytest.raises(ClaimError, match="the checkpoint has not been loaded yet"):
+        state.prepare(h100.claims.add(whole_gpus(uid(1), "gpu-0")))
 
 
 def test_a_failed_save_changes_nothing_in_memory(h100: Node, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -841,3 +866,71 @@ def _crash_child(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     _crash_child(sys.argv[1:])
+
+
+# --- recover() when the checkpoint is damaged, missing or cannot be saved -----------------------------
+
+
+def test_a_missing_checkpoint_with_claim_specs_on_disk_rebuilds_instead_of_deleting(h100: Node) -> None:
+    """Someone deleted the checkpoint: the specs may belong to running claims, so they stay."""
+    running = h100.claims.add(whole_gpus(uid(1), "gpu-0"))
+    h100.state().prepare(running)
+    h100.checkpoint_path.unlink()
+
+    state = h100.state(recover=False)
+    recovery = state.recover()
+
+    assert recovery.damage is not None and "missing but 1 claim spec(s)" in recovery.damage
+    assert recovery.rebuilt == 1 and recovery.moved_to is None
+    assert h100.spec_path(uid(1)).exists()
+    with pytest.raises(ClaimError, match="already prepared"):
+        state.prepare(h100.claims.add(whole_gpus(uid(2), "gpu-0")))
+
+
+def test_a_damaged_checkpoint_rebuilds_admin_claims_as_admin(h100: Node) -> None:
+    user = h100.claims.add(whole_gpus(uid(1), "gpu-0", config=[from_claim(time_slicing("Long"))]))
+    admin = h100.claims.add(resource_claim(uid(2), results=[result("monitor", "gpu-0", admin_access=True)]))
+    state = h100.state()
+    state.prepare(user)
+    state.prepare(admin)
+    spec = json.loads(h100.spec_path(uid(2)).read_text())
+    assert spec["cdiVersion"] == "0.6.0"  # annotations need 0.6.0; specs without them stay 0.5.0
+    assert spec["devices"][0]["annotations"] == {"gpudra.io/admin-access": "true"}
+    assert json.loads(h100.spec_path(uid(1)).read_text())["cdiVersion"] == "0.5.0"
+    h100.checkpoint_path.write_bytes(b"garbage")
+
+    restarted = h100.state()
+
+    rebuilt = restarted.prepared_claims()
+    assert [d.admin_access for d in rebuilt[uid(2)].devices] == [True]
+    assert [d.admin_access for d in rebuilt[uid(1)].devices] == [False]
+    restarted.prepare(user)  # the kubelet's repeated prepare: not refused by the admin claim
+    restarted.unprepare(admin)
+    assert h100.timeslices()[h100.uuid(0)] == 3  # the user's setting survives the admin's unprepare
+    restarted.unprepare(user)
+    assert h100.timeslices()[h100.uuid(0)] == 0
+
+
+def test_a_crash_between_copying_and_replacing_a_damaged_checkpoint_rebuilds_again(
+    h100: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    h100.state().prepare(h100.claims.add(whole_gpus(uid(1), "gpu-0")))
+    h100.checkpoint_path.write_bytes(b"garbage")
+
+    def disk_full(path: Path, checkpoint: ckpt.Checkpoint) -> None:
+        raise ckpt.CheckpointNotSaved(f"cannot save the checkpoint {path}: No space left on device")
+
+    monkeypatch.setattr(ckpt, "save", disk_full)  # the save of the rebuilt checkpoint fails
+    state = h100.state(recover=False)
+    recovery = state.recover()
+    assert recovery.refused is not None and "No space left on device" in recovery.refused
+    assert h100.checkpoint_path.read_bytes() == b"garbage"  # still in place: the next start sees it
+    assert h100.spec_path(uid(1)).exists()
+    with pytest.raises(ClaimError, match="not preparing"):
+        state.prepare(h100.claims.add(whole_gpus(uid(2), "gpu-1")))
+
+    monkeypatch.undo()
+    recovery = state.recover()  # what the plugin's retry loop does
+    assert recovery.refused is None and recovery.rebuilt == 1
+    assert set(h100.entries()) == {uid(1)} and h100.spec_path(uid(1)).exists()
+    assert len(list(h100.checkpoint_path.parent.glob("checkpoint.json.corrupt-*"))) == 2

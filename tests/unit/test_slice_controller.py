@@ -1,20 +1,30 @@
-"""plan_sync and SliceController: what gets written to the API server, and how failures are retried."""
+"""plan_sync and SliceController: what gets written to the API server, how the pool is watched, and how
+failures are retried."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import urllib3
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpudra.errors import ClusterError
-from gpudra.kube.client import Conflict, NotFound, Obj
-from gpudra.kube.slice_sync import SPEC_HASH, SliceController, SyncPlan, plan_sync, spec_hash
+from gpudra.kube.client import Conflict, NotFound, Obj, SliceWatch
+from gpudra.kube.slice_sync import (
+    MAX_GENERATION,
+    SliceController,
+    SyncPlan,
+    content,
+    plan_sync,
+)
 from gpudra.model.devices import DeviceModel, build_devices
 from gpudra.model.inventory import Inventory
 from gpudra.model.slices import ResourceSlice, build_slices
@@ -24,6 +34,7 @@ from tests.unit import inventories as inv
 DRIVER = "gpu.gpudra.io"
 NODE = "node-a"
 NODE_UID = "6a1f3c2e-0000-4000-8000-000000000001"
+WATCH_THREAD = "slice-watch"
 
 
 def model_of(inventory: Inventory) -> DeviceModel:
@@ -53,20 +64,64 @@ def builder(model: DeviceModel, server_minor: int = 35) -> Callable[[int], list[
     return build
 
 
+class FakeWatch:
+    """A WATCH on FakeKube: the events after a version, as they come, until closed or timed out."""
+
+    def __init__(self, kube: FakeKube, after: int, timeout: float) -> None:
+        self.kube = kube
+        self.after = after
+        self.timeout = timeout
+        self.closed = False
+
+    def __iter__(self) -> Iterator[Obj]:
+        kube, deadline = self.kube, time.monotonic() + self.timeout
+        with kube.changed:
+            position = sum(
+                1 for e in kube.events if int(e["object"]["metadata"]["resourceVersion"]) <= self.after
+            )
+        while True:
+            with kube.changed:
+                kube.consumed = position  # the consumer asked for more: it is done with the one before
+                while not self.closed and position >= len(kube.events):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return
+                    kube.changed.wait(left)
+                if self.closed:
+                    return
+                event = copy.deepcopy(kube.events[position])
+            position += 1
+            yield event  # outside the lock: the consumer may wait for a write that needs it
+
+    def close(self) -> None:
+        with self.kube.changed:
+            self.closed = True
+            self.kube.changed.notify_all()
+
+
 class FakeKube:
     """The slice half of gpudra.kube.client.Kube, in memory, storing objects as an API server does.
 
-    Stored objects get server fields (uid, resourceVersion, managedFields, ...) and reformatted
-    quantities, as a real server would return them; a replace with a stale resourceVersion or a create
-    of an existing name is a Conflict. `failures` holds errors to raise from the next calls, in order.
+    Stored objects get server fields (uid, resourceVersion, managedFields, ...), reformatted quantities
+    and a defaulted field, as a real server would return them; a replace with a stale resourceVersion or
+    a create of an existing name is a Conflict. Every change is an event for `watch_slices`. Calls from
+    the slice-watch thread go to `watch_calls` and `watch_failures`, the rest to `calls` and `failures`
+    (errors to raise from the next calls, in order), so the two threads never take each other's failures.
+    `edit`, `remove` and `add` are someone else's writes.
     """
 
     def __init__(self, *, server_minor: int = 35) -> None:
         self.minor = server_minor
         self.slices: dict[str, Obj] = {}
         self.calls: list[str] = []
+        self.watch_calls: list[str] = []
         self.times: list[float] = []
         self.failures: list[Exception | None] = []
+        self.watch_failures: list[Exception | None] = []
+        self.events: list[Obj] = []
+        self.consumed = 0  # events the controller's watch has finished with
+        self.opened: FakeWatch | None = None  # the last watch opened
+        self.changed = threading.Condition()
         self._version = 100
 
     @property
@@ -74,9 +129,11 @@ class FakeKube:
         return [call for call in self.calls if call.split()[0] in ("create", "replace", "delete")]
 
     def _call(self, name: str) -> None:
-        self.calls.append(name)
-        if self.failures:
-            failure = self.failures.pop(0)
+        watching = threading.current_thread().name == WATCH_THREAD
+        (self.watch_calls if watching else self.calls).append(name)
+        failures = self.watch_failures if watching else self.failures
+        if failures:
+            failure = failures.pop(0)
             if failure is not None:
                 raise failure
 
@@ -88,42 +145,91 @@ class FakeKube:
         self._call(f"node_uid {name}")
         return NODE_UID
 
-    def list_slices(self, *, driver: str, node_name: str) -> list[Obj]:
-        self.times.append(time.monotonic())
+    def list_slices(self, *, driver: str, node_name: str) -> tuple[list[Obj], str]:
+        if threading.current_thread().name != WATCH_THREAD:
+            self.times.append(time.monotonic())
         self._call("list")
-        return [
-            copy.deepcopy(s)
-            for s in self.slices.values()
-            if s["spec"]["driver"] == driver and s["spec"]["nodeName"] == node_name
-        ]
+        with self.changed:
+            items = [
+                copy.deepcopy(s)
+                for s in self.slices.values()
+                if s["spec"]["driver"] == driver and s["spec"]["nodeName"] == node_name
+            ]
+            return items, str(self._version)
+
+    def watch_slices(
+        self, *, driver: str, node_name: str, resource_version: str, timeout_seconds: int
+    ) -> FakeWatch:
+        assert (driver, node_name) == (DRIVER, NODE)
+        self._call("watch")
+        self.opened = FakeWatch(self, int(resource_version), timeout_seconds)
+        return self.opened
 
     def create_slice(self, body: Obj) -> Obj:
         self._call(f"create {body['metadata']['name']}")
         assert "resourceVersion" not in body["metadata"]
-        if body["metadata"]["name"] in self.slices:
-            raise Conflict("already exists")
-        return self._store(body, uid=f"uid-{self._version}")
+        with self.changed:
+            if body["metadata"]["name"] in self.slices:
+                raise Conflict("already exists")
+            return self._store(body, uid=f"uid-{self._version}", kind="ADDED")
 
-    def replace_slice(self, body: Obj) -> Obj:
+    def replace_slice(self, body: Obj, *, dry_run: bool = False) -> Obj:
         name = body["metadata"]["name"]
-        self._call(f"replace {name}")
-        current = self.slices.get(name)
-        if current is None:
-            raise NotFound(name)
-        if body["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
-            raise Conflict(f"{name}: the object has been modified")
-        return self._store(body, uid=current["metadata"]["uid"])
+        self._call(f"{'dry-run ' if dry_run else ''}replace {name}")
+        with self.changed:
+            current = self.slices.get(name)
+            if current is None:
+                raise NotFound(name)
+            if body["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
+                raise Conflict(f"{name}: the object has been modified")
+            if dry_run:
+                return self._server_form(body, uid=current["metadata"]["uid"], version=self._version)
+            return self._store(body, uid=current["metadata"]["uid"], kind="MODIFIED")
 
     def delete_slice(self, name: str) -> None:
         self._call(f"delete {name}")
-        self.slices.pop(name, None)
+        self.remove(name)
 
-    def _store(self, body: Obj, *, uid: str) -> Obj:
+    # --- someone else's writes -----------------------------------------------------------------
+
+    def edit(self, name: str, change: Callable[[Obj], None]) -> None:
+        with self.changed:
+            edited = copy.deepcopy(self.slices[name])
+            change(edited)
+            self._version += 1
+            edited["metadata"]["resourceVersion"] = str(self._version)
+            self._keep(edited, "MODIFIED")
+
+    def remove(self, name: str) -> None:
+        with self.changed:
+            gone = self.slices.pop(name, None)
+            if gone is not None:
+                self._version += 1
+                gone["metadata"]["resourceVersion"] = str(self._version)
+                self.events.append({"type": "DELETED", "object": gone})
+                self.changed.notify_all()
+
+    def add(self, body: Obj) -> None:
+        with self.changed:
+            self._store(body, uid=f"uid-{self._version}", kind="ADDED")
+
+    def _store(self, body: Obj, *, uid: str, kind: str) -> Obj:
         self._version += 1
+        stored = self._server_form(body, uid=uid, version=self._version)
+        self._keep(stored, kind)
+        return copy.deepcopy(stored)
+
+    def _keep(self, stored: Obj, kind: str) -> None:
+        self.slices[stored["metadata"]["name"]] = stored
+        self.events.append({"type": kind, "object": copy.deepcopy(stored)})
+        self.changed.notify_all()
+
+    @staticmethod
+    def _server_form(body: Obj, *, uid: str, version: int) -> Obj:
         stored = copy.deepcopy(body)
         stored["metadata"].update(
             uid=uid,
-            resourceVersion=str(self._version),
+            resourceVersion=str(version),
             creationTimestamp="2026-01-01T00:00:00Z",
             managedFields=[{"manager": "gpudra", "operation": "Update"}],
         )
@@ -131,151 +237,53 @@ class FakeKube:
             for capacity in device.get("capacity", {}).values():
                 capacity["value"] = str(int(parse_quantity(capacity["value"])))  # "80Gi" -> bytes
         stored["spec"].setdefault("perDeviceNodeSelection", None)
-        self.slices[stored["metadata"]["name"]] = stored
-        return copy.deepcopy(stored)
+        return stored
 
 
-def publish(kube: FakeKube, model: DeviceModel, server_minor: int = 35) -> SyncPlan:
-    """Apply plan_sync's writes to the fake, as SliceController does."""
-    plan = plan_sync(builder(model, server_minor), kube.list_slices(driver=DRIVER, node_name=NODE))
-    for piece in plan.create:
-        kube.create_slice(dict(piece))
-    for piece in plan.update:
-        kube.replace_slice(dict(piece))
-    for name in plan.delete:
-        kube.delete_slice(name)
-    return plan
+def listed(kube: FakeKube) -> list[Obj]:
+    return kube.list_slices(driver=DRIVER, node_name=NODE)[0]
 
 
 def generations(kube: FakeKube) -> set[int]:
     return {s["spec"]["pool"]["generation"] for s in kube.slices.values()}
 
 
-# --- plan_sync ---------------------------------------------------------------------------------
+def stranger(generation: int, name: str = "someone-elses-slice") -> Obj:
+    """A slice in this node's pool that gpudra did not make."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": {
+            "driver": DRIVER,
+            "nodeName": NODE,
+            "pool": {"name": NODE, "generation": generation, "resourceSliceCount": 1},
+            "devices": [{"name": "fake-gpu"}],
+        },
+    }
 
 
-def test_first_publish_creates_every_slice_with_generation_one() -> None:
-    plan = plan_sync(builder(MODELS["h100"]), [])
-    expected = builder(MODELS["h100"])(1)
-    assert (plan.generation, len(plan.create), plan.update, plan.delete) == (1, len(expected), [], [])
-    assert len(expected) > 1
-    for piece, want in zip(plan.create, expected, strict=True):
-        assert piece["spec"] == want["spec"]
-        assert piece["metadata"]["name"] == want["metadata"]["name"]
-        assert piece["metadata"]["annotations"][SPEC_HASH] == spec_hash(want)
+def retitle(name: str) -> Callable[[Obj], None]:
+    """Someone else's edit of a slice's content that keeps every label and annotation."""
+
+    def change(piece: Obj) -> None:
+        piece["metadata"].setdefault("annotations", {})["gpudra.io/spec-hash"] = "kept by the editor"
+        devices = piece["spec"].get("devices")
+        if devices:
+            devices[0]["attributes"]["productName"] = {"string": f"not what gpudra said ({name})"}
+        else:
+            piece["spec"]["sharedCounters"][0]["counters"].popitem()
+
+    return change
 
 
-def test_an_unchanged_model_writes_nothing_despite_server_defaults() -> None:
-    kube = FakeKube()
-    publish(kube, MODELS["h100"])
-    existing = kube.list_slices(driver=DRIVER, node_name=NODE)
-    assert any(s["spec"]["perDeviceNodeSelection"] is None for s in existing)  # the server's additions
-    again = plan_sync(builder(MODELS["h100"]), existing)
-    assert again == SyncPlan(generation=1)
-    assert again.writes == 0
+def regenerate(generation: int) -> Callable[[Obj], None]:
+    """Someone else's edit of a slice's pool generation."""
 
+    def change(piece: Obj) -> None:
+        piece["spec"]["pool"]["generation"] = generation
 
-def test_a_changed_model_rewrites_every_slice_with_the_next_generation() -> None:
-    kube = FakeKube()
-    publish(kube, MODELS["h100"])
-    versions = {name: s["metadata"]["resourceVersion"] for name, s in kube.slices.items()}
-    plan = plan_sync(builder(MODELS["h100 newer driver"]), kube.list_slices(driver=DRIVER, node_name=NODE))
-    assert (plan.generation, plan.create, plan.delete) == (2, [], [])
-    assert {p["metadata"]["name"]: p["metadata"]["resourceVersion"] for p in plan.update} == versions
-    assert {p["spec"]["pool"]["generation"] for p in plan.update} == {2}
-
-
-def test_fewer_slices_delete_the_extras() -> None:
-    kube = FakeKube()
-    publish(kube, MODELS["big"])
-    before = sorted(kube.slices)
-    plan = plan_sync(builder(MODELS["mixed"]), kube.list_slices(driver=DRIVER, node_name=NODE))
-    assert [p["metadata"]["name"] for p in plan.update] == before[:1]
-    assert plan.create == []
-    assert plan.delete == sorted(set(before) - set(before[:1]))
-    assert plan.generation == 2
-
-
-def test_more_slices_create_the_new_ones() -> None:
-    kube = FakeKube()
-    publish(kube, MODELS["mixed"])
-    plan = plan_sync(builder(MODELS["big"]), kube.list_slices(driver=DRIVER, node_name=NODE))
-    assert len(plan.update) == 1 and len(plan.create) == len(builder(MODELS["big"])(1)) - 1
-    assert {p["spec"]["pool"]["generation"] for p in plan.create + plan.update} == {2}
-
-
-def test_slices_without_the_hash_annotation_are_rewritten() -> None:
-    kube = FakeKube()
-    publish(kube, MODELS["h100"])
-    existing = kube.list_slices(driver=DRIVER, node_name=NODE)
-    del existing[0]["metadata"]["annotations"]
-    plan = plan_sync(builder(MODELS["h100"]), existing)
-    assert (plan.generation, len(plan.update), plan.create, plan.delete) == (2, len(existing), [], [])
-
-
-def test_a_slice_with_another_hash_is_rewritten() -> None:
-    kube = FakeKube()
-    publish(kube, MODELS["h100"])
-    existing = kube.list_slices(driver=DRIVER, node_name=NODE)
-    existing[-1]["metadata"]["annotations"][SPEC_HASH] = "0" * 32
-    assert plan_sync(builder(MODELS["h100"]), existing).generation == 2
-
-
-def test_a_pool_left_half_rewritten_is_rewritten_at_a_newer_generation() -> None:
-    kube = FakeKube()
-    publish(kube, MODELS["h100"])
-    existing = kube.list_slices(driver=DRIVER, node_name=NODE)
-    existing[0]["spec"]["pool"]["generation"] = 3  # one slice got through before a crash
-    plan = plan_sync(builder(MODELS["h100"]), existing)
-    assert plan.generation == 4 and len(plan.update) == len(existing)
-
-
-def test_a_stranger_slice_in_the_pool_is_deleted() -> None:
-    kube = FakeKube()
-    publish(kube, MODELS["mixed"])
-    existing = kube.list_slices(driver=DRIVER, node_name=NODE)
-    stranger = copy.deepcopy(existing[0])
-    stranger["metadata"]["name"] = "node-a-old-name-0"
-    plan = plan_sync(builder(MODELS["mixed"]), [*existing, stranger])
-    assert plan.delete == ["node-a-old-name-0"]
-    assert plan.generation == 2 and len(plan.update) == 1
-
-
-def test_the_hash_leaves_out_the_generation_but_not_the_content() -> None:
-    one, two = builder(MODELS["h100"])(1)[0], builder(MODELS["h100"])(2)[0]
-    assert spec_hash(one) == spec_hash(two)
-    two["spec"]["pool"]["resourceSliceCount"] += 1
-    assert spec_hash(one) != spec_hash(two)
-
-
-@settings(max_examples=15, deadline=None)
-@given(
-    steps=st.lists(
-        st.tuples(
-            st.sampled_from(["h100", "h100 newer driver", "mixed", "empty"]), st.sampled_from([34, 35])
-        ),
-        min_size=1,
-        max_size=4,
-    )
-)
-def test_publishing_any_sequence_of_models(steps: list[tuple[str, int]]) -> None:
-    """Each publish leaves exactly the built slices at one generation; only a change bumps it."""
-    kube = FakeKube()
-    generation, previous = 0, None
-    for name, minor in steps:
-        wanted = builder(MODELS[name], minor)(0)
-        changed = wanted != previous
-        plan = publish(kube, MODELS[name], minor)
-        generation += 1 if changed else 0
-        assert plan.generation == generation
-        assert (plan.writes > 0) == changed
-        assert generations(kube) == {generation}
-        assert sorted(kube.slices) == sorted(s["metadata"]["name"] for s in wanted)
-        assert publish(kube, MODELS[name], minor).writes == 0
-        previous = wanted
-
-
-# --- SliceController ---------------------------------------------------------------------------
+    return change
 
 
 class Model:
@@ -301,6 +309,225 @@ def controller(kube: FakeKube, model: Model, **kwargs: Any) -> tuple[SliceContro
     return made, published
 
 
+def published_pool(name: str = "h100") -> tuple[FakeKube, SliceController]:
+    """A FakeKube holding `name`'s pool as a controller published it, and that controller."""
+    kube = FakeKube()
+    slices, _ = controller(kube, Model(MODELS[name]))
+    slices.sync_once()
+    return kube, slices
+
+
+def wait_until(condition: Callable[[], object], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
+
+
+# --- plan_sync ---------------------------------------------------------------------------------
+
+
+def test_first_publish_creates_every_slice_with_generation_one() -> None:
+    plan = plan_sync(builder(MODELS["h100"]), [], {})
+    expected = builder(MODELS["h100"])(1)
+    assert (plan.generation, len(plan.create), plan.update, plan.delete) == (1, len(expected), [], [])
+    assert len(expected) > 1
+    assert plan.create == expected  # nothing added: no annotation, no marker of any kind
+
+
+def test_an_unchanged_pool_plans_no_writes_despite_server_defaults() -> None:
+    kube, slices = published_pool()
+    existing = listed(kube)
+    assert any(s["spec"]["perDeviceNodeSelection"] is None for s in existing)  # the server's additions
+    assert any(
+        s["spec"] != content(p)["spec"] for s, p in zip(existing, builder(MODELS["h100"])(1), strict=True)
+    )
+    again = plan_sync(builder(MODELS["h100"]), existing, slices.published)
+    assert again == SyncPlan(generation=1)
+    assert again.writes == 0
+
+
+def test_an_edited_slice_is_restored_at_the_same_generation_though_its_annotations_were_kept() -> None:
+    kube, slices = published_pool()
+    victim = sorted(kube.slices)[-1]
+    kube.edit(victim, retitle(victim))
+    plan = plan_sync(builder(MODELS["h100"]), listed(kube), slices.published)
+    assert (plan.generation, plan.create, plan.delete) == (1, [], [])
+    assert [p["metadata"]["name"] for p in plan.update] == [victim]
+    assert plan.update[0]["metadata"]["resourceVersion"] == kube.slices[victim]["metadata"]["resourceVersion"]
+    assert content(plan.update[0]) == slices.published[victim].sent
+
+
+def test_a_change_to_metadata_only_is_no_difference() -> None:
+    kube, slices = published_pool()
+    for name in kube.slices:
+        kube.edit(name, lambda s: s["metadata"].setdefault("labels", {}).update(team="infra"))
+    assert plan_sync(builder(MODELS["h100"]), listed(kube), slices.published).writes == 0
+
+
+def test_a_deleted_slice_is_created_again_at_the_same_generation() -> None:
+    kube, slices = published_pool()
+    victim = sorted(kube.slices)[0]
+    kube.remove(victim)
+    plan = plan_sync(builder(MODELS["h100"]), listed(kube), slices.published)
+    assert (plan.generation, plan.update, plan.delete) == (1, [], [])
+    assert [p["metadata"]["name"] for p in plan.create] == [victim]
+
+
+def test_a_foreign_slice_at_the_largest_generation_is_deleted_and_ours_keep_theirs() -> None:
+    kube, slices = published_pool()
+    kube.add(stranger(MAX_GENERATION))
+    plan = plan_sync(builder(MODELS["h100"]), listed(kube), slices.published)
+    assert plan == SyncPlan(generation=1, delete=["someone-elses-slice"])
+
+
+def test_with_nothing_remembered_the_next_generation_counts_our_slices_only() -> None:
+    kube, _ = published_pool()
+    kube.add(stranger(MAX_GENERATION))
+    kube.add(stranger(7, "another-stranger"))
+    plan = plan_sync(builder(MODELS["h100"]), listed(kube), {})
+    assert plan.generation == 2
+    assert plan.delete == ["another-stranger", "someone-elses-slice"]
+    assert sorted(p["metadata"]["name"] for p in plan.update) == sorted(set(kube.slices) - set(plan.delete))
+
+
+def test_our_own_generation_at_the_int64_limit_starts_the_pool_again_at_one() -> None:
+    kube, slices = published_pool()
+    for name in kube.slices:
+        kube.edit(name, regenerate(MAX_GENERATION))
+    for remembered in ({}, slices.published):
+        model = MODELS["h100 newer driver"] if remembered else MODELS["h100"]
+        plan = plan_sync(builder(model), listed(kube), remembered)
+        # nothing remembered, or a changed model: every slice is rewritten, at 1 since MAX has no next
+        assert plan.generation == 1 and len(plan.update) == len(kube.slices)
+        assert {p["spec"]["pool"]["generation"] for p in plan.update} == {1}
+
+
+def test_a_changed_model_rewrites_every_slice_with_the_next_generation() -> None:
+    kube, slices = published_pool()
+    versions = {name: s["metadata"]["resourceVersion"] for name, s in kube.slices.items()}
+    plan = plan_sync(builder(MODELS["h100 newer driver"]), listed(kube), slices.published)
+    assert (plan.generation, plan.create, plan.delete) == (2, [], [])
+    assert {p["metadata"]["name"]: p["metadata"]["resourceVersion"] for p in plan.update} == versions
+    assert {p["spec"]["pool"]["generation"] for p in plan.update} == {2}
+
+
+def test_a_model_change_confined_to_one_slice_keeps_the_generation() -> None:
+    kube, slices = published_pool()
+    changed = copy.deepcopy(MODELS["h100"])
+    changed.devices[0]["attributes"]["productName"] = {"string": "NVIDIA H100 80GB HBM3 (renamed)"}
+    plan = plan_sync(builder(changed), listed(kube), slices.published)
+    assert (plan.generation, plan.create, plan.delete, len(plan.update)) == (1, [], [], 1)
+    assert plan.update[0]["spec"]["devices"][0]["attributes"]["productName"]["string"].endswith("(renamed)")
+
+
+def test_fewer_slices_delete_the_extras() -> None:
+    kube, slices = published_pool("big")
+    before = sorted(kube.slices)
+    plan = plan_sync(builder(MODELS["mixed"]), listed(kube), slices.published)
+    assert [p["metadata"]["name"] for p in plan.update] == before[:1]
+    assert plan.create == []
+    assert plan.delete == sorted(set(before) - set(before[:1]))
+    assert plan.generation == 1  # one update: deletes, then it, leave the scheduler old or new, never a mix
+
+
+def test_more_slices_create_the_new_ones() -> None:
+    kube, slices = published_pool("mixed")
+    plan = plan_sync(builder(MODELS["big"]), listed(kube), slices.published)
+    assert len(plan.update) == 1 and len(plan.create) == len(builder(MODELS["big"])(1)) - 1
+    assert {p["spec"]["pool"]["generation"] for p in plan.create + plan.update} == {1}  # one update again
+
+
+def test_a_pool_left_half_rewritten_is_rewritten_at_a_newer_generation() -> None:
+    kube, slices = published_pool()
+    first = sorted(kube.slices)[0]
+    kube.edit(first, regenerate(3))  # got through before a crash
+    after_restart = plan_sync(builder(MODELS["h100"]), listed(kube), {})
+    assert after_restart.generation == 4 and len(after_restart.update) == len(kube.slices)
+    # while the controller still runs, that is someone else's edit of one slice: only it is restored
+    running = plan_sync(builder(MODELS["h100"]), listed(kube), slices.published)
+    assert running.generation == 1 and [p["metadata"]["name"] for p in running.update] == [first]
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from(["h100", "h100 newer driver", "mixed", "empty"]), st.sampled_from([34, 35])
+        ),
+        min_size=1,
+        max_size=4,
+    )
+)
+def test_publishing_any_sequence_of_models(steps: list[tuple[str, int]]) -> None:
+    """Each sync leaves exactly the built slices at one generation; a change of more than one existing
+    slice bumps it, and nothing else does."""
+    kube = FakeKube()
+    model = Model(MODELS[steps[0][0]])
+    slices, _ = controller(kube, model)
+    generation, previous = 0, None
+    for name, minor in steps:
+        model.current, kube.minor = MODELS[name], minor
+        slices._server_minor = None  # as after a failure: the server may have been upgraded
+        wanted = builder(MODELS[name], minor)(0)
+        changed = wanted != previous
+        first = not slices.published
+        plan = slices.sync_once()
+        generation += 1 if first or len(plan.update) > 1 else 0
+        assert plan.generation == generation
+        assert (plan.writes > 0) == changed
+        assert generations(kube) == {generation}
+        assert sorted(kube.slices) == sorted(s["metadata"]["name"] for s in wanted)
+        assert slices.sync_once().writes == 0
+        previous = wanted
+
+
+DAMAGE = st.one_of(
+    st.tuples(st.just("edit"), st.integers(0, 20)),
+    st.tuples(st.just("delete"), st.integers(0, 20)),
+    st.tuples(st.just("label"), st.integers(0, 20)),
+    st.tuples(st.just("generation"), st.integers(0, 20), st.integers(0, MAX_GENERATION)),
+    st.tuples(st.just("stranger"), st.integers(0, 20), st.integers(0, MAX_GENERATION)),
+)
+
+
+@settings(max_examples=20, deadline=None)
+@given(damage=st.lists(DAMAGE, min_size=1, max_size=6))
+def test_any_damage_by_others_is_repaired_and_then_costs_nothing(damage: list[tuple[Any, ...]]) -> None:
+    kube, slices = published_pool()
+    names = sorted(s["metadata"]["name"] for s in builder(MODELS["h100"])(1))
+    for kind, index, *value in damage:
+        name = names[index % len(names)]
+        if kind == "stranger":
+            kube.add(stranger(value[0], f"stranger-{index}"))
+        elif name not in kube.slices:
+            continue
+        elif kind == "edit":
+            kube.edit(name, retitle(name))
+        elif kind == "delete":
+            kube.remove(name)
+        elif kind == "label":
+            kube.edit(name, lambda s: s["metadata"].setdefault("labels", {}).update(x="y"))
+        else:
+            kube.edit(name, regenerate(value[0]))
+    remembered = slices.published
+    damaged = [n for n in names if n in kube.slices and content(kube.slices[n]) != remembered[n].stored]
+    ours = max((kube.slices[n]["spec"]["pool"]["generation"] for n in names if n in kube.slices), default=0)
+    plan = slices.sync_once()
+    if len(damaged) <= 1:  # restored in place, the pool keeps its generation
+        assert plan.generation == 1 and len(plan.update) == len(damaged)
+    else:  # rewritten at the next generation of our own slices, never past int64
+        assert plan.generation == (ours + 1 if ours < MAX_GENERATION else 1)
+    assert sorted(kube.slices) == names
+    wanted = builder(MODELS["h100"])(plan.generation)
+    server_form = [content(FakeKube._server_form(dict(s), uid="", version=0)) for s in wanted]
+    assert [content(kube.slices[n]) for n in names] == server_form
+    assert slices.sync_once().writes == 0
+
+
+# --- SliceController ---------------------------------------------------------------------------
+
+
 def test_sync_once_publishes_then_writes_nothing() -> None:
     kube, model = FakeKube(), Model(MODELS["h100"])
     slices, published = controller(kube, model)
@@ -316,6 +543,66 @@ def test_sync_once_publishes_then_writes_nothing() -> None:
     assert len(published) == count
 
 
+def test_a_restarted_controller_adopts_an_unchanged_pool_without_writing() -> None:
+    kube, _ = published_pool()
+    versions = {name: s["metadata"]["resourceVersion"] for name, s in kube.slices.items()}
+    writes = len(kube.writes)
+    restarted, published = controller(kube, Model(MODELS["h100"]))
+    assert restarted.sync_once() == SyncPlan(generation=1)
+    assert len(kube.writes) == writes
+    assert [c for c in kube.calls if c.startswith("dry-run")] == [f"dry-run replace {n}" for n in kube.slices]
+    assert {name: s["metadata"]["resourceVersion"] for name, s in kube.slices.items()} == versions
+    assert published == []
+    calls = len(kube.calls)
+    assert restarted.sync_once().writes == 0 and kube.calls[calls:] == ["list"]  # adopted once
+
+
+def test_a_restarted_controller_writes_only_what_changed_while_it_was_down() -> None:
+    kube, _ = published_pool()
+    edited, deleted = sorted(kube.slices)[0], sorted(kube.slices)[-1]
+    kube.edit(edited, retitle(edited))
+    kube.remove(deleted)
+    restarted, published = controller(kube, Model(MODELS["h100"]))
+    plan = restarted.sync_once()
+    assert plan.generation == 1 and published == ["update", "create"]
+    assert [p["metadata"]["name"] for p in plan.update + plan.create] == [edited, deleted]
+    assert generations(kube) == {1}
+    assert restarted.sync_once().writes == 0
+
+
+def test_a_restarted_controller_with_a_changed_model_rewrites_the_pool() -> None:
+    kube, _ = published_pool()
+    restarted, _ = controller(kube, Model(MODELS["h100 newer driver"]))
+    plan = restarted.sync_once()
+    assert plan.generation == 2 and len(plan.update) == len(kube.slices)
+    assert restarted.sync_once().writes == 0
+
+
+def test_a_slice_whose_create_reply_was_lost_is_adopted_not_rewritten(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    kube = FakeKube()
+    slices, published = controller(kube, Model(MODELS["h100"]))
+    create = kube.create_slice
+
+    def create_then_time_out(body: Obj) -> Obj:
+        stored = create(body)
+        if len(kube.slices) == 2:
+            raise ClusterError("creating ResourceSlice: timed out (ReadTimeoutError)")
+        return stored
+
+    monkeypatch.setattr(kube, "create_slice", create_then_time_out)
+    with pytest.raises(ClusterError, match="timed out"):
+        slices.sync_once()
+    plan = slices.sync_once()
+    assert (
+        plan.generation == 1 and plan.update == [] and len(plan.create) == len(builder(MODELS["h100"])(1)) - 2
+    )
+    assert not [c for c in kube.calls if c.startswith("replace")]
+    assert sorted(slices.published) == sorted(kube.slices) and generations(kube) == {1}
+    assert published.count("create") == len(kube.slices) - 1  # the lost reply was never counted
+
+
 def test_sync_once_updates_after_a_model_change_and_deletes_extras() -> None:
     kube, model = FakeKube(), Model(MODELS["big"])
     slices, published = controller(kube, model)
@@ -326,6 +613,7 @@ def test_sync_once_updates_after_a_model_change_and_deletes_extras() -> None:
     assert published.count("update") == len(plan.update) > 0
     assert published.count("delete") == len(plan.delete) > 0
     assert sorted(kube.slices) == sorted(s["metadata"]["name"] for s in builder(model.current)(2))
+    assert sorted(slices.published) == sorted(kube.slices)
 
 
 def test_sync_once_raises_a_write_failure() -> None:
@@ -334,6 +622,12 @@ def test_sync_once_raises_a_write_failure() -> None:
     kube.failures = [None, None, None, ClusterError("creating ResourceSlice: HTTP 500")]
     with pytest.raises(ClusterError, match="HTTP 500"):
         slices.sync_once()
+    assert slices.published == {}  # nothing recorded for a write that did not happen
+
+
+def test_the_controller_exposes_both_loops() -> None:
+    slices, _ = controller(FakeKube(), Model(MODELS["mixed"]))
+    assert [loop.name for loop in slices.loops] == ["slice-sync", "slice-watch"]
 
 
 def test_the_thread_retries_with_backoff_and_resets_it_after_a_success() -> None:
@@ -361,23 +655,21 @@ def test_the_thread_retries_with_backoff_and_resets_it_after_a_success() -> None
     assert len(kube.slices) == 1
 
 
-def test_trigger_syncs_early_and_stop_ends_the_thread() -> None:
-    kube, model = FakeKube(), Model(MODELS["mixed"])
+def test_trigger_syncs_early_and_stop_ends_both_threads() -> None:
+    kube, model = FakeKube(), Model(MODELS["h100"])
     slices, published = controller(kube, model, resync_seconds=60)
     slices.start()
     try:
         assert slices.synced.wait(5)
-        model.current = MODELS["h100"]
+        wait_until(lambda: "watch" in kube.watch_calls)  # a watch is open and waiting
+        model.current = MODELS["h100 newer driver"]
         slices.trigger()
-        deadline = time.monotonic() + 5
-        while generations(kube) != {2} and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert generations(kube) == {2}
+        wait_until(lambda: generations(kube) == {2})
     finally:
         started = time.monotonic()
         slices.stop(5)
     assert time.monotonic() - started < 2
-    assert not slices.loop.alive
+    assert not any(loop.alive for loop in slices.loops)
     assert "update" in published
 
 
@@ -397,3 +689,143 @@ def test_the_thread_is_not_synced_until_a_sync_succeeds() -> None:
         assert slices.synced.wait(3)
     finally:
         slices.stop(5)
+
+
+# --- the watch ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def running() -> Iterator[tuple[FakeKube, SliceController, list[str]]]:
+    """A controller whose resync (an hour) cannot explain anything a test sees within seconds."""
+    kube = FakeKube()
+    slices, published = controller(kube, Model(MODELS["h100"]), resync_seconds=3600)
+    slices.start()
+    try:
+        assert slices.synced.wait(5)
+        wait_until(lambda: "watch" in kube.watch_calls and kube.consumed == len(kube.events))
+        yield kube, slices, published
+    finally:
+        slices.stop(5)
+    assert not any(loop.alive for loop in slices.loops)
+
+
+def test_the_watch_restores_a_deleted_slice_within_seconds(
+    running: tuple[FakeKube, SliceController, list[str]],
+) -> None:
+    kube, _, published = running
+    victim, writes = sorted(kube.slices)[0], len(published)
+    kube.remove(victim)
+    wait_until(lambda: victim in kube.slices and len(published) > writes)
+    assert published[writes:] == ["create"]
+    assert kube.slices[victim]["spec"]["pool"]["generation"] == 1
+
+
+def test_the_watch_restores_an_edited_slice_and_deletes_a_stranger(
+    running: tuple[FakeKube, SliceController, list[str]],
+) -> None:
+    kube, slices, published = running
+    victim, writes = sorted(kube.slices)[-1], len(published)
+    kube.edit(victim, retitle(victim))
+    wait_until(lambda: content(kube.slices[victim]) == slices.published[victim].stored)
+    kube.add(stranger(MAX_GENERATION))
+    wait_until(lambda: "someone-elses-slice" not in kube.slices and len(published) > writes + 1)
+    assert published[writes:] == ["update", "delete"]
+    assert generations(kube) == {1}
+    assert slices.watch_loop.failures == 0 and slices.loop.failures == 0
+
+
+def test_the_watch_takes_no_write_of_the_controller_for_someone_elses(
+    running: tuple[FakeKube, SliceController, list[str]], caplog: pytest.LogCaptureFixture
+) -> None:
+    kube, slices, published = running
+    with caplog.at_level(logging.INFO, logger="gpudra.kube.slice_sync"):
+        model = slices.model
+        assert isinstance(model, Model)
+        model.current = MODELS["h100 newer driver"]
+        slices.trigger()
+        wait_until(lambda: generations(kube) == {2} and kube.consumed == len(kube.events))
+        first = sorted(kube.slices)[0]
+        kube.edit(first, retitle(first))
+        wait_until(
+            lambda: (
+                content(kube.slices[first]) == slices.published[first].stored
+                and kube.consumed == len(kube.events)
+            )
+        )
+    noticed = [r for r in caplog.records if r.getMessage().startswith("ResourceSlice changed")]
+    assert [(r.__dict__["change"], r.__dict__["resourceslice"]) for r in noticed] == [("MODIFIED", first)]
+    assert published.count("update") == len(kube.slices) + 1  # the rewrite, then the one restore
+
+
+def test_a_failing_watch_starts_again_from_a_list_and_is_counted(
+    running: tuple[FakeKube, SliceController, list[str]],
+) -> None:
+    kube, slices, _ = running
+    kube.watch_failures = [ClusterError("watching ResourceSlices: HTTP 410 Expired")]
+    opened = kube.watch_calls.count("watch")
+    assert kube.opened is not None
+    kube.opened.close()  # the API server ends the watch; opening the next one fails
+    wait_until(lambda: kube.watch_calls.count("watch") == opened + 2)
+    assert slices.watch_loop.failures == 1
+    assert kube.watch_calls[-3:] == ["watch", "list", "watch"]  # the failed one, a fresh list, a new one
+    victim = sorted(kube.slices)[0]
+    kube.remove(victim)
+    wait_until(lambda: victim in kube.slices)
+
+
+# --- SliceWatch: the client's side of a WATCH ---------------------------------------------------
+
+
+class FakeResponse:
+    """The urllib3 response of a WATCH request: chunks as they arrive, then `end` (None: a clean end)."""
+
+    def __init__(self, chunks: list[bytes], end: Exception | None = None) -> None:
+        self.chunks = chunks
+        self.end = end
+        self.closed = self.shut = False
+
+    def stream(self, amt: int | None = None, decode_content: bool = False) -> Iterator[bytes]:
+        yield from self.chunks
+        if self.end is not None:
+            raise self.end
+
+    def close(self) -> None:
+        self.closed = True
+
+    def shutdown(self) -> None:
+        self.shut = True
+
+
+def test_a_watch_yields_events_split_across_chunks_and_closes_its_response() -> None:
+    response = FakeResponse(
+        [
+            b'{"type": "ADDED", "object": {"metadata": {"na',
+            b'me": "a"}}}\n\n{"type": "BOO',
+            b'KMARK", "object": {}}\n',
+        ]
+    )
+    assert [e["type"] for e in SliceWatch(response, "watching ResourceSlices")] == ["ADDED", "BOOKMARK"]
+    assert response.closed
+
+
+def test_an_error_event_or_a_broken_stream_is_a_cluster_error() -> None:
+    expired = FakeResponse(
+        [b'{"type": "ERROR", "object": {"kind": "Status", "code": 410, "message": "too old"}}\n']
+    )
+    with pytest.raises(ClusterError, match="watching ResourceSlices: HTTP 410 too old"):
+        list(SliceWatch(expired, "watching ResourceSlices"))
+    broken = FakeResponse([], end=urllib3.exceptions.ProtocolError("Connection broken"))
+    with pytest.raises(ClusterError, match="connection broken"):
+        list(SliceWatch(broken, "watching ResourceSlices"))
+    assert expired.closed and broken.closed
+
+
+def test_a_closed_watch_ends_quietly() -> None:
+    broken = FakeResponse(
+        [b'{"type": "ADDED", "object": {}}\n'], end=urllib3.exceptions.ProtocolError("shut")
+    )
+    watch = SliceWatch(broken, "watching ResourceSlices")
+    events = iter(watch)
+    assert next(events)["type"] == "ADDED"
+    watch.close()  # from another thread, in the plugin: the read it interrupts fails
+    assert list(events) == [] and broken.shut and broken.closed

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpudra.errors import ClusterError, NotSupported
-from gpudra.model.devices import CounterSet, Device, DeviceModel, build_devices
+from gpudra.model.devices import CounterSet, Device, DeviceModel, build_devices, with_health_taints
 from gpudra.model.inventory import Gpu
 from gpudra.model.slices import ResourceSlice, build_slices, validate_slices
 from tests.unit import inventories as inv
@@ -640,6 +640,25 @@ def test_devices_with_counters_may_fill_128_on_1_34_but_not_later() -> None:
     assert "128 devices; at most 64 here" in " ".join(validate_slices(slices, server_minor=35))
 
 
+@pytest.mark.parametrize(
+    ("server_minor", "expected"),
+    [(34, [(100, 0)]), (35, [(64, 0), (36, 0)]), (36, [(64, 0), (36, 0)])],
+    ids=["1.34", "1.35", "1.36"],
+)
+def test_a_health_taint_lowers_the_limit_of_its_slice_to_64(
+    server_minor: int, expected: list[tuple[int, int]]
+) -> None:
+    inventory = inv.node(*(inv.plain(m, "l4") for m in range(100)))
+    model = build_devices(inventory, mig_mode="partitionable")
+    assert shape(publish(model, server_minor)) == [(100, 0)]
+    lost = inventory.gpus[10].uuid
+    slices = publish(with_health_taints(model, {lost: "NVMLError_GpuIsLost"}), server_minor)
+    assert shape(slices) == expected
+    assert validate_slices(slices, server_minor=server_minor) == []
+    assert [d["name"] for d in devices_of(slices)] == [d["name"] for d in model.devices]
+    assert [d["name"] for d in devices_of(slices) if d.get("taints")] == ["gpu-10"]
+
+
 # ---- any inventory: published slices pass validation and carry the model unchanged
 
 
@@ -672,3 +691,21 @@ def test_published_slices_always_validate_and_preserve_the_model(
     assert counter_sets_of(slices) == model.counter_sets
     assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} == {len(slices)}
     assert {s["spec"]["pool"]["generation"] for s in slices} == {generation}
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    gpus=st.lists(st.tuples(st.sampled_from(sorted(GPU_KINDS)), st.booleans()), min_size=1, max_size=24),
+    mode=st.sampled_from(["partitionable", "static"]),
+    server_minor=st.sampled_from(MINORS),
+    lost=st.sets(st.integers(min_value=0, max_value=23)),
+)
+def test_published_slices_with_unhealthy_gpus_always_validate(
+    gpus: list[tuple[str, bool]], mode: str, server_minor: int, lost: set[int]
+) -> None:
+    inventory = inv.node(*(GPU_KINDS[kind](minor, on) for minor, (kind, on) in enumerate(gpus)))
+    unhealthy = {gpu.uuid: "NVMLError_GpuIsLost" for gpu in inventory.gpus if gpu.minor in lost}
+    model = with_health_taints(build_devices(inventory, mig_mode=mode), unhealthy)
+    slices = publish(model, server_minor)
+    assert validate_slices(slices, server_minor=server_minor) == []
+    assert devices_of(slices) == model.devices

@@ -14,12 +14,13 @@ import re
 import socket
 import ssl
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, cast
 
 import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+from kubernetes.watch.watch import iter_resp_lines
 
 from gpudra.errors import ClusterError
 
@@ -136,6 +137,46 @@ def connect(kubeconfig: str | None) -> client.ApiClient:
         return client.ApiClient()
 
 
+def _slice_selector(driver: str, node_name: str) -> str:
+    return f"spec.driver={driver},spec.nodeName={node_name}"
+
+
+class SliceWatch:
+    """One WATCH request on ResourceSlices (`Kube.watch_slices`). Iterating yields its events as they
+    arrive, `{"type": "ADDED" | "MODIFIED" | "DELETED" | "BOOKMARK", "object": {...}}`, and ends when the
+    API server ends the watch; an ERROR event (410: the version is too old) or a broken stream raises
+    `ClusterError`. `close()` from another thread ends the iteration at once, quietly: it shuts the
+    socket down under the read that waits for the next event."""
+
+    def __init__(self, response: Any, what: str) -> None:
+        self._response = response
+        self._what = what
+        self._closed = False
+
+    def __iter__(self) -> Iterator[Obj]:
+        try:
+            with _api_errors(self._what):
+                for line in iter_resp_lines(self._response):
+                    if not line:
+                        continue
+                    event = _obj(json.loads(line))
+                    if event.get("type") == "ERROR":
+                        status = event.get("object") or {}
+                        raise _http_error(self._what, status.get("code"), status.get("message"))
+                    yield event
+        except ClusterError:
+            if not self._closed:
+                raise
+        finally:
+            self._response.close()
+
+    def close(self) -> None:
+        self._closed = True
+        # ValueError, RuntimeError: the response already ended and let go of its socket.
+        with suppress(ValueError, RuntimeError, OSError):
+            self._response.shutdown()
+
+
 class Kube:
     """The API calls gpudra makes."""
 
@@ -158,19 +199,45 @@ class Kube:
 
     # --- ResourceSlices ------------------------------------------------------------------------
 
-    def list_slices(self, *, driver: str, node_name: str) -> list[Obj]:
-        selector = f"spec.driver={driver},spec.nodeName={node_name}"
+    def list_slices(self, *, driver: str, node_name: str) -> tuple[list[Obj], str]:
+        """The slices of `driver` on `node_name`, and the list's resourceVersion (where a watch resumes)."""
         with _api_errors("listing ResourceSlices"):
             result = _obj(
                 self._custom.list_cluster_custom_object(
                     GROUP,
                     VERSION,
                     "resourceslices",
-                    field_selector=selector,
+                    field_selector=_slice_selector(driver, node_name),
                     _request_timeout=REQUEST_TIMEOUT,
                 )
             )
-        return list(result["items"])
+        return list(result["items"]), str(result["metadata"]["resourceVersion"])
+
+    def watch_slices(
+        self, *, driver: str, node_name: str, resource_version: str, timeout_seconds: int
+    ) -> SliceWatch:
+        """The changes to `list_slices(driver, node_name)` after `resource_version`, for at most
+        `timeout_seconds`. Bookmarks are asked for: the API server's periodic "nothing for you up to
+        this version" keeps the version a quiet pool's next watch resumes from recent enough to serve."""
+        what = "watching ResourceSlices"
+        with _api_errors(what):
+            response: Any = self._custom.list_cluster_custom_object(
+                GROUP,
+                VERSION,
+                "resourceslices",
+                field_selector=_slice_selector(driver, node_name),
+                resource_version=resource_version,
+                allow_watch_bookmarks=True,
+                timeout_seconds=timeout_seconds,
+                watch=True,
+                _preload_content=False,
+                # The server ends the watch after timeout_seconds, so no read waits longer unless it hung.
+                _request_timeout=(REQUEST_TIMEOUT[0], timeout_seconds + REQUEST_TIMEOUT[1]),
+            )
+        if not 200 <= int(response.status) <= 299:
+            response.close()
+            raise _http_error(what, int(response.status), response.reason)
+        return SliceWatch(response, what)
 
     def create_slice(self, body: Obj) -> Obj:
         with _api_errors(f"creating ResourceSlice {body['metadata'].get('name')}"):
@@ -180,12 +247,20 @@ class Kube:
                 )
             )
 
-    def replace_slice(self, body: Obj) -> Obj:
+    def replace_slice(self, body: Obj, *, dry_run: bool = False) -> Obj:
+        """The slice as the API server stored it, or with `dry_run` as it would store it (defaults
+        filled in, quantities normalized), changing nothing."""
         name = body["metadata"]["name"]
-        with _api_errors(f"updating ResourceSlice {name}"):
+        with _api_errors(f"updating ResourceSlice {name}{' (dry run)' if dry_run else ''}"):
             return _obj(
                 self._custom.replace_cluster_custom_object(
-                    GROUP, VERSION, "resourceslices", name, body, _request_timeout=REQUEST_TIMEOUT
+                    GROUP,
+                    VERSION,
+                    "resourceslices",
+                    name,
+                    body,
+                    dry_run="All" if dry_run else None,
+                    _request_timeout=REQUEST_TIMEOUT,
                 )
             )
 
@@ -223,3 +298,32 @@ class Kube:
             raise ClusterError(f"{what}: the object nests too deeply to decode") from err
         except ValueError as err:
             raise ClusterError(f"{what}: the API server sent no JSON object ({err})") from err
+
+    # --- Events --------------------------------------------------------------------------------
+
+    def create_node_event(self, *, node_name: str, node_uid: str, event: Obj) -> None:
+        """A core/v1 Event about a Node (in `default`, where the kubelet puts its own node events, so
+        `kubectl describe node` shows it). `event` holds reason, message, type, timestamps."""
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{node_name}.", "namespace": "default"},
+            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid},
+            **event,
+        }
+        with _api_errors(f"creating an Event on node {node_name}"):
+            # A dict body is sent as it is (the client serialises dicts unchanged); its stubs say model.
+            self._core.create_namespaced_event(
+                "default",
+                body,  # type: ignore[arg-type]
+                _request_timeout=REQUEST_TIMEOUT,
+            )
+
+    def list_node_events(self, node_name: str) -> list[Obj]:
+        """Events about a Node, as JSON dicts (for tools and tests)."""
+        selector = f"involvedObject.kind=Node,involvedObject.name={node_name}"
+        with _api_errors(f"listing Events of node {node_name}"):
+            result = self._core.list_namespaced_event(
+                "default", field_selector=selector, _request_timeout=REQUEST_TIMEOUT
+            )
+        return [_obj(self.api.sanitize_for_serialization(item)) for item in result.items]

@@ -1,32 +1,69 @@
 """Keeps this node's ResourceSlices equal to the device model. I/O: the API server, via gpudra.kube.client.
 
-Each slice carries a hash of what gpudra meant to publish (annotation `gpudra.io/spec-hash`), so an
-unchanged model costs one LIST and no writes, whatever defaults the API server filled in. When anything
-changed, every slice of the pool is rewritten with the next pool generation (the scheduler only trusts
-slices of a pool's newest generation) and slices that are no longer wanted are deleted.
+What is compared is the published content itself, a slice's spec and owner references (`content`),
+never a mark gpudra leaves on the object: a mark survives someone else's edit of the spec. The API
+server fills in defaults and normalizes quantities, so what it stores is not what was sent; the
+controller therefore remembers, per slice, what it sent and the content the API server returned for
+that write (`Published`). A slice is unchanged when its content equals that stored form and what gpudra
+wants is still what it sent. An unchanged pool costs one LIST per resync and no writes.
 
-The controller runs in a `service.Loop` (its own thread, retried with backoff while the API server
-is away) and never holds anything that prepare waits on.
+After a restart nothing is remembered. Each slice of ours that is not remembered (after a restart: every
+one; else one whose create timed out after it happened) is checked with a dry-run update to what gpudra
+wants at the slice's generation (the API server's own defaulting; nothing is stored): a slice that update
+would leave as it is gets remembered as published. So a restart writes nothing when the model is
+unchanged, and only the slices that changed while gpudra was away are written.
+
+`plan_sync` (pure) turns the LIST into writes:
+- Every slice of the pool (this driver and node) that is not one of the slices wanted is deleted,
+  whatever its generation: the scheduler trusts only a pool's newest generation, so a stranger at a
+  higher one would hide ours.
+- The pool keeps its generation (the one generation of the slices gpudra remembers) when at most one
+  existing slice must change. One update is atomic, so the scheduler never sees a pool half old and half
+  new at one generation (a device in two slices, or in none); a missing slice is created at it, which
+  only adds what the pool lacks. So the steady state writes nothing, a slice someone else edited or
+  deleted is restored alone, and so is one that changed while gpudra was away (restart).
+- Otherwise (more than one slice changes, or nothing is remembered or adopted) every slice is rewritten
+  at the next pool generation, counted from our own slices only, never from a stranger's. The generation
+  is an int64: at its maximum there is no next, so the pool starts again at 1. That is safe because
+  every slice is rewritten and every other one deleted: no slice of the old numbering is left to outrank
+  the new ones, and meanwhile the scheduler sees an incomplete pool, as during any rewrite.
+Writes go deletes first (a stranger stops hiding the pool soonest), then updates, then creates.
+
+Two `service.Loop`s, each in its own thread, never die of an error and retry with backoff:
+- `slice-sync` reconciles at once, every `resync_seconds`, and whenever woken (`trigger()`, the watch).
+- `slice-watch` WATCHes the pool (resuming from the last version seen, with bookmarks, each watch at most
+  WATCH_SECONDS; after any error it starts again from a LIST) and wakes `slice-sync` on every change
+  gpudra did not make: a slice it does not know, content other than what it stored, a deletion of a
+  slice it wants. A slice edited or deleted behind its back is restored within a second; the resync
+  is only the backstop. A write and the record of its result happen under one lock, so the watch never
+  takes the echo of gpudra's own write for someone else's change.
+Neither loop holds anything that prepare waits on.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
+import copy
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpudra.kube.client import Kube, Obj
+from gpudra.kube.client import Kube, Obj, SliceWatch
 from gpudra.model import slices as slice_builder
 from gpudra.model.devices import DeviceModel
 from gpudra.model.slices import ResourceSlice
 from gpudra.service import Loop
 
-SPEC_HASH = "gpudra.io/spec-hash"
+MAX_GENERATION = 2**63 - 1  # spec.pool.generation is an int64
+# Each watch ends after this long and the next resumes where it ended (client-go's reflectors: 5-10 min).
+WATCH_SECONDS = 300
+# Between two watches. No change is missed meanwhile (the next watch starts from the last version seen),
+# and a server that ends every watch at once cannot turn the loop into a stream of requests.
+WATCH_PAUSE_SECONDS = 0.5
 log = logging.getLogger(__name__)
+
+Build = Callable[[int], list[ResourceSlice]]
 
 
 @dataclass(frozen=True)
@@ -43,45 +80,68 @@ class SyncPlan:
         return len(self.create) + len(self.update) + len(self.delete)
 
 
-def spec_hash(piece: ResourceSlice) -> str:
-    """Hash of a slice's content, leaving out the pool generation (it changes on every rewrite)."""
-    content: dict[str, Any] = json.loads(json.dumps(piece))
-    content["spec"]["pool"].pop("generation", None)
-    content["metadata"].get("annotations", {}).pop(SPEC_HASH, None)
-    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:32]
+@dataclass(frozen=True)
+class Published:
+    """One slice as gpudra last wrote it: the content it sent and the content the API server stored."""
+
+    sent: Obj
+    stored: Obj
+
+    @property
+    def generation(self) -> int:
+        return int(self.sent["spec"]["pool"]["generation"])
 
 
-def _with_hash(piece: ResourceSlice) -> ResourceSlice:
-    piece["metadata"].setdefault("annotations", {})[SPEC_HASH] = spec_hash(piece)
-    return piece
+def content(piece: Mapping[str, Any]) -> Obj:
+    """What gpudra publishes in a slice: its spec and owner references. The rest of the metadata (labels,
+    annotations, versions, managedFields) is the API server's or other clients' business."""
+    return copy.deepcopy({"ownerReferences": piece["metadata"].get("ownerReferences"), "spec": piece["spec"]})
 
 
-def plan_sync(build: Callable[[int], list[ResourceSlice]], existing: Sequence[Obj]) -> SyncPlan:
-    """Compare desired slices (built for a pool generation) with the existing ones. Pure."""
-    generation = max((int(s["spec"]["pool"].get("generation", 0)) for s in existing), default=0)
+def plan_sync(build: Build, existing: Sequence[Obj], published: Mapping[str, Published]) -> SyncPlan:
+    """The writes that turn `existing` (the pool's slices as listed) into the slices `build` makes for a
+    pool generation, knowing what earlier writes `published`. Pure; the rules are in the module doc."""
     current = {s["metadata"]["name"]: s for s in existing}
-    wanted = [_with_hash(s) for s in build(generation)]
-    unchanged = {s["metadata"]["name"] for s in wanted} == set(current) and all(
-        current[name]["metadata"].get("annotations", {}).get(SPEC_HASH)
-        == s["metadata"]["annotations"][SPEC_HASH]
-        and int(current[name]["spec"]["pool"].get("generation", -1)) == generation
-        for s in wanted
-        for name in [s["metadata"]["name"]]
-    )
-    if unchanged:
-        return SyncPlan(generation=generation)
-    generation += 1
-    plan = SyncPlan(generation=generation)
-    for piece in (_with_hash(s) for s in build(generation)):
+    names = [s["metadata"]["name"] for s in build(0)]
+    strangers = sorted(set(current) - set(names))
+    generations = {p.generation for p in published.values()}
+    if len(generations) == 1:
+        plan = SyncPlan(generation=generations.pop(), delete=strangers)
+        for piece in build(plan.generation):
+            name = piece["metadata"]["name"]
+            if name not in current:
+                plan.create.append(piece)
+            elif not _unchanged(piece, current[name], published.get(name)):
+                plan.update.append(_replacing(piece, current[name]))
+        # One update is atomic; two or more would show the scheduler a half-changed pool at one generation.
+        if len(plan.update) <= 1:
+            return plan
+    ours = max((_generation(current[name]) for name in names if name in current), default=0)
+    plan = SyncPlan(generation=ours + 1 if ours < MAX_GENERATION else 1, delete=strangers)
+    for piece in build(plan.generation):
         name = piece["metadata"]["name"]
         if name in current:
-            piece["metadata"]["resourceVersion"] = current[name]["metadata"]["resourceVersion"]
-            plan.update.append(piece)
+            plan.update.append(_replacing(piece, current[name]))
         else:
             plan.create.append(piece)
-    wanted_names = {s["metadata"]["name"] for s in plan.create + plan.update}
-    plan.delete.extend(sorted(set(current) - wanted_names))
     return plan
+
+
+def _unchanged(piece: ResourceSlice, current: Obj, remembered: Published | None) -> bool:
+    """Whether `current` is what gpudra stored when it last wrote `piece`'s content."""
+    return (
+        remembered is not None and remembered.sent == content(piece) and content(current) == remembered.stored
+    )
+
+
+def _generation(piece: Obj) -> int:
+    return int(piece["spec"]["pool"].get("generation", 0))
+
+
+def _replacing(piece: ResourceSlice, current: Obj) -> ResourceSlice:
+    """`piece` as an update of `current` (the API server refuses an update without its resourceVersion)."""
+    piece["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+    return piece
 
 
 class SliceController:
@@ -104,9 +164,24 @@ class SliceController:
         self.resync_seconds = resync_seconds
         self.on_publish = on_publish
         self.loop = Loop("slice-sync", self._step, on_error=self._forget_cluster_facts)
+        self.watch_loop = Loop("slice-watch", self._watch_step, on_error=self._forget_watch_position)
         self._server_minor: int | None = None
         self._node_uid: str | None = None
+        self._published: dict[str, Published] = {}
+        self._writing = threading.Lock()  # a write and its record in _published, as one to the watch
+        self._watch_from: str | None = None  # the resourceVersion the next watch resumes from
+        self._watch: SliceWatch | None = None
+        self._watch_guard = threading.Lock()  # _watch, against stop() closing it
         self.synced = threading.Event()  # set after the first successful sync
+
+    @property
+    def loops(self) -> list[Loop]:
+        return [self.loop, self.watch_loop]
+
+    @property
+    def published(self) -> dict[str, Published]:
+        with self._writing:
+            return dict(self._published)
 
     def sync_once(self) -> SyncPlan:
         """One reconcile: LIST this pool's slices, write what differs."""
@@ -127,16 +202,18 @@ class SliceController:
                 node_uid=uid,
             )
 
-        plan = plan_sync(build, self.kube.list_slices(driver=self.driver, node_name=self.node_name))
-        for piece in plan.create:
-            self.kube.create_slice(dict(piece))
-            self.on_publish("create")
-        for piece in plan.update:
-            self.kube.replace_slice(dict(piece))
-            self.on_publish("update")
+        existing, _ = self.kube.list_slices(driver=self.driver, node_name=self.node_name)
+        self._adopt(build, existing)
+        plan = plan_sync(build, existing, self.published)
         for name in plan.delete:
-            self.kube.delete_slice(name)
+            with self._writing:
+                self._published.pop(name, None)
+                self.kube.delete_slice(name)
             self.on_publish("delete")
+        for piece in plan.update:
+            self._write(piece, self.kube.replace_slice, "update")
+        for piece in plan.create:
+            self._write(piece, self.kube.create_slice, "create")
         if plan.writes:
             log.info(
                 "published ResourceSlices",
@@ -155,9 +232,41 @@ class SliceController:
 
     def start(self) -> None:
         self.loop.start()
+        self.watch_loop.start()
 
     def stop(self, timeout: float) -> None:
+        # Stopping first: a watch opened from now on closes itself (see _watch_step).
+        self.watch_loop.stopping.set()
+        with self._watch_guard:
+            if self._watch is not None:
+                self._watch.close()
+        self.watch_loop.stop(timeout)
         self.loop.stop(timeout)
+
+    def _write(self, piece: ResourceSlice, call: Callable[[Obj], Obj], operation: str) -> None:
+        with self._writing:
+            stored = call(dict(piece))
+            self._published[piece["metadata"]["name"]] = Published(content(piece), content(stored))
+        self.on_publish(operation)
+
+    def _adopt(self, build: Build, existing: Sequence[Obj]) -> None:
+        """Remember each slice of ours that is not remembered (after a restart: every one; else one whose
+        create timed out after it happened) if writing what is wanted would leave it as it is."""
+        remembered = self.published
+        unknown = [s for s in existing if s["metadata"]["name"] not in remembered]
+        names = {s["metadata"]["name"] for s in build(0)} if unknown else set()
+        wanted: dict[int, dict[str, ResourceSlice]] = {}
+        for current in unknown:
+            name, generation = current["metadata"]["name"], _generation(current)
+            if name not in names:
+                continue  # a stranger: the plan deletes it
+            if generation not in wanted:
+                wanted[generation] = {s["metadata"]["name"]: s for s in build(generation)}
+            piece = wanted[generation][name]
+            would_store = self.kube.replace_slice(dict(_replacing(piece, current)), dry_run=True)
+            if content(would_store) == content(current):
+                with self._writing:
+                    self._published[name] = Published(content(piece), content(current))
 
     def _step(self) -> float:
         self.sync_once()
@@ -167,3 +276,54 @@ class SliceController:
     def _forget_cluster_facts(self, err: BaseException) -> None:
         """After a failure the node or the API server may have been replaced."""
         self._server_minor = self._node_uid = None
+
+    def _watch_step(self) -> float:
+        if self._watch_from is None:
+            # A LIST gives the version to watch from, and shows what changed while no watch ran: a
+            # deletion then leaves nothing that a later watch could report.
+            existing, self._watch_from = self.kube.list_slices(driver=self.driver, node_name=self.node_name)
+            if not self._matches(existing):
+                self.loop.wake()
+            return 0.0
+        watch = self.kube.watch_slices(
+            driver=self.driver,
+            node_name=self.node_name,
+            resource_version=self._watch_from,
+            timeout_seconds=WATCH_SECONDS,
+        )
+        with self._watch_guard:
+            self._watch = watch
+            if self.watch_loop.stopping.is_set():
+                watch.close()
+        try:
+            for event in watch:
+                kind, piece = event["type"], event["object"]
+                self._watch_from = piece["metadata"]["resourceVersion"]
+                if kind != "BOOKMARK" and not self._made_by_us(kind, piece):
+                    log.info(
+                        "ResourceSlice changed by someone else; syncing",
+                        extra={"resourceslice": piece["metadata"].get("name"), "change": kind},
+                    )
+                    self.loop.wake()
+        finally:
+            with self._watch_guard:
+                self._watch = None
+        return WATCH_PAUSE_SECONDS
+
+    def _forget_watch_position(self, err: BaseException) -> None:
+        """The version may be too old to resume from (HTTP 410), and events may have been missed."""
+        self._watch_from = None
+
+    def _made_by_us(self, kind: str, piece: Obj) -> bool:
+        with self._writing:
+            remembered = self._published.get(piece["metadata"]["name"])
+        if kind == "DELETED":
+            return remembered is None
+        return remembered is not None and content(piece) == remembered.stored
+
+    def _matches(self, existing: Sequence[Obj]) -> bool:
+        with self._writing:
+            published = dict(self._published)
+        return {s["metadata"]["name"] for s in existing} == set(published) and all(
+            content(s) == published[s["metadata"]["name"]].stored for s in existing
+        )

@@ -18,11 +18,15 @@ Two MIG modes:
 
 On Ampere (A100, A30) MIG mode changes only with a GPU reset, so in partitionable mode such a GPU offers
 its partitions while MIG is on and itself while MIG is off, never both.
+
+A GPU found unhealthy is published with a device taint (KEP-5055, `with_health_taints`) on itself and
+every partition of it, so the scheduler allocates none of them until the taint is lifted.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, NotRequired, TypedDict, get_args
 
@@ -53,6 +57,13 @@ _ENGINES = (
 _COUNTER_OF = {capacity: counter for capacity, counter, _ in _ENGINES}
 
 _BINARY_SUFFIXES = ("Ei", "Pi", "Ti", "Gi", "Mi", "Ki")
+
+UNHEALTHY_TAINT_KEY = "gpudra.io/unhealthy"
+# NoSchedule, never NoExecute: NoExecute would have the device-taint eviction controller delete the pods
+# already running on the GPU, and one failed NVML read (a transient error, a driver hiccup) must not
+# kill workloads. Running pods learn of it from their allocatedResourcesStatus instead.
+UNHEALTHY_TAINT_EFFECT = "NoSchedule"
+_MAX_LABEL_VALUE = 63
 
 
 class DeviceAttribute(TypedDict, total=False):
@@ -130,6 +141,35 @@ def build_devices(inventory: Inventory, *, mig_mode: MigMode) -> DeviceModel:
         devices.extend(_partition_device(gpu, p, versions, consumes=counters) for p in partitions)
     _check_unique_names(devices)
     return DeviceModel(devices=devices, counter_sets=counter_sets)
+
+
+def with_health_taints(model: DeviceModel, unhealthy: Mapping[str, str]) -> DeviceModel:
+    """`model` with a NoSchedule taint on each device of an unhealthy GPU: the GPU and its partitions.
+
+    `unhealthy` maps GPU UUIDs to why (an NVML error class name), which becomes the taint's value. The
+    API server sets `timeAdded`. `model` is left as it is; an empty `unhealthy` returns it unchanged.
+    """
+    if not unhealthy:
+        return model
+    tainted: list[Device] = []
+    for device in model.devices:
+        reason = unhealthy.get(gpu_uuid_of(device))
+        if reason is None:
+            tainted.append(device)
+            continue
+        taint: DeviceTaint = {
+            "key": UNHEALTHY_TAINT_KEY,
+            "value": _label_value(reason),
+            "effect": UNHEALTHY_TAINT_EFFECT,
+        }
+        tainted.append({**device, "taints": [*device.get("taints", []), taint]})
+    return DeviceModel(devices=tainted, counter_sets=model.counter_sets)
+
+
+def gpu_uuid_of(device: Device) -> str:
+    """The UUID of the GPU that `device` is, or is a MIG partition of."""
+    attributes = device["attributes"]
+    return str((attributes.get("parentUUID") or attributes["uuid"])["string"])
 
 
 def dns_label(text: str) -> str:
@@ -357,6 +397,11 @@ def _partition_device(
         slices = {f"memory-slice-{s}": 1 for s in partition.placement.slices}
         device["consumesCounters"] = _consumption(consumes, _amounts(partition) | slices)
     return device
+
+
+def _label_value(text: str) -> str:
+    """`text` as a label value: letters, digits, `-_.`, at most 63, alphanumeric at both ends."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "", text)[:_MAX_LABEL_VALUE].strip("-_.")
 
 
 def _string(value: str) -> DeviceAttribute:

@@ -47,10 +47,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
-from gpudra.atomic_file import fsync_directory, write_atomically
+from gpudra.atomic_file import fsync_directory, remove_leftovers, write_atomically
 from gpudra.errors import ConfigError, GpudraError
 
 log = logging.getLogger(__name__)
@@ -60,6 +60,10 @@ log = logging.getLogger(__name__)
 # a runtime rejects spec versions newer than the CDI library it was built with, so the lowest version
 # that admits the content loads on the most runtimes.
 CDI_VERSION = "0.5.0"
+ANNOTATIONS_CDI_VERSION = "0.6.0"  # the first with annotations, written only when a spec has some
+# On a device prepared with admin access (it shares its GPU with another claim by design): without
+# it, a checkpoint rebuilt from the specs would see the GPU held twice.
+ADMIN_ACCESS_ANNOTATION = "gpudra.io/admin-access"
 CLAIM_CLASS = "claim"
 TOOLKIT_KIND = "nvidia.com/gpu"
 CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
@@ -94,7 +98,13 @@ class ContainerEdits(_CdiModel):
 
 class CdiDevice(_CdiModel):
     name: str
+    # CDI 0.6.0+. gpudra records here what it must know to rebuild its state from the spec alone.
+    annotations: Mapping[str, str] = Field(default_factory=dict)
     container_edits: ContainerEdits
+
+    @property
+    def admin_access(self) -> bool:
+        return self.annotations.get(ADMIN_ACCESS_ANNOTATION) == "true"
 
 
 class CdiSpec(_CdiModel):
@@ -137,6 +147,7 @@ class ClaimDevice:
     mig: MigAccess | None = None
     env: Mapping[str, str] = field(default_factory=dict)  # sharing env, e.g. CUDA_MPS_PIPE_DIRECTORY
     mounts: tuple[Mount, ...] = ()  # sharing mounts, e.g. the MPS pipe and shm directories
+    admin_access: bool = False
 
 
 def claim_kind(driver: str) -> str:
@@ -163,13 +174,18 @@ def build_claim_spec(*, driver: str, claim_uid: str, devices: Sequence[ClaimDevi
         _check_claim_device(device, field=f"devices[{index}]")
         if device.name in names[:index]:
             raise ConfigError(f"device {device.name!r} is listed twice", field=f"devices[{index}].name")
+    cdi_devices = tuple(
+        CdiDevice(
+            name=f"{claim_uid}-{device.name}",
+            annotations={ADMIN_ACCESS_ANNOTATION: "true"} if device.admin_access else {},
+            container_edits=_device_edits(device),
+        )
+        for device in devices
+    )
     return CdiSpec(
-        cdi_version=CDI_VERSION,
+        cdi_version=ANNOTATIONS_CDI_VERSION if any(d.annotations for d in cdi_devices) else CDI_VERSION,
         kind=kind,
-        devices=tuple(
-            CdiDevice(name=f"{claim_uid}-{device.name}", container_edits=_device_edits(device))
-            for device in devices
-        ),
+        devices=cdi_devices,
         container_edits=ContainerEdits(device_nodes=tuple(DeviceNode(path=path) for path in CONTROL_NODES)),
     )
 
@@ -182,24 +198,49 @@ def spec_path(cdi_root: Path, *, driver: str, claim_uid: str) -> Path:
 
 
 def write_spec(cdi_root: Path, spec: CdiSpec, *, claim_uid: str) -> Path:
-    """Write (or replace) the claim's spec atomically, creating `cdi_root` if needed; return its path."""
+    """Write (or replace) the claim's spec atomically, creating `cdi_root` if needed; return its path.
+
+    A file-system error (a full disk, a read-only CDI root) raises GpudraError naming the spec, the
+    CDI root and the cause: the kubelet shows it in the pod's events, so it must say what to fix."""
     driver = spec.kind.partition("/")[0]
     path = spec_path(cdi_root, driver=driver, claim_uid=claim_uid)
-    cdi_root.mkdir(parents=True, exist_ok=True)
-    # Runtimes run as root, but `nvidia-ctk cdi list` and other readers need not.
-    write_atomically(path, spec.to_json().encode(), mode=0o644)
+    try:
+        cdi_root.mkdir(parents=True, exist_ok=True)
+        # Runtimes run as root, but `nvidia-ctk cdi list` and other readers need not.
+        write_atomically(path, spec.to_json().encode(), mode=0o644)
+    except OSError as err:
+        raise _file_error("write", path, cdi_root, err) from err
     return path
 
 
 def delete_spec(cdi_root: Path, *, driver: str, claim_uid: str) -> bool:
-    """Remove the claim's spec; False when there was none."""
+    """Remove the claim's spec (and temp files a crash left from writing it); False when there was none.
+
+    Raises GpudraError, as `write_spec` does, when the spec exists and cannot be removed."""
     path = spec_path(cdi_root, driver=driver, claim_uid=claim_uid)
     try:
+        remove_leftovers(path)
         path.unlink()
     except FileNotFoundError:
         return False
-    fsync_directory(cdi_root)
+    except OSError as err:
+        # A read-only mount refuses unlink (EROFS) even of a name that does not exist. Nothing to
+        # delete is success: a prepare rolled back on a read-only root must not keep its claim.
+        if not os.path.lexists(path):
+            return False
+        raise _file_error("delete", path, cdi_root, err) from err
+    try:
+        fsync_directory(cdi_root)
+    except OSError as err:
+        raise _file_error("delete", path, cdi_root, err) from err
     return True
+
+
+def _file_error(action: str, path: Path, cdi_root: Path, err: OSError) -> GpudraError:
+    return GpudraError(
+        f"cannot {action} the CDI spec {path.name} in the CDI root {cdi_root}: {err.strerror or err} "
+        "(the CDI root must be a writable directory with free space)"
+    )
 
 
 def read_spec(path: Path) -> CdiSpec:

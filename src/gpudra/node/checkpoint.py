@@ -36,12 +36,12 @@ Compatibility. `data.version` is the number of the format of `data`; the envelop
     know (pydantic's `extra_forbidden`, at any depth, even alongside other schema errors), refuses
     it: `load` raises CheckpointTooNew, naming the file, the version found, the version this gpudra
     reads, and what the operator can do (upgrade gpudra back to the release that wrote it, or clean
-    up the node by hand and move the file aside). Such a file is never quarantined nor overwritten;
-    the plugin does not start. (A reader cannot check that an unknown field obeys rule 2, so it does
-    not drop it.)
+    up the node by hand and move the file aside). Such a file is never copied aside nor overwritten;
+    the plugin refuses every claim until it is gone. (A reader cannot check that an unknown field
+    obeys rule 2, so it does not drop it.)
  4. A damaged file (not JSON, not the envelope, checksum mismatch, a missing or non-integer
     version, or a schema violation other than unknown fields) is corrupt: `load` raises
-    GpudraError, and the caller may quarantine it.
+    CheckpointCorrupt, and the caller may rebuild the state and replace it (`keep_copy` first).
 
 Boot ID: GPU and compute instances, MPS daemons, compute modes and time-slices do not survive a
 reboot, so entries written under another boot describe nothing that still exists on the GPUs.
@@ -54,7 +54,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
-import os
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,8 +62,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from gpudra.atomic_file import fsync_directory, write_atomically
+from gpudra.atomic_file import NotDurable, write_atomically
 from gpudra.errors import GpudraError
+
+log = logging.getLogger(__name__)
 
 VERSION: Literal[1] = 1  # the format version this gpudra writes, and the newest it reads
 
@@ -74,13 +76,30 @@ TimeSliceInterval = Literal["Default", "Short", "Medium", "Long"]
 class CheckpointUnreadable(GpudraError):
     """The checkpoint exists but cannot be read (permissions, I/O error, a directory in its place).
 
-    The file may be fine, so it is neither quarantined nor replaced."""
+    The file may be fine, so it is neither copied aside nor replaced."""
+
+
+class CheckpointCorrupt(GpudraError):
+    """The checkpoint is damaged (truncated, garbage, bad checksum, schema violation): the caller
+    rebuilds the state from what is on disk (see `keep_copy`)."""
+
+
+class CheckpointNotSaved(GpudraError):
+    """The checkpoint could not be written (disk full, read-only, I/O error); the file is unchanged."""
+
+
+class CheckpointNotDurable(GpudraError):
+    """The checkpoint was replaced, but syncing its directory failed.
+
+    A restart in this boot reads the new file, so the caller's memory must follow it. Only a power
+    cut could bring the old file back, and that reboots the node, whose new boot ID makes `load`
+    discard every entry anyway: what matters is that the error is reported."""
 
 
 class CheckpointTooNew(GpudraError):
     """The checkpoint was written by a newer gpudra (a newer version, or fields this one does not know).
 
-    The file may record state on the GPUs that this gpudra cannot undo: never quarantine nor
+    The file may record state on the GPUs that this gpudra cannot undo: never replace nor
     overwrite it. The message says what the operator can do.
     """
 
@@ -239,9 +258,9 @@ def load(path: Path, *, boot_id: str) -> LoadedCheckpoint:
 
     An older format version is converted to the current models (see Compatibility in the module
     docstring). Raises CheckpointTooNew when a newer gpudra wrote the file (a newer version, or
-    fields this one does not know): never quarantine or overwrite it. Raises GpudraError naming the
-    file when it is damaged (bad JSON, checksum mismatch, missing version, schema violation); the
-    caller decides whether to `quarantine` it. Errors reading the file (permissions, I/O, a
+    fields this one does not know): never copy aside or overwrite it. Raises CheckpointCorrupt naming
+    the file when it is damaged (bad JSON, checksum mismatch, missing version, schema violation); the
+    caller decides whether to rebuild and replace it. Errors reading the file (permissions, I/O, a
     directory at `path`) raise CheckpointUnreadable: the file may be fine.
     """
     try:
@@ -260,18 +279,36 @@ def load(path: Path, *, boot_id: str) -> LoadedCheckpoint:
 
 
 def save(path: Path, checkpoint: Checkpoint) -> None:
-    """Replace the checkpoint at `path` atomically and durably; the directory must exist."""
+    """Replace the checkpoint at `path` atomically and durably; the directory must exist.
+
+    A file-system error (a full disk, a read-only state directory) raises CheckpointNotSaved, a
+    GpudraError naming the file and the cause, which the kubelet shows in the pod's events; the file
+    is unchanged. CheckpointNotDurable says the file was replaced but its directory not synced."""
     data = checkpoint.model_dump(mode="json")
     document = {"checksum": _checksum(data), "data": data}
-    write_atomically(path, (json.dumps(document, indent=2, sort_keys=True) + "\n").encode(), mode=0o600)
+    try:
+        write_atomically(path, (json.dumps(document, indent=2, sort_keys=True) + "\n").encode(), mode=0o600)
+    except NotDurable as err:
+        raise CheckpointNotDurable(
+            f"the checkpoint {path} was replaced, but syncing its directory failed: {err.strerror or err}"
+        ) from err
+    except OSError as err:
+        raise CheckpointNotSaved(f"cannot save the checkpoint {path}: {err.strerror or err}") from err
 
 
-def quarantine(path: Path) -> Path:
-    """Move a corrupt checkpoint aside to `<name>.corrupt-<UTC time>` (kept for diagnosis); return it."""
+def keep_copy(path: Path) -> Path | None:
+    """Copy a damaged checkpoint to `<name>.corrupt-<UTC time>` for diagnosis and return the copy, or
+    None when it cannot be written (a full disk must not stop the rebuild that replaces the file).
+
+    A copy, not a move: the damaged file stays in place until the rebuilt checkpoint replaces it, so
+    a crash in between finds the same damage and rebuilds again instead of finding no checkpoint."""
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S.%fZ")
     target = path.with_name(f"{path.name}.corrupt-{stamp}")
-    os.rename(path, target)
-    fsync_directory(path.parent)
+    try:
+        write_atomically(target, path.read_bytes(), mode=0o600)
+    except (OSError, NotDurable) as err:
+        log.error("damaged checkpoint not copied aside", extra={"error": str(err), "copy": str(target)})
+        return None
     return target
 
 
@@ -300,8 +337,8 @@ _READERS: dict[int, Callable[[dict[str, Any]], Checkpoint]] = {1: Checkpoint.mod
 
 
 def _decode(content: bytes, *, source: Path) -> Checkpoint:
-    def corrupt(what: str) -> GpudraError:
-        return GpudraError(f"checkpoint {source} is corrupt: {what}")
+    def corrupt(what: str) -> CheckpointCorrupt:
+        return CheckpointCorrupt(f"checkpoint {source} is corrupt: {what}")
 
     try:
         document = json.loads(content)

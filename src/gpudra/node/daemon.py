@@ -20,19 +20,25 @@ from gpudra.gpu import nvml
 from gpudra.gpu.tools import GpuTools
 from gpudra.kube import client as kube
 from gpudra.kube.claims import ClaimReader
+from gpudra.kube.events import NodeEvents
 from gpudra.kube.slice_sync import SliceController
 from gpudra.model import devices
 from gpudra.model.devices import MigMode
 from gpudra.node import cdi, checkpoint
+from gpudra.node.endpoint import Check, HttpEndpoint, Probe, writable_directory
 from gpudra.node.health import HealthMonitor
 from gpudra.node.kubelet_grpc import KubeletServer, Observer
-from gpudra.node.metrics import MetricsEndpoint, PluginMetrics
-from gpudra.node.prepare import DeviceState
+from gpudra.node.metrics import PluginMetrics
+from gpudra.node.prepare import DeviceState, Recovery
 from gpudra.node.sharing import GpuSharing
 
 log = logging.getLogger(__name__)
 # Each service's share of shutdown: calls in flight finish, threads end.
 STOP_TIMEOUT_SECONDS = 5.0
+# How often a refused checkpoint is read again, so the plugin serves within seconds of the operator's fix.
+CHECKPOINT_RETRY_SECONDS = 10.0
+# Nothing to do for the checkpoint loop once the checkpoint is in use; wake() is not needed either.
+IDLE_SECONDS = 3600.0
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,7 @@ def run(options: Options, *, stop: threading.Event) -> None:
     log.info("discovered GPUs", extra={"gpus": len(inventory.gpus), "devices": len(model.devices)})
 
     client = kube.Kube(kube.connect(options.kubeconfig))
+    events = NodeEvents(client, node_name=options.node_name)
     metrics = PluginMetrics()
     claims = ClaimReader(client)
     state = DeviceState(
@@ -84,13 +91,16 @@ def run(options: Options, *, stop: threading.Event) -> None:
         boot_id=checkpoint.current_boot_id(),
         toolkit=cdi.ToolkitSpecs(options.toolkit_cdi_dirs),
     )
-    state.recover()
+    _report_recovery(state.recover(), events, metrics)
+    retry_checkpoint = service.Loop("checkpoint", lambda: _retry_recovery(state, events, metrics))
     metrics.track_prepared(lambda: _counts(state))
+    metrics.track_checkpoint(lambda: state.refusal)
     slices = SliceController(
         client,
         driver=options.driver,
         node_name=options.node_name,
-        model=lambda: model,
+        # Unhealthy GPUs are published tainted; `health` is bound below, before anything starts.
+        model=lambda: devices.with_health_taints(model, health.unhealthy_gpus() if health else {}),
         resync_seconds=options.resync_seconds,
         on_publish=lambda op: metrics.slice_writes.labels(op).inc(),
     )
@@ -101,6 +111,7 @@ def run(options: Options, *, stop: threading.Event) -> None:
             devices=model.devices,
             open_nvml=lambda: nvml.connect(options.nvml),
             interval=options.health_interval_seconds,
+            on_change=slices.trigger,
         )
     server = KubeletServer(
         driver=options.driver,
@@ -111,12 +122,26 @@ def run(options: Options, *, stop: threading.Event) -> None:
         health=health,
     )
     metrics.track_claim_reads(lambda: claims.gets)
-    metrics.track_loops([slices.loop] + ([health.loop] if health is not None else []))
+    loops = [*slices.loops, events.loop, retry_checkpoint] + ([health.loop] if health is not None else [])
+    metrics.track_loops(loops)
     services: list[service.Service] = []
     if options.metrics_port:
         services.append(
-            MetricsEndpoint(metrics.registry, address=options.metrics_address, port=options.metrics_port)
+            HttpEndpoint(
+                metrics.registry,
+                address=options.metrics_address,
+                port=options.metrics_port,
+                liveness=[Check(f"loop-{loop.name}", _not_ended(loop)) for loop in loops],
+                readiness=[
+                    Check("checkpoint", lambda: state.refusal),
+                    Check("kubelet-registration", server.registration_problem),
+                    Check("resourceslices", lambda: None if slices.synced.is_set() else "not published yet"),
+                    Check("cdi-root", writable_directory(options.cdi_root)),
+                    Check("state-dir", writable_directory(options.state_dir)),
+                ],
+            )
         )
+    services += [events, retry_checkpoint]
     if health is not None:
         services.append(health)
     # The kubelet's sockets last: it calls a plugin whose slices are already being published.
@@ -129,3 +154,38 @@ def run(options: Options, *, stop: threading.Event) -> None:
 def _counts(state: DeviceState) -> tuple[int, int]:
     prepared = state.prepared_claims()
     return len(prepared), sum(len(entry.devices) for entry in prepared.values())
+
+
+def _report_recovery(recovery: Recovery, events: NodeEvents, metrics: PluginMetrics) -> None:
+    """Tell the operator (log, Node event, metric) what recovering the checkpoint found."""
+    if recovery.refused is not None:
+        log.error("checkpoint cannot be used; refusing every claim", extra={"error": recovery.refused})
+        events.post(
+            "Warning", "CheckpointRefused", f"gpudra refuses every claim on this node: {recovery.refused}"
+        )
+    elif recovery.damage is not None:
+        metrics.checkpoint_rebuilds.inc()
+        events.post(
+            "Warning",
+            "CheckpointRebuilt",
+            f"gpudra's checkpoint was damaged ({recovery.damage}); it was moved to {recovery.moved_to} "
+            f"and {recovery.rebuilt} prepared claim(s) were rebuilt from their CDI specs",
+        )
+
+
+def _retry_recovery(state: DeviceState, events: NodeEvents, metrics: PluginMetrics) -> float:
+    """While the checkpoint is refused, read it again now and then: the operator's fix (moving a
+    newer gpudra's file away, fixing a mount or permissions) takes effect without a restart."""
+    if state.refusal is None:
+        return IDLE_SECONDS
+    recovery = state.recover()
+    if recovery.refused is not None:
+        return CHECKPOINT_RETRY_SECONDS
+    _report_recovery(recovery, events, metrics)
+    log.info("checkpoint usable again; serving claims")
+    events.post("Normal", "CheckpointRecovered", "gpudra's checkpoint is usable again; claims are served")
+    return IDLE_SECONDS
+
+
+def _not_ended(loop: service.Loop) -> Probe:
+    return lambda: "its thread ended" if loop.ended else None

@@ -7,6 +7,10 @@ because the kubelet turns a device Unknown when its health is not refreshed with
 along. A GPU that cannot be probed (no NVML, an unexpected error) is Unknown, with the error as message.
 The monitor keeps its own NVML session in its own thread, so a slow or hanging GPU never holds up
 prepare; subscribers wait on a condition for the next snapshot.
+
+The scheduler learns of it too: `unhealthy_gpus` is what the slice controller taints (the GPU and its
+partitions, `devices.with_health_taints`), and `on_change` fires whenever that set changes, so the
+slices are republished at once rather than at the next resync.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gpudra.errors import GpudraError
-from gpudra.model.devices import Device
+from gpudra.model.devices import Device, gpu_uuid_of
 from gpudra.service import Loop
 
 log = logging.getLogger(__name__)
@@ -44,6 +48,7 @@ class Health(enum.StrEnum):
 class GpuHealth:
     health: Health
     message: str  # why it is not healthy; empty when it is
+    reason: str = ""  # an unhealthy GPU's NVML error class: the value of its devices' taint
 
 
 @dataclass(frozen=True)
@@ -76,19 +81,30 @@ class GpuProbe(Protocol):
 
 def device_gpus(devices: Iterable[Device]) -> dict[str, str]:
     """Device name -> UUID of the GPU that the device is, or is a MIG partition of."""
-    gpus = {}
-    for device in devices:
-        attributes = device["attributes"]
-        parent = attributes.get("parentUUID") or attributes["uuid"]
-        gpus[device["name"]] = str(parent["string"])
-    return gpus
+    return {device["name"]: gpu_uuid_of(device) for device in devices}
 
 
 def gpu_health(*, gpu_uuid: str, healthy: bool, reason: str) -> GpuHealth:
     """A probe's answer as the kubelet is told it."""
     if healthy:
         return GpuHealth(Health.HEALTHY, "")
-    return GpuHealth(Health.UNHEALTHY, f"GPU {gpu_uuid}: {reason}")
+    return GpuHealth(Health.UNHEALTHY, f"GPU {gpu_uuid}: {reason}", reason)
+
+
+def tainted_gpus(previous: Mapping[str, str], gpus: Mapping[str, GpuHealth]) -> dict[str, str]:
+    """GPU UUID -> reason for each GPU whose devices get the unhealthy taint, after a poll found `gpus`.
+
+    Unhealthy taints, Healthy lifts the taint, and Unknown changes nothing. Unknown means the probe
+    itself failed (no NVML, no permission, a timeout), which says nothing about the GPU: tainting on it
+    would make every GPU of a node unschedulable over one driver hiccup, and lifting on it would free a
+    GPU known to be lost. (An informational taint with effect None was left out: a 1.34 API server
+    refuses that effect, and the pod's allocatedResourcesStatus already shows Unknown.)
+    """
+    return {
+        uuid: now.reason if now.health == Health.UNHEALTHY else previous[uuid]
+        for uuid, now in gpus.items()
+        if now.health == Health.UNHEALTHY or (now.health == Health.UNKNOWN and uuid in previous)
+    }
 
 
 def devices_health(
@@ -110,7 +126,11 @@ def kubelet_timeout_seconds(interval: float) -> int:
 
 
 class HealthMonitor:
-    """Polls every `interval` seconds from its own thread; `wait` gives subscribers each new snapshot."""
+    """Polls every `interval` seconds from its own thread; `wait` gives subscribers each new snapshot.
+
+    `on_change()` is called from the polling thread after a poll changed `unhealthy_gpus()`; it must
+    not block (the daemon passes the slice controller's `trigger`).
+    """
 
     def __init__(
         self,
@@ -119,6 +139,7 @@ class HealthMonitor:
         devices: Sequence[Device],
         open_nvml: Callable[[], GpuProbe],
         interval: float,
+        on_change: Callable[[], None] = lambda: None,
     ) -> None:
         self.pool = pool
         self.interval = interval
@@ -129,6 +150,8 @@ class HealthMonitor:
         self._changed = threading.Condition()
         self._snapshot: Snapshot | None = None
         self._last: dict[str, GpuHealth] = {}
+        self._tainted: dict[str, str] = {}
+        self._on_change = on_change
         self._session: GpuProbe | None = None
         self.loop = Loop("health", self._poll)
 
@@ -146,6 +169,11 @@ class HealthMonitor:
         with self._changed:
             self._changed.wait_for(lambda: self._newer_than(after), timeout)
             return self._snapshot if self._newer_than(after) else None
+
+    def unhealthy_gpus(self) -> dict[str, str]:
+        """GPU UUID -> reason for each GPU to publish as unhealthy (see `tainted_gpus`)."""
+        with self._changed:
+            return dict(self._tainted)
 
     def _newer_than(self, generation: int) -> bool:
         return self._snapshot is not None and self._snapshot.generation > generation
@@ -173,10 +201,14 @@ class HealthMonitor:
                     log.warning(f"GPU {now.health.lower()}", extra={"gpu": uuid, "error": now.message})
         self._last = gpus
         devices = devices_health(pool=self.pool, device_gpus=self._device_gpus, gpus=gpus)
+        tainted = tainted_gpus(self._tainted, gpus)
         with self._changed:
+            changed, self._tainted = tainted != self._tainted, tainted
             generation = self._snapshot.generation + 1 if self._snapshot else 1
             self._snapshot = Snapshot(generation=generation, checked_at=time.time(), devices=devices)
             self._changed.notify_all()
+        if changed:
+            self._on_change()
 
 
 def _probe(session: GpuProbe, gpu_uuid: str) -> GpuHealth:

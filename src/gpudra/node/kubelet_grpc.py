@@ -198,6 +198,8 @@ class _Registration(pluginregistration_v1_pb2_grpc.RegistrationServicer):  # typ
         self.driver = driver
         self.endpoint = endpoint
         self.versions = versions
+        # None: registered; else why not (the readiness probe reports it).
+        self.problem: str | None = "the kubelet has not registered the plugin yet"
 
     def GetInfo(self, request: Any, context: Any) -> Any:
         return pluginregistration_v1_pb2.PluginInfo(
@@ -209,8 +211,10 @@ class _Registration(pluginregistration_v1_pb2_grpc.RegistrationServicer):  # typ
 
     def NotifyRegistrationStatus(self, request: Any, context: Any) -> Any:
         if request.plugin_registered:
+            self.problem = None
             log.info("registered with the kubelet")
         else:
+            self.problem = f"the kubelet refused the registration: {request.error}"
             log.error("the kubelet refused the registration", extra={"error": request.error})
         return pluginregistration_v1_pb2.RegistrationStatusResponse()
 
@@ -249,9 +253,8 @@ class KubeletServer:
             )
             versions += (HEALTH_SERVICE,)
         self._registration = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="reg"))
-        pluginregistration_v1_pb2_grpc.add_RegistrationServicer_to_server(
-            _Registration(driver, self.dra_socket, versions), self._registration
-        )
+        self._registrar = _Registration(driver, self.dra_socket, versions)
+        pluginregistration_v1_pb2_grpc.add_RegistrationServicer_to_server(self._registrar, self._registration)
 
     def start(self) -> None:
         for server, socket in ((self._dra, self.dra_socket), (self._registration, self.registration_socket)):
@@ -269,6 +272,10 @@ class KubeletServer:
             "serving the kubelet",
             extra={"dra_socket": str(self.dra_socket), "registration_socket": str(self.registration_socket)},
         )
+
+    def registration_problem(self) -> str | None:
+        """None once the kubelet accepted the registration; else why the plugin is not registered."""
+        return self._registrar.problem
 
     def stop(self, timeout: float = 5.0) -> None:
         """End health streams, stop accepting calls, let those in flight finish (up to `timeout`

@@ -1,15 +1,13 @@
-"""Prometheus metrics of the kubelet plugin. I/O: an HTTP listener when a port is given.
+"""Prometheus metrics of the kubelet plugin (served by gpudra.node.endpoint). Pure but for reading clocks.
 
 Names are prefixed `gpudra_`; every series is created up front so dashboards see zeros, not gaps.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Sequence
-from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gpudra.service import Loop
 
@@ -53,6 +51,11 @@ class PluginMetrics:
         )
         for op in ("create", "update", "delete"):
             self.slice_writes.labels(op)
+        self.checkpoint_rebuilds = Counter(
+            "gpudra_checkpoint_rebuilds",
+            "Damaged checkpoints moved aside, their claims rebuilt from the CDI specs on disk.",
+            registry=self.registry,
+        )
 
     def observe_prepare(self, outcome: str, seconds: float) -> None:
         self.prepare_seconds.labels(outcome).observe(seconds)
@@ -90,30 +93,19 @@ class PluginMetrics:
             failures.labels(loop.name).set_function(_failures_of(loop))
             healthy.labels(loop.name).set_function(_healthy_of(loop))
 
+    def track_checkpoint(self, refusal: Callable[[], str | None]) -> None:
+        """Whether the checkpoint is usable (0: the plugin refuses every claim; /readyz says why), and
+        how many damaged checkpoints were moved aside and rebuilt from the CDI specs."""
+        Gauge(
+            "gpudra_checkpoint_usable",
+            "1 when the checkpoint was loaded; 0 while it cannot be used and every claim is refused.",
+            registry=self.registry,
+        ).set_function(lambda: float(refusal() is None))
+
     def track_prepared(self, counts: Callable[[], tuple[int, int]]) -> None:
         """Read (claims, devices) at scrape time, so the gauges can never drift from the checkpoint."""
         self.prepared_claims.set_function(lambda: counts()[0])
         self.prepared_devices.set_function(lambda: counts()[1])
-
-
-class MetricsEndpoint:
-    """The HTTP listener that serves a registry to Prometheus, as a `service.Service`."""
-
-    def __init__(self, registry: CollectorRegistry, *, address: str, port: int) -> None:
-        self.registry = registry
-        self.address = address
-        self.port = port
-        self._server: WSGIServer | None = None
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self._server, self._thread = start_http_server(self.port, addr=self.address, registry=self.registry)
-
-    def stop(self, timeout: float) -> None:
-        if self._server is not None and self._thread is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._thread.join(timeout)
 
 
 def _failures_of(loop: Loop) -> Callable[[], float]:

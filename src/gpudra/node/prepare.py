@@ -19,6 +19,7 @@ import logging
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,16 @@ from gpudra.node import checkpoint as ckpt
 from gpudra.node.allocation import Allocated, ClaimRef, ClaimSource, DeviceType, Sharing
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """What `DeviceState.recover()` found."""
+
+    refused: str | None = None  # the checkpoint cannot be used: why (nothing was changed)
+    damage: str | None = None  # the checkpoint was damaged: how
+    moved_to: Path | None = None  # where the damaged checkpoint was moved
+    rebuilt: int = 0  # claims rebuilt from their CDI specs after damage
 
 
 class DeviceState:
@@ -63,32 +74,57 @@ class DeviceState:
         self._checkpoint = ckpt.Checkpoint.empty(boot_id)
         self._checkpoint_lock = threading.Lock()
         self._device_locks: dict[str, threading.Lock] = {}
+        self._refusal: str | None = "the checkpoint has not been loaded yet"
 
     # --- start-up --------------------------------------------------------------------------------
 
-    def recover(self) -> None:
+    def recover(self) -> Recovery:
         """Load the checkpoint and settle whatever a crash or reboot left half done.
 
-        A corrupt checkpoint is moved aside and the plugin starts empty; one written by a newer
-        gpudra (CheckpointTooNew) or one that cannot be read (CheckpointUnreadable) is raised with
-        everything left as it is.
+        A damaged checkpoint is copied aside and replaced by one rebuilt from the CDI specs on disk,
+        so the claims that still have a spec keep it and keep their GPUs. So is a missing checkpoint
+        while claim specs exist (someone deleted it): nothing that might belong to a running claim
+        is deleted. One written by a newer gpudra (CheckpointTooNew) or one that cannot be read
+        (CheckpointUnreadable) leaves everything as it is; so does a state that cannot be saved (a
+        full or read-only disk). Then the state refuses: every prepare and unprepare fails with the
+        reason (the kubelet retries them) until a later `recover()` succeeds, after the operator
+        acted. `recover()` is idempotent: a crash or a failure anywhere in it is settled by the next.
         """
         try:
+            return self._recover()
+        except (ckpt.CheckpointTooNew, ckpt.CheckpointUnreadable, ckpt.CheckpointNotSaved) as err:
+            # A newer gpudra's file may record GPU state this one cannot undo, and an unreadable one
+            # may be fine: touching either (or the CDI specs of the claims it holds) could break
+            # running pods. Refuse, and say why, instead of guessing.
+            self._refusal = str(err)
+            return Recovery(refused=str(err))
+        except (GpudraError, OSError) as err:
+            self._refusal = f"cannot settle the checkpoint {self.checkpoint_path}: {err}"
+            return Recovery(refused=self._refusal)
+
+    def _recover(self) -> Recovery:
+        specs = cdi.list_claim_specs(self.cdi_root, driver=self.driver)
+        try:
+            if not self.checkpoint_path.exists() and specs:
+                raise ckpt.CheckpointCorrupt(
+                    f"checkpoint {self.checkpoint_path} is missing but {len(specs)} claim spec(s) of "
+                    f"{self.driver} are in {self.cdi_root}"
+                )
             loaded = ckpt.load(self.checkpoint_path, boot_id=self.boot_id)
-        except (ckpt.CheckpointTooNew, ckpt.CheckpointUnreadable):
-            # A newer gpudra wrote it: it may record GPU state this one cannot undo. Leave the file
-            # (and the CDI specs) as they are and refuse to start; the message says what to do.
-            raise
-        except GpudraError as err:
-            # Damaged: keep it for diagnosis, and rebuild from the CDI specs on disk which claims
-            # hold which devices, so running claims keep their specs and their GPUs stay taken.
-            moved = ckpt.quarantine(self.checkpoint_path)
-            rebuilt = self._rebuild_from_cdi_specs()
+        except ckpt.CheckpointCorrupt as err:
+            # Keep a copy for diagnosis (best effort: a full disk must not stop the rebuild), then
+            # rebuild from the CDI specs which claims hold which devices; `_commit` below replaces
+            # the damaged file, so a crash before it finds the same damage and does this again.
+            copy = ckpt.keep_copy(self.checkpoint_path) if self.checkpoint_path.exists() else None
+            rebuilt = self._rebuild_from_cdi_specs(specs)
             log.error(
-                "checkpoint corrupt; moved aside, prepared claims rebuilt from their CDI specs",
-                extra={"error": str(err), "moved_to": str(moved), "claims_rebuilt": len(rebuilt)},
+                "checkpoint damaged; prepared claims rebuilt from their CDI specs",
+                extra={"error": str(err), "copied_to": str(copy), "claims_rebuilt": len(rebuilt)},
             )
             loaded = ckpt.LoadedCheckpoint(ckpt.Checkpoint.empty(self.boot_id).with_claims(rebuilt), {})
+            recovery = Recovery(damage=str(err), moved_to=copy, rebuilt=len(rebuilt))
+        else:
+            recovery = Recovery()
         self._checkpoint = loaded.checkpoint
         for uid in loaded.stale_claims:  # the reboot reset the GPUs; only files remain
             cdi.delete_spec(self.cdi_root, driver=self.driver, claim_uid=uid)
@@ -101,24 +137,39 @@ class DeviceState:
                     # One broken GPU must not keep the plugin from serving the others; the entry stays
                     # (UnprepareStarted, holding its devices) for the kubelet's retry to finish.
                     log.error("cannot settle claim", extra={"claim": entry.uid, "error": str(err)})
+        # A spec no entry names was left by a prepare this checkpoint already forgot (the entry
+        # goes only after its spec): nothing uses it.
         known = set(self._checkpoint.claims)
         for uid in cdi.list_claim_specs(self.cdi_root, driver=self.driver).keys() - known:
             cdi.delete_spec(self.cdi_root, driver=self.driver, claim_uid=uid)
-        self._commit(self._checkpoint)
+        with self._checkpoint_lock:
+            self._commit(self._checkpoint)
+        self._refusal = None
+        return recovery
+
+    @property
+    def refusal(self) -> str | None:
+        """Why this node prepares nothing (None: it does). See `recover()`."""
+        return self._refusal
+
+    def _usable(self) -> None:
+        if self._refusal is not None:
+            raise ClaimError(f"gpudra is not preparing or unpreparing claims on this node: {self._refusal}")
 
     # --- prepare -------------------------------------------------------------------------------
 
-    def _rebuild_from_cdi_specs(self) -> list[ckpt.ClaimEntry]:
-        """A PrepareCompleted entry per claim spec on disk, with the devices the spec names.
+    def _rebuild_from_cdi_specs(self, specs: Mapping[str, Path]) -> list[ckpt.ClaimEntry]:
+        """A PrepareCompleted entry per claim spec (claim UID -> path), with the devices it names.
 
         Request names, namespace and name are not in a spec: such an entry holds its devices until
-        the kubelet unprepares the claim (a repeated prepare reads the claim again). Undo resets the
-        time-slice to Default, which is what an unshared GPU has anyway."""
+        the kubelet unprepares the claim (a repeated prepare reads the claim again). Admin access is
+        (an annotation on the device). Undo resets the time-slice to Default, which is what an
+        unshared GPU has anyway."""
         entries = []
-        for uid, path in cdi.list_claim_specs(self.cdi_root, driver=self.driver).items():
+        for uid, path in specs.items():
             prefix = f"{uid}-"
             try:
-                names = cdi.read_spec(path).device_names()
+                spec = cdi.read_spec(path)
             except GpudraError as err:
                 log.error("CDI spec unreadable; left in place", extra={"claim": uid, "error": str(err)})
                 continue
@@ -126,15 +177,20 @@ class DeviceState:
                 ckpt.PreparedDevice(
                     request_names=(),
                     pool=self.node_name,
-                    device=device,
+                    device=name,
                     cdi_device_ids=(
-                        cdi.claim_device_id(driver=self.driver, claim_uid=uid, device_name=device),
+                        cdi.claim_device_id(driver=self.driver, claim_uid=uid, device_name=name),
                     ),
-                    gpu_uuids=(self._gpu_of(device).uuid,),
-                    sharing=ckpt.TimeSlicingRecord(strategy="TimeSlicing", interval="Default"),
+                    gpu_uuids=(self._gpu_of(name).uuid,),
+                    # Admin access never changed the GPU (it belongs to another claim): nothing to undo.
+                    sharing=None
+                    if cdi_device.admin_access
+                    else ckpt.TimeSlicingRecord(strategy="TimeSlicing", interval="Default"),
+                    admin_access=cdi_device.admin_access,
                 )
-                for device in (name.removeprefix(prefix) for name in names if name.startswith(prefix))
-                if device in self.devices
+                for cdi_device in spec.devices
+                for name in [cdi_device.name.removeprefix(prefix)]
+                if cdi_device.name.startswith(prefix) and name in self.devices
             )
             entries.append(
                 ckpt.ClaimEntry(uid=uid, namespace="", name="", state="PrepareCompleted", devices=devices)
@@ -142,6 +198,7 @@ class DeviceState:
         return entries
 
     def prepare(self, ref: ClaimRef) -> tuple[ckpt.PreparedDevice, ...]:
+        self._usable()
         done = self._checkpoint.claims.get(ref.uid)
         # An entry rebuilt from a CDI spec has no request names: prepare it again from the claim.
         if done is not None and done.state == "PrepareCompleted" and _complete(done):
@@ -157,9 +214,10 @@ class DeviceState:
             entry = ckpt.ClaimEntry(
                 uid=ref.uid, namespace=ref.namespace, name=ref.name, state="PrepareStarted", devices=planned
             )
-            self._record(entry)
-            faults.reached("prepare-started")
+            completed = entry.with_state("PrepareCompleted")
             try:
+                self._record(entry)
+                faults.reached("prepare-started")
                 for device in planned:
                     if device.sharing is not None:
                         self.sharing.apply(device.sharing, gpu_uuids=device.gpu_uuids)
@@ -171,13 +229,18 @@ class DeviceState:
                 )
                 cdi.write_spec(self.cdi_root, spec, claim_uid=ref.uid)
                 faults.reached("prepare-cdi-written")
+                # Inside the rollback too: a prepare that cannot save its completion (disk full) is
+                # a failed prepare, and must not leave the GPU configured and the device held.
+                self._record(completed)
             except BaseException as err:
-                try:
-                    self._teardown(entry)
-                except Exception as rollback:  # keep the first error; the entry stays for recover()
-                    err.add_note(f"rolling back also failed: {rollback}")
+                # Memory holds this entry once a save of it replaced the file (even if the directory
+                # sync failed). Otherwise the first save changed nothing and nothing was done.
+                if self._checkpoint.claims.get(ref.uid) in (entry, completed):
+                    try:
+                        self._teardown(entry)
+                    except Exception as rollback:  # keep the first error; the entry stays for recover()
+                        err.add_note(f"rolling back also failed: {rollback}")
                 raise
-            self._record(entry.with_state("PrepareCompleted"))
             faults.reached("prepare-completed")
             return planned
 
@@ -225,6 +288,7 @@ class DeviceState:
 
     def unprepare(self, ref: ClaimRef) -> None:
         """Undo prepare for `ref`; a claim never prepared (or already unprepared) is fine."""
+        self._usable()
         entry = self._checkpoint.claims.get(ref.uid)
         if entry is None:
             cdi.delete_spec(self.cdi_root, driver=self.driver, claim_uid=ref.uid)
@@ -308,7 +372,13 @@ class DeviceState:
     def _commit(self, checkpoint: ckpt.Checkpoint) -> None:
         """Make `checkpoint` durable, then current: a failed save (disk full) changes nothing, so
         memory never claims a state the file does not hold. Call with the checkpoint lock held."""
-        ckpt.save(self.checkpoint_path, checkpoint)
+        try:
+            ckpt.save(self.checkpoint_path, checkpoint)
+        except ckpt.CheckpointNotDurable:
+            # The file was replaced, only its directory sync failed: a restart reads the new file,
+            # so memory follows it (else a rollback would skip what the file says was recorded).
+            self._checkpoint = checkpoint
+            raise
         self._checkpoint = checkpoint
 
     @contextmanager
@@ -323,7 +393,9 @@ class DeviceState:
 
 
 def _claim_device(device: Allocated) -> cdi.ClaimDevice:
-    return cdi.ClaimDevice(name=device.device, gpu_minor=device.gpu.minor, uuid=device.gpu.uuid)
+    return cdi.ClaimDevice(
+        name=device.device, gpu_minor=device.gpu.minor, uuid=device.gpu.uuid, admin_access=device.admin_access
+    )
 
 
 def _complete(entry: ckpt.ClaimEntry) -> bool:

@@ -1,0 +1,120 @@
+"""The fault suite's auditor: reads a node's files and lists every broken invariant. Reads only.
+
+What it reads: the checkpoint file, the CDI root, and the simulator's state of the GPUs. What must
+hold at every instant, even right after a SIGKILL, because prepare writes the checkpoint entry before
+each side effect and unprepare removes it only after the last one is undone:
+
+ 1. the checkpoint loads (envelope, checksum, schema, this gpudra's version, this boot);
+ 2. every claim spec in the CDI root belongs to a checkpoint entry and names exactly that entry's
+    devices, and every PrepareCompleted entry has its spec;
+ 3. no device and no GPU is held by two claims (admin access shares by design);
+ 4. every GPU's time-slice is what the checkpoint says: the recorded interval under a PrepareCompleted
+    entry, Default where no claim holds the GPU, either of the two under an entry that is being
+    prepared or unprepared. An entry rebuilt from its CDI spec after a damaged checkpoint (no request
+    names) does not know the interval its claim asked for: any is accepted there. Compute mode is
+    Default and no MPS daemon runs anywhere: this gpudra sets neither;
+
+`settled=True` adds what recover() and a completed call promise: no entry is left half prepared or
+half unprepared, and no temporary file of an atomic write (which a kill in the middle of one leaves)
+is left in the CDI root or the state directory.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from gpudra.api.v1beta1 import TIMESLICE
+from gpudra.errors import GpudraError
+from gpudra.node import cdi
+from gpudra.node import checkpoint as ckpt
+from gpudra.sim import state as sim_state
+from tests.faults.node import BOOT, SimNode
+from tests.unit.claims import DRIVER
+
+
+def audit(node: SimNode, *, settled: bool) -> list[str]:
+    """Every broken invariant, one line each; [] when the node is consistent."""
+    try:
+        loaded = ckpt.load(node.checkpoint_path, boot_id=BOOT)
+    except (GpudraError, OSError) as err:
+        return [f"the checkpoint does not load: {err}"]
+    findings = [f"claim {uid} recorded under another boot" for uid in loaded.stale_claims]
+    entries = loaded.checkpoint.claims
+    findings += _specs(node, entries)
+    findings += _exclusive(entries)
+    findings += _gpus(node, entries)
+    if settled:
+        findings += [f"temporary file left behind: {path}" for path in leftover_temp_files(node)]
+        findings += [
+            f"claim {entry.uid} left {entry.state}"
+            for entry in entries.values()
+            if entry.state != "PrepareCompleted"
+        ]
+    return findings
+
+
+def leftover_temp_files(node: SimNode) -> list[str]:
+    return sorted(
+        str(path) for directory in (node.cdi_root, node.state_dir) for path in directory.glob(".*.tmp")
+    )
+
+
+def _specs(node: SimNode, entries: dict[str, ckpt.ClaimEntry]) -> list[str]:
+    findings = []
+    specs = cdi.list_claim_specs(node.cdi_root, driver=DRIVER)
+    for uid, path in sorted(specs.items()):
+        entry = entries.get(uid)
+        if entry is None:
+            findings.append(f"CDI spec of claim {uid} has no checkpoint entry (leaked)")
+            continue
+        try:
+            names = set(cdi.read_spec(path).device_names())
+        except GpudraError as err:
+            findings.append(str(err))
+            continue
+        expected = {f"{uid}-{device.device}" for device in entry.devices}
+        if names != expected:
+            findings.append(f"CDI spec of claim {uid} names {sorted(names)}, its entry {sorted(expected)}")
+    for uid, entry in sorted(entries.items()):
+        if entry.state == "PrepareCompleted" and uid not in specs:
+            findings.append(f"claim {uid} is PrepareCompleted but has no CDI spec")
+    return findings
+
+
+def _exclusive(entries: dict[str, ckpt.ClaimEntry]) -> list[str]:
+    holders: dict[str, set[str]] = defaultdict(set)
+    for entry in entries.values():
+        for device in entry.devices:
+            if not device.admin_access:
+                holders[f"device {device.device}"].add(entry.uid)
+                for gpu in device.gpu_uuids:
+                    holders[f"GPU {gpu}"].add(entry.uid)
+    return [
+        f"{what} held by {len(uids)} claims: {sorted(uids)}"
+        for what, uids in holders.items()
+        if len(uids) > 1
+    ]
+
+
+def _gpus(node: SimNode, entries: dict[str, ckpt.ClaimEntry]) -> list[str]:
+    allowed: dict[str, set[int]] = {}  # GPU UUID -> acceptable time-slice levels
+    for entry in entries.values():
+        rebuilt = not all(device.request_names for device in entry.devices)
+        for device in entry.devices:
+            if device.admin_access or not isinstance(device.sharing, ckpt.TimeSlicingRecord):
+                continue
+            recorded = TIMESLICE[device.sharing.interval]
+            levels = {recorded} if entry.state == "PrepareCompleted" else {recorded, TIMESLICE["Default"]}
+            for uuid in device.gpu_uuids:
+                allowed[uuid] = set(TIMESLICE.values()) if rebuilt else levels
+    machine = sim_state.StateFile(node.state_file).read()
+    findings = [f"an MPS daemon runs ({daemon.pipe_directory})" for daemon in machine.mps_daemons]
+    for gpu in machine.gpus:
+        levels = allowed.get(gpu.uuid, {TIMESLICE["Default"]})
+        if gpu.timeslice not in levels:
+            findings.append(
+                f"GPU {gpu.uuid} has time-slice {gpu.timeslice}, the checkpoint says {sorted(levels)}"
+            )
+        if gpu.compute_mode != 0:
+            findings.append(f"GPU {gpu.uuid} has compute mode {gpu.compute_mode}, not Default")
+    return findings

@@ -1,0 +1,377 @@
+"""Faults of issue 8 on the real control plane and kubelet: a hung API server, a damaged or newer
+checkpoint, a full state disk, a read-only CDI root, two plugin instances overlapping, a claim named
+twice in one call. Each test starts its own gpudra plugin on a one-node cluster shared by the module,
+with simulated GPUs; the filesystems are real tmpfs mounts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import yaml
+from kubernetes import client, config, utils
+
+from gpudra._proto import dra_v1_pb2, dra_v1_pb2_grpc
+from tests.localcluster import LocalCluster
+from tests.localcluster.node_plugin import DRIVER, PluginProcess
+from tests.localcluster.processes import http_get
+
+from .conftest import CLUSTER_PREFIX, REPO
+from .kube_helpers import Resources, claim_pod, claim_template, pod_events, pod_gone, pod_running, wait_for
+
+NODE = "node-faults"
+PROFILE = "dgx-h100"
+NS = "default"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def node() -> Iterator[tuple[LocalCluster, client.ApiClient]]:
+    root = Path(tempfile.mkdtemp(prefix=CLUSTER_PREFIX, dir="/tmp"))
+    with LocalCluster(root, nodes=(NODE,)) as cluster:
+        api = config.new_client_from_config(str(cluster.kubeconfig))
+        utils.create_from_yaml(
+            api,
+            yaml_objects=list(yaml.safe_load_all((REPO / "deploy/manifests/deviceclasses.yaml").read_text())),
+        )
+        yield cluster, api
+
+
+@pytest.fixture
+def plugin(node: tuple[LocalCluster, client.ApiClient]) -> Iterator[PluginProcess]:
+    """A fresh plugin on a node with no state left by an earlier test."""
+    cluster, _ = node
+    process = PluginProcess(cluster, cluster.nodes[NODE], PROFILE)
+    shutil.rmtree(process.state_dir, ignore_errors=True)
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str) -> Iterator[Path]:
+    """A real tmpfs of `size` mounted at `path` (created), unmounted after."""
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+def _run_pod(api: client.ApiClient, name: str) -> None:
+    utils.create_from_yaml(
+        api, yaml_objects=[claim_template(name), claim_pod(name, {"gpu": name}, NODE)], namespace=NS
+    )
+
+
+def _running(api: client.ApiClient, name: str, timeout: float = 120) -> client.V1Pod:
+    core = client.CoreV1Api(api)
+    return wait_for(f"pod {name} running", lambda: pod_running(core, name, NS), timeout=timeout)
+
+
+def _delete_pod(api: client.ApiClient, name: str) -> None:
+    core = client.CoreV1Api(api)
+    core.delete_namespaced_pod(name, NS, grace_period_seconds=0)
+    wait_for(f"pod {name} gone", lambda: pod_gone(core, name, NS), timeout=120)
+    Resources(api).delete("resourceclaimtemplates", name, NS)
+
+
+def _wait_clean(plugin: PluginProcess) -> None:
+    """The kubelet unprepares a deleted pod's claims after the pod object is gone: wait for it."""
+    wait_for(
+        "no CDI spec and no checkpoint entry left",
+        lambda: plugin.cdi_specs() == {} and plugin.checkpoint_claims() == {},
+        timeout=60,
+    )
+
+
+def _claim_of(api: client.ApiClient, pod: client.V1Pod) -> dict[str, Any]:
+    name = pod.status.resource_claim_statuses[0].resource_claim_name
+    return Resources(api).get("resourceclaims", name, NS)
+
+
+def _failed_prepare(api: client.ApiClient, pod: str, text: str) -> str:
+    """Wait for a pod event from a failed prepare whose message holds `text`; return it."""
+    core = client.CoreV1Api(api)
+
+    def found() -> str | None:
+        return next((e for e in pod_events(core, pod, NS) if text in e), None)
+
+    return wait_for(f"a prepare failure of pod {pod} with {text!r}", found, timeout=90)
+
+
+def _probe(plugin: PluginProcess, path: str) -> tuple[int, str]:
+    status, body = http_get(f"http://127.0.0.1:{plugin.metrics_port}{path}")
+    return status, body.decode()
+
+
+def _node_events(api: client.ApiClient, reason: str) -> list[Any]:
+    events = client.CoreV1Api(api).list_namespaced_event(
+        "default", field_selector=f"involvedObject.kind=Node,involvedObject.name={NODE},reason={reason}"
+    )
+    return list(events.items)
+
+
+@contextlib.contextmanager
+def _stub(plugin: PluginProcess) -> Iterator[Any]:
+    socket_path = plugin.node.plugins_dir / DRIVER / "dra.sock"
+    with grpc.insecure_channel(f"unix://{socket_path}") as channel:
+        yield dra_v1_pb2_grpc.DRAPluginStub(channel)
+
+
+def _ref(claim: dict[str, Any]) -> Any:
+    meta = claim["metadata"]
+    return dra_v1_pb2.Claim(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
+
+
+def _apiserver_pid(cluster: LocalCluster) -> int:
+    [apiserver] = [c for c in cluster.components if c.name == "kube-apiserver"]
+    return int(apiserver.process.pid)
+
+
+# --- item 2 (and 9): a hung API server -------------------------------------------------------------
+
+
+def test_a_hung_api_server_holds_up_no_call_that_does_not_need_it(
+    node: tuple[LocalCluster, client.ApiClient], plugin: PluginProcess
+) -> None:
+    cluster, api = node
+    plugin.start(metrics_port=_free_port())
+    _run_pod(api, "hung")
+    claim = _claim_of(api, _running(api, "hung"))
+    uid = claim["metadata"]["uid"]
+    with _stub(plugin) as stub:
+        # item 9: the same claim twice in one call is prepared and answered once
+        twice = stub.NodePrepareResources(
+            dra_v1_pb2.NodePrepareResourcesRequest(claims=[_ref(claim), _ref(claim)]), timeout=30
+        )
+        assert list(twice.claims) == [uid] and twice.claims[uid].error == ""
+
+        os.kill(_apiserver_pid(cluster), signal.SIGSTOP)  # hung: connections accepted, never answered
+        try:
+            unknown = dra_v1_pb2.Claim(namespace=NS, name="never-created", uid=str(uuid.uuid4()))
+            pending: dict[str, Any] = {}
+
+            def prepare_unknown() -> None:
+                pending["reply"] = stub.NodePrepareResources(
+                    dra_v1_pb2.NodePrepareResourcesRequest(claims=[unknown]), timeout=120
+                )
+
+            reader = threading.Thread(target=prepare_unknown)
+            reader.start()  # needs the API server: waits for it, up to the client's read timeout
+            again = stub.NodePrepareResources(
+                dra_v1_pb2.NodePrepareResourcesRequest(claims=[_ref(claim)]), timeout=30
+            )
+            assert again.claims[uid].error == "" and len(again.claims[uid].devices) == 1
+            assert _probe(plugin, "/livez")[0] == 200
+            unprepared = stub.NodeUnprepareResources(
+                dra_v1_pb2.NodeUnprepareResourcesRequest(claims=[_ref(claim)]), timeout=30
+            )
+            assert unprepared.claims[uid].error == ""
+            assert uid not in plugin.cdi_specs() and uid not in plugin.checkpoint_claims()
+            assert reader.is_alive()  # the claim read still waits; nothing else waited with it
+        finally:
+            os.kill(_apiserver_pid(cluster), signal.SIGCONT)
+        reader.join(120)
+        error = pending["reply"].claims[unknown.uid].error
+        assert error  # timed out, or the claim does not exist once the API server answers again
+        port = cluster.server.rsplit(":", 1)[1]
+        assert f":{port}" not in error and "127.0.0.1" not in error  # item 9: no server address
+
+    # item 9: the metrics/probe endpoint listens on the address it was given (127.0.0.1), not 0.0.0.0
+    port_hex = f"{plugin.metrics_port:04X}"
+    listening = [
+        line.split()[1]
+        for line in Path("/proc/net/tcp").read_text().splitlines()[1:]
+        if line.split()[1].endswith(f":{port_hex}") and line.split()[3] == "0A"
+    ]
+    assert listening == [f"0100007F:{port_hex}"]
+    _delete_pod(api, "hung")  # the kubelet's own unprepare of an unprepared claim is fine
+
+
+# --- item 3: a damaged checkpoint ------------------------------------------------------------------
+
+
+def test_a_damaged_checkpoint_is_rebuilt_from_the_cdi_specs_and_reported(
+    node: tuple[LocalCluster, client.ApiClient], plugin: PluginProcess
+) -> None:
+    _, api = node
+    plugin.start(metrics_port=_free_port())
+    _run_pod(api, "damaged")
+    uid = _claim_of(api, _running(api, "damaged"))["metadata"]["uid"]
+    plugin.stop()
+    plugin.checkpoint.write_bytes(b'{"checksum": "0", "data": garbage')
+
+    plugin.start(metrics_port=_free_port())
+
+    assert uid in plugin.cdi_specs()  # the running pod's spec survives
+    assert uid in plugin.checkpoint_claims()  # and its GPU stays taken
+    assert list(plugin.state_dir.glob("checkpoint.json.corrupt-*"))
+    assert plugin.metrics()["gpudra_checkpoint_rebuilds_total"] == 1
+    [event] = wait_for("a CheckpointRebuilt event", lambda: _node_events(api, "CheckpointRebuilt"))
+    assert event.type == "Warning" and "1 prepared claim(s) were rebuilt" in event.message
+    assert wait_for("ready", lambda: _probe(plugin, "/readyz")[0] == 200)
+    _delete_pod(api, "damaged")
+    _wait_clean(plugin)
+
+
+@pytest.mark.parametrize("fault", ["newer-version", "directory"])
+def test_a_checkpoint_that_cannot_be_used_refuses_claims_until_the_operator_fixes_it(
+    node: tuple[LocalCluster, client.ApiClient], plugin: PluginProcess, fault: str
+) -> None:
+    _, api = node
+    plugin.state_dir.mkdir(parents=True, exist_ok=True)
+    if fault == "newer-version":
+        data = {"version": 2, "boot_id": "b", "claims": {}}
+        canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
+        digest = hashlib.sha256(canonical.encode()).hexdigest()
+        plugin.checkpoint.write_text(json.dumps({"checksum": digest, "data": data}))
+        why = "written by a newer gpudra"
+    else:
+        plugin.checkpoint.mkdir()  # a hostPath mount gone wrong
+        why = "Is a directory"
+
+    plugin.start(metrics_port=_free_port())
+
+    status, body = _probe(plugin, "/readyz")
+    assert status == 503 and "[-]checkpoint failed:" in body and why in body
+    assert _probe(plugin, "/livez")[0] == 200  # a restart would not help: not a liveness failure
+    assert plugin.metrics()["gpudra_checkpoint_usable"] == 0
+    wait_for(
+        "a CheckpointRefused event",
+        lambda: [e for e in _node_events(api, "CheckpointRefused") if why in e.message],
+    )
+    name = f"refused-{fault}"
+    _run_pod(api, name)
+    assert why in _failed_prepare(api, name, "not preparing or unpreparing claims on this node")
+
+    # the operator acts; the plugin notices by itself, without a restart
+    recovered_before = len(_node_events(api, "CheckpointRecovered"))
+    if fault == "newer-version":
+        plugin.checkpoint.rename(plugin.state_dir / "checkpoint.json.from-newer-gpudra")
+    else:
+        plugin.checkpoint.rmdir()
+    wait_for("ready again", lambda: _probe(plugin, "/readyz")[0] == 200, timeout=60)
+    assert plugin.metrics()["gpudra_checkpoint_usable"] == 1
+    wait_for(
+        "a new CheckpointRecovered event",
+        lambda: len(_node_events(api, "CheckpointRecovered")) > recovered_before,
+    )
+    _running(api, name)
+    _delete_pod(api, name)
+    _wait_clean(plugin)
+
+
+# --- item 4: disk full, read-only CDI root ----------------------------------------------------------
+
+
+def test_a_full_state_disk_fails_the_prepare_cleanly_and_the_retry_completes(
+    node: tuple[LocalCluster, client.ApiClient], plugin: PluginProcess
+) -> None:
+    _, api = node
+    with tmpfs(plugin.state_dir, "1m"):
+        plugin.start(metrics_port=_free_port())
+        filler = plugin.state_dir / "filler"
+        with filler.open("wb") as out, contextlib.suppress(OSError):
+            while True:
+                out.write(b"\0" * 4096)
+                out.flush()
+        status, body = _probe(plugin, "/readyz")
+        assert status == 503 and "[-]state-dir failed:" in body and "No space left on device" in body
+
+        _run_pod(api, "full")
+        _failed_prepare(api, "full", "No space left on device")
+        assert plugin.checkpoint_claims() == {} and plugin.cdi_specs() == {}  # nothing half done
+
+        filler.unlink()
+        pod = _running(api, "full")
+        uid = _claim_of(api, pod)["metadata"]["uid"]
+        assert set(plugin.checkpoint_claims()) == {uid} and set(plugin.cdi_specs()) == {uid}
+        _delete_pod(api, "full")
+        assert plugin.checkpoint_claims() == {} and plugin.cdi_specs() == {}
+        plugin.stop()
+
+
+def test_a_read_only_cdi_root_fails_calls_cleanly_until_it_is_writable_again(
+    node: tuple[LocalCluster, client.ApiClient], plugin: PluginProcess
+) -> None:
+    _, api = node
+    cdi_root = plugin.node.cdi_root
+    with tmpfs(cdi_root, "4m"):
+        plugin.start(metrics_port=_free_port())
+        _run_pod(api, "ro-running")
+        uid = _claim_of(api, _running(api, "ro-running"))["metadata"]["uid"]
+        subprocess.run(["mount", "-o", "remount,ro", str(cdi_root)], check=True)
+        try:
+            status, body = _probe(plugin, "/readyz")
+            assert status == 503 and "[-]cdi-root failed:" in body and "Read-only file system" in body
+            _run_pod(api, "ro-new")
+            _failed_prepare(api, "ro-new", "Read-only file system")
+            client.CoreV1Api(api).delete_namespaced_pod("ro-running", NS, grace_period_seconds=0)
+            # the unprepare cannot remove the spec: the claim keeps its GPU (its spec still names it)
+            wait_for(
+                "an unprepare stuck on the read-only root",
+                lambda: plugin.checkpoint_claims().get(uid, {}).get("state") == "UnprepareStarted",
+            )
+            assert list(plugin.checkpoint_claims()) == [uid]  # ro-new left nothing behind
+        finally:
+            subprocess.run(["mount", "-o", "remount,rw", str(cdi_root)], check=True)
+        core = client.CoreV1Api(api)
+        wait_for("ro-running gone", lambda: pod_gone(core, "ro-running", NS), timeout=120)
+        Resources(api).delete("resourceclaimtemplates", "ro-running", NS)
+        new_uid = _claim_of(api, _running(api, "ro-new"))["metadata"]["uid"]
+        assert set(plugin.checkpoint_claims()) == {new_uid} and set(plugin.cdi_specs()) == {new_uid}
+        _delete_pod(api, "ro-new")
+        assert plugin.checkpoint_claims() == {} and plugin.cdi_specs() == {}
+        plugin.stop()
+
+
+# --- item 6: two instances overlapping --------------------------------------------------------------
+
+
+def test_the_old_instance_exiting_leaves_the_new_one_serving(
+    node: tuple[LocalCluster, client.ApiClient], plugin: PluginProcess
+) -> None:
+    cluster, api = node
+    plugin.start()
+    _run_pod(api, "overlap-old")
+    old_uid = _claim_of(api, _running(api, "overlap-old"))["metadata"]["uid"]
+
+    successor = PluginProcess(cluster, cluster.nodes[NODE], PROFILE)
+    successor.log = plugin.node.root / "gpudra-plugin-successor.log"
+    try:
+        successor.start()  # a rolling update: the new instance starts while the old one runs
+        plugin.stop()  # then the old one gets SIGTERM
+        assert (plugin.node.plugins_dir / DRIVER / "dra.sock").is_socket()
+        assert (plugin.node.registry_dir / f"{DRIVER}-reg.sock").is_socket()
+
+        _run_pod(api, "overlap-new")
+        new_uid = _claim_of(api, _running(api, "overlap-new"))["metadata"]["uid"]
+        assert set(successor.checkpoint_claims()) == {old_uid, new_uid}
+        _delete_pod(api, "overlap-old")  # a claim the old instance prepared, unprepared by the new one
+        _delete_pod(api, "overlap-new")
+        _wait_clean(successor)
+    finally:
+        successor.stop()
