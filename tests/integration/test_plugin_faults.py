@@ -16,6 +16,7 @@ import socket
 import subprocess
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -294,7 +295,7 @@ def test_a_full_state_disk_fails_the_prepare_cleanly_and_the_retry_completes(
     with tmpfs(plugin.state_dir, "1m"):
         plugin.start(metrics_port=_free_port())
         filler = plugin.state_dir / "filler"
-        with filler.open("wb") as out, contextlib.suppress(OSError):
+        with contextlib.suppress(OSError), filler.open("wb") as out:  # close() fails too: full
             while True:
                 out.write(b"\0" * 4096)
                 out.flush()
@@ -303,14 +304,18 @@ def test_a_full_state_disk_fails_the_prepare_cleanly_and_the_retry_completes(
 
         _run_pod(api, "full")
         _failed_prepare(api, "full", "No space left on device")
-        assert plugin.checkpoint_claims() == {} and plugin.cdi_specs() == {}  # nothing half done
+        # nothing set up: no spec, GPUs untouched; at most an entry the retry settles (PrepareStarted),
+        # when the disk filled up after the first save
+        assert plugin.cdi_specs() == {}
+        assert {c["state"] for c in plugin.checkpoint_claims().values()} <= {"PrepareStarted"}
+        assert set(plugin.timeslices().values()) == {0}
 
         filler.unlink()
         pod = _running(api, "full")
         uid = _claim_of(api, pod)["metadata"]["uid"]
         assert set(plugin.checkpoint_claims()) == {uid} and set(plugin.cdi_specs()) == {uid}
         _delete_pod(api, "full")
-        assert plugin.checkpoint_claims() == {} and plugin.cdi_specs() == {}
+        _wait_clean(plugin)
         plugin.stop()
 
 
@@ -344,7 +349,7 @@ def test_a_read_only_cdi_root_fails_calls_cleanly_until_it_is_writable_again(
         new_uid = _claim_of(api, _running(api, "ro-new"))["metadata"]["uid"]
         assert set(plugin.checkpoint_claims()) == {new_uid} and set(plugin.cdi_specs()) == {new_uid}
         _delete_pod(api, "ro-new")
-        assert plugin.checkpoint_claims() == {} and plugin.cdi_specs() == {}
+        _wait_clean(plugin)
         plugin.stop()
 
 
@@ -375,3 +380,51 @@ def test_the_old_instance_exiting_leaves_the_new_one_serving(
         _wait_clean(successor)
     finally:
         successor.stop()
+
+
+# --- item 8: API load independent of the cluster's size ---------------------------------------------
+
+IDLE_WINDOW_SECONDS = 30
+OTHER_CLAIMS = 100
+
+
+def _requests(plugin: PluginProcess) -> dict[str, float]:
+    return {k: v for k, v in plugin.metrics().items() if k.startswith("gpudra_api_requests_total")}
+
+
+def test_an_idle_node_reads_no_claims_however_many_the_cluster_holds(
+    node: tuple[LocalCluster, client.ApiClient], plugin: PluginProcess
+) -> None:
+    _, api = node
+    plugin.start(metrics_port=_free_port(), resync_seconds=30)  # the production default
+    wait_for("the first sync", lambda: _probe(plugin, "/readyz")[0] == 200)
+    core = client.CoreV1Api(api)
+    ns = f"tenant-{uuid.uuid4().hex[:6]}"
+    core.create_namespace({"metadata": {"name": ns}})
+    before = _requests(plugin)
+
+    resources = Resources(api)
+    for i in range(OTHER_CLAIMS):  # other tenants' claims, some for gpudra: none is this node's business
+        resources.create(
+            "resourceclaims",
+            {
+                "metadata": {"name": f"c{i}"},
+                "spec": {
+                    "devices": {"requests": [{"name": "g", "exactly": {"deviceClassName": "gpu.gpudra.io"}}]}
+                },
+            },
+            ns,
+        )
+    time.sleep(IDLE_WINDOW_SECONDS)  # a window of idling: what the plugin does on its own
+    after = _requests(plugin)
+
+    delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    made = {k: v for k, v in delta.items() if v}
+    print(f"API requests of an idle node in {IDLE_WINDOW_SECONDS} s with {OTHER_CLAIMS} new claims: {made}")
+    assert not [k for k in made if "resourceclaims" in k]  # no claim read, no claim list
+    assert set(made) <= {
+        'gpudra_api_requests_total{resource="resourceslices",verb="list"}',
+        'gpudra_api_requests_total{resource="resourceslices",verb="watch"}',
+    }
+    # one resync LIST per 30 s, and at most one watch renewal (a LIST and a WATCH) in the window
+    assert sum(made.values()) <= IDLE_WINDOW_SECONDS // 30 + 1 + 2

@@ -6,9 +6,10 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 from gpudra.node.endpoint import Check, HttpEndpoint, report, writable_directory
+from gpudra.node.metrics import PluginMetrics
 
 
 def _get(port: int, path: str) -> tuple[int, str]:
@@ -83,3 +84,12 @@ def test_writable_directory_fails_where_no_file_can_be_written(tmp_path: Path) -
     (tmp_path / "file").write_text("")
     not_a_directory = writable_directory(tmp_path / "file")()
     assert not_a_directory is not None and "Not a directory" in not_a_directory
+
+
+def test_api_requests_are_exported_by_verb_and_resource() -> None:
+    counts = {("get", "resourceclaims"): 2, ("list", "resourceslices"): 5}
+    metrics = PluginMetrics()
+    metrics.track_api_requests(lambda: counts)
+    text = generate_latest(metrics.registry).decode()
+    assert 'gpudra_api_requests_total{resource="resourceclaims",verb="get"} 2.0' in text
+    assert 'gpudra_api_requests_total{resource="resourceslices",verb="list"} 5.0' in text

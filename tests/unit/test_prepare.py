@@ -934,3 +934,35 @@ def test_a_crash_between_copying_and_replacing_a_damaged_checkpoint_rebuilds_aga
     assert recovery.refused is None and recovery.rebuilt == 1
     assert set(h100.entries()) == {uid(1)} and h100.spec_path(uid(1)).exists()
     assert len(list(h100.checkpoint_path.parent.glob("checkpoint.json.corrupt-*"))) == 2
+
+
+def test_a_disk_that_fills_up_during_a_prepare_leaves_nothing_set_up(
+    h100: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first save succeeds, then the disk is full: neither PrepareCompleted nor the rollback's
+    UnprepareStarted can be saved. The time-slice and the spec are undone anyway; the entry stays
+    PrepareStarted (memory equal to disk) and the kubelet's retry completes once there is room."""
+    state = h100.state()
+    save = ckpt.save
+    saves = []
+
+    def fills_up(path: Path, checkpoint: ckpt.Checkpoint) -> None:
+        saves.append(checkpoint)
+        if len(saves) > 1:
+            raise ckpt.CheckpointNotSaved(f"cannot save the checkpoint {path}: No space left on device")
+        save(path, checkpoint)
+
+    monkeypatch.setattr(ckpt, "save", fills_up)
+    claim = h100.claims.add(whole_gpus(uid(1), "gpu-0", config=[from_claim(time_slicing("Long"))]))
+    with pytest.raises(ckpt.CheckpointNotSaved, match="No space left") as raised:
+        state.prepare(claim)
+    assert any("rolling back also failed" in note for note in raised.value.__notes__)
+    assert not h100.spec_path(uid(1)).exists()
+    assert h100.timeslices()[h100.uuid(0)] == 0
+    assert {u: e.state for u, e in state.prepared_claims().items()} == {uid(1): "PrepareStarted"}
+    assert state.prepared_claims() == h100.entries()
+
+    monkeypatch.undo()
+    state.prepare(claim)
+    assert h100.entries()[uid(1)].state == "PrepareCompleted"
+    assert h100.timeslices()[h100.uuid(0)] == 3

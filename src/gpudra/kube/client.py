@@ -7,12 +7,14 @@ the tests build by hand. API failures become `ClusterError` with the HTTP status
 
 from __future__ import annotations
 
+import collections
 import http.client
 import json
 import os
 import re
 import socket
 import ssl
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import Any, cast
@@ -178,19 +180,32 @@ class SliceWatch:
 
 
 class Kube:
-    """The API calls gpudra makes."""
+    """The API calls gpudra makes; `request_counts()` counts them by (verb, resource), failed ones included,
+    so the API load a node puts on the cluster can be watched (gpudra_api_requests_total)."""
 
     def __init__(self, api: client.ApiClient) -> None:
         self.api = api
         self._custom = client.CustomObjectsApi(api)
         self._core = client.CoreV1Api(api)
+        self._requests: collections.Counter[tuple[str, str]] = collections.Counter()
+        self._requests_lock = threading.Lock()  # calls come from the gRPC workers and every loop
+
+    def request_counts(self) -> dict[tuple[str, str], int]:
+        with self._requests_lock:
+            return dict(self._requests)
+
+    def _count(self, verb: str, resource: str) -> None:
+        with self._requests_lock:
+            self._requests[(verb, resource)] += 1
 
     def server_minor(self) -> int:
+        self._count("get", "version")
         with _api_errors("reading the server version"):
             info = client.VersionApi(self.api).get_code(_request_timeout=REQUEST_TIMEOUT)
         return int("".join(ch for ch in info.minor if ch.isdigit()))
 
     def node_uid(self, name: str) -> str:
+        self._count("get", "nodes")
         with _api_errors(f"reading node {name}"):
             node = self._core.read_node(name, _request_timeout=REQUEST_TIMEOUT)
         if node.metadata is None:
@@ -201,6 +216,7 @@ class Kube:
 
     def list_slices(self, *, driver: str, node_name: str) -> tuple[list[Obj], str]:
         """The slices of `driver` on `node_name`, and the list's resourceVersion (where a watch resumes)."""
+        self._count("list", "resourceslices")
         with _api_errors("listing ResourceSlices"):
             result = _obj(
                 self._custom.list_cluster_custom_object(
@@ -220,6 +236,7 @@ class Kube:
         `timeout_seconds`. Bookmarks are asked for: the API server's periodic "nothing for you up to
         this version" keeps the version a quiet pool's next watch resumes from recent enough to serve."""
         what = "watching ResourceSlices"
+        self._count("watch", "resourceslices")
         with _api_errors(what):
             response: Any = self._custom.list_cluster_custom_object(
                 GROUP,
@@ -240,6 +257,7 @@ class Kube:
         return SliceWatch(response, what)
 
     def create_slice(self, body: Obj) -> Obj:
+        self._count("create", "resourceslices")
         with _api_errors(f"creating ResourceSlice {body['metadata'].get('name')}"):
             return _obj(
                 self._custom.create_cluster_custom_object(
@@ -250,6 +268,7 @@ class Kube:
     def replace_slice(self, body: Obj, *, dry_run: bool = False) -> Obj:
         """The slice as the API server stored it, or with `dry_run` as it would store it (defaults
         filled in, quantities normalized), changing nothing."""
+        self._count("update", "resourceslices")
         name = body["metadata"]["name"]
         with _api_errors(f"updating ResourceSlice {name}{' (dry run)' if dry_run else ''}"):
             return _obj(
@@ -265,6 +284,7 @@ class Kube:
             )
 
     def delete_slice(self, name: str) -> None:
+        self._count("delete", "resourceslices")
         try:
             with _api_errors(f"deleting ResourceSlice {name}"):
                 self._custom.delete_cluster_custom_object(
@@ -279,6 +299,7 @@ class Kube:
         """The claim, decoded here rather than by the client: any tenant can nest a claim's opaque
         parameters thousands of levels deep, which Python's JSON decoder refuses with RecursionError."""
         what = f"reading ResourceClaim {namespace}/{name}"
+        self._count("get", "resourceclaims")
         with _api_errors(what):
             response: Any = self._custom.get_namespaced_custom_object(
                 GROUP,
@@ -304,6 +325,7 @@ class Kube:
     def create_node_event(self, *, node_name: str, node_uid: str, event: Obj) -> None:
         """A core/v1 Event about a Node (in `default`, where the kubelet puts its own node events, so
         `kubectl describe node` shows it). `event` holds reason, message, type, timestamps."""
+        self._count("create", "events")
         body = {
             "apiVersion": "v1",
             "kind": "Event",
@@ -322,6 +344,7 @@ class Kube:
     def list_node_events(self, node_name: str) -> list[Obj]:
         """Events about a Node, as JSON dicts (for tools and tests)."""
         selector = f"involvedObject.kind=Node,involvedObject.name={node_name}"
+        self._count("list", "events")
         with _api_errors(f"listing Events of node {node_name}"):
             result = self._core.list_namespaced_event(
                 "default", field_selector=selector, _request_timeout=REQUEST_TIMEOUT

@@ -122,6 +122,7 @@ def run(options: Options, *, stop: threading.Event) -> None:
         health=health,
     )
     metrics.track_claim_reads(lambda: claims.gets)
+    metrics.track_api_requests(client.request_counts)
     loops = [*slices.loops, events.loop, retry_checkpoint] + ([health.loop] if health is not None else [])
     metrics.track_loops(loops)
     services: list[service.Service] = []

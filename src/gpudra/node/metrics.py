@@ -5,9 +5,11 @@ Names are prefixed `gpudra_`; every series is created up front so dashboards see
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from gpudra.service import Loop
 
@@ -67,6 +69,10 @@ class PluginMetrics:
         if outcome != "ok":
             self.errors.labels("unprepare", outcome).inc()
 
+    def track_api_requests(self, requests: Callable[[], Mapping[tuple[str, str], int]]) -> None:
+        """API requests this plugin made since start, by verb and resource, read at scrape time."""
+        self.registry.register(_ApiRequests(requests))
+
     def track_claim_reads(self, gets: Callable[[], int]) -> None:
         """ResourceClaim reads from the API server since start (one GET per claim prepared)."""
         Gauge(
@@ -106,6 +112,21 @@ class PluginMetrics:
         """Read (claims, devices) at scrape time, so the gauges can never drift from the checkpoint."""
         self.prepared_claims.set_function(lambda: counts()[0])
         self.prepared_devices.set_function(lambda: counts()[1])
+
+
+class _ApiRequests(Collector):
+    def __init__(self, requests: Callable[[], Mapping[tuple[str, str], int]]) -> None:
+        self.requests = requests
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "gpudra_api_requests",
+            "Requests to the API server since start, by verb and resource (failed ones included).",
+            labels=["verb", "resource"],
+        )
+        for (verb, resource), count in sorted(self.requests().items()):
+            family.add_metric([verb, resource], count)
+        yield family
 
 
 def _failures_of(loop: Loop) -> Callable[[], float]:

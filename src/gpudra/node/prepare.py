@@ -302,17 +302,31 @@ class DeviceState:
     def _teardown(self, entry: ckpt.ClaimEntry) -> None:
         """Unprepare `entry` from whatever step it reached; safe to repeat after a crash."""
         if entry.state != "UnprepareStarted":
+            try:
+                self._record(entry.with_state("UnprepareStarted"))
+            except ckpt.CheckpointNotSaved:
+                current = self._checkpoint.claims.get(entry.uid)
+                if current is not None and current.state == "PrepareStarted":
+                    # Rolling back a prepare on a full disk: the entry stays PrepareStarted on disk
+                    # and in memory (recover() or the kubelet's retry settles it), but nothing may
+                    # stay set up for a prepare the kubelet was told failed. (A PrepareCompleted
+                    # that reached the disk stays whole: the retry answers from it.)
+                    self._undo(current)
+                raise
             entry = entry.with_state("UnprepareStarted")
-            self._record(entry)
         faults.reached("unprepare-started")
+        self._undo(entry)
+        with self._checkpoint_lock:
+            self._commit(self._checkpoint.without_claim(entry.uid))
+
+    def _undo(self, entry: ckpt.ClaimEntry) -> None:
+        """Undo the side effects of `entry`: sharing, then its CDI spec. Idempotent."""
         for device in entry.devices:
             if device.sharing is not None:
                 self.sharing.undo(device.sharing, gpu_uuids=device.gpu_uuids)
         faults.reached("unprepare-undone")
         cdi.delete_spec(self.cdi_root, driver=self.driver, claim_uid=entry.uid)
         faults.reached("unprepare-cdi-deleted")
-        with self._checkpoint_lock:
-            self._commit(self._checkpoint.without_claim(entry.uid))
 
     # --- queries -------------------------------------------------------------------------------
 
