@@ -18,6 +18,7 @@ from gpudra.api import (
     config_problems,
     decode_config,
 )
+from gpudra.api.decode import MAX_PARAMETERS_BYTES
 from gpudra.errors import ConfigError
 
 MIB = 2**20
@@ -567,3 +568,35 @@ def test_any_valid_config_round_trips_through_json(raw: dict[str, Any]) -> None:
     assert decode_config(json.dumps(dump(config))) == config
     assert decode_config(json.dumps(config.model_dump(mode="json"))) == config  # with explicit nulls
     assert config.normalized() == config
+
+
+# --- bounds: a tenant's parameters never reach pydantic or a recursive step unbounded -----------------
+
+
+def test_parameters_nested_deeper_than_the_bound_are_refused_with_the_field() -> None:
+    deep: dict[str, object] = {"apiVersion": "resource.gpudra.io/v1beta1", "kind": "GpuConfig"}
+    inner: dict[str, object] = deep
+    for _ in range(40):
+        child: dict[str, object] = {}
+        inner["x"] = child
+        inner = child
+    with pytest.raises(ConfigError, match="more than 32 levels deep") as raised:
+        decode_config(deep, field_prefix="spec.devices.config[0].opaque.parameters")
+    assert raised.value.field == "spec.devices.config[0].opaque.parameters"
+
+
+def test_json_text_nested_thousands_deep_is_refused_not_a_recursion_error() -> None:
+    text = '{"a":' + "[" * 3000 + "]" * 3000 + "}"
+    assert len(text) < MAX_PARAMETERS_BYTES
+    with pytest.raises(ConfigError, match="levels deep"):
+        decode_config(text)
+    with pytest.raises(ConfigError, match="levels deep"):
+        decode_config(json.loads('{"a":' + "[" * 500 + "]" * 500 + "}"))
+
+
+def test_parameters_larger_than_the_api_server_allows_are_refused() -> None:
+    big = {"apiVersion": "resource.gpudra.io/v1beta1", "kind": "GpuConfig", "pad": "x" * MAX_PARAMETERS_BYTES}
+    with pytest.raises(ConfigError, match=f"at most {MAX_PARAMETERS_BYTES} allowed"):
+        decode_config(big)
+    with pytest.raises(ConfigError, match=f"at most {MAX_PARAMETERS_BYTES} allowed"):
+        decode_config(json.dumps(big))

@@ -7,7 +7,7 @@ before it is applied and at prepare.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
@@ -17,6 +17,11 @@ from gpudra.api.v1beta1 import API_VERSION, KINDS, PER_DEVICE_LIMITS_FIELD, Devi
 from gpudra.errors import ConfigError
 
 _NVIDIA_API_VERSION = "resource.nvidia.com/v1beta1"
+# The API server's limit for opaque parameters (on create); anything larger did not come through it.
+MAX_PARAMETERS_BYTES = 10 * 1024
+# A real GpuConfig nests 4 levels; the bound keeps every later step (pydantic, json.dumps for error
+# messages) far from Python's recursion limit whatever a tenant nests.
+MAX_PARAMETERS_DEPTH = 32
 
 
 def decode_config(raw: Mapping[str, object] | bytes | str, *, field_prefix: str = "") -> DeviceConfig:
@@ -29,6 +34,39 @@ def decode_config(raw: Mapping[str, object] | bytes | str, *, field_prefix: str 
     if isinstance(decoded, list):
         raise combined(decoded)
     return decoded
+
+
+def _depth_exceeds(value: object, limit: int) -> bool:
+    """Whether `value` nests objects or arrays deeper than `limit`; iterative, so any depth is safe."""
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children: Iterable[object]
+        if isinstance(item, Mapping):
+            children = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+def _too_deep(prefix: str) -> ConfigError:
+    return ConfigError(
+        f"nests objects or arrays more than {MAX_PARAMETERS_DEPTH} levels deep; a GpuConfig needs 4",
+        field=prefix or None,
+    )
+
+
+def _too_large(size: int, prefix: str) -> ConfigError:
+    return ConfigError(
+        f"is {size} bytes; at most {MAX_PARAMETERS_BYTES} allowed "
+        "(the API server's limit for opaque parameters)",
+        field=prefix or None,
+    )
 
 
 def combined(problems: Sequence[ConfigError]) -> ConfigError:
@@ -45,12 +83,21 @@ def config_problems(raw: Mapping[str, object] | bytes | str, *, field_prefix: st
 
 def _decode(raw: Mapping[str, object] | bytes | str, prefix: str) -> DeviceConfig | list[ConfigError]:
     if isinstance(raw, bytes | str):
+        if len(raw) > MAX_PARAMETERS_BYTES:
+            return [_too_large(len(raw), prefix)]
         try:
             raw = json.loads(raw)
+        except RecursionError:
+            return [_too_deep(prefix)]
         except ValueError as err:
             return [ConfigError(f"is not valid JSON: {err}", field=prefix or None)]
     if not isinstance(raw, Mapping):
         return [ConfigError("must be a JSON object (a GpuConfig or MigDeviceConfig)", field=prefix or None)]
+    if _depth_exceeds(raw, MAX_PARAMETERS_DEPTH):
+        return [_too_deep(prefix)]
+    size = len(json.dumps(raw, separators=(",", ":"), default=str))
+    if size > MAX_PARAMETERS_BYTES:
+        return [_too_large(size, prefix)]
 
     problems = []
     api_version, kind = raw.get("apiVersion"), raw.get("kind")
