@@ -8,7 +8,6 @@ that claim (prepare reads each claim once, with a GET; there is no watch to go s
 
 from __future__ import annotations
 
-import socket
 import tempfile
 import time
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ import yaml
 from kubernetes import client, config, utils
 
 from tests.localcluster import LocalCluster
+from tests.localcluster.cluster import free_port
 from tests.localcluster.node_plugin import PluginProcess
 
 from .conftest import CLUSTER_PREFIX, REPO
@@ -31,12 +31,6 @@ FAILURES = 'gpudra_background_failures{loop="slice-sync"}'
 HEALTHY = 'gpudra_background_healthy{loop="slice-sync"}'
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def outage_cluster() -> Iterator[tuple[LocalCluster, PluginProcess]]:
     root = Path(tempfile.mkdtemp(prefix=CLUSTER_PREFIX, dir="/tmp"))
@@ -47,7 +41,7 @@ def outage_cluster() -> Iterator[tuple[LocalCluster, PluginProcess]]:
             yaml_objects=list(yaml.safe_load_all((REPO / "deploy/manifests/deviceclasses.yaml").read_text())),
         )
         plugin = PluginProcess(cluster, cluster.nodes[NODE], "mixed")
-        plugin.start(metrics_port=_free_port())
+        plugin.start(metrics_port=free_port())
         try:
             yield cluster, plugin
         finally:

@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
@@ -29,6 +28,7 @@ from kubernetes import client, config, utils
 
 from gpudra._proto import dra_v1_pb2, dra_v1_pb2_grpc
 from tests.localcluster import LocalCluster
+from tests.localcluster.cluster import free_port
 from tests.localcluster.node_plugin import DRIVER, PluginProcess
 from tests.localcluster.processes import http_get
 
@@ -38,12 +38,6 @@ from .kube_helpers import Resources, claim_pod, claim_template, pod_events, pod_
 NODE = "node-faults"
 PROFILE = "dgx-h100"
 NS = "default"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +153,7 @@ def test_a_hung_api_server_holds_up_no_call_that_does_not_need_it(
     node: tuple[LocalCluster, client.ApiClient], plugin: PluginProcess
 ) -> None:
     cluster, api = node
-    plugin.start(metrics_port=_free_port())
+    plugin.start(metrics_port=free_port())
     _run_pod(api, "hung")
     claim = _claim_of(api, _running(api, "hung"))
     uid = claim["metadata"]["uid"]
@@ -219,13 +213,13 @@ def test_a_damaged_checkpoint_is_rebuilt_from_the_cdi_specs_and_reported(
     node: tuple[LocalCluster, client.ApiClient], plugin: PluginProcess
 ) -> None:
     _, api = node
-    plugin.start(metrics_port=_free_port())
+    plugin.start(metrics_port=free_port())
     _run_pod(api, "damaged")
     uid = _claim_of(api, _running(api, "damaged"))["metadata"]["uid"]
     plugin.stop()
     plugin.checkpoint.write_bytes(b'{"checksum": "0", "data": garbage')
 
-    plugin.start(metrics_port=_free_port())
+    plugin.start(metrics_port=free_port())
 
     assert uid in plugin.cdi_specs()  # the running pod's spec survives
     assert uid in plugin.checkpoint_claims()  # and its GPU stays taken
@@ -254,7 +248,7 @@ def test_a_checkpoint_that_cannot_be_used_refuses_claims_until_the_operator_fixe
         plugin.checkpoint.mkdir()  # a hostPath mount gone wrong
         why = "Is a directory"
 
-    plugin.start(metrics_port=_free_port())
+    plugin.start(metrics_port=free_port())
 
     status, body = _probe(plugin, "/readyz")
     assert status == 503 and "[-]checkpoint failed:" in body and why in body
@@ -293,7 +287,7 @@ def test_a_full_state_disk_fails_the_prepare_cleanly_and_the_retry_completes(
 ) -> None:
     _, api = node
     with tmpfs(plugin.state_dir, "1m"):
-        plugin.start(metrics_port=_free_port())
+        plugin.start(metrics_port=free_port())
         filler = plugin.state_dir / "filler"
         with contextlib.suppress(OSError), filler.open("wb") as out:  # close() fails too: full
             while True:
@@ -325,7 +319,7 @@ def test_a_read_only_cdi_root_fails_calls_cleanly_until_it_is_writable_again(
     _, api = node
     cdi_root = plugin.node.cdi_root
     with tmpfs(cdi_root, "4m"):
-        plugin.start(metrics_port=_free_port())
+        plugin.start(metrics_port=free_port())
         _run_pod(api, "ro-running")
         uid = _claim_of(api, _running(api, "ro-running"))["metadata"]["uid"]
         subprocess.run(["mount", "-o", "remount,ro", str(cdi_root)], check=True)
@@ -396,7 +390,7 @@ def test_an_idle_node_reads_no_claims_however_many_the_cluster_holds(
     node: tuple[LocalCluster, client.ApiClient], plugin: PluginProcess
 ) -> None:
     _, api = node
-    plugin.start(metrics_port=_free_port(), resync_seconds=30)  # the production default
+    plugin.start(metrics_port=free_port(), resync_seconds=30)  # the production default
     wait_for("the first sync", lambda: _probe(plugin, "/readyz")[0] == 200)
     core = client.CoreV1Api(api)
     ns = f"tenant-{uuid.uuid4().hex[:6]}"

@@ -10,7 +10,6 @@ small generation and its loops stay healthy; (c) a deleted slice is published ag
 from __future__ import annotations
 
 import copy
-import socket
 import tempfile
 import time
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ import pytest
 from kubernetes import client, config
 
 from tests.localcluster import LocalCluster
+from tests.localcluster.cluster import free_port
 from tests.localcluster.node_plugin import DRIVER, PluginProcess
 
 from .conftest import CLUSTER_PREFIX
@@ -37,19 +37,13 @@ HEALTHY = 'gpudra_background_healthy{loop="%s"}'
 Pool = dict[str, dict[str, Any]]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def watched() -> Iterator[tuple[Resources, PluginProcess]]:
     root = Path(tempfile.mkdtemp(prefix=CLUSTER_PREFIX, dir="/tmp"))
     with LocalCluster(root, nodes=(NODE,)) as cluster:
         resources = Resources(config.new_client_from_config(str(cluster.kubeconfig)))
         plugin = PluginProcess(cluster, cluster.nodes[NODE], "dgx-h100")
-        plugin.start(metrics_port=_free_port(), resync_seconds=RESYNC_SECONDS)
+        plugin.start(metrics_port=free_port(), resync_seconds=RESYNC_SECONDS)
         try:
             wait_for("the plugin's pool", lambda: _complete(resources), timeout=60)
             yield resources, plugin
@@ -172,7 +166,7 @@ def test_a_restarted_plugin_keeps_its_pool_as_it_is_and_restores_it_alone(
     resources, plugin = watched
     before = wait_for("the plugin's pool", lambda: _complete(resources))
     plugin.stop()
-    plugin.start(metrics_port=_free_port(), resync_seconds=RESYNC_SECONDS)
+    plugin.start(metrics_port=free_port(), resync_seconds=RESYNC_SECONDS)
     victim = sorted(before)[-1]
     resources.delete("resourceslices", victim)
     wait_for("the deleted slice to be published again", lambda: victim in _pool(resources), timeout=DEADLINE)

@@ -81,7 +81,7 @@ class ClusterState:
     pgids: dict[str, int] = field(default_factory=dict)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -114,7 +114,7 @@ class LocalCluster:
         self.directory.mkdir(parents=True, exist_ok=True)
         (self.directory / "logs").mkdir(exist_ok=True)
         for name in ("etcd-client", "etcd-peer", "apiserver", "scheduler", "controller-manager"):
-            self._ports[name] = _free_port()
+            self._ports[name] = free_port()
         self.server = f"https://127.0.0.1:{self._ports['apiserver']}"
         try:
             self._write_credentials()
@@ -321,7 +321,7 @@ class LocalCluster:
             ],
         )
         wait_until(cri, node.cri_socket.exists, what="CRI socket", timeout=20)
-        port, healthz = _free_port(), _free_port()
+        port, healthz = free_port(), free_port()
         config = node.root / "kubelet.yaml"
         config.write_text(json.dumps(self._kubelet_config(node, port=port, healthz=healthz), indent=2))
         kubelet = self._component(
