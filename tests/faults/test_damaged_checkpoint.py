@@ -4,7 +4,7 @@ Two claims run (three GPUs, time-sliced) when the checkpoint is damaged. What th
 in RELIABILITY.md:
 
 - damaged (truncated, garbage, bad checksum, schema violation, wrong types, empty): the file is
-  moved aside unchanged, and the running claims are rebuilt from their CDI specs: the specs stay,
+  copied aside unchanged, and the running claims are rebuilt from their CDI specs: the specs stay,
   the GPUs keep their settings and stay taken (a claim for one of them is refused), the kubelet's
   repeated prepare of a running claim answers, and its unprepares leave the node clean;
 - written by a newer gpudra (a newer version, a field this one does not know), or not a file

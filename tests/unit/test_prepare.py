@@ -639,7 +639,7 @@ def test_specs_of_an_earlier_boot_are_removed_at_recover(h100: Node) -> None:
     assert h100.spec_path(uid(1)).exists()
 
 
-def test_a_corrupt_checkpoint_is_quarantined_and_claims_are_rebuilt_from_their_cdi_specs(h100: Node) -> None:
+def test_a_corrupt_checkpoint_is_copied_aside_and_claims_are_rebuilt_from_their_cdi_specs(h100: Node) -> None:
     """A damaged checkpoint must not forget running claims: their CDI specs stay (their containers
     can restart) and their GPUs stay taken until the kubelet unprepares them."""
     state = h100.state()
@@ -881,7 +881,7 @@ def test_a_missing_checkpoint_with_claim_specs_on_disk_rebuilds_instead_of_delet
     recovery = state.recover()
 
     assert recovery.damage is not None and "missing but 1 claim spec(s)" in recovery.damage
-    assert recovery.rebuilt == 1 and recovery.moved_to is None
+    assert recovery.rebuilt == 1 and recovery.copied_to is None
     assert h100.spec_path(uid(1)).exists()
     with pytest.raises(ClaimError, match="already prepared"):
         state.prepare(h100.claims.add(whole_gpus(uid(2), "gpu-0")))

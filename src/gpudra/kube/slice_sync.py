@@ -322,8 +322,7 @@ class SliceController:
         return remembered is not None and content(piece) == remembered.stored
 
     def _matches(self, existing: Sequence[Obj]) -> bool:
-        with self._writing:
-            published = dict(self._published)
+        published = self.published
         return {s["metadata"]["name"] for s in existing} == set(published) and all(
             content(s) == published[s["metadata"]["name"]].stored for s in existing
         )

@@ -169,7 +169,7 @@ def _report_recovery(recovery: Recovery, events: NodeEvents, metrics: PluginMetr
         events.post(
             "Warning",
             "CheckpointRebuilt",
-            f"gpudra's checkpoint was damaged ({recovery.damage}); it was moved to {recovery.moved_to} "
+            f"gpudra's checkpoint was damaged ({recovery.damage}); a copy is at {recovery.copied_to} "
             f"and {recovery.rebuilt} prepared claim(s) were rebuilt from their CDI specs",
         )
 

@@ -55,7 +55,7 @@ class PluginMetrics:
             self.slice_writes.labels(op)
         self.checkpoint_rebuilds = Counter(
             "gpudra_checkpoint_rebuilds",
-            "Damaged checkpoints moved aside, their claims rebuilt from the CDI specs on disk.",
+            "Damaged checkpoints copied aside and replaced, their claims rebuilt from the CDI specs on disk.",
             registry=self.registry,
         )
 
@@ -101,7 +101,7 @@ class PluginMetrics:
 
     def track_checkpoint(self, refusal: Callable[[], str | None]) -> None:
         """Whether the checkpoint is usable (0: the plugin refuses every claim; /readyz says why), and
-        how many damaged checkpoints were moved aside and rebuilt from the CDI specs."""
+        how many damaged checkpoints were copied aside and rebuilt from the CDI specs."""
         Gauge(
             "gpudra_checkpoint_usable",
             "1 when the checkpoint was loaded; 0 while it cannot be used and every claim is refused.",

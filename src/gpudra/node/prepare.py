@@ -40,7 +40,7 @@ class Recovery:
 
     refused: str | None = None  # the checkpoint cannot be used: why (nothing was changed)
     damage: str | None = None  # the checkpoint was damaged: how
-    moved_to: Path | None = None  # where the damaged checkpoint was moved
+    copied_to: Path | None = None  # the copy kept of a damaged checkpoint (None: none could be made)
     rebuilt: int = 0  # claims rebuilt from their CDI specs after damage
 
 
@@ -122,7 +122,7 @@ class DeviceState:
                 extra={"error": str(err), "copied_to": str(copy), "claims_rebuilt": len(rebuilt)},
             )
             loaded = ckpt.LoadedCheckpoint(ckpt.Checkpoint.empty(self.boot_id).with_claims(rebuilt), {})
-            recovery = Recovery(damage=str(err), moved_to=copy, rebuilt=len(rebuilt))
+            recovery = Recovery(damage=str(err), copied_to=copy, rebuilt=len(rebuilt))
         else:
             recovery = Recovery()
         self._checkpoint = loaded.checkpoint
