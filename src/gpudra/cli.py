@@ -23,7 +23,7 @@ import yaml
 from gpudra import logs, manifest_files
 from gpudra.errors import ConfigError, GpudraError
 from gpudra.gpu import nvml
-from gpudra.model import devices, slices
+from gpudra.model import devices, placement, slices
 from gpudra.model.inventory import Gpu, Inventory
 from gpudra.node import daemon as plugin
 
@@ -143,7 +143,7 @@ def _table(inventory: Inventory, model: devices.DeviceModel) -> str:
         f"{len(inventory.gpus)} GPUs",
         "",
     ]
-    header = ("DEVICE", "PRODUCT", "MEMORY", "PCI BUS ID", "NUMA", "NVLINK", "MIG")
+    header = ("DEVICE", "PRODUCT", "MEMORY", "PCI BUS ID", "NUMA", "NVLINK", "MIG", "LARGEST PLACEABLE")
     rows = [header] + [_gpu_row(gpu) for gpu in sorted(inventory.gpus, key=lambda g: g.minor)]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
@@ -159,7 +159,8 @@ def _table(inventory: Inventory, model: devices.DeviceModel) -> str:
     if partitions:
         lines += ["", "MIG partitions (profile x count @ placement starts):"]
         for parent, profiles in partitions.items():
-            summary = ", ".join(f"{p} x{len(s)} @{','.join(s)}" for p, s in profiles.items())
+            # starts in numeric order, not the published (packing) order, so that the table reads like NVML's
+            summary = ", ".join(f"{p} x{len(s)} @{','.join(sorted(s, key=int))}" for p, s in profiles.items())
             lines.append(f"  {parent}: {summary}")
     lines += ["", f"{len(model.devices)} devices, {len(model.counter_sets)} counter sets"]
     return "\n".join(lines)
@@ -175,7 +176,16 @@ def _gpu_row(gpu: Gpu) -> tuple[str, ...]:
         "-" if gpu.numa_node is None else str(gpu.numa_node),
         gpu.nvlink_domain or "-",
         mig,
+        _largest_placeable(gpu),
     )
+
+
+def _largest_placeable(gpu: Gpu) -> str:
+    """The largest MIG profile one more GPU instance could have beside those that exist now."""
+    if not gpu.mig_profiles:
+        return "-"
+    largest = placement.largest_placeable(gpu, placement.existing_instances(gpu))
+    return "none" if largest is None else largest.name
 
 
 # --- validate ------------------------------------------------------------------------------------

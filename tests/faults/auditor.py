@@ -13,10 +13,14 @@ each side effect and unprepare removes it only after the last one is undone:
     prepared or unprepared. An entry rebuilt from its CDI spec after a damaged checkpoint (no request
     names) does not know the interval its claim asked for: any is accepted there. Compute mode is
     Default and no MPS daemon runs anywhere: this gpudra sets neither;
+ 5. every GPU instance on the card is one a checkpoint entry records (profile and placement, and its
+    MIG UUID where the live ids were saved), and every MIG device a PrepareCompleted entry records
+    exists with its UUID: no orphan instance, none forgotten;
 
 `settled=True` adds what recover() and a completed call promise: no entry is left half prepared or
-half unprepared, and no temporary file of an atomic write (which a kill in the middle of one leaves)
-is left in the CDI root or the state directory.
+half unprepared, the card holds exactly the MIG devices the checkpoint records, and no temporary
+file of an atomic write (which a kill in the middle of one leaves) is left in the CDI root or the
+state directory.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ def audit(node: SimNode, *, settled: bool) -> list[str]:
     findings += _specs(node, entries)
     findings += _exclusive(entries)
     findings += _gpus(node, entries)
+    findings += _mig(node, entries, settled=settled)
     if settled:
         findings += [f"temporary file left behind: {path}" for path in leftover_temp_files(node)]
         findings += [
@@ -83,17 +88,54 @@ def _specs(node: SimNode, entries: dict[str, ckpt.ClaimEntry]) -> list[str]:
 
 def _exclusive(entries: dict[str, ckpt.ClaimEntry]) -> list[str]:
     holders: dict[str, set[str]] = defaultdict(set)
+    partitioned: dict[str, set[str]] = defaultdict(set)  # GPU -> claims holding partitions of it
     for entry in entries.values():
         for device in entry.devices:
             if not device.admin_access:
                 holders[f"device {device.device}"].add(entry.uid)
                 for gpu in device.gpu_uuids:
-                    holders[f"GPU {gpu}"].add(entry.uid)
-    return [
+                    if "-mig-" in device.device:  # partitions of one GPU may serve several claims
+                        partitioned[gpu].add(entry.uid)
+                    else:
+                        holders[f"GPU {gpu}"].add(entry.uid)
+    findings = [
         f"{what} held by {len(uids)} claims: {sorted(uids)}"
         for what, uids in holders.items()
         if len(uids) > 1
     ]
+    for gpu, uids in partitioned.items():
+        whole = holders.get(f"GPU {gpu}", set())
+        if whole and (uids | whole) != whole:
+            findings.append(f"GPU {gpu} held whole by {sorted(whole)} and in partitions by {sorted(uids)}")
+    return findings
+
+
+def _mig(node: SimNode, entries: dict[str, ckpt.ClaimEntry], *, settled: bool) -> list[str]:
+    recorded: dict[
+        tuple[str, int, int], tuple[str | None, str]
+    ] = {}  # (GPU, start, profile) -> (UUID, state)
+    for entry in entries.values():
+        for device in entry.devices:
+            if device.mig is not None:
+                spec, live = device.mig.spec, device.mig.live
+                key = (spec.gpu_uuid, spec.placement_start, spec.profile_id)
+                recorded[key] = (live.uuid if live else None, entry.state)
+    machine = sim_state.StateFile(node.state_file).read()
+    on_card: dict[tuple[str, int, int], str] = {
+        (gpu.uuid, gi.start, gi.profile_id): ",".join(ci.uuid for ci in gi.compute_instances)
+        for gpu in machine.gpus
+        for gi in gpu.gpu_instances
+    }
+    findings = []
+    for key, uuid in sorted(on_card.items()):
+        if key not in recorded:
+            findings.append(f"GPU instance {key} on the card is in no checkpoint entry (orphan)")
+        elif recorded[key][0] is not None and recorded[key][0] != uuid:
+            findings.append(f"GPU instance {key} has MIG device {uuid!r}, the checkpoint {recorded[key][0]}")
+    for key, (uuid, state) in sorted(recorded.items()):
+        if key not in on_card and (state == "PrepareCompleted" or settled):
+            findings.append(f"MIG device {key} of a {state} entry ({uuid}) is not on the card")
+    return findings
 
 
 def _gpus(node: SimNode, entries: dict[str, ckpt.ClaimEntry]) -> list[str]:

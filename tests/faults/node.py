@@ -34,6 +34,7 @@ from gpudra.node.prepare import DeviceState
 from gpudra.node.sharing import GpuSharing
 from gpudra.sim import nvidia_smi
 from gpudra.sim import state as sim_state
+from tests.sim_nvml import mig_partitions
 from tests.unit.claims import DRIVER, NODE, from_claim, resource_claim, result, time_slicing
 
 PROFILE = "dgx-h100"
@@ -60,6 +61,13 @@ def _claims() -> list[dict[str, Any]]:
         resource_claim(uid(7), results=[result("gpu", "gpu-5")], config=[medium]),  # competes with 6
         resource_claim(uid(8), results=[result("monitor", "gpu-0", admin_access=True)]),  # shares freely
         resource_claim(uid(9), results=[result("gpu", "gpu-7")], config=[medium]),
+        # MIG partitions created on demand on gpu-6, and claims that compete with them for the
+        # partition (11) or for the whole GPU (12), whose prepare switches MIG mode off.
+        resource_claim(
+            uid(10), results=[result("big", "gpu-6-mig-3g40gb-4"), result("small", "gpu-6-mig-1g10gb-0")]
+        ),
+        resource_claim(uid(11), results=[result("mig", "gpu-6-mig-1g10gb-0")]),
+        resource_claim(uid(12), results=[result("gpu", "gpu-6")]),
     ]
 
 
@@ -75,8 +83,13 @@ REFS: dict[str, ClaimRef] = {claim["metadata"]["uid"]: ref(claim) for claim in C
 
 
 def non_admin_devices(claim: Mapping[str, Any]) -> set[str]:
+    """What a claim holds, as sets whose overlap means two claims cannot be prepared at once: its
+    devices, and for a partition its whole GPU (the plugin refuses a partition of a GPU another claim
+    holds whole, and the reverse). This also makes two partitions of one GPU conflict, which is right
+    for CLAIMS: its only claims with partitions of one GPU ask for the same partition."""
     results = claim["status"]["allocation"]["devices"]["results"]
-    return {r["device"] for r in results if not r.get("adminAccess")}
+    held = {r["device"] for r in results if not r.get("adminAccess")}
+    return held | {name.split("-mig-")[0] for name in held}
 
 
 class ClaimFile:
@@ -165,6 +178,7 @@ class SimNode:
             devices=self.device_model,
             claims=self.claims,
             sharing=GpuSharing(self.tools),
+            mig=mig_partitions(f"sim:{PROFILE}", self.state_file, self.inventory.gpus),
             cdi_root=self.cdi_root,
             checkpoint_path=self.checkpoint_path,
             boot_id=BOOT,

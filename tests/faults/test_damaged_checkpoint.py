@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from gpudra.errors import ClaimError, GpudraError
+from gpudra.node import checkpoint as ckpt
 from gpudra.node.prepare import DeviceState
 from tests.faults.auditor import audit
 from tests.faults.node import REFS, SimNode, uid
@@ -65,7 +66,10 @@ DAMAGED: dict[str, Callable[[bytes], bytes]] = {
     "empty": lambda good: b"",
 }
 REFUSED: dict[str, tuple[Callable[[bytes], bytes], str]] = {
-    "newer-version": (_edited(lambda data: data.update(version=2)), "written by a newer gpudra"),
+    "newer-version": (
+        _edited(lambda data: data.update(version=ckpt.VERSION + 1)),
+        "written by a newer gpudra",
+    ),
     "unknown-field": (
         _edited(lambda data: data["claims"][uid(1)].update(mig_plan={"profile": "1g.10gb"})),
         "fields this gpudra does not know (claims.",

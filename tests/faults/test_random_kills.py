@@ -41,13 +41,15 @@ MAX_DELAY = 0.4  # seconds from the start of a stream to its kill
 # The step a call was in when it was killed, from the last crash point it passed (see worker.py).
 STEP_AFTER = {
     ("prepare", None): "prepare: read claim, plan, save PrepareStarted",
-    ("prepare", "prepare-started"): "prepare: set time-slices",
+    ("prepare", "prepare-started"): "prepare: create MIG devices, save their live ids",
+    ("prepare", "prepare-mig-created"): "prepare: switch MIG mode, set time-slices",
     ("prepare", "prepare-applied"): "prepare: write CDI spec",
     ("prepare", "prepare-cdi-written"): "prepare: save PrepareCompleted",
     ("prepare", "prepare-completed"): "prepare: return",
     ("unprepare", None): "unprepare: save UnprepareStarted",
     ("unprepare", "unprepare-started"): "unprepare: reset time-slices",
-    ("unprepare", "unprepare-undone"): "unprepare: delete CDI spec",
+    ("unprepare", "unprepare-undone"): "unprepare: destroy MIG devices",
+    ("unprepare", "unprepare-mig-destroyed"): "unprepare: delete CDI spec",
     ("unprepare", "unprepare-cdi-deleted"): "unprepare: save without the claim",
 }
 

@@ -27,6 +27,7 @@ import yaml
 from kubernetes import client, config, utils
 
 from gpudra._proto import dra_v1_pb2, dra_v1_pb2_grpc
+from gpudra.node import checkpoint
 from tests.localcluster import LocalCluster
 from tests.localcluster.cluster import free_port
 from tests.localcluster.node_plugin import DRIVER, PluginProcess
@@ -239,7 +240,7 @@ def test_a_checkpoint_that_cannot_be_used_refuses_claims_until_the_operator_fixe
     _, api = node
     plugin.state_dir.mkdir(parents=True, exist_ok=True)
     if fault == "newer-version":
-        data = {"version": 2, "boot_id": "b", "claims": {}}
+        data = {"version": checkpoint.VERSION + 1, "boot_id": "b", "claims": {}}
         canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         digest = hashlib.sha256(canonical.encode()).hexdigest()
         plugin.checkpoint.write_text(json.dumps({"checksum": digest, "data": data}))

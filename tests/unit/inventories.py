@@ -112,7 +112,14 @@ def existing(
     return tuple(mig_device(gpu_uuid, by_name[name], start, gi) for gi, (name, start) in enumerate(layout, 1))
 
 
-def h100(minor: int, *, mig_enabled: bool = False, layout: Iterable[tuple[str, int]] = ()) -> Gpu:
+def h100(
+    minor: int,
+    *,
+    mig_enabled: bool = False,
+    layout: Iterable[tuple[str, int]] = (),
+    virtualized: bool = False,
+) -> Gpu:
+    """An H100 on bare metal, whose MIG mode switches without a reset; in a VM it would need one."""
     gpu_uuid = _uuid("GPU", "h100", minor)
     return Gpu(
         index=minor,
@@ -132,6 +139,7 @@ def h100(minor: int, *, mig_enabled: bool = False, layout: Iterable[tuple[str, i
         mig_capable=True,
         mig_enabled=mig_enabled,
         mig_memory_slices=8,
+        mig_mode_switchable=not virtualized,
         mig_profiles=H100_PROFILES,
         mig_devices=existing(gpu_uuid, H100_PROFILES, layout),
     )
@@ -255,6 +263,7 @@ def synthetic_gpu(minor: int, profiles: Sequence[MigProfile], *, memory_slices: 
         mig_capable=True,
         mig_enabled=True,
         mig_memory_slices=memory_slices,
+        mig_mode_switchable=True,
         mig_profiles=tuple(profiles),
     )
 

@@ -110,13 +110,13 @@ def test_file_format_is_checksum_over_canonical_data(tmp_path: Path) -> None:
     assert set(document) == {"checksum", "data"}
     canonical = json.dumps(document["data"], sort_keys=True, separators=(",", ":"))
     assert document["checksum"] == hashlib.sha256(canonical.encode()).hexdigest()
-    assert document["data"]["version"] == 1
+    assert document["data"]["version"] == checkpoint.VERSION
     assert document["data"]["boot_id"] == BOOT
 
 
 def test_missing_file_is_an_empty_checkpoint(tmp_path: Path) -> None:
     loaded = checkpoint.load(tmp_path / "checkpoint.json", boot_id=BOOT)
-    assert loaded.checkpoint == Checkpoint(version=1, boot_id=BOOT, claims={})
+    assert loaded.checkpoint == Checkpoint(version=2, boot_id=BOOT, claims={})
     assert loaded.stale_claims == {}
 
 
@@ -259,7 +259,7 @@ def _snapshot(directory: Path) -> dict[str, tuple[bytes, int, int]]:
     }
 
 
-@pytest.mark.parametrize("version", [2, 3, 1000])
+@pytest.mark.parametrize("version", [3, 4, 1000])
 def test_newer_version_is_refused_as_too_new(tmp_path: Path, version: int) -> None:
     path = tmp_path / "checkpoint.json"
     data = Checkpoint.empty(BOOT).with_claim(entry("u1")).model_dump(mode="json")
@@ -274,10 +274,10 @@ def test_newer_version_is_refused_as_too_new(tmp_path: Path, version: int) -> No
     message = str(raised.value)
     assert str(path) in message
     assert f"has format version {version}:" in message
-    assert "this gpudra reads format version 1 and older" in message
+    assert "this gpudra reads format version 2 and older" in message
     assert "upgrade gpudra back" in message
     assert "move the file aside" in message
-    assert (raised.value.path, raised.value.version, raised.value.reads_version) == (path, version, 1)
+    assert (raised.value.path, raised.value.version, raised.value.reads_version) == (path, version, 2)
     assert raised.value.unknown_fields == ()  # a newer version is refused before its fields are read
     assert "is corrupt" not in message
     assert _snapshot(tmp_path) == before
@@ -325,9 +325,9 @@ def test_same_version_with_unknown_fields_is_refused_as_too_new(
 
     message = str(raised.value)
     assert sorted(raised.value.unknown_fields) == sorted(unknown)
-    assert f"checkpoint {path} has format version 1 but fields this gpudra does not know (" in message
+    assert f"checkpoint {path} has format version 2 but fields this gpudra does not know (" in message
     assert all(field in message for field in unknown)
-    assert "this gpudra reads format version 1 and older" in message
+    assert "this gpudra reads format version 2 and older" in message
     assert "upgrade gpudra back" in message
     assert "move the file aside" in message
     assert _snapshot(tmp_path) == before
@@ -677,12 +677,76 @@ def _keeps(old: Any, new: Any, where: str = "data") -> None:
         assert new == old, f"{where} was {old!r}, is now written as {new!r}"
 
 
-@pytest.mark.skipif(checkpoint.VERSION != 1, reason="version 1 is no longer written; its reader converts")
-def test_version_1_writers_only_add_fields(tmp_path: Path) -> None:
-    # Rule 2: within a version a field is never removed, renamed or written differently.
+def test_version_1_is_rewritten_as_the_current_version_keeping_every_field(tmp_path: Path) -> None:
+    # Rule 1: the reader of version 1 converts; the next save writes every field it had, same values.
     resaved = tmp_path / "resaved.json"
     checkpoint.save(resaved, checkpoint.load(GOLDEN_V1, boot_id=GOLDEN_BOOT).checkpoint)
-    _keeps(json.loads(GOLDEN_V1.read_text())["data"], json.loads(resaved.read_text())["data"])
+    old = json.loads(GOLDEN_V1.read_text())["data"]
+    new = json.loads(resaved.read_text())["data"]
+    assert new["version"] == checkpoint.VERSION
+    _keeps({**old, "version": checkpoint.VERSION}, new)
+
+
+# --- the golden file of version 2 -----------------------------------------------------------------
+#
+# tests/unit/data/checkpoint/v2.json was written once by version 2's `save` (the first version with MIG
+# records). NEVER EDIT OR REGENERATE IT, for the same reason as v1.json.
+
+GOLDEN_V2 = DATA / "v2.json"
+GOLDEN_V2_BOOT = "9b1e7c44-0d2a-4e6f-8a3b-5c7d9e1f2a4b"
+SERVED_MIG = "7e1d2c3b-4a59-4b68-9c7d-8e9f0a1b2c3d"
+EMBED_MIG = "1f2e3d4c-5b6a-4798-8a9b-0c1d2e3f4a5b"
+TRAINER = "2a3b4c5d-6e7f-4a8b-9c0d-1e2f3a4b5c6d"
+
+
+def test_golden_v2_is_read_field_by_field() -> None:
+    assert json.loads(GOLDEN_V2.read_text())["data"]["version"] == 2
+    loaded = checkpoint.load(GOLDEN_V2, boot_id=GOLDEN_V2_BOOT).checkpoint
+    assert sorted(loaded.claims) == sorted([SERVED_MIG, EMBED_MIG, TRAINER])  # saved with sorted keys
+
+    served = loaded.claims[SERVED_MIG]
+    assert (served.namespace, served.name, served.state) == (
+        "inference",
+        "llm-serve-mig-k3j9x",
+        "PrepareCompleted",
+    )
+    [device] = served.devices
+    assert (device.request_names, device.pool, device.device) == (
+        ("mig",),
+        "gpu-node-07",
+        "gpu-0-mig-3g40gb-4",
+    )
+    assert device.cdi_device_ids == (
+        f"gpu.gpudra.io/claim={SERVED_MIG}-gpu-0-mig-3g40gb-4",
+        f"nvidia.com/gpu={H100_0}",
+    )
+    assert device.gpu_uuids == (H100_0,)
+    assert device.mig == MigRecord(
+        spec=MigSpec(gpu_uuid=H100_0, profile_id=9, placement_start=4),
+        live=MigLive(
+            gpu_instance_id=2, compute_instance_id=0, uuid="MIG-1a2b3c4d-5e6f-5a7b-8c9d-0e1f2a3b4c5d"
+        ),
+    )
+    assert (device.sharing, device.admin_access) == (None, False)
+
+    embed = loaded.claims[EMBED_MIG]
+    assert embed.state == "PrepareStarted"
+    [device] = embed.devices
+    assert device.mig == MigRecord(spec=MigSpec(gpu_uuid=H100_0, profile_id=19, placement_start=0), live=None)
+
+    trainer = loaded.claims[TRAINER]
+    assert trainer.state == "UnprepareStarted"
+    [device] = trainer.devices
+    assert device.mig is None
+    assert device.sharing == TimeSlicingRecord(strategy="TimeSlicing", interval="Short")
+
+
+@pytest.mark.skipif(checkpoint.VERSION != 2, reason="version 2 is no longer written; its reader converts")
+def test_version_2_writers_only_add_fields(tmp_path: Path) -> None:
+    # Rule 2: within a version a field is never removed, renamed or written differently.
+    resaved = tmp_path / "resaved.json"
+    checkpoint.save(resaved, checkpoint.load(GOLDEN_V2, boot_id=GOLDEN_V2_BOOT).checkpoint)
+    _keeps(json.loads(GOLDEN_V2.read_text())["data"], json.loads(resaved.read_text())["data"])
 
 
 # --- recover() and a checkpoint of a newer gpudra -------------------------------------------------
@@ -695,7 +759,7 @@ def test_recover_refuses_a_too_new_checkpoint_and_touches_nothing(tmp_path: Path
     node.state().prepare(claim)
     data = json.loads(node.checkpoint_path.read_text())["data"]
     if newer == "version":
-        data["version"] = 2
+        data["version"] = checkpoint.VERSION + 1
     else:
         data["claims"][uid(1)]["devices"][0]["mps_daemon"] = {"id": "d-1"}
     write_document(node.checkpoint_path, data)

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from gpudra import cli
+from gpudra.gpu import nvml
 from gpudra.model.slices import validate_slices
 
 # MIG partitions per H100 80GB and A100-SXM4-40GB GPU, from the placement tables
@@ -80,6 +81,42 @@ def test_inventory_table_lists_gpus_and_partitions(
     assert "NVIDIA H100 80GB HBM3" in out and "0000:18:00.0" in out
     assert "1g.10gb x7 @0,1,2,3,4,5,6" in out and "7g.80gb x1 @0" in out
     assert "208 devices, 8 counter sets" in out
+    header, first = out.splitlines()[2:4]
+    assert header.split("  ")[-1] == "LARGEST PLACEABLE" and first.endswith("  7g.80gb")
+
+
+def test_inventory_table_shows_the_largest_profile_the_existing_instances_leave_room_for(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # (profile ID, placement start): 1g.10gb is 19, 2g.20gb 14, 3g.40gb 9, 4g.40gb 5
+    layouts = {0: [(19, 0)], 1: [(19, 6)], 2: [(5, 0), (9, 4)], 3: [(14, 0), (14, 2), (14, 4)]}
+    with nvml.connect("sim:dgx-h100") as session:
+        gpus = session.inventory().gpus
+        for index, layout in layouts.items():
+            for profile_id, start in layout:
+                session.create_mig_device(
+                    gpu_uuid=gpus[index].uuid, profile_id=profile_id, placement_start=start
+                )
+    code, out = _inventory(capsys, tmp_path, "dgx-h100")
+    assert code == 0
+    rows = {line.split()[0]: line.split()[-1] for line in out.splitlines()[3:11]}
+    # 1g@0 blocks 4g@0 and 3g@0, leaving 3g@4; of those, 1g@6 blocks only 3g@4; 4g+3g fill the GPU;
+    # three 2g leave slices 6 and 7, which 1g.20gb@6 takes
+    assert rows == {
+        "gpu-0": "3g.40gb",
+        "gpu-1": "4g.40gb",
+        "gpu-2": "none",
+        "gpu-3": "1g.20gb",
+        **{f"gpu-{m}": "7g.80gb" for m in range(4, 8)},
+    }
+
+
+def test_inventory_table_has_no_largest_profile_for_gpus_without_mig(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, out = _inventory(capsys, tmp_path, "mixed")
+    assert code == 0
+    assert all(line.endswith("  -") for line in out.splitlines()[3:9])
 
 
 def test_inventory_static_mode_publishes_existing_mig_devices_only(

@@ -307,12 +307,14 @@ def test_device_names_are_unique_dns_labels(name: str, mode: str) -> None:
 # ---- partitions per GPU
 
 
+# The placement table, each profile's starts in the order they are published: first-fit packs from the top
+# slices down, away from the low starts that 7g, 4g and 3g need.
 H100_TABLE = {
-    "1g.10gb": [0, 1, 2, 3, 4, 5, 6],
-    "1g.10gb+me": [0, 1, 2, 3, 4, 5, 6],
-    "1g.20gb": [0, 2, 4, 6],
-    "2g.20gb": [0, 2, 4],
-    "3g.40gb": [0, 4],
+    "1g.10gb": [6, 5, 4, 3, 2, 1, 0],
+    "1g.10gb+me": [6, 5, 4, 3, 2, 1, 0],
+    "1g.20gb": [6, 4, 2, 0],
+    "2g.20gb": [4, 2, 0],
+    "3g.40gb": [4, 0],
     "4g.40gb": [0],
     "7g.80gb": [0],
 }
@@ -331,7 +333,7 @@ def starts_by_profile(model: DeviceModel) -> dict[str, list[int]]:
 def test_h100_partitions_follow_the_placement_table() -> None:
     model = partitionable(inv.h100(0))
     assert starts_by_profile(model) == H100_TABLE
-    assert [d["name"] for d in model.devices][:2] == ["gpu-0", "gpu-0-mig-1g10gb-0"]
+    assert [d["name"] for d in model.devices][:3] == ["gpu-0", "gpu-0-mig-1g10gb-6", "gpu-0-mig-1g10gb-5"]
     assert "gpu-0-mig-1g10gbme-6" in by_name(model)
 
 
@@ -388,22 +390,30 @@ def test_mig_capable_gpu_without_profiles_is_offered_whole() -> None:
     assert model.counter_sets == []
 
 
+# MIG mode fixed until a reset: Ampere, and any GPU in a VM, which cannot reset it
+FIXED_MODE: dict[str, Callable[[bool], Gpu]] = {
+    "ampere": lambda mig_enabled: inv.a100(0, mig_enabled=mig_enabled),
+    "virtualized-hopper": lambda mig_enabled: inv.h100(0, mig_enabled=mig_enabled, virtualized=True),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(FIXED_MODE))
 @pytest.mark.parametrize(
     ("mig_enabled", "whole", "partitions"),
     [(True, False, 25), (False, True, 0)],
     ids=["mig-on-partitions-only", "mig-off-whole-only"],
 )
-def test_ampere_offers_its_partitions_or_itself_never_both(
-    mig_enabled: bool, whole: bool, partitions: int
+def test_a_gpu_that_needs_a_reset_offers_its_partitions_or_itself_never_both(
+    kind: str, mig_enabled: bool, whole: bool, partitions: int
 ) -> None:
-    model = partitionable(inv.a100(0, mig_enabled=mig_enabled))
+    model = partitionable(FIXED_MODE[kind](mig_enabled))
     names = [d["name"] for d in model.devices]
     assert ("gpu-0" in names) is whole
     assert len([n for n in names if "-mig-" in n]) == partitions
     assert len(model.counter_sets) == (1 if partitions else 0)
 
 
-def test_hopper_offers_partitions_and_itself_whatever_the_mig_mode() -> None:
+def test_hopper_on_bare_metal_offers_partitions_and_itself_whatever_the_mig_mode() -> None:
     on, off = partitionable(inv.h100(0, mig_enabled=True)), partitionable(inv.h100(0, mig_enabled=False))
     assert on == off
     assert len(on.devices) == 1 + sum(map(len, H100_TABLE.values()))
@@ -472,7 +482,7 @@ def test_counters_admit_exactly_the_layouts_the_gpu_can_hold(kind: str) -> None:
     gpu = GPUS[kind]()
     pool = gpu_pool(gpu, 34)
     expected = valid_layouts(gpu)
-    if gpu.architecture == "Ampere":  # MIG is on, so the whole GPU is not offered
+    if not gpu.mig_mode_switchable:  # MIG is on and stays on, so the whole GPU is not offered
         expected.discard(frozenset({f"gpu-{gpu.minor}"}))
     assert pool.admitted(sorted(pool.devices)) == expected
 

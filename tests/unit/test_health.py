@@ -25,6 +25,7 @@ from gpudra._proto import (
 )
 from gpudra.gpu import nvml
 from gpudra.model import devices
+from gpudra.model.inventory import MigDevice
 from gpudra.node.allocation import ClaimRef
 from gpudra.node.health import (
     DeviceHealth,
@@ -378,6 +379,9 @@ def test_a_gpu_that_cannot_be_probed_keeps_its_taint_until_a_probe_says_healthy(
                 )
             return self.session.gpu_health(gpu_uuid=gpu_uuid)
 
+        def mig_devices(self, *, gpu_uuid: str) -> tuple[MigDevice, ...]:
+            return self.session.mig_devices(gpu_uuid=gpu_uuid)
+
         def close(self) -> None:
             self.session.close()
 
@@ -471,6 +475,9 @@ class _FlakyProbe:
         if gpu_uuid == self.broken:
             raise self.failure
         return self.session.gpu_health(gpu_uuid=gpu_uuid)
+
+    def mig_devices(self, *, gpu_uuid: str) -> tuple[MigDevice, ...]:
+        return self.session.mig_devices(gpu_uuid=gpu_uuid)
 
     def close(self) -> None:
         self.session.close()

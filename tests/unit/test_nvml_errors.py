@@ -14,7 +14,7 @@ import pynvml
 import pytest
 
 from gpudra import errors
-from gpudra.gpu.nvml import _ABSENT, _ERROR_CLASSES, _GPU_GONE, _call, _nvml_errors
+from gpudra.gpu.nvml import _ABSENT, _ERROR_CLASSES, _GPU_GONE, _call, _mig_mode_refused, _nvml_errors
 
 NVML_ERROR_CLASSES = sorted(
     (
@@ -76,6 +76,28 @@ def test_every_nvml_error_code_becomes_hardware_error(name: str, code: int) -> N
     assert type(translated) is SPECIFIC.get(code, errors.HardwareError)
     assert translated.nvml_error == expected_class
     assert str(translated).startswith("nvmlCall on GPU GPU-1 failed: ")
+
+
+@pytest.mark.parametrize(
+    ("name", "code"),
+    [(name, code) for name, code in NVML_ERROR_CODES if code != pynvml.NVML_SUCCESS],
+    ids=[name for name, code in NVML_ERROR_CODES if code != pynvml.NVML_SUCCESS],
+)
+def test_every_mig_mode_activation_status_becomes_hardware_error(name: str, code: int) -> None:
+    """nvmlDeviceSetMigMode returns its activation status rather than raising; the same classes apply."""
+    refused = _mig_mode_refused("GPU-1", enabled=True, status=code)
+    assert type(refused) is (errors.InUse if code == pynvml.NVML_ERROR_IN_USE else errors.HardwareError)
+    assert refused.nvml_error == type(pynvml.NVMLError(code)).__name__
+    assert str(refused).startswith(
+        f"cannot enable MIG mode on GPU GPU-1: NVML activation status {name[11:]}, "
+    )
+
+
+def test_an_unknown_activation_status_is_named_by_its_number() -> None:
+    refused = _mig_mode_refused("GPU-1", enabled=False, status=12345)
+    assert (type(refused), refused.nvml_error) == (errors.HardwareError, None)
+    assert "NVML activation status 12345," in str(refused)
+    assert "nvidia-smi -i GPU-1 -mig 0" in str(refused)
 
 
 def test_the_table_maps_only_real_codes() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pynvml
 import pytest
 
 from gpudra import errors, sim
@@ -56,6 +57,11 @@ def dgx_h100(tmp_path_factory: pytest.TempPathFactory) -> inventory.Inventory:
 @pytest.fixture(scope="module")
 def mixed(tmp_path_factory: pytest.TempPathFactory) -> inventory.Inventory:
     return _inventory("mixed", tmp_path_factory.mktemp("mixed") / "machine.json")
+
+
+@pytest.fixture(scope="module")
+def vm_h100(tmp_path_factory: pytest.TempPathFactory) -> inventory.Inventory:
+    return _inventory("vm-h100", tmp_path_factory.mktemp("vm-h100") / "machine.json")
 
 
 def _table(gpu: inventory.Gpu) -> list[tuple[object, ...]]:
@@ -157,6 +163,51 @@ def test_mixed_node(mixed: inventory.Inventory) -> None:
     assert [g.minor for g in mixed.gpus] == [0, 1, 4, 2, 3, 5]
 
 
+def test_a_cloud_vm_with_one_h100(vm_h100: inventory.Inventory) -> None:
+    assert (vm_h100.driver_version, vm_h100.cuda_driver_version) == ("580.65.06", "13.0")
+    [gpu] = vm_h100.gpus
+    assert (gpu.name, gpu.architecture, gpu.multiprocessors) == ("NVIDIA H100 80GB HBM3", "Hopper", 132)
+    assert (gpu.index, gpu.minor, gpu.pci_bus_id, gpu.pcie_root) == (0, 0, "0000:04:00.0", "pci0000:00")
+    assert gpu.numa_node is None  # no proximity information in the guest: sysfs says -1
+    assert (gpu.nvlink_domain, gpu.nvlink_peers) == (None, ())  # no NVSwitch in a one-GPU VM
+    # MIG-capable and booted with MIG disabled; Hopper shows its profiles anyway.
+    assert (gpu.mig_capable, gpu.mig_enabled, gpu.mig_memory_slices, gpu.mig_devices) == (True, False, 8, ())
+    assert _table(gpu) == sorted(H100_80GB)
+
+
+@pytest.mark.parametrize(
+    ("machine", "switchable"),
+    [("dgx_h100", True), ("dgx_a100", False), ("mixed", False), ("vm_h100", False)],
+    ids=["hopper bare metal", "ampere", "no mig", "hopper in a vm"],
+)
+def test_mig_mode_is_switchable_on_bare_metal_hopper_only(
+    machine: str, switchable: bool, request: pytest.FixtureRequest
+) -> None:
+    found: inventory.Inventory = request.getfixturevalue(machine)
+    assert {gpu.mig_mode_switchable for gpu in found.gpus} == {switchable}
+
+
+def test_mig_mode_stays_switchable_with_mig_disabled(state_file: Path) -> None:
+    uuid = _inventory("dgx-h100", state_file).gpus[0].uuid
+    sim.set_mig_mode(state_file=state_file, gpu_uuid=uuid, enabled=False)
+    gpu = _inventory("dgx-h100", state_file).gpus[0]
+    assert (gpu.mig_enabled, gpu.mig_mode_switchable) == (False, True)
+
+
+def test_an_unknown_virtualization_mode_is_not_switchable(state_file: Path) -> None:
+    """A driver that cannot say whether it runs in a VM is treated as one: gpudra must not start a
+    MIG mode change that only a reboot would finish."""
+    with nvml.connect("sim:dgx-h100", state_file=state_file) as session:
+        cache = pynvml._nvmlGetFunctionPointer_cache
+        original = cache["nvmlDeviceGetVirtualizationMode"]
+        cache["nvmlDeviceGetVirtualizationMode"] = lambda *args: pynvml.NVML_ERROR_NOT_SUPPORTED
+        try:
+            gpus = session.inventory().gpus
+        finally:
+            cache["nvmlDeviceGetVirtualizationMode"] = original
+    assert {(g.mig_capable, g.mig_mode_switchable) for g in gpus} == {(True, False)}
+
+
 def test_ampere_hides_mig_profiles_while_mig_is_disabled(state_file: Path) -> None:
     uuid = _inventory("dgx-a100", state_file).gpus[0].uuid
     sim.set_mig_mode(state_file=state_file, gpu_uuid=uuid, enabled=False)
@@ -225,7 +276,7 @@ def test_unknown_spec_is_a_config_error(spec: str) -> None:
     with pytest.raises(errors.ConfigError) as bad:
         nvml.connect(spec)
     assert bad.value.field == "--nvml"
-    assert "real, sim:dgx-a100, sim:dgx-h100, sim:mixed" in str(bad.value)
+    assert "real, sim:dgx-a100, sim:dgx-h100, sim:mixed, sim:vm-h100" in str(bad.value)
 
 
 def test_state_file_defaults_to_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

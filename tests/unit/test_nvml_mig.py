@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pynvml
 import pytest
@@ -288,3 +290,281 @@ def test_state_is_shared_with_another_process(h100: nvml.Nvml, state_file: Path)
     assert {d.uuid for d in _devices(h100)} == {mine.uuid, made_there}
     with pytest.raises(errors.InsufficientResources):
         h100.create_mig_device(gpu_uuid=uuid, profile_id=19, placement_start=0)
+
+
+# --- MIG mode -------------------------------------------------------------------------------------
+
+
+def _pending(state_file: Path, index: int = 0) -> tuple[int, int | None]:
+    gpu = json.loads(state_file.read_bytes())["gpus"][index]
+    return gpu["mig_mode"], gpu["mig_mode_pending"]
+
+
+def test_mig_enabled(h100: nvml.Nvml, state_file: Path) -> None:
+    gpus = h100.inventory().gpus
+    sim.set_mig_mode(state_file=state_file, gpu_uuid=gpus[1].uuid, enabled=False)
+    assert [h100.mig_enabled(gpu_uuid=g.uuid) for g in gpus[:3]] == [True, False, True]
+
+
+def test_a_gpu_without_mig_has_mig_disabled(state_file: Path) -> None:
+    with nvml.connect("sim:mixed", state_file=state_file) as session:
+        assert not session.mig_enabled(gpu_uuid=_first_gpu(session).uuid)
+
+
+def test_hopper_switches_mig_mode(h100: nvml.Nvml, state_file: Path) -> None:
+    uuid = _first_gpu(h100).uuid
+    h100.set_mig_mode(gpu_uuid=uuid, enabled=False)
+    assert not h100.mig_enabled(gpu_uuid=uuid)
+    assert _pending(state_file) == (0, None)
+    before = state_file.read_bytes()
+    h100.set_mig_mode(gpu_uuid=uuid, enabled=False)  # already so: nothing to do
+    assert state_file.read_bytes() == before
+    h100.set_mig_mode(gpu_uuid=uuid, enabled=True)
+    assert h100.mig_enabled(gpu_uuid=uuid)
+    assert h100.create_mig_device(gpu_uuid=uuid, profile_id=19, placement_start=0).uuid.startswith("MIG-")
+
+
+def test_switching_mig_mode_with_a_process_running_is_in_use(h100: nvml.Nvml, state_file: Path) -> None:
+    uuid = _first_gpu(h100).uuid
+    h100.set_mig_mode(gpu_uuid=uuid, enabled=False)
+    sim.attach_process(state_file=state_file, device_uuid=uuid, pid=808)
+    with pytest.raises(errors.InUse) as refused:
+        h100.set_mig_mode(gpu_uuid=uuid, enabled=True)
+    message = str(refused.value)
+    assert uuid in message
+    assert "IN_USE" in message
+    assert "stop the processes" in message
+    assert refused.value.nvml_error == "NVMLError_InUse"
+    # Nothing changed, and nothing is left pending for a later reset to apply.
+    assert _pending(state_file) == (0, None)
+    sim.detach_process(state_file=state_file, pid=808)
+    h100.set_mig_mode(gpu_uuid=uuid, enabled=True)
+    assert h100.mig_enabled(gpu_uuid=uuid)
+
+
+def test_switching_mig_mode_with_instances_is_in_use(h100: nvml.Nvml, state_file: Path) -> None:
+    uuid = _first_gpu(h100).uuid
+    device = h100.create_mig_device(gpu_uuid=uuid, profile_id=9, placement_start=0)
+    with pytest.raises(errors.InUse):
+        h100.set_mig_mode(gpu_uuid=uuid, enabled=False)
+    assert _pending(state_file) == (1, None)
+    assert _devices(h100) == (device,)
+
+
+def test_ampere_never_switches_mig_mode(a100: nvml.Nvml, state_file: Path) -> None:
+    uuid = _first_gpu(a100).uuid
+    with pytest.raises(errors.HardwareError) as refused:
+        a100.set_mig_mode(gpu_uuid=uuid, enabled=False)
+    assert type(refused.value) is errors.HardwareError
+    assert refused.value.nvml_error == "NVMLError_ResetRequired"
+    message = str(refused.value)
+    assert uuid in message
+    assert "RESET_REQUIRED" in message
+    assert f"nvidia-smi -i {uuid} -mig 0" in message
+    assert a100.mig_enabled(gpu_uuid=uuid)
+    assert _pending(state_file) == (1, None)
+
+
+def test_a_vm_never_switches_mig_mode(state_file: Path) -> None:
+    with nvml.connect("sim:vm-h100", state_file=state_file) as session:
+        uuid = _first_gpu(session).uuid
+        with pytest.raises(errors.HardwareError) as refused:
+            session.set_mig_mode(gpu_uuid=uuid, enabled=True)
+        assert refused.value.nvml_error == "NVMLError_ResetRequired"
+        assert not session.mig_enabled(gpu_uuid=uuid)
+    assert _pending(state_file) == (0, None)
+
+
+def test_mig_mode_on_a_gpu_without_mig_is_not_supported(state_file: Path) -> None:
+    with (
+        nvml.connect("sim:mixed", state_file=state_file) as session,
+        pytest.raises(errors.NotSupported) as refused,
+    ):
+        session.set_mig_mode(gpu_uuid=_first_gpu(session).uuid, enabled=True)
+    assert refused.value.nvml_error == "NVMLError_NotSupported"
+
+
+def test_a_failed_undo_of_the_pending_mode_is_noted(a100: nvml.Nvml) -> None:
+    uuid = _first_gpu(a100).uuid
+    cache = pynvml._nvmlGetFunctionPointer_cache
+    original = cache["nvmlDeviceSetMigMode"]
+    answers = iter([pynvml.NVML_ERROR_RESET_REQUIRED, pynvml.NVML_ERROR_IN_USE])
+
+    def set_mig_mode(handle: object, mode: int, status: Any) -> int:
+        status._obj.value = next(answers)  # pynvml passes byref(c_uint)
+        return pynvml.NVML_SUCCESS
+
+    cache["nvmlDeviceSetMigMode"] = set_mig_mode
+    try:
+        with pytest.raises(errors.HardwareError) as refused:
+            a100.set_mig_mode(gpu_uuid=uuid, enabled=False)
+    finally:
+        cache["nvmlDeviceSetMigMode"] = original
+    assert "RESET_REQUIRED" in str(refused.value)
+    assert refused.value.__notes__ == ["putting the pending MIG mode back failed as well: IN_USE"]
+
+
+# --- processes, MIG devices, destroy by placement --------------------------------------------------
+
+
+def test_compute_processes_on_a_gpu_and_its_mig_devices(h100: nvml.Nvml, state_file: Path) -> None:
+    gpus = h100.inventory().gpus
+    uuid = gpus[0].uuid
+    assert h100.compute_processes(gpu_uuid=uuid) == ()
+    first = h100.create_mig_device(gpu_uuid=uuid, profile_id=19, placement_start=6)
+    second = h100.create_mig_device(gpu_uuid=uuid, profile_id=9, placement_start=0)
+    sim.attach_process(state_file=state_file, device_uuid=second.uuid, pid=700)
+    sim.attach_process(state_file=state_file, device_uuid=first.uuid, pid=90)
+    sim.attach_process(state_file=state_file, device_uuid=first.uuid, pid=700)  # one process, two devices
+    assert h100.compute_processes(gpu_uuid=uuid) == (90, 700)
+    assert h100.compute_processes(gpu_uuid=gpus[1].uuid) == ()
+
+
+def test_compute_processes_asks_each_mig_device(h100: nvml.Nvml, state_file: Path) -> None:
+    """Without privileges the GPU's own list leaves out its MIG devices' processes."""
+    uuid = _first_gpu(h100).uuid
+    device = h100.create_mig_device(gpu_uuid=uuid, profile_id=14, placement_start=4)
+    sim.attach_process(state_file=state_file, device_uuid=device.uuid, pid=5150)
+    cache = pynvml._nvmlGetFunctionPointer_cache
+    original = cache["nvmlDeviceGetComputeRunningProcesses_v3"]
+    parent = ctypes.cast(pynvml.nvmlDeviceGetHandleByUUID(uuid), ctypes.c_void_p).value
+
+    def unprivileged(handle: object, count: object, infos: object) -> int:
+        if ctypes.cast(handle, ctypes.c_void_p).value == parent:
+            return int(pynvml.NVML_SUCCESS)  # an empty list
+        return int(original(handle, count, infos))
+
+    cache["nvmlDeviceGetComputeRunningProcesses_v3"] = unprivileged
+    try:
+        assert h100.compute_processes(gpu_uuid=uuid) == (5150,)
+    finally:
+        cache["nvmlDeviceGetComputeRunningProcesses_v3"] = original
+
+
+def test_compute_processes_on_a_gpu_without_mig(state_file: Path) -> None:
+    with nvml.connect("sim:mixed", state_file=state_file) as session:
+        gpus = session.inventory().gpus
+        sim.attach_process(state_file=state_file, device_uuid=gpus[2].uuid, pid=12)
+        assert [session.compute_processes(gpu_uuid=g.uuid) for g in gpus[1:4]] == [(), (12,), ()]
+
+
+def test_mig_devices_of_one_gpu(h100: nvml.Nvml, state_file: Path) -> None:
+    gpus = h100.inventory().gpus
+    assert h100.mig_devices(gpu_uuid=gpus[0].uuid) == ()
+    made = [
+        h100.create_mig_device(gpu_uuid=gpus[0].uuid, profile_id=p, placement_start=s)
+        for p, s in ((19, 6), (9, 0))
+    ]
+    assert h100.mig_devices(gpu_uuid=gpus[0].uuid) == (made[1], made[0]) == _devices(h100)
+    sim.set_mig_mode(state_file=state_file, gpu_uuid=gpus[1].uuid, enabled=False)
+    assert h100.mig_devices(gpu_uuid=gpus[1].uuid) == ()
+
+
+def test_a_gpu_without_mig_has_no_mig_devices(state_file: Path) -> None:
+    with nvml.connect("sim:mixed", state_file=state_file) as session:
+        assert session.mig_devices(gpu_uuid=_first_gpu(session).uuid) == ()
+
+
+def test_destroy_at_placement(h100: nvml.Nvml) -> None:
+    uuid = _first_gpu(h100).uuid
+    kept = h100.create_mig_device(gpu_uuid=uuid, profile_id=19, placement_start=4)
+    h100.create_mig_device(gpu_uuid=uuid, profile_id=19, placement_start=5)
+    assert h100.destroy_at_placement(gpu_uuid=uuid, profile_id=19, placement_start=5)
+    assert _devices(h100) == (kept,)
+    assert not h100.destroy_at_placement(gpu_uuid=uuid, profile_id=19, placement_start=5)
+    # The profile must match too: a 1g.10gb+me at 4 is not the 1g.10gb there.
+    assert not h100.destroy_at_placement(gpu_uuid=uuid, profile_id=20, placement_start=4)
+    assert _devices(h100) == (kept,)
+
+
+def test_destroy_at_placement_removes_an_unfinished_instance(h100: nvml.Nvml, state_file: Path) -> None:
+    uuid = _first_gpu(h100).uuid
+    with (
+        _failing("nvmlGpuInstanceCreateComputeInstance", pynvml.NVML_ERROR_UNKNOWN),
+        _failing("nvmlGpuInstanceDestroy", pynvml.NVML_ERROR_UNKNOWN),
+        pytest.raises(errors.HardwareError),
+    ):
+        h100.create_mig_device(gpu_uuid=uuid, profile_id=9, placement_start=4)
+    [left] = json.loads(state_file.read_bytes())["gpus"][0]["gpu_instances"]
+    assert (left["profile_id"], left["start"], left["compute_instances"]) == (9, 4, [])
+    assert h100.destroy_at_placement(gpu_uuid=uuid, profile_id=9, placement_start=4)
+    assert json.loads(state_file.read_bytes())["gpus"][0]["gpu_instances"] == []
+
+
+def test_destroy_at_placement_with_several_compute_instances(h100: nvml.Nvml) -> None:
+    uuid = _first_gpu(h100).uuid
+    handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+    placement = pynvml.c_nvmlGpuInstancePlacement_t(0, 4)
+    gi = pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(handle, 9, ctypes.byref(placement))
+    for _ in range(3):
+        pynvml.nvmlGpuInstanceCreateComputeInstance(gi, pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE)
+    assert len(_devices(h100)) == 3
+    assert h100.destroy_at_placement(gpu_uuid=uuid, profile_id=9, placement_start=0)
+    assert _devices(h100) == ()
+
+
+def test_destroy_at_placement_in_use_is_refused(h100: nvml.Nvml, state_file: Path) -> None:
+    uuid = _first_gpu(h100).uuid
+    device = h100.create_mig_device(gpu_uuid=uuid, profile_id=15, placement_start=2)
+    sim.attach_process(state_file=state_file, device_uuid=device.uuid, pid=31337)
+    with pytest.raises(errors.InUse):
+        h100.destroy_at_placement(gpu_uuid=uuid, profile_id=15, placement_start=2)
+    assert _devices(h100) == (device,)
+
+
+def test_destroy_at_placement_without_mig(h100: nvml.Nvml, state_file: Path) -> None:
+    uuid = _first_gpu(h100).uuid
+    h100.set_mig_mode(gpu_uuid=uuid, enabled=False)
+    assert not h100.destroy_at_placement(gpu_uuid=uuid, profile_id=19, placement_start=0)
+    with pytest.raises(errors.NotSupported):  # MIG enabled, but no such profile
+        h100.destroy_at_placement(gpu_uuid=h100.inventory().gpus[1].uuid, profile_id=21, placement_start=0)
+
+
+def test_destroy_at_placement_on_a_gpu_without_mig_is_not_supported(state_file: Path) -> None:
+    with nvml.connect("sim:mixed", state_file=state_file) as session, pytest.raises(errors.NotSupported):
+        session.destroy_at_placement(gpu_uuid=_first_gpu(session).uuid, profile_id=19, placement_start=0)
+
+
+# --- MIG capability device nodes --------------------------------------------------------------------
+
+
+def test_mig_capabilities_of_a_created_device(h100: nvml.Nvml) -> None:
+    gpu = h100.inventory().gpus[3]
+    assert gpu.minor == 3
+    for profile_id, start in ((19, 6), (9, 0)):
+        device = h100.create_mig_device(gpu_uuid=gpu.uuid, profile_id=profile_id, placement_start=start)
+        caps = h100.mig_capabilities(
+            gpu_minor=gpu.minor,
+            gpu_instance_id=device.gpu_instance_id,
+            compute_instance_id=device.compute_instance_id,
+        )
+        # mig-minors: "config 1", "monitor 2", then 9 minors per (GPU, GI): the GI's, then CIs 0..7.
+        gi_minor = 3 + (gpu.minor * 15 + device.gpu_instance_id) * 9
+        assert caps == inventory.MigCapabilities(
+            major=508, gi_minor=gi_minor, ci_minor=gi_minor + 1 + device.compute_instance_id
+        )
+
+
+def test_mig_capabilities_read_the_major_from_character_devices(h100: nvml.Nvml, state_file: Path) -> None:
+    devices = state_file.parent / "proc" / "devices"
+    devices.write_text("Character devices:\n195 nvidia\n238 nvidia-caps\n\nBlock devices:\n508 nvidia-caps\n")
+    caps = h100.mig_capabilities(gpu_minor=0, gpu_instance_id=1, compute_instance_id=0)
+    assert caps == inventory.MigCapabilities(major=238, gi_minor=12, ci_minor=13)
+    devices.write_text("Character devices:\n195 nvidia\n\nBlock devices:\n238 nvidia-caps\n")
+    with pytest.raises(errors.HardwareError) as missing:
+        h100.mig_capabilities(gpu_minor=0, gpu_instance_id=1, compute_instance_id=0)
+    assert f"{devices} lists no character device 'nvidia-caps'" in str(missing.value)
+
+
+def test_mig_capabilities_missing_entries_and_files(h100: nvml.Nvml, state_file: Path) -> None:
+    with pytest.raises(errors.HardwareError) as missing:
+        h100.mig_capabilities(gpu_minor=32, gpu_instance_id=1, compute_instance_id=0)
+    assert "no entry 'gpu32/gi1/access'" in str(missing.value)
+    with pytest.raises(errors.HardwareError) as missing:
+        h100.mig_capabilities(gpu_minor=0, gpu_instance_id=1, compute_instance_id=8)
+    assert "no entry 'gpu0/gi1/ci8/access'" in str(missing.value)
+    minors = state_file.parent / "proc" / "driver" / "nvidia-caps" / "mig-minors"
+    minors.unlink()
+    with pytest.raises(errors.HardwareError) as missing:
+        h100.mig_capabilities(gpu_minor=0, gpu_instance_id=1, compute_instance_id=0)
+    assert f"cannot read {minors}" in str(missing.value)

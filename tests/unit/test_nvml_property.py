@@ -1,4 +1,5 @@
-"""Property: no sequence of MIG creates and destroys overlaps instances, and every refusal changes nothing."""
+"""Property: no sequence of MIG creates and destroys (by ID or by placement) overlaps instances, and every
+refusal changes nothing."""
 
 from __future__ import annotations
 
@@ -18,10 +19,14 @@ _CREATE = st.tuples(
 )
 # index into the existing GPU instances (an unknown ID when there are none)
 _DESTROY = st.tuples(st.just("destroy"), st.integers(min_value=0, max_value=14), st.just(0))
+# (profile ID, placement start), whether or not an instance is there
+_DESTROY_AT = st.tuples(
+    st.just("destroy at"), st.sampled_from([19, 20, 15, 14, 9, 5, 0]), st.integers(min_value=0, max_value=7)
+)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.one_of(_CREATE, _DESTROY), min_size=1, max_size=10))
+@given(st.lists(st.one_of(_CREATE, _DESTROY, _DESTROY_AT), min_size=1, max_size=10))
 def test_instances_never_overlap_and_refusals_change_nothing(operations: list[tuple[str, int, int]]) -> None:
     with tempfile.TemporaryDirectory() as directory:
         path = Path(directory) / "machine.json"
@@ -34,6 +39,16 @@ def test_instances_never_overlap_and_refusals_change_nothing(operations: list[tu
                 try:
                     if action == "create":
                         session.create_mig_device(gpu_uuid=gpu_uuid, profile_id=first, placement_start=second)
+                    elif action == "destroy at":
+                        there = any(
+                            (gi.profile_id, gi.start) == (first, second)
+                            for gi in store.read().gpus[0].gpu_instances
+                        )
+                        destroyed = session.destroy_at_placement(
+                            gpu_uuid=gpu_uuid, profile_id=first, placement_start=second
+                        )
+                        assert destroyed == there
+                        assert (path.read_bytes() == before) != there
                     else:
                         gi_id = existing[first % len(existing)] if existing else first
                         session.destroy_mig_device(gpu_uuid=gpu_uuid, gpu_instance_id=gi_id)

@@ -19,11 +19,12 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from gpudra import sim
+from gpudra.api import API_VERSION
 from gpudra.errors import ClaimError, ConfigError, GpudraError, HardwareError
 from gpudra.gpu import nvml
 from gpudra.gpu.tools import GpuTools
@@ -32,9 +33,11 @@ from gpudra.model.inventory import Inventory
 from gpudra.node import cdi, faults
 from gpudra.node import checkpoint as ckpt
 from gpudra.node.allocation import Allocated, ClaimRef, Sharing
+from gpudra.node.mig import MigHardware, MigPartitions
 from gpudra.node.prepare import DeviceState
 from gpudra.node.sharing import GpuSharing
 from gpudra.sim import state as sim_state
+from tests.sim_nvml import mig_partitions
 from tests.unit import inventories
 from tests.unit.claims import (
     DRIVER,
@@ -118,10 +121,12 @@ class Node:
         sharing: Sharing | None = None,
         inventory: Inventory | None = None,
         recover: bool = True,
+        mig_mode: devices.MigMode = "partitionable",
+        mig: MigPartitions | None = None,
     ) -> DeviceState:
         """A DeviceState as the plugin builds it at start-up (recover() included unless told)."""
         inventory = inventory or self.inventory
-        model = devices.build_devices(inventory, mig_mode="partitionable")
+        model = devices.build_devices(inventory, mig_mode=mig_mode)
         device_state = DeviceState(
             driver=DRIVER,
             node_name=NODE,
@@ -129,6 +134,7 @@ class Node:
             devices={device["name"]: device for device in model.devices},
             claims=self.claims,
             sharing=sharing or GpuSharing(self.tools),
+            mig=mig or mig_partitions(f"sim:{self.profile}", self.state_file, inventory.gpus),
             cdi_root=self.cdi_root,
             checkpoint_path=self.checkpoint_path,
             boot_id=boot_id,
@@ -348,15 +354,21 @@ BAD_CLAIMS: dict[str, tuple[dict[str, Any], type[GpudraError], str]] = {
         "status.allocation.devices.config[1].opaque.parameters.sharing.strategy: "
         "MPS is not supported by this gpudra version; allowed: TimeSlicing",
     ),
-    "MIG partition": (
+    "MPS on a MIG partition": (
         resource_claim(
             uid(1),
             results=[result("a", "gpu-0"), result("b", "gpu-2-mig-1g10gb-3")],
-            config=[LONG_ON_A],
+            config=[
+                LONG_ON_A,
+                from_claim(
+                    {"apiVersion": API_VERSION, "kind": "MigDeviceConfig", "sharing": {"strategy": "MPS"}},
+                    "b",
+                ),
+            ],
         ),
-        ClaimError,
-        "device gpu-2-mig-1g10gb-3: preparing MIG partitions is not supported by this gpudra version; "
-        "request whole GPUs (devices of type gpu)",
+        ConfigError,
+        "status.allocation.devices.config[1].opaque.parameters.sharing.strategy: MPS on MIG devices is "
+        "not supported by this gpudra version; leave sharing unset",
     ),
 }
 
@@ -518,11 +530,13 @@ def _child(node: Node, action: str, claim: ClaimRef, crash_at: str) -> subproces
 # step -> (checkpoint state, CDI spec present, time-slice) as the crash leaves them
 CRASH_LEAVES: dict[str, tuple[str, bool, int]] = {
     "prepare-started": ("PrepareStarted", False, 0),
+    "prepare-mig-created": ("PrepareStarted", False, 0),  # a whole GPU: no MIG device to create
     "prepare-applied": ("PrepareStarted", False, 3),
     "prepare-cdi-written": ("PrepareStarted", True, 3),
     "prepare-completed": ("PrepareCompleted", True, 3),
     "unprepare-started": ("UnprepareStarted", True, 3),
     "unprepare-undone": ("UnprepareStarted", True, 0),
+    "unprepare-mig-destroyed": ("UnprepareStarted", True, 0),
     "unprepare-cdi-deleted": ("UnprepareStarted", False, 0),
 }
 
@@ -798,7 +812,14 @@ def big(tmp_path: Path) -> Iterator[tuple[Node, RecordingSharing, DeviceState]]:
     node = Node(tmp_path, "mixed")  # files only: the GPUs come from a hand-built inventory
     sharing = RecordingSharing(pause=0.002)
     inventory = inventories.node(*(inventories.h100(minor) for minor in range(56)))
-    yield node, sharing, node.state(sharing=sharing, inventory=inventory)
+    # These GPUs are not on the simulated machine: their MIG mode is off, as far as prepare asks.
+    mig = MigPartitions(cast(MigHardware, MigModeOff()), gpus={gpu.uuid: gpu for gpu in inventory.gpus})
+    yield node, sharing, node.state(sharing=sharing, inventory=inventory, mig=mig)
+
+
+class MigModeOff:
+    def mig_enabled(self, *, gpu_uuid: str) -> bool:
+        return False
 
 
 def test_fifty_claims_on_different_devices_prepare_at_once(

@@ -33,6 +33,16 @@ def mixed(state_file: Path) -> Iterator[Any]:
         yield pynvml.nvmlDeviceGetHandleByIndex(0)
 
 
+def _install(profile: str, state_file: Path) -> None:
+    sim.install(
+        pynvml,
+        profile=profile,
+        state_file=state_file,
+        sysfs_root=state_file.parent / "sysfs",
+        proc_root=state_file.parent / "proc",
+    )
+
+
 def _gpu_instance(handle: Any, *, profile_id: int, start: int, size: int) -> Any:
     placement = pynvml.c_nvmlGpuInstancePlacement_t(start, size)
     return pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(handle, profile_id, ctypes.byref(placement))
@@ -52,7 +62,7 @@ def test_install_replaces_the_loaded_library_and_restores_it(
     loaded = object()
     monkeypatch.setattr(pynvml, "nvmlLib", loaded)
     monkeypatch.setitem(pynvml._nvmlGetFunctionPointer_cache, "nvmlInit_v2", "real function")
-    sim.install(pynvml, profile="mixed", state_file=state_file, sysfs_root=state_file.parent / "sysfs")
+    _install("mixed", state_file)
     assert sim.installed(pynvml)
     assert "nvmlInit_v2" not in pynvml._nvmlGetFunctionPointer_cache
     assert "nvmlDeviceGetCount_v2" in pynvml._nvmlGetFunctionPointer_cache
@@ -63,7 +73,7 @@ def test_install_replaces_the_loaded_library_and_restores_it(
 
 
 def test_calls_before_init_are_uninitialized(state_file: Path) -> None:
-    sim.install(pynvml, profile="mixed", state_file=state_file, sysfs_root=state_file.parent / "sysfs")
+    _install("mixed", state_file)
     try:
         with pytest.raises(pynvml.NVMLError_Uninitialized):
             pynvml.nvmlDeviceGetCount()
@@ -75,8 +85,8 @@ def test_calls_before_init_are_uninitialized(state_file: Path) -> None:
 
 def test_unknown_profile_is_refused(state_file: Path) -> None:
     with pytest.raises(errors.ConfigError) as bad:
-        sim.install(pynvml, profile="dgx-b200", state_file=state_file, sysfs_root=state_file.parent / "sysfs")
-    assert "dgx-a100, dgx-h100, mixed" in str(bad.value)
+        _install("dgx-b200", state_file)
+    assert "dgx-a100, dgx-h100, mixed, vm-h100" in str(bad.value)
 
 
 def test_symbols_the_simulator_lacks_are_function_not_found(mixed: Any) -> None:
@@ -269,7 +279,7 @@ def test_mig_mode_hook_refuses_while_instances_exist(h100: Any, state_file: Path
 
 
 def test_a_machine_whose_state_is_gone_has_no_driver(state_file: Path) -> None:
-    sim.install(pynvml, profile="mixed", state_file=state_file, sysfs_root=state_file.parent / "sysfs")
+    _install("mixed", state_file)
     try:
         state_file.unlink()
         with pytest.raises(errors.NvmlUnavailable) as missing:
@@ -312,6 +322,12 @@ _ON_A_LOST_GPU: dict[str, Callable[[_LostGpu], object]] = {
     "compute instance": lambda g: pynvml.nvmlComputeInstanceGetInfo(g.ci),
     "MIG device memory": lambda g: pynvml.nvmlDeviceGetMemoryInfo(g.mig),
     "destroy": lambda g: pynvml.nvmlComputeInstanceDestroy(g.ci),
+    "set MIG mode": lambda g: pynvml.nvmlDeviceSetMigMode(g.gpu, pynvml.NVML_DEVICE_MIG_DISABLE),
+    "virtualization": lambda g: pynvml.nvmlDeviceGetVirtualizationMode(g.gpu),
+    "MIG device slots": lambda g: pynvml.nvmlDeviceGetMaxMigDeviceCount(g.gpu),
+    "MIG device slot": lambda g: pynvml.nvmlDeviceGetMigDeviceHandleByIndex(g.gpu, 0),
+    "processes": lambda g: pynvml.nvmlDeviceGetComputeRunningProcesses(g.gpu),
+    "MIG device processes": lambda g: pynvml.nvmlDeviceGetComputeRunningProcesses(g.mig),
 }
 
 
@@ -330,3 +346,184 @@ def test_a_lost_gpu_leaves_the_others_alone_and_comes_back(lost: _LostGpu, state
     assert pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByUUID(lost.mig_uuid)) == lost.mig_uuid
     pynvml.nvmlComputeInstanceDestroy(lost.ci)
     pynvml.nvmlGpuInstanceDestroy(lost.gi)
+
+
+# --- MIG mode, virtualization, MIG device slots, processes, the proc tree ----------------------------
+
+
+@pytest.fixture
+def a100(state_file: Path) -> Iterator[Any]:
+    with nvml.connect("sim:dgx-a100", state_file=state_file):
+        yield pynvml.nvmlDeviceGetHandleByIndex(0)
+
+
+@pytest.fixture
+def vm_h100(state_file: Path) -> Iterator[Any]:
+    with nvml.connect("sim:vm-h100", state_file=state_file):
+        yield pynvml.nvmlDeviceGetHandleByIndex(0)
+
+
+def _mig_uuid(ci: Any) -> str:
+    uuid: str = pynvml.nvmlDeviceGetUUID(pynvml.nvmlComputeInstanceGetInfo(ci).device)
+    return uuid
+
+
+def test_hopper_switches_mig_mode_at_once(h100: Any) -> None:
+    assert pynvml.nvmlDeviceSetMigMode(h100, pynvml.NVML_DEVICE_MIG_DISABLE) == pynvml.NVML_SUCCESS
+    assert pynvml.nvmlDeviceGetMigMode(h100) == [0, 0]
+    assert pynvml.nvmlDeviceSetMigMode(h100, pynvml.NVML_DEVICE_MIG_DISABLE) == pynvml.NVML_SUCCESS
+    assert pynvml.nvmlDeviceSetMigMode(h100, pynvml.NVML_DEVICE_MIG_ENABLE) == pynvml.NVML_SUCCESS
+    assert pynvml.nvmlDeviceGetMigMode(h100) == [1, 1]
+    # the other GPUs are left alone
+    assert pynvml.nvmlDeviceGetMigMode(pynvml.nvmlDeviceGetHandleByIndex(1)) == [1, 1]
+
+
+def test_hopper_refuses_a_mode_change_while_instances_exist(h100: Any) -> None:
+    gi = _gpu_instance(h100, profile_id=19, start=0, size=1)
+    # The call succeeds; the activation status says the change did not happen and is pending.
+    assert pynvml.nvmlDeviceSetMigMode(h100, pynvml.NVML_DEVICE_MIG_DISABLE) == pynvml.NVML_ERROR_IN_USE
+    assert pynvml.nvmlDeviceGetMigMode(h100) == [1, 0]
+    assert pynvml.nvmlGpuInstanceGetInfo(gi).placement.start == 0  # the instance is untouched
+    # Asking for the current mode cancels the pending change.
+    assert pynvml.nvmlDeviceSetMigMode(h100, pynvml.NVML_DEVICE_MIG_ENABLE) == pynvml.NVML_SUCCESS
+    assert pynvml.nvmlDeviceGetMigMode(h100) == [1, 1]
+
+
+def test_hopper_refuses_a_mode_change_while_a_process_runs(h100: Any, state_file: Path) -> None:
+    pynvml.nvmlDeviceSetMigMode(h100, pynvml.NVML_DEVICE_MIG_DISABLE)
+    sim.attach_process(state_file=state_file, device_uuid=pynvml.nvmlDeviceGetUUID(h100), pid=99)
+    assert pynvml.nvmlDeviceSetMigMode(h100, pynvml.NVML_DEVICE_MIG_ENABLE) == pynvml.NVML_ERROR_IN_USE
+    assert pynvml.nvmlDeviceGetMigMode(h100) == [0, 1]
+    sim.detach_process(state_file=state_file, pid=99)
+    assert pynvml.nvmlDeviceSetMigMode(h100, pynvml.NVML_DEVICE_MIG_ENABLE) == pynvml.NVML_SUCCESS
+    assert pynvml.nvmlDeviceGetMigMode(h100) == [1, 1]
+
+
+def test_ampere_never_switches_mig_mode_without_a_reset(a100: Any, state_file: Path) -> None:
+    for _ in range(2):
+        status = pynvml.nvmlDeviceSetMigMode(a100, pynvml.NVML_DEVICE_MIG_DISABLE)
+        assert status == pynvml.NVML_ERROR_RESET_REQUIRED
+        assert pynvml.nvmlDeviceGetMigMode(a100) == [1, 0]
+    # The administrator's reset (the hook) applies a mode and clears what was pending.
+    uuid = pynvml.nvmlDeviceGetUUID(a100)
+    sim.set_mig_mode(state_file=state_file, gpu_uuid=uuid, enabled=False)
+    assert pynvml.nvmlDeviceGetMigMode(a100) == [0, 0]
+    assert (
+        pynvml.nvmlDeviceSetMigMode(a100, pynvml.NVML_DEVICE_MIG_ENABLE) == pynvml.NVML_ERROR_RESET_REQUIRED
+    )
+    assert pynvml.nvmlDeviceGetMigMode(a100) == [0, 1]
+
+
+def test_a_vm_needs_a_reboot_to_switch_mig_mode(vm_h100: Any) -> None:
+    assert pynvml.nvmlDeviceGetVirtualizationMode(vm_h100) == pynvml.NVML_GPU_VIRTUALIZATION_MODE_PASSTHROUGH
+    assert pynvml.nvmlDeviceGetMigMode(vm_h100) == [0, 0]
+    status = pynvml.nvmlDeviceSetMigMode(vm_h100, pynvml.NVML_DEVICE_MIG_ENABLE)
+    assert status == pynvml.NVML_ERROR_RESET_REQUIRED
+    assert pynvml.nvmlDeviceGetMigMode(vm_h100) == [0, 1]
+
+
+def test_mig_mode_on_a_gpu_without_mig_is_not_supported(mixed: Any) -> None:
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceSetMigMode(mixed, pynvml.NVML_DEVICE_MIG_ENABLE)
+    assert pynvml.nvmlDeviceGetVirtualizationMode(mixed) == pynvml.NVML_GPU_VIRTUALIZATION_MODE_NONE
+
+
+def test_an_unknown_mig_mode_is_an_invalid_argument(h100: Any) -> None:
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        pynvml.nvmlDeviceSetMigMode(h100, 2)
+    assert pynvml.nvmlDeviceGetMigMode(h100) == [1, 1]
+    assert pynvml.nvmlDeviceGetVirtualizationMode(h100) == pynvml.NVML_GPU_VIRTUALIZATION_MODE_NONE
+
+
+def test_mig_device_slots(h100: Any, state_file: Path) -> None:
+    assert pynvml.nvmlDeviceGetMaxMigDeviceCount(h100) == 7
+    with pytest.raises(pynvml.NVMLError_NotFound):
+        pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h100, 0)
+    _, first = _mig_device(h100, profile_id=19, start=6, size=1)
+    _, second = _mig_device(h100, profile_id=9, start=0, size=4)
+    found = {pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h100, i)) for i in (0, 1)}
+    assert found == {_mig_uuid(first), _mig_uuid(second)}
+    with pytest.raises(pynvml.NVMLError_NotFound):
+        pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h100, 2)
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h100, 7)
+    # Observed on an H200 with MIG disabled: no slots, and every index is NOT_FOUND.
+    other = pynvml.nvmlDeviceGetHandleByIndex(1)
+    sim.set_mig_mode(state_file=state_file, gpu_uuid=pynvml.nvmlDeviceGetUUID(other), enabled=False)
+    assert pynvml.nvmlDeviceGetMaxMigDeviceCount(other) == 0
+    for slot in (0, 7):
+        with pytest.raises(pynvml.NVMLError_NotFound):
+            pynvml.nvmlDeviceGetMigDeviceHandleByIndex(other, slot)
+
+
+def test_gpus_without_mig_have_no_mig_device_slots(mixed: Any) -> None:
+    assert pynvml.nvmlDeviceGetMaxMigDeviceCount(mixed) == 0
+    for slot in (0, 7):
+        with pytest.raises(pynvml.NVMLError_NotFound):
+            pynvml.nvmlDeviceGetMigDeviceHandleByIndex(mixed, slot)
+
+
+def test_processes_on_a_gpu(mixed: Any, state_file: Path) -> None:
+    assert pynvml.nvmlDeviceGetComputeRunningProcesses(mixed) == []
+    uuid = pynvml.nvmlDeviceGetUUID(mixed)
+    for pid in (31, 17):
+        sim.attach_process(state_file=state_file, device_uuid=uuid, pid=pid)
+    found = pynvml.nvmlDeviceGetComputeRunningProcesses(mixed)
+    assert sorted(p.pid for p in found) == [17, 31]
+    assert {(p.gpuInstanceId, p.computeInstanceId) for p in found} == {(0xFFFFFFFF, 0xFFFFFFFF)}
+    assert pynvml.nvmlDeviceGetComputeRunningProcesses(pynvml.nvmlDeviceGetHandleByIndex(1)) == []
+
+
+def test_processes_on_a_mig_device(h100: Any, state_file: Path) -> None:
+    gi, ci = _mig_device(h100, profile_id=14, start=2, size=2)
+    mig = pynvml.nvmlComputeInstanceGetInfo(ci).device
+    sim.attach_process(state_file=state_file, device_uuid=_mig_uuid(ci), pid=4321)
+    gi_id = pynvml.nvmlGpuInstanceGetInfo(gi).id
+    [on_mig] = pynvml.nvmlDeviceGetComputeRunningProcesses(mig)
+    assert (on_mig.pid, on_mig.gpuInstanceId, on_mig.computeInstanceId) == (4321, gi_id, 0)
+    # The GPU's handle gives the aggregate over its MIG devices (nvml.h, privileged caller).
+    [on_gpu] = pynvml.nvmlDeviceGetComputeRunningProcesses(h100)
+    assert (on_gpu.pid, on_gpu.gpuInstanceId) == (4321, gi_id)
+    assert pynvml.nvmlDeviceGetComputeRunningProcesses(pynvml.nvmlDeviceGetHandleByIndex(1)) == []
+
+
+def test_process_counts_follow_nvmls_size_protocol(mixed: Any, state_file: Path) -> None:
+    uuid = pynvml.nvmlDeviceGetUUID(mixed)
+    for pid in (1, 2, 3):
+        sim.attach_process(state_file=state_file, device_uuid=uuid, pid=pid)
+    function = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetComputeRunningProcesses_v3")
+    count = ctypes.c_uint(0)
+    assert function(mixed, ctypes.byref(count), None) == pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+    assert count.value == 3
+    count.value = 2
+    infos = (pynvml.c_nvmlProcessInfo_v3_t * 2)()
+    assert function(mixed, ctypes.byref(count), infos) == pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+    assert count.value == 3
+    count.value = 5
+    infos = (pynvml.c_nvmlProcessInfo_v3_t * 5)()
+    assert function(mixed, ctypes.byref(count), infos) == pynvml.NVML_SUCCESS
+    assert (count.value, [infos[i].pid for i in range(3)]) == (3, [1, 2, 3])
+
+
+def test_a_gpu_alone_in_a_vm_has_no_nvlink(vm_h100: Any) -> None:
+    """As an H200 passed through to a one-GPU VM answered."""
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetNvLinkState(vm_h100, 0)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetNvLinkRemotePciInfo(vm_h100, 0)
+
+
+def test_the_proc_tree_is_laid_out_like_the_drivers(h100: Any, state_file: Path) -> None:
+    proc = state_file.parent / "proc"
+    devices = (proc / "devices").read_text()
+    characters, blocks = devices.split("\n\n")
+    assert characters.splitlines()[0] == "Character devices:"
+    assert {"195 nvidia", "195 nvidiactl", "508 nvidia-caps"} <= set(characters.splitlines())
+    assert blocks.startswith("Block devices:\n")
+    lines = (proc / "driver" / "nvidia-caps" / "mig-minors").read_text().splitlines()
+    assert lines[:4] == ["config 1", "monitor 2", "gpu0/gi0/access 3", "gpu0/gi0/ci0/access 4"]
+    assert lines[11:14] == ["gpu0/gi1/access 12", "gpu0/gi1/ci0/access 13", "gpu0/gi1/ci1/access 14"]
+    assert lines[-1] == f"gpu31/gi14/ci7/access {3 + 32 * 15 * 9 - 1}"
+    assert len(lines) == 2 + 32 * 15 * 9
+    minors = [int(line.split()[1]) for line in lines]
+    assert minors == list(range(1, len(lines) + 1))

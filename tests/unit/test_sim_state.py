@@ -13,18 +13,21 @@ import pytest
 from gpudra import errors, sim
 from gpudra.sim import hardware, machines, state
 
+BOOT_MIG_MODES = {"dgx-a100": [1] * 8, "dgx-h100": [1] * 8, "mixed": [0] * 6, "vm-h100": [0]}
 
-@pytest.mark.parametrize(
-    ("profile", "mig_modes"),
-    [("dgx-a100", [1] * 8), ("dgx-h100", [1] * 8), ("mixed", [0] * 6)],
-    ids=["dgx-a100", "dgx-h100", "mixed"],
-)
+
+def test_every_profile_has_a_boot_expectation() -> None:
+    assert set(BOOT_MIG_MODES) == set(machines.MACHINES)
+
+
+@pytest.mark.parametrize(("profile", "mig_modes"), BOOT_MIG_MODES.items(), ids=BOOT_MIG_MODES.keys())
 def test_boot_state(tmp_path: Path, profile: str, mig_modes: list[int]) -> None:
     store = state.StateFile(tmp_path / "machine.json")
     store.create(machines.MACHINES[profile])
     booted = store.read()
     assert booted.machine == profile
     assert [g.mig_mode for g in booted.gpus] == mig_modes
+    assert all(g.mig_mode_pending is None for g in booted.gpus)
     assert all((g.compute_mode, g.timeslice, g.gpu_instances) == (0, 0, []) for g in booted.gpus)
     assert (booted.processes, booted.mps_daemons) == ([], [])
 
@@ -83,6 +86,31 @@ def test_hooks_refuse_what_cannot_be(
         hook(state_file=path, **kwargs)
     assert refused.value.code == code
     assert path.read_bytes() == before
+
+
+def test_the_mig_mode_hook_is_a_reset_that_applies_any_architecture(tmp_path: Path) -> None:
+    path = tmp_path / "machine.json"
+    store = state.StateFile(path)
+    store.create(machines.DGX_A100)
+    with store.update() as machine_state:
+        status = hardware.set_mig_mode(
+            model=machines.A100_SXM4_40GB,
+            virtualization=machines.VIRTUALIZATION_NONE,
+            machine_state=machine_state,
+            index=2,
+            mode=0,
+        )
+    assert status == hardware.RESET_REQUIRED
+    assert (store.read().gpus[2].mig_mode, store.read().gpus[2].mig_mode_pending) == (1, 0)
+    sim.set_mig_mode(state_file=path, gpu_uuid=machines.DGX_A100.gpu_uuid(2), enabled=False)
+    assert (store.read().gpus[2].mig_mode, store.read().gpus[2].mig_mode_pending) == (0, None)
+
+
+def test_a_state_file_without_a_pending_mode_still_loads(tmp_path: Path) -> None:
+    """State files written before the pending mode existed keep working."""
+    path = tmp_path / "machine.json"
+    path.write_text('{"machine": "mixed", "gpus": [{"uuid": "GPU-1", "mig_mode": 0}]}')
+    assert state.StateFile(path).read().gpus[0].mig_mode_pending is None
 
 
 def test_a_state_file_for_another_machine_is_a_config_error(tmp_path: Path) -> None:

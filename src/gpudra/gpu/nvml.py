@@ -1,4 +1,4 @@
-"""NVML through pynvml: GPU discovery into inventory records, and MIG instances. I/O: NVML, sysfs.
+"""NVML through pynvml: GPU discovery into inventory records, MIG mode and instances. I/O: NVML, sysfs, proc.
 
 The only module that imports pynvml. `connect("real")` uses the machine's libnvidia-ml;
 `connect("sim:<profile>")` first installs gpudra's simulated driver underneath pynvml (see
@@ -10,7 +10,11 @@ NotSupported, INSUFFICIENT_RESOURCES -> InsufficientResources, IN_USE -> InUse, 
 codes, pynvml's NVMLLibraryMismatchError, text NVML returns that is not UTF-8) -> HardwareError; each
 carries the NVMLError class name and says which call failed on which GPU. The one exception is the
 health probe, `Nvml.gpu_health`: there the errors of a GPU that is gone (`_GPU_GONE`) are its answer,
-not a failure.
+not a failure. `Nvml.set_mig_mode` also turns the activation status NVML returns (not raises) into the
+same classes: IN_USE -> InUse, anything else -> HardwareError.
+
+Besides NVML it reads sysfs (NUMA node, PCIe root of each GPU) and the driver's proc files
+(/proc/devices and /proc/driver/nvidia-caps/mig-minors, for the MIG capability device nodes).
 """
 
 from __future__ import annotations
@@ -60,6 +64,14 @@ _GPU_GONE = frozenset(
 )
 # What a probe loop over profile indices or NVLink numbers meets for entries a GPU does not have.
 _ABSENT = (pynvml.NVMLError_NotSupported, pynvml.NVMLError_InvalidArgument)
+# What a loop over MIG device slots meets for empty ones (and for a MIG device destroyed meanwhile).
+_NO_MIG_DEVICE = (pynvml.NVMLError_NotFound, pynvml.NVMLError_InvalidArgument)
+# NVML return code -> its nvml.h name without the prefix, e.g. 16 -> "RESET_REQUIRED".
+_CODE_NAMES = {
+    value: name.removeprefix("NVML_ERROR_")
+    for name, value in vars(pynvml).items()
+    if name.startswith("NVML_ERROR_") and isinstance(value, int)
+}
 
 # go-nvlib's names; the NVIDIA DRA driver publishes these.
 _ARCHITECTURES = {
@@ -150,12 +162,17 @@ def _call(function: Callable[..., _T], *args: Any, gpu: str | None) -> _T:
         return function(*args)
 
 
-def _call_if_present(function: Callable[..., _T], *args: Any, gpu: str | None) -> _T | None:
-    """Like `_call`, but None where NVML says the entry does not exist on this GPU."""
+def _call_if_present(
+    function: Callable[..., _T],
+    *args: Any,
+    gpu: str | None,
+    absent: tuple[type[pynvml.NVMLError], ...] = _ABSENT,
+) -> _T | None:
+    """Like `_call`, but None where NVML answers one of `absent`: the entry does not exist here."""
     with _nvml_errors(function.__name__, gpu):
         try:
             return function(*args)
-        except _ABSENT:
+        except absent:
             return None
 
 
@@ -170,7 +187,8 @@ def connect(spec: str = "real", *, state_file: Path | None = None) -> Nvml:
     """Opens NVML: "real" for the machine's driver, "sim:<profile>" for a simulated machine.
 
     The simulated machine's state lives in `state_file`, by default $GPUDRA_SIM_STATE, else
-    ${TMPDIR:-/tmp}/gpudra-sim/<profile>.json; processes using the same file share one machine.
+    ${TMPDIR:-/tmp}/gpudra-sim/<profile>.json; processes using the same file share one machine. Its
+    sysfs and proc trees are the directories `sysfs` and `proc` next to that file.
     """
     if spec == "real":
         if sim.installed(pynvml):
@@ -184,9 +202,10 @@ def connect(spec: str = "real", *, state_file: Path | None = None) -> Nvml:
     if state_file is None:
         state_file = sim_state_file(spec)
     sysfs_root = state_file.parent / "sysfs"
-    sim.install(pynvml, profile=profile, state_file=state_file, sysfs_root=sysfs_root)
+    proc_root = state_file.parent / "proc"
+    sim.install(pynvml, profile=profile, state_file=state_file, sysfs_root=sysfs_root, proc_root=proc_root)
     try:
-        return Nvml(sysfs_root=sysfs_root, simulated=True)
+        return Nvml(sysfs_root=sysfs_root, proc_root=proc_root, simulated=True)
     except BaseException:
         sim.uninstall(pynvml)
         raise
@@ -195,9 +214,12 @@ def connect(spec: str = "real", *, state_file: Path | None = None) -> Nvml:
 class Nvml:
     """An initialised NVML session; close it (or use it as a context manager) to shut NVML down."""
 
-    def __init__(self, *, sysfs_root: Path = Path("/sys"), simulated: bool = False) -> None:
+    def __init__(
+        self, *, sysfs_root: Path = Path("/sys"), proc_root: Path = Path("/proc"), simulated: bool = False
+    ) -> None:
         _call(pynvml.nvmlInit, gpu=None)
         self._sysfs = sysfs_root
+        self._proc = proc_root
         self._simulated = simulated
         self._open = True
 
@@ -283,6 +305,7 @@ class Nvml:
         profiles = self._mig_profiles(handle, uuid=uuid, total_bytes=total_bytes) if mig_capable else ()
         full = max(profiles, key=lambda p: p.slice_count, default=None)
         arch = _call(pynvml.nvmlDeviceGetArchitecture, handle, gpu=uuid)
+        switchable = mig_capable and _resets_itself(arch) and self._bare_metal(handle, uuid)
         return records.Gpu(
             index=index,
             minor=_call(pynvml.nvmlDeviceGetMinorNumber, handle, gpu=uuid),
@@ -301,6 +324,7 @@ class Nvml:
             mig_capable=mig_capable,
             mig_enabled=mig_enabled,
             mig_memory_slices=max((p.start + p.size for f in profiles for p in f.placements), default=0),
+            mig_mode_switchable=switchable,
             mig_profiles=profiles,
             mig_devices=self._mig_devices(handle, uuid=uuid, profiles=profiles) if mig_enabled else (),
         )
@@ -343,6 +367,15 @@ class Nvml:
         if mode is None:
             return False, False
         return True, mode[0] == pynvml.NVML_DEVICE_MIG_ENABLE
+
+    def _bare_metal(self, handle: Any, uuid: str) -> bool:
+        """Whether NVML says the GPU is not virtualized. Inside a VM (passthrough or vGPU) the driver
+        cannot reset the GPU, so a MIG mode change waits for a reboot; a GPU that does not say counts
+        as virtualized, so that gpudra never starts a change it cannot finish."""
+        mode = _call_if_present(
+            pynvml.nvmlDeviceGetVirtualizationMode, handle, gpu=uuid, absent=(pynvml.NVMLError_NotSupported,)
+        )
+        return bool(mode == pynvml.NVML_GPU_VIRTUALIZATION_MODE_NONE)
 
     def _mig_profiles(self, handle: Any, *, uuid: str, total_bytes: int) -> tuple[records.MigProfile, ...]:
         profiles = []
@@ -549,6 +582,126 @@ class Nvml:
                     return device
         return None
 
+    def mig_devices(self, *, gpu_uuid: str) -> tuple[records.MigDevice, ...]:
+        """The MIG devices that exist on the GPU now, by placement; () with MIG disabled or unsupported."""
+        handle = self._handle(gpu_uuid)
+        if not self._mig_mode(handle, gpu_uuid)[1]:
+            return ()
+        total_bytes = _call(pynvml.nvmlDeviceGetMemoryInfo, handle, gpu=gpu_uuid).total
+        profiles = self._mig_profiles(handle, uuid=gpu_uuid, total_bytes=total_bytes)
+        return self._mig_devices(handle, uuid=gpu_uuid, profiles=profiles)
+
+    def destroy_at_placement(self, *, gpu_uuid: str, profile_id: int, placement_start: int) -> bool:
+        """Destroys the GPU instance of this profile at this placement, its compute instances first.
+
+        Also one a crash left without a compute instance. False when there is none (MIG disabled
+        included: then no instance can exist); InUse while processes run on it, NotSupported on a GPU
+        without MIG or for a profile the GPU does not have.
+        """
+        handle = self._handle(gpu_uuid)
+        current, _ = _call(pynvml.nvmlDeviceGetMigMode, handle, gpu=gpu_uuid)
+        if current != pynvml.NVML_DEVICE_MIG_ENABLE:
+            return False
+        profile = self._mig_profile(handle, gpu_uuid=gpu_uuid, profile_id=profile_id)
+        for gi in self._gpu_instances(handle, uuid=gpu_uuid, profile=profile):
+            info = _call(pynvml.nvmlGpuInstanceGetInfo, gi, gpu=gpu_uuid)
+            if info.placement.start != placement_start:
+                continue
+            for _, ci in list(self._compute_instances(gi, gpu_uuid)):
+                _call(pynvml.nvmlComputeInstanceDestroy, ci, gpu=gpu_uuid)
+            _call(pynvml.nvmlGpuInstanceDestroy, gi, gpu=gpu_uuid)
+            return True
+        return False
+
+    # --- MIG mode ------------------------------------------------------------------------------
+
+    def mig_enabled(self, *, gpu_uuid: str) -> bool:
+        """The GPU's current MIG mode; False on a GPU without MIG."""
+        return self._mig_mode(self._handle(gpu_uuid), gpu_uuid)[1]
+
+    def set_mig_mode(self, *, gpu_uuid: str, enabled: bool) -> None:
+        """Switches MIG mode on or off, and raises unless the GPU is in that mode afterwards.
+
+        NVML answers the call with an activation status instead of raising: IN_USE (something holds
+        the GPU) becomes InUse, anything else (RESET_REQUIRED on Ampere or in a VM) a HardwareError;
+        both put the previous mode back as the pending one, best effort, so that a later reset does
+        not flip the mode behind gpudra's back. NotSupported on a GPU without MIG. A change may
+        re-enumerate the GPU (NVML: "attributes such as minor number might change"): read the
+        inventory again after it.
+        """
+        handle = self._handle(gpu_uuid)
+        wanted = pynvml.NVML_DEVICE_MIG_ENABLE if enabled else pynvml.NVML_DEVICE_MIG_DISABLE
+        current, pending = _call(pynvml.nvmlDeviceGetMigMode, handle, gpu=gpu_uuid)
+        if current == pending == wanted:
+            return
+        status = _call(pynvml.nvmlDeviceSetMigMode, handle, wanted, gpu=gpu_uuid)
+        if status == pynvml.NVML_SUCCESS:
+            return
+        failure = _mig_mode_refused(gpu_uuid, enabled=enabled, status=status)
+        with _noted(failure):
+            undone = _call(pynvml.nvmlDeviceSetMigMode, handle, current, gpu=gpu_uuid)
+            if undone != pynvml.NVML_SUCCESS:
+                failure.add_note(
+                    f"putting the pending MIG mode back failed as well: {_CODE_NAMES.get(undone, undone)}"
+                )
+        raise failure
+
+    def compute_processes(self, *, gpu_uuid: str) -> tuple[int, ...]:
+        """Sorted PIDs of the compute processes on the GPU or any of its MIG devices.
+
+        The GPU's own list is NVML's aggregate over its MIG devices only for a privileged caller, so
+        each MIG device is asked as well.
+        """
+        handle = self._handle(gpu_uuid)
+        listed = pynvml.nvmlDeviceGetComputeRunningProcesses
+        pids = {p.pid for p in _call(listed, handle, gpu=gpu_uuid)}
+        if self._mig_mode(handle, gpu_uuid)[1]:
+            for index in range(_call(pynvml.nvmlDeviceGetMaxMigDeviceCount, handle, gpu=gpu_uuid)):
+                mig = _call_if_present(
+                    pynvml.nvmlDeviceGetMigDeviceHandleByIndex,
+                    handle,
+                    index,
+                    gpu=gpu_uuid,
+                    absent=_NO_MIG_DEVICE,
+                )
+                if mig is None:
+                    continue
+                # A MIG device destroyed since it was listed has no processes left.
+                found = _call_if_present(listed, mig, gpu=gpu_uuid, absent=_NO_MIG_DEVICE) or []
+                pids.update(p.pid for p in found)
+        return tuple(sorted(pids))
+
+    # --- MIG device nodes ----------------------------------------------------------------------
+
+    def mig_capabilities(
+        self, *, gpu_minor: int, gpu_instance_id: int, compute_instance_id: int
+    ) -> records.MigCapabilities:
+        """The nvidia-caps major and the capability minors of one GPU and compute instance.
+
+        From <proc>/devices ("Character devices:" section, line "<major> nvidia-caps") and
+        <proc>/driver/nvidia-caps/mig-minors (lines "gpu<minor>/gi<id>/access <N>" and
+        "gpu<minor>/gi<id>/ci<id>/access <N>"). HardwareError naming the file and the entry when
+        either is missing: a driver without MIG support, or /proc not mounted into the plugin.
+        """
+        devices = self._proc / "devices"
+        major = _character_devices(_read_proc(devices)).get("nvidia-caps")
+        if major is None:
+            raise errors.HardwareError(
+                f"{devices} lists no character device 'nvidia-caps': the NVIDIA driver is not loaded, "
+                "or too old for MIG"
+            )
+        path = self._proc / "driver" / "nvidia-caps" / "mig-minors"
+        minors = _mig_minors(_read_proc(path))
+        gi_entry = f"gpu{gpu_minor}/gi{gpu_instance_id}/access"
+        ci_entry = f"gpu{gpu_minor}/gi{gpu_instance_id}/ci{compute_instance_id}/access"
+        for entry in (gi_entry, ci_entry):
+            if entry not in minors:
+                raise errors.HardwareError(
+                    f"{path} has no entry {entry!r}: GPU minor {gpu_minor}, GPU instance {gpu_instance_id} "
+                    f"or compute instance {compute_instance_id} is out of the driver's range"
+                )
+        return records.MigCapabilities(major=major, gi_minor=minors[gi_entry], ci_minor=minors[ci_entry])
+
 
 @contextmanager
 def _noted(failure: BaseException) -> Iterator[None]:
@@ -557,6 +710,67 @@ def _noted(failure: BaseException) -> Iterator[None]:
         yield
     except errors.GpudraError as cleanup:
         failure.add_note(f"clean-up failed as well: {cleanup}")
+
+
+def _resets_itself(architecture: int) -> bool:
+    """Hopper and newer apply a MIG mode change at once; Ampere needs a GPU reset for it."""
+    known = architecture != pynvml.NVML_DEVICE_ARCH_UNKNOWN
+    return bool(known and architecture >= pynvml.NVML_DEVICE_ARCH_HOPPER)
+
+
+def _mig_mode_refused(gpu_uuid: str, *, enabled: bool, status: int) -> errors.HardwareError:
+    """The error for a non-zero activation status of nvmlDeviceSetMigMode, saying what to do."""
+    mode = "enable" if enabled else "disable"
+    name = _CODE_NAMES.get(status, str(status))
+    try:
+        nvml_error: str | None = pynvml.nvmlExceptionClass(status).__name__
+    except ValueError:
+        nvml_error = None
+    if status == pynvml.NVML_ERROR_IN_USE:
+        return errors.InUse(
+            f"cannot {mode} MIG mode on GPU {gpu_uuid}: NVML activation status {name}, the GPU is in use; "
+            "stop the processes using it (nvidia-smi shows them) and remove its MIG instances, then retry",
+            nvml_error=nvml_error,
+        )
+    return errors.HardwareError(
+        f"cannot {mode} MIG mode on GPU {gpu_uuid}: NVML activation status {name}, the change needs a GPU "
+        f"reset this machine cannot do by itself (Ampere, or a VM); set it out of band with "
+        f"`nvidia-smi -i {gpu_uuid} -mig {int(enabled)}`, then reset the GPU or reboot the node",
+        nvml_error=nvml_error,
+    )
+
+
+def _read_proc(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError as error:
+        raise errors.HardwareError(
+            f"cannot read {path}: {error.strerror}; is the NVIDIA driver loaded and /proc visible to gpudra?"
+        ) from error
+
+
+def _character_devices(text: str) -> dict[str, int]:
+    """Name -> major from /proc/devices' "Character devices:" section (block devices excluded)."""
+    majors: dict[str, int] = {}
+    section = ""
+    for line in text.splitlines():
+        if line.endswith(":"):
+            section = line
+            continue
+        fields = line.split(None, 1)
+        if section == "Character devices:" and len(fields) == 2 and fields[0].isdigit():
+            majors.setdefault(fields[1].strip(), int(fields[0]))
+    return majors
+
+
+def _mig_minors(text: str) -> dict[str, int]:
+    """Entry -> minor from mig-minors ("config 1", "gpu0/gi1/access 12", ...); other lines ignored."""
+    minors = {}
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) == 2 and fields[1].isdigit():
+            minors[fields[0]] = int(fields[1])
+    return minors
 
 
 def _bus_id(nvml_bus_id: str) -> str:

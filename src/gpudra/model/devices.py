@@ -16,8 +16,14 @@ Two MIG modes:
   it), so partitions never share an engine the chip has only one of (two `+me` partitions on A30).
 - "static": whole GPUs with MIG off, plus the MIG devices that exist now; no counters.
 
-On Ampere (A100, A30) MIG mode changes only with a GPU reset, so in partitionable mode such a GPU offers
-its partitions while MIG is on and itself while MIG is off, never both.
+In partitionable mode a GPU whose MIG mode switches without a reset (`Gpu.mig_mode_switchable`: Hopper
+and newer on bare metal) offers itself and every partition whatever its mode, the counters keeping them
+exclusive; the node plugin switches the mode when it prepares one. Any other MIG-capable GPU (Ampere, or
+any GPU under virtualization, which cannot reset it) would need a reset to switch, so it offers its
+partitions while MIG is on and itself while MIG is off, never both.
+
+Each GPU's partitions are published in packing order (`placement.packing_order`): the scheduler takes
+the first device that fits, so that order decides where first-fit puts each instance.
 
 A GPU found unhealthy is published with a device taint (KEP-5055, `with_health_taints`) on itself and
 every partition of it, so the scheduler allocates none of them until the taint is lifted.
@@ -32,6 +38,7 @@ from typing import Literal, NotRequired, TypedDict, get_args
 
 from gpudra.errors import ConfigError, HardwareError, NotSupported
 from gpudra.model.inventory import Gpu, Inventory, MigDevice, MigPlacement, MigProfile
+from gpudra.model.placement import packing_order
 
 MigMode = Literal["partitionable", "static"]
 
@@ -41,9 +48,6 @@ PCIE_ROOT = f"{STANDARD_DOMAIN}/pcieRoot"
 
 # The API caps string and version attributes at 64 characters; NVML names may be up to 96.
 _MAX_STRING = 64
-
-# MIG mode needs a GPU reset to change here (gpu-mechanics.md section 2, nvidia-dra-driver.md 2.4).
-_MIG_MODE_NEEDS_RESET = frozenset({"Ampere"})
 
 # (capacity name, counter name, MigProfile field) for each engine kind
 _ENGINES = (
@@ -224,11 +228,11 @@ def _driver_versions(inventory: Inventory) -> dict[str, str]:
 
 
 def _offers_whole(gpu: Gpu) -> bool:
-    return not (gpu.mig_enabled and gpu.architecture in _MIG_MODE_NEEDS_RESET)
+    return gpu.mig_mode_switchable or not gpu.mig_enabled
 
 
 def _offers_partitions(gpu: Gpu) -> bool:
-    return gpu.mig_capable and (gpu.mig_enabled or gpu.architecture not in _MIG_MODE_NEEDS_RESET)
+    return gpu.mig_capable and (gpu.mig_enabled or gpu.mig_mode_switchable)
 
 
 def _from_profile(profile: MigProfile, placement: MigPlacement, uuid: str | None) -> _Partition:
@@ -244,8 +248,16 @@ def _from_profile(profile: MigProfile, placement: MigPlacement, uuid: str | None
 
 
 def _possible_partitions(gpu: Gpu) -> tuple[_Partition, ...]:
-    partitions = (_from_profile(p, placement, None) for p in gpu.mig_profiles for placement in p.placements)
-    return tuple(sorted(partitions, key=lambda p: (p.placement.size, p.profile, p.placement.start)))
+    """Every profile x placement, smaller profiles first, each profile's placements in packing order.
+
+    The order is the allocation policy: the scheduler takes the first published device that matches a
+    request and whose counters fit. Ascending starts would land small instances on the low slices that
+    7g, 4g and 3g need; `packing_order` puts first the placements that block the least of larger ones,
+    so first-fit packs each GPU from the end away from them and keeps its large profiles placeable longer
+    (tests/unit/test_fragmentation.py measures by how much). Names carry the start, so they do not change.
+    """
+    profiles = sorted(gpu.mig_profiles, key=lambda p: (p.memory_slices, p.name))
+    return tuple(_from_profile(p, placement, None) for p in profiles for placement in packing_order(gpu, p))
 
 
 def _existing_partitions(gpu: Gpu) -> list[_Partition]:

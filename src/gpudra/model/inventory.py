@@ -62,6 +62,20 @@ class MigDevice:
 
 
 @dataclass(frozen=True)
+class MigCapabilities:
+    """What a container needs to reach one MIG device besides /dev/nvidia<minor>: two capability nodes.
+
+    The driver's `nvidia-caps` character devices `/dev/nvidia-caps/nvidia-cap<minor>`: `gi_minor` grants
+    access to the GPU instance, `ci_minor` to the compute instance in it. The major is assigned when
+    the driver loads (238, 241 and 508 all occur), so it is read from /proc/devices, not assumed.
+    """
+
+    major: int
+    gi_minor: int
+    ci_minor: int
+
+
+@dataclass(frozen=True)
 class Gpu:
     """One physical GPU."""
 
@@ -82,6 +96,10 @@ class Gpu:
     mig_capable: bool
     mig_enabled: bool
     mig_memory_slices: int  # memory slices of the full GPU (8 on A100/H100, 4 on A30); 0 without MIG
+    # MIG mode can be changed here without a GPU reset: MIG-capable, Hopper or newer, and not
+    # virtualized. Ampere needs a reset, and a VM (even with passthrough) cannot reset the GPU itself,
+    # so there a mode change only takes effect after an out-of-band reset or a reboot.
+    mig_mode_switchable: bool = False
     mig_profiles: tuple[MigProfile, ...] = field(default=())
     mig_devices: tuple[MigDevice, ...] = field(default=())
 

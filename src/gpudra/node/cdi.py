@@ -150,6 +150,15 @@ class ClaimDevice:
     admin_access: bool = False
 
 
+def visible_uuid(device: CdiDevice) -> str | None:
+    """The GPU or MIG UUID a claim spec's device makes visible (its NVIDIA_VISIBLE_DEVICES)."""
+    for item in device.container_edits.env:
+        key, _, value = item.partition("=")
+        if key == "NVIDIA_VISIBLE_DEVICES":
+            return value
+    return None
+
+
 def claim_kind(driver: str) -> str:
     """`<driver>/claim`, the kind of every claim spec of `driver`."""
     _check_vendor(driver)

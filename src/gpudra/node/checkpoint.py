@@ -24,14 +24,16 @@ Compatibility. `data.version` is the number of the format of `data`; the envelop
 
  1. A reader reads every version up to its own. An older version is read with that version's
     reader (`_READERS`), which converts it in memory to the current models; the next `save` writes
-    it back in the reader's version. (Version 1 is the only version so far.)
+    it in the current version.
  2. Within a version, fields are only added, never removed, renamed or given another meaning, and
     only when an older reader of that version may drop them without losing hardware state: the
     field has a default (so files written before it still load), and nothing it records has to be
-    undone on the node. Anything an older reader would need to undo (a MIG instance, an MPS daemon)
-    means a new version, so that such a reader refuses the file instead of forgetting the state.
-    Version 1 files therefore hold no `mig` record and no MPS `sharing` record: no gpudra writing
-    version 1 creates them, and the first that does must write version 2.
+    undone on the node. Anything an older reader would need to undo means a new version, so that
+    such a reader refuses the file instead of forgetting the state:
+      - version 1: whole GPUs, time-slice records. No `mig` record, no MPS `sharing` record (its
+        reader calls a file holding one corrupt: no version-1 writer made one);
+      - version 2: adds `mig` records (MIG devices gpudra created and must destroy). Still no MPS
+        record: the first gpudra that starts MPS daemons must write version 3.
  3. A reader that finds a newer version, or a file of a version it reads with fields it does not
     know (pydantic's `extra_forbidden`, at any depth, even alongside other schema errors), refuses
     it: `load` raises CheckpointTooNew, naming the file, the version found, the version this gpudra
@@ -67,7 +69,7 @@ from gpudra.errors import GpudraError
 
 log = logging.getLogger(__name__)
 
-VERSION: Literal[1] = 1  # the format version this gpudra writes, and the newest it reads
+VERSION: Literal[2] = 2  # the format version this gpudra writes, and the newest it reads
 
 ClaimState = Literal["PrepareStarted", "PrepareCompleted", "UnprepareStarted"]
 TimeSliceInterval = Literal["Default", "Short", "Medium", "Long"]
@@ -213,7 +215,7 @@ class ClaimEntry(_Record):
 class Checkpoint(_Record):
     """All claims this node's plugin has prepared or is preparing, keyed by claim UID."""
 
-    version: Literal[1]
+    version: Literal[2]
     boot_id: str = Field(min_length=1)
     claims: dict[str, ClaimEntry]
 
@@ -333,7 +335,20 @@ def _checksum(data: Any) -> str:
 # validates against the models above. When VERSION goes up, the models of the old version are kept
 # (renamed `_V<n>…`, never changed again) and its reader validates against them and converts the
 # result to the current models, so that the next `save` writes the file in the current version.
-_READERS: dict[int, Callable[[dict[str, Any]], Checkpoint]] = {1: Checkpoint.model_validate}
+def _read_v1(data: dict[str, Any]) -> Checkpoint:
+    """Version 1 is version 2 without MIG records: the same models, then the current version."""
+    checkpoint = Checkpoint.model_validate({**data, "version": VERSION})
+    for entry in checkpoint.claims.values():
+        for index, device in enumerate(entry.devices):
+            if device.mig is not None or isinstance(device.sharing, MpsRecord):
+                # No version-1 writer records either, so the file was changed by hand or damaged.
+                raise CheckpointCorrupt(
+                    f"claims.{entry.uid}.devices.{index}: a version 1 checkpoint holds no MIG or MPS record"
+                )
+    return checkpoint
+
+
+_READERS: dict[int, Callable[[dict[str, Any]], Checkpoint]] = {1: _read_v1, 2: Checkpoint.model_validate}
 
 
 def _decode(content: bytes, *, source: Path) -> Checkpoint:
@@ -358,6 +373,8 @@ def _decode(content: bytes, *, source: Path) -> Checkpoint:
         raise CheckpointTooNew(source, version=version)
     try:
         return _READERS[version](data)
+    except CheckpointCorrupt as e:  # a reader's own check, which does not know the file's name
+        raise corrupt(str(e)) from e
     except ValidationError as e:
         errors = e.errors()
         unknown = [_dotted(error["loc"]) for error in errors if error["type"] == "extra_forbidden"]

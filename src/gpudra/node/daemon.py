@@ -29,6 +29,7 @@ from gpudra.node.endpoint import Check, HttpEndpoint, Probe, writable_directory
 from gpudra.node.health import HealthMonitor
 from gpudra.node.kubelet_grpc import KubeletServer, Observer
 from gpudra.node.metrics import PluginMetrics
+from gpudra.node.mig import MigPartitions
 from gpudra.node.prepare import DeviceState, Recovery
 from gpudra.node.sharing import GpuSharing
 
@@ -70,8 +71,14 @@ def _tools(options: Options) -> GpuTools:
 
 def run(options: Options, *, stop: threading.Event) -> None:
     options.state_dir.mkdir(parents=True, exist_ok=True)
+    # One NVML session for the plugin's life: MIG prepare uses it from the gRPC threads (NVML is
+    # thread-safe; opening it per call costs an init and handle lookups each time).
     with nvml.connect(options.nvml) as session:
-        inventory = session.inventory()
+        _run(options, session, stop=stop)
+
+
+def _run(options: Options, session: nvml.Nvml, *, stop: threading.Event) -> None:
+    inventory = session.inventory()
     model = devices.build_devices(inventory, mig_mode=options.mig_mode)
     log.info("discovered GPUs", extra={"gpus": len(inventory.gpus), "devices": len(model.devices)})
 
@@ -86,6 +93,7 @@ def run(options: Options, *, stop: threading.Event) -> None:
         devices={d["name"]: d for d in model.devices},
         claims=claims,
         sharing=GpuSharing(_tools(options)),
+        mig=MigPartitions(session, gpus={gpu.uuid: gpu for gpu in inventory.gpus}),
         cdi_root=options.cdi_root,
         checkpoint_path=options.state_dir / "checkpoint.json",
         boot_id=checkpoint.current_boot_id(),
@@ -112,6 +120,7 @@ def run(options: Options, *, stop: threading.Event) -> None:
             open_nvml=lambda: nvml.connect(options.nvml),
             interval=options.health_interval_seconds,
             on_change=slices.trigger,
+            partitions=state.prepared_partitions,
         )
     server = KubeletServer(
         driver=options.driver,

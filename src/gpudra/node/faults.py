@@ -10,8 +10,19 @@ from __future__ import annotations
 import os
 import signal
 
-PREPARE_STEPS = ("prepare-started", "prepare-applied", "prepare-cdi-written", "prepare-completed")
-UNPREPARE_STEPS = ("unprepare-started", "unprepare-undone", "unprepare-cdi-deleted")
+PREPARE_STEPS = (
+    "prepare-started",
+    "prepare-mig-created",
+    "prepare-applied",
+    "prepare-cdi-written",
+    "prepare-completed",
+)
+UNPREPARE_STEPS = (
+    "unprepare-started",
+    "unprepare-undone",
+    "unprepare-mig-destroyed",
+    "unprepare-cdi-deleted",
+)
 STEPS = PREPARE_STEPS + UNPREPARE_STEPS
 
 

@@ -1,8 +1,11 @@
 """Device health for the kubelet: polls each published device's GPU and hands the result to subscribers.
 I/O: NVML, through the session opener it is given, from its own thread.
 
-Whole GPUs and MIG partitions take their GPU's health: a partition fails with its GPU. Every poll probes
-each GPU once (`Nvml.gpu_health`) and yields a complete snapshot of every device, changed or not,
+Whole GPUs and MIG partitions take their GPU's health: a partition fails with its GPU. A partition a
+claim prepared is also Unhealthy once its MIG device is gone (destroyed by hand, or by a GPU reset)
+while its GPU is fine: the pod using it has lost its GPU. Every poll probes each GPU once
+(`Nvml.gpu_health`, plus a listing of its MIG devices where a prepared partition lives on it) and
+yields a complete snapshot of every device, changed or not,
 because the kubelet turns a device Unknown when its health is not refreshed within the timeout sent
 along. A GPU that cannot be probed (no NVML, an unexpected error) is Unknown, with the error as message.
 The monitor keeps its own NVML session in its own thread, so a slow or hanging GPU never holds up
@@ -26,6 +29,7 @@ from typing import Protocol
 
 from gpudra.errors import GpudraError
 from gpudra.model.devices import Device, gpu_uuid_of
+from gpudra.model.inventory import MigDevice
 from gpudra.service import Loop
 
 log = logging.getLogger(__name__)
@@ -73,6 +77,8 @@ class GpuProbe(Protocol):
 
     def gpu_health(self, *, gpu_uuid: str) -> tuple[bool, str]: ...
 
+    def mig_devices(self, *, gpu_uuid: str) -> tuple[MigDevice, ...]: ...
+
     def close(self) -> None: ...
 
 
@@ -108,13 +114,33 @@ def tainted_gpus(previous: Mapping[str, str], gpus: Mapping[str, GpuHealth]) -> 
 
 
 def devices_health(
-    *, pool: str, device_gpus: Mapping[str, str], gpus: Mapping[str, GpuHealth]
+    *,
+    pool: str,
+    device_gpus: Mapping[str, str],
+    gpus: Mapping[str, GpuHealth],
+    vanished: Mapping[str, str] | None = None,
 ) -> tuple[DeviceHealth, ...]:
-    """Every device with its GPU's health."""
+    """Every device with its GPU's health; a partition in `vanished` (device -> why) is Unhealthy on a
+    healthy GPU."""
+    vanished = vanished or {}
     return tuple(
-        DeviceHealth(pool=pool, device=name, health=gpus[uuid].health, message=gpus[uuid].message)
+        DeviceHealth(pool=pool, device=name, health=Health.UNHEALTHY, message=vanished[name])
+        if name in vanished and gpus[uuid].health == Health.HEALTHY
+        else DeviceHealth(pool=pool, device=name, health=gpus[uuid].health, message=gpus[uuid].message)
         for name, uuid in device_gpus.items()
     )
+
+
+def vanished_partitions(
+    partitions: Mapping[str, str], device_gpus: Mapping[str, str], existing: Mapping[str, frozenset[str]]
+) -> dict[str, str]:
+    """Prepared partition -> why it is unhealthy, for each whose MIG device (`partitions`: device -> MIG
+    UUID) is missing from its GPU's `existing` MIG UUIDs (GPUs that could not be listed are absent)."""
+    return {
+        name: f"MIG device {mig_uuid} of GPU {device_gpus[name]} no longer exists"
+        for name, mig_uuid in partitions.items()
+        if device_gpus.get(name) in existing and mig_uuid not in existing[device_gpus[name]]
+    }
 
 
 def kubelet_timeout_seconds(interval: float) -> int:
@@ -140,6 +166,7 @@ class HealthMonitor:
         open_nvml: Callable[[], GpuProbe],
         interval: float,
         on_change: Callable[[], None] = lambda: None,
+        partitions: Callable[[], Mapping[str, str]] = dict,
     ) -> None:
         self.pool = pool
         self.interval = interval
@@ -152,6 +179,8 @@ class HealthMonitor:
         self._last: dict[str, GpuHealth] = {}
         self._tainted: dict[str, str] = {}
         self._on_change = on_change
+        self._partitions = partitions  # prepared partition -> its MIG UUID, read at every poll
+        self._vanished_before: dict[str, str] = {}
         self._session: GpuProbe | None = None
         self.loop = Loop("health", self._poll)
 
@@ -180,8 +209,21 @@ class HealthMonitor:
 
     def _poll(self) -> float:
         self._session, gpus = self._probe_all(self._session)
-        self._publish(gpus)
+        vanished = self._vanished(self._session, gpus) if self._session is not None else {}
+        self._publish(gpus, vanished)
         return self.interval
+
+    def _vanished(self, session: GpuProbe, gpus: Mapping[str, GpuHealth]) -> dict[str, str]:
+        partitions = {n: u for n, u in self._partitions().items() if n in self._device_gpus}
+        existing: dict[str, frozenset[str]] = {}
+        for gpu_uuid in {self._device_gpus[name] for name in partitions}:
+            if gpus[gpu_uuid].health != Health.HEALTHY:
+                continue  # the GPU's own state already says it all
+            try:
+                existing[gpu_uuid] = frozenset(d.uuid for d in session.mig_devices(gpu_uuid=gpu_uuid))
+            except Exception as err:
+                _log_failure("listing MIG devices for health checks failed", err, gpu=gpu_uuid)
+        return vanished_partitions(partitions, self._device_gpus, existing)
 
     def _probe_all(self, session: GpuProbe | None) -> tuple[GpuProbe | None, dict[str, GpuHealth]]:
         if session is None:
@@ -192,7 +234,7 @@ class HealthMonitor:
                 return None, dict.fromkeys(self._gpus, GpuHealth(Health.UNKNOWN, f"NVML unavailable: {err}"))
         return session, {uuid: _probe(session, uuid) for uuid in self._gpus}
 
-    def _publish(self, gpus: dict[str, GpuHealth]) -> None:
+    def _publish(self, gpus: dict[str, GpuHealth], vanished: Mapping[str, str]) -> None:
         for uuid, now in gpus.items():
             if now != self._last.get(uuid, GpuHealth(Health.HEALTHY, "")):
                 if now.health == Health.HEALTHY:
@@ -200,7 +242,11 @@ class HealthMonitor:
                 else:
                     log.warning(f"GPU {now.health.lower()}", extra={"gpu": uuid, "error": now.message})
         self._last = gpus
-        devices = devices_health(pool=self.pool, device_gpus=self._device_gpus, gpus=gpus)
+        for name, why in vanished.items():
+            if name not in self._vanished_before:
+                log.warning("prepared MIG partition lost", extra={"device": name, "error": why})
+        self._vanished_before = dict(vanished)
+        devices = devices_health(pool=self.pool, device_gpus=self._device_gpus, gpus=gpus, vanished=vanished)
         tainted = tainted_gpus(self._tainted, gpus)
         with self._changed:
             changed, self._tainted = tainted != self._tainted, tainted

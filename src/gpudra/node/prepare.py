@@ -2,11 +2,13 @@
 I/O: the checkpoint file, CDI specs, GPU tools (through the Sharing it is given).
 
 Prepare, per claim: read the claim (UID, allocation, this driver's results in this node's pool) ->
-resolve and validate config -> refuse a device another claim holds -> plan sharing -> checkpoint
-PrepareStarted (with the planned sharing) -> apply sharing -> write the CDI spec -> checkpoint
-PrepareCompleted. Unprepare: checkpoint UnprepareStarted -> undo sharing -> delete the CDI spec ->
-forget the claim. Every step after the first checkpoint write is idempotent, so `recover()` at start-up
-can roll back a prepare or finish an unprepare that a crash interrupted, whichever step it stopped at.
+resolve and validate config -> refuse a device another claim holds -> plan MIG partitions and sharing
+-> checkpoint PrepareStarted (with the MIG specs and the planned sharing) -> create the MIG devices ->
+checkpoint their live ids -> apply sharing -> write the CDI spec -> checkpoint PrepareCompleted.
+Unprepare: checkpoint UnprepareStarted -> undo sharing -> destroy the MIG devices gpudra created ->
+delete the CDI spec -> forget the claim. Every step after the first checkpoint write is idempotent, so
+`recover()` at start-up can roll back a prepare or finish an unprepare that a crash interrupted,
+whichever step it stopped at; so does a repeated prepare that finds its own earlier attempt unfinished.
 
 Claims that touch different devices prepare concurrently: a claim holds the locks of its own devices
 (taken in name order, so two claims never deadlock) and the checkpoint lock only while it edits and
@@ -30,6 +32,7 @@ from gpudra.model.inventory import Gpu, Inventory
 from gpudra.node import cdi, faults
 from gpudra.node import checkpoint as ckpt
 from gpudra.node.allocation import Allocated, ClaimRef, ClaimSource, DeviceType, Sharing
+from gpudra.node.mig import MigPartitions
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +59,7 @@ class DeviceState:
         devices: Mapping[str, Device],
         claims: ClaimSource,
         sharing: Sharing,
+        mig: MigPartitions,
         cdi_root: Path,
         checkpoint_path: Path,
         boot_id: str,
@@ -67,6 +71,7 @@ class DeviceState:
         self.gpus = {gpu.uuid: gpu for gpu in inventory.gpus}
         self.claims = claims
         self.sharing = sharing
+        self.mig = mig
         self.cdi_root = cdi_root
         self.checkpoint_path = checkpoint_path
         self.boot_id = boot_id
@@ -163,8 +168,9 @@ class DeviceState:
 
         Request names, namespace and name are not in a spec: such an entry holds its devices until
         the kubelet unprepares the claim (a repeated prepare reads the claim again). Admin access is
-        (an annotation on the device). Undo resets the time-slice to Default, which is what an
-        unshared GPU has anyway."""
+        (an annotation on the device). Undo resets a whole GPU's time-slice to Default, which is what an
+        unshared GPU has anyway, and destroys a partition gpudra created: its spec comes from the device
+        name, and its live ids from the spec's MIG UUID where that device still exists."""
         entries = []
         for uid, path in specs.items():
             prefix = f"{uid}-"
@@ -174,20 +180,7 @@ class DeviceState:
                 log.error("CDI spec unreadable; left in place", extra={"claim": uid, "error": str(err)})
                 continue
             devices = tuple(
-                ckpt.PreparedDevice(
-                    request_names=(),
-                    pool=self.node_name,
-                    device=name,
-                    cdi_device_ids=(
-                        cdi.claim_device_id(driver=self.driver, claim_uid=uid, device_name=name),
-                    ),
-                    gpu_uuids=(self._gpu_of(name).uuid,),
-                    # Admin access never changed the GPU (it belongs to another claim): nothing to undo.
-                    sharing=None
-                    if cdi_device.admin_access
-                    else ckpt.TimeSlicingRecord(strategy="TimeSlicing", interval="Default"),
-                    admin_access=cdi_device.admin_access,
-                )
+                self._rebuilt_device(uid, name, cdi_device)
                 for cdi_device in spec.devices
                 for name in [cdi_device.name.removeprefix(prefix)]
                 if cdi_device.name.startswith(prefix) and name in self.devices
@@ -197,6 +190,48 @@ class DeviceState:
             )
         return entries
 
+    def _rebuilt_device(self, uid: str, name: str, cdi_device: cdi.CdiDevice) -> ckpt.PreparedDevice:
+        gpu = self._gpu_of(name)
+        mig = None
+        sharing: ckpt.SharingRecord | None = None
+        if self._type(name) == "mig":
+            if not cdi_device.admin_access and "uuid" not in self.devices[name]["attributes"]:
+                mig = self._rebuilt_mig(name, gpu, cdi.visible_uuid(cdi_device))
+        elif not cdi_device.admin_access:
+            # Admin access never changed the GPU (it belongs to another claim): nothing to undo.
+            sharing = ckpt.TimeSlicingRecord(strategy="TimeSlicing", interval="Default")
+        return ckpt.PreparedDevice(
+            request_names=(),
+            pool=self.node_name,
+            device=name,
+            cdi_device_ids=(cdi.claim_device_id(driver=self.driver, claim_uid=uid, device_name=name),),
+            gpu_uuids=(gpu.uuid,),
+            mig=mig,
+            sharing=sharing,
+            admin_access=cdi_device.admin_access,
+        )
+
+    def _rebuilt_mig(self, name: str, gpu: Gpu, mig_uuid: str | None) -> ckpt.MigRecord:
+        attributes = self.devices[name]["attributes"]
+        profile = attributes["profile"].get("string")
+        start = int(attributes["placementStart"].get("int", 0))
+        profile_id = next(p.id for p in gpu.mig_profiles if p.name == profile)
+        record = ckpt.MigRecord(
+            spec=ckpt.MigSpec(gpu_uuid=gpu.uuid, profile_id=profile_id, placement_start=start)
+        )
+        try:
+            found = self.mig.existing(name, gpu, mig_uuid) if mig_uuid else None
+        except GpudraError:
+            found = None  # gone already: destroy finds nothing, or a bare GPU instance, at the placement
+        if found is None:
+            return record
+        live = ckpt.MigLive(
+            gpu_instance_id=found.gpu_instance_id,
+            compute_instance_id=found.compute_instance_id,
+            uuid=found.uuid,
+        )
+        return record.model_copy(update={"live": live})
+
     def prepare(self, ref: ClaimRef) -> tuple[ckpt.PreparedDevice, ...]:
         self._usable()
         done = self._checkpoint.claims.get(ref.uid)
@@ -205,44 +240,121 @@ class DeviceState:
             return done.devices
         claim = self.claims.get(namespace=ref.namespace, name=ref.name, uid=ref.uid)
         allocated = self.allocated_devices(claim, ref)
-        with self._locked(a.device for a in allocated):
+        # A MIG-capable GPU's key too: a whole-GPU claim and a partition claim of one GPU must not both
+        # pass _refuse_taken at once.
+        keys = [a.device for a in allocated]
+        keys += [f"GPU:{a.gpu.uuid}" for a in allocated if a.gpu.mig_capable and not a.admin_access]
+        with self._locked(keys):
             done = self._checkpoint.claims.get(ref.uid)
-            if done is not None and done.state == "PrepareCompleted" and _complete(done):
-                return done.devices
+            if done is not None and done.state == "PrepareCompleted":
+                if _complete(done):
+                    return done.devices
+                return self._complete_rebuilt(ref, done, allocated)
+            if done is not None:
+                # An earlier attempt stopped half way (its rollback failed, e.g. a MIG device in use)
+                # or an unprepare did: finish undoing it first, so nothing is created twice.
+                self._teardown(done)
             self._refuse_taken(ref, allocated)
-            planned = tuple(self._planned(ref, a) for a in allocated)
+            owned = self._owned_mig_uuids()
+            planned = tuple(self._planned(ref, a, owned=owned) for a in allocated)
             entry = ckpt.ClaimEntry(
                 uid=ref.uid, namespace=ref.namespace, name=ref.name, state="PrepareStarted", devices=planned
             )
-            completed = entry.with_state("PrepareCompleted")
+            recorded = [entry]
             try:
                 self._record(entry)
                 faults.reached("prepare-started")
-                for device in planned:
+                if any(d.mig is not None for d in planned):
+                    entry = entry.with_state(
+                        "PrepareStarted", devices=self._create_partitions(allocated, planned)
+                    )
+                    # The live ids, so that a rollback or recover() destroys exactly these instances.
+                    recorded.append(entry)
+                    self._record(entry)
+                faults.reached("prepare-mig-created")
+                for device, wanted in zip(entry.devices, allocated, strict=True):
+                    if wanted.kind == "gpu" and not wanted.admin_access:
+                        self.mig.use_whole(device.device, wanted.gpu)
                     if device.sharing is not None:
                         self.sharing.apply(device.sharing, gpu_uuids=device.gpu_uuids)
                 faults.reached("prepare-applied")
                 spec = cdi.build_claim_spec(
                     driver=self.driver,
                     claim_uid=ref.uid,
-                    devices=[_claim_device(a) for a in allocated],
+                    devices=[self._claim_device(a, d) for a, d in zip(allocated, entry.devices, strict=True)],
                 )
                 cdi.write_spec(self.cdi_root, spec, claim_uid=ref.uid)
                 faults.reached("prepare-cdi-written")
                 # Inside the rollback too: a prepare that cannot save its completion (disk full) is
                 # a failed prepare, and must not leave the GPU configured and the device held.
+                completed = entry.with_state("PrepareCompleted")
+                recorded.append(completed)
                 self._record(completed)
             except BaseException as err:
-                # Memory holds this entry once a save of it replaced the file (even if the directory
-                # sync failed). Otherwise the first save changed nothing and nothing was done.
-                if self._checkpoint.claims.get(ref.uid) in (entry, completed):
+                # Memory holds an entry of this attempt once a save of it replaced the file (even if the
+                # directory sync failed). Otherwise the first save changed nothing and nothing was done.
+                current = self._checkpoint.claims.get(ref.uid)
+                if current is not None and current in recorded:
                     try:
-                        self._teardown(entry)
+                        self._teardown(current)
                     except Exception as rollback:  # keep the first error; the entry stays for recover()
                         err.add_note(f"rolling back also failed: {rollback}")
                 raise
             faults.reached("prepare-completed")
-            return planned
+            return completed.devices
+
+    def _create_partitions(
+        self, allocated: Sequence[Allocated], planned: Sequence[ckpt.PreparedDevice]
+    ) -> tuple[ckpt.PreparedDevice, ...]:
+        """Create the planned MIG devices; the devices with their live ids and final CDI IDs.
+
+        On a failure the devices created so far are in no record yet: destroy them here (the caller's
+        rollback finds the rest by their specs), then raise."""
+        done: list[ckpt.PreparedDevice] = []
+        try:
+            for device, prepared in zip(allocated, planned, strict=True):
+                if prepared.mig is None:
+                    done.append(prepared)
+                    continue
+                mig = self.mig.create(prepared.device, prepared.mig)
+                done.append(prepared.model_copy(update={"mig": mig}))
+                # The toolkit may name the new MIG device (or only its parent): its ID follows ours.
+                own = prepared.cdi_device_ids[0]
+                done[-1] = done[-1].model_copy(
+                    update={
+                        "cdi_device_ids": (
+                            own,
+                            *self.toolkit.device_ids(self._claim_device(device, done[-1])),
+                        )
+                    }
+                )
+        except BaseException as err:
+            for created in done:
+                if created.mig is not None and created.mig.live is not None:
+                    try:
+                        self.mig.destroy(created.device, created.mig)
+                    except GpudraError as cleanup:
+                        err.add_note(f"destroying {created.device} again failed as well: {cleanup}")
+            raise
+        return tuple(done)
+
+    def _complete_rebuilt(
+        self, ref: ClaimRef, done: ckpt.ClaimEntry, allocated: Sequence[Allocated]
+    ) -> tuple[ckpt.PreparedDevice, ...]:
+        """A claim rebuilt from its CDI spec, completed from the claim: its devices keep running as
+        they are (their MIG devices and specs are in use by the pod); only the request names come back."""
+        requests = {a.device: (a.base_request,) for a in allocated}
+        if set(requests) != {d.device for d in done.devices}:
+            named = ", ".join(sorted(d.device for d in done.devices))
+            raise ClaimError(
+                f"ResourceClaim {done.uid} was allocated {', '.join(sorted(requests))}, but its CDI spec "
+                f"(the checkpoint was rebuilt from it) names {named}"
+            )
+        devices = tuple(d.model_copy(update={"request_names": requests[d.device]}) for d in done.devices)
+        self._record(
+            done.model_copy(update={"namespace": ref.namespace, "name": ref.name, "devices": devices})
+        )
+        return devices
 
     def allocated_devices(self, claim: Mapping[str, Any], ref: ClaimRef) -> list[Allocated]:
         """This driver's results in `claim`, checked against the kubelet's request and this node."""
@@ -320,11 +432,16 @@ class DeviceState:
             self._commit(self._checkpoint.without_claim(entry.uid))
 
     def _undo(self, entry: ckpt.ClaimEntry) -> None:
-        """Undo the side effects of `entry`: sharing, then its CDI spec. Idempotent."""
+        """Undo the side effects of `entry`: sharing, the MIG devices it created, then its CDI spec.
+        Idempotent."""
         for device in entry.devices:
             if device.sharing is not None:
                 self.sharing.undo(device.sharing, gpu_uuids=device.gpu_uuids)
         faults.reached("unprepare-undone")
+        for device in entry.devices:
+            if device.mig is not None:
+                self.mig.destroy(device.device, device.mig)
+        faults.reached("unprepare-mig-destroyed")
         cdi.delete_spec(self.cdi_root, driver=self.driver, claim_uid=entry.uid)
         faults.reached("unprepare-cdi-deleted")
 
@@ -333,7 +450,22 @@ class DeviceState:
     def prepared_claims(self) -> dict[str, ckpt.ClaimEntry]:
         return dict(self._checkpoint.claims)
 
+    def prepared_partitions(self) -> dict[str, str]:
+        """Partition device -> MIG UUID, for each MIG device a prepared claim created (health checks)."""
+        return {
+            d.device: d.mig.live.uuid
+            for entry in self._checkpoint.claims.values()
+            if entry.state == "PrepareCompleted"
+            for d in entry.devices
+            if d.mig is not None and d.mig.live is not None
+        }
+
     # --- helpers -------------------------------------------------------------------------------
+
+    def _known_type(self, device: str) -> str | None:
+        """The type of a device this node publishes now; None for one it no longer does."""
+        published = self.devices.get(device)
+        return None if published is None else published["attributes"]["type"].get("string")
 
     def _type(self, device: str) -> DeviceType:
         kind = self.devices[device]["attributes"]["type"].get("string")
@@ -347,11 +479,22 @@ class DeviceState:
         return self.gpus[uuid]
 
     def _refuse_taken(self, ref: ClaimRef, allocated: Sequence[Allocated]) -> None:
+        """Refuse a device another claim holds: the same device, or the whole GPU of a partition (and
+        a partition of a whole GPU), which the scheduler's counters keep apart too."""
         wanted = {a.device for a in allocated if not a.admin_access}
+        whole = {a.gpu.uuid: a.device for a in allocated if not a.admin_access and a.kind == "gpu"}
+        parts = {a.gpu.uuid: a.device for a in allocated if not a.admin_access and a.kind == "mig"}
         for other in self._checkpoint.claims.values():
             if other.uid == ref.uid:
                 continue
-            taken = wanted & {d.device for d in other.devices if not d.admin_access}
+            held = [d for d in other.devices if not d.admin_access]
+            taken = wanted & {d.device for d in held}
+            for device in held:
+                gpu, kind = device.gpu_uuids[0] if device.gpu_uuids else "", self._known_type(device.device)
+                if kind == "gpu" and gpu in parts:
+                    taken.add(f"{parts[gpu]} (its whole GPU {device.device})")
+                elif kind == "mig" and gpu in whole:
+                    taken.add(f"{whole[gpu]} (its partition {device.device})")
             if taken:
                 holder = (
                     f"{other.namespace}/{other.name} ({other.uid})"
@@ -362,22 +505,77 @@ class DeviceState:
                     f"device {', '.join(sorted(taken))} is already prepared for ResourceClaim {holder}"
                 )
 
-    def _planned(self, ref: ClaimRef, device: Allocated) -> ckpt.PreparedDevice:
-        if device.kind == "mig":
-            raise ClaimError(
-                f"device {device.device}: preparing MIG partitions is not supported by this gpudra "
-                "version; request whole GPUs (devices of type gpu)"
-            )
+    def _planned(self, ref: ClaimRef, device: Allocated, *, owned: set[str]) -> ckpt.PreparedDevice:
         own = cdi.claim_device_id(driver=self.driver, claim_uid=ref.uid, device_name=device.device)
+        mig = None
+        if device.kind == "mig" and not device.admin_access:
+            mig = self.mig.plan(device, self.devices[device.device], owned=owned)
         return ckpt.PreparedDevice(
             request_names=(device.base_request,),
             pool=self.node_name,
             device=device.device,
-            cdi_device_ids=(own, *self.toolkit.device_ids(_claim_device(device))),
+            # A partition still to be created gets the toolkit's ID once it exists (_create_partitions).
+            cdi_device_ids=(own,)
+            if mig is not None
+            else (own, *self.toolkit.device_ids(self._claim_device(device))),
             gpu_uuids=(device.gpu.uuid,),
+            mig=mig,
             sharing=self.sharing.plan(device),
             admin_access=device.admin_access,
         )
+
+    def _claim_device(
+        self, device: Allocated, prepared: ckpt.PreparedDevice | None = None
+    ) -> cdi.ClaimDevice:
+        """The CDI view of `device`; for a partition, of the MIG device that exists now."""
+        gpu = device.gpu
+        if device.kind == "gpu":
+            return cdi.ClaimDevice(
+                name=device.device, gpu_minor=gpu.minor, uuid=gpu.uuid, admin_access=device.admin_access
+            )
+        if prepared is not None and prepared.mig is not None and prepared.mig.live is not None:
+            live = prepared.mig.live
+            uuid, gi, ci = live.uuid, live.gpu_instance_id, live.compute_instance_id
+        else:
+            attributes = self.devices[device.device]["attributes"]
+            mig_uuid = (
+                attributes["uuid"].get("string") if "uuid" in attributes else self._live_uuid(device.device)
+            )
+            if mig_uuid is None:
+                raise ClaimError(
+                    f"device {device.device}: this MIG partition does not exist, since no claim on this node "
+                    "uses it; admin access reaches partitions that another claim prepared"
+                )
+            existing = self.mig.existing(device.device, gpu, mig_uuid)
+            uuid, gi, ci = existing.uuid, existing.gpu_instance_id, existing.compute_instance_id
+        return cdi.ClaimDevice(
+            name=device.device,
+            gpu_minor=gpu.minor,
+            uuid=uuid,
+            mig=self.mig.access(device.device, gpu, gpu_instance_id=gi, compute_instance_id=ci),
+            admin_access=device.admin_access,
+        )
+
+    def _live_uuid(self, device: str) -> str | None:
+        """The MIG UUID of partition `device` as a prepared claim created it, if one did."""
+        return next(
+            (
+                d.mig.live.uuid
+                for entry in self._checkpoint.claims.values()
+                for d in entry.devices
+                if d.device == device and d.mig is not None and d.mig.live is not None
+            ),
+            None,
+        )
+
+    def _owned_mig_uuids(self) -> set[str]:
+        """The MIG devices the checkpoint says gpudra created (and may therefore destroy)."""
+        return {
+            d.mig.live.uuid
+            for entry in self._checkpoint.claims.values()
+            for d in entry.devices
+            if d.mig is not None and d.mig.live is not None
+        }
 
     def _record(self, entry: ckpt.ClaimEntry) -> None:
         with self._checkpoint_lock:
@@ -404,12 +602,6 @@ class DeviceState:
             for lock in locks:
                 stack.enter_context(lock)
             yield
-
-
-def _claim_device(device: Allocated) -> cdi.ClaimDevice:
-    return cdi.ClaimDevice(
-        name=device.device, gpu_minor=device.gpu.minor, uuid=device.gpu.uuid, admin_access=device.admin_access
-    )
 
 
 def _complete(entry: ckpt.ClaimEntry) -> bool:

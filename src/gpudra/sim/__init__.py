@@ -1,8 +1,10 @@
-"""A simulated NVIDIA driver under pynvml, plus stand-ins for the driver's tools. I/O: state file, sysfs.
+"""A simulated NVIDIA driver under pynvml, plus stand-ins for its tools. I/O: state file, sysfs, proc.
 
 `install` puts a `SimulatedLibrary` where pynvml keeps the loaded libnvidia-ml (`nvmlLib`) and fills
 pynvml's function-pointer cache with its entry points, so every pynvml wrapper runs unchanged on top
-of simulated C functions. This package never imports pynvml: `gpudra.gpu.nvml` passes the module in.
+of simulated C functions, and writes the files of the driver that gpudra reads besides NVML: a sysfs
+tree (`sysfs`) and a proc tree (`procfs`). This package never imports pynvml: `gpudra.gpu.nvml` passes
+the module in.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gpudra import errors
-from gpudra.sim import library, machines, state, sysfs
+from gpudra.sim import library, machines, procfs, state, sysfs
 from gpudra.sim.hooks import attach_process, detach_process, set_gpu_lost, set_mig_mode, set_utilization
 from gpudra.sim.tools import write_tools
 
@@ -41,8 +43,12 @@ class PynvmlModule(Protocol):
     _nvmlLib_refcount: int  # nvmlInit calls not yet shut down
 
 
-def install(pynvml_module: PynvmlModule, *, profile: str, state_file: Path, sysfs_root: Path) -> None:
+def install(
+    pynvml_module: PynvmlModule, *, profile: str, state_file: Path, sysfs_root: Path, proc_root: Path
+) -> None:
     """Boots (or joins) the simulated machine `profile` in `state_file` and loads it under pynvml.
+
+    The machine's sysfs and proc files are (re)written under `sysfs_root` and `proc_root`.
 
     Installs nest: installing the same machine and state file again only counts, and each `uninstall`
     undoes one. Another machine while one is installed, or the simulator while this process uses real
@@ -56,6 +62,7 @@ def install(pynvml_module: PynvmlModule, *, profile: str, state_file: Path, sysf
     store = state.StateFile(state_file.absolute())
     store.create(machine)
     sysfs.write(machine, sysfs_root)
+    procfs.write(proc_root)
     with pynvml_module.libLoadLock:
         current = pynvml_module.nvmlLib
         if isinstance(current, library.SimulatedLibrary):

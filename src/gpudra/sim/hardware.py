@@ -21,6 +21,7 @@ NOT_FOUND = 6
 DRIVER_NOT_LOADED = 9
 INSUFFICIENT_SIZE = 7
 GPU_IS_LOST = 15
+RESET_REQUIRED = 16
 IN_USE = 19
 INSUFFICIENT_RESOURCES = 23
 ARGUMENT_VERSION_MISMATCH = 25
@@ -34,6 +35,7 @@ ERROR_STRINGS = {
     DRIVER_NOT_LOADED: "Driver Not Loaded",
     INSUFFICIENT_SIZE: "Insufficient Size",
     GPU_IS_LOST: "GPU is lost",
+    RESET_REQUIRED: "GPU requires restart",
     IN_USE: "In use by another client",
     INSUFFICIENT_RESOURCES: "Insufficient resources",
     ARGUMENT_VERSION_MISMATCH: "Argument version mismatch",
@@ -46,6 +48,10 @@ _GI_ID_POOLS = {8: (0,), 4: (1, 2), 2: (3, 4, 5, 6), 1: (7, 8, 9, 10, 11, 12, 13
 # Compute-instance profile index -> GPU slices; the CI profile ID equals the index (observed).
 CI_PROFILE_SLICES = {0: 1, 1: 2, 2: 3, 3: 4, 4: 7}
 CI_PROFILE_COUNT = 9
+
+# What NVML writes into a process's GPU/compute instance ID when it runs on a GPU without MIG.
+VALUE_NOT_AVAILABLE = 0xFFFFFFFF
+MIG_DISABLE, MIG_ENABLE = 0, 1
 
 
 class Refused(Exception):
@@ -94,6 +100,51 @@ def require_mig_enabled(model: machines.GpuModel, gpu: state.Gpu) -> None:
     require_mig_capable(model)
     if not gpu.mig_mode:
         raise Refused(NOT_SUPPORTED, f"MIG mode is disabled on {gpu.uuid}")
+
+
+def processes_on(machine_state: state.MachineState, index: int) -> list[tuple[int, int, int]]:
+    """(pid, GI ID, CI ID) of every process on GPU `index` or one of its MIG devices; the IDs are
+    VALUE_NOT_AVAILABLE for a process on the GPU itself."""
+    gpu = machine_state.gpus[index]
+    where = {gpu.uuid: (VALUE_NOT_AVAILABLE, VALUE_NOT_AVAILABLE)} | {
+        ci.uuid: (gi.id, ci.id) for gi in gpu.gpu_instances for ci in gi.compute_instances
+    }
+    return [(p.pid, *where[p.device_uuid]) for p in machine_state.processes if p.device_uuid in where]
+
+
+def set_mig_mode(
+    *, model: machines.GpuModel, virtualization: int, machine_state: state.MachineState, index: int, mode: int
+) -> int:
+    """nvmlDeviceSetMigMode on GPU `index`: switches to `mode` or leaves it pending; the activation status.
+
+    SUCCESS: the mode is now `mode` (asking for the current mode cancels a pending change). IN_USE:
+    GPU instances or processes hold the GPU, so the driver cannot unbind it. RESET_REQUIRED: the mode
+    applies only after a GPU reset, which the driver does not do by itself on Ampere, nor can it
+    inside a VM. The two failures leave the new mode pending, as the driver does; the simulator never
+    resets, so only `hooks.set_mig_mode` (an administrator's reset) or setting the current mode again
+    clears it.
+    """
+    require_mig_capable(model)
+    if mode not in (MIG_DISABLE, MIG_ENABLE):
+        raise Refused(INVALID_ARGUMENT, f"MIG mode {mode}")
+    gpu = machine_state.gpus[index]
+    if mode == gpu.mig_mode:
+        gpu.mig_mode_pending = None
+        return SUCCESS
+    gpu.mig_mode_pending = mode
+    if gpu.gpu_instances or processes_on(machine_state, index):
+        return IN_USE
+    if model.architecture < machines.ARCH_HOPPER or virtualization != machines.VIRTUALIZATION_NONE:
+        return RESET_REQUIRED
+    gpu.mig_mode, gpu.mig_mode_pending = mode, None
+    return SUCCESS
+
+
+def max_mig_devices(model: machines.GpuModel, gpu: state.Gpu) -> int:
+    """nvmlDeviceGetMaxMigDeviceCount: one per compute slice with MIG enabled (7 on A100/H100), else 0."""
+    if not (model.mig_capable and gpu.mig_mode):
+        return 0
+    return max(profile.slices for profile in model.mig_profiles)
 
 
 def gpu_instance(gpu: state.Gpu, gi_id: int) -> state.GpuInstance:

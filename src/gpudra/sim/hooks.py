@@ -31,14 +31,15 @@ def detach_process(*, state_file: Path, pid: int) -> None:
 
 
 def set_mig_mode(*, state_file: Path, gpu_uuid: str, enabled: bool) -> None:
-    """Like `nvidia-smi -i <gpu> -mig 0|1` on an idle GPU: refused while instances exist."""
+    """Like `nvidia-smi -i <gpu> -mig 0|1` on an idle GPU plus the reset that applies it, whatever the
+    architecture: refused while instances exist; clears a pending mode."""
     store = state.StateFile(state_file)
     with store.update() as machine_state:
         index, gpu = _gpu(machine_state, gpu_uuid)
         hardware.require_mig_capable(machines.MACHINES[machine_state.machine].gpus[index].model)
         if gpu.gpu_instances:
             raise hardware.Refused(hardware.IN_USE, f"{gpu_uuid} still has GPU instances")
-        gpu.mig_mode = int(enabled)
+        gpu.mig_mode, gpu.mig_mode_pending = int(enabled), None
 
 
 def set_utilization(*, state_file: Path, gpu_uuid: str, percent: int) -> None:

@@ -6,7 +6,8 @@ string buffers and caller-allocated arrays arrive as themselves, sizes as `c_uin
 plain ints. Each entry point here takes exactly that, writes results into the caller's objects and
 returns an NVML return code, so pynvml's own wrappers (structs, versions, `_nvmlCheckReturn` raising
 `NVMLError_*`) run unchanged. Symbols not defined here are missing, as in an old driver:
-pynvml raises NVMLError_FunctionNotFound.
+pynvml raises NVMLError_FunctionNotFound. Where the driver reports an outcome in an out-parameter
+rather than the return code (nvmlDeviceSetMigMode's activation status), so does the simulator.
 
 Handles are opaque pointer values that encode what they point at (GPU, GPU instance, compute
 instance, MIG device) and are checked against the current state on every call, so a handle to an
@@ -317,6 +318,9 @@ class SimulatedLibrary:
         slot = self.machine.gpus[self._gpu(handle)]
         if not slot.model.nvlinks:
             raise Refused(hardware.NOT_SUPPORTED, f"{slot.model.name} has no NVLink")
+        if not slot.nvswitches:
+            # An NVLink board alone in a VM: observed on an H200 passed through to a one-GPU VM.
+            raise Refused(hardware.NOT_SUPPORTED, f"the NVLinks of {slot.bdf} lead nowhere")
         number = _int(link)
         if not 0 <= number < slot.model.nvlinks:
             raise Refused(hardware.INVALID_ARGUMENT, f"{slot.model.name} has no NVLink {number}")
@@ -346,8 +350,30 @@ class SimulatedLibrary:
     def mig_mode(self, handle: Any, current: Any, pending: Any) -> int:
         index = self._gpu(handle)
         hardware.require_mig_capable(self._model(index))
-        mode = self.state_file.read().gpus[index].mig_mode
-        _out(current).value, _out(pending).value = mode, mode
+        gpu = self.state_file.read().gpus[index]
+        _out(current).value = gpu.mig_mode
+        _out(pending).value = gpu.mig_mode if gpu.mig_mode_pending is None else gpu.mig_mode_pending
+        return hardware.SUCCESS
+
+    @_entry("nvmlDeviceSetMigMode")
+    def set_mig_mode(self, handle: Any, mode: Any, ref: Any) -> int:
+        """The call itself succeeds; whether the mode changed is the activation status it writes."""
+        index = self._gpu(handle)
+        status = _out(ref)
+        with self.state_file.update() as machine_state:
+            status.value = hardware.set_mig_mode(
+                model=self._model(index),
+                virtualization=self.machine.virtualization,
+                machine_state=machine_state,
+                index=index,
+                mode=_int(mode),
+            )
+        return hardware.SUCCESS
+
+    @_entry("nvmlDeviceGetVirtualizationMode")
+    def virtualization_mode(self, handle: Any, ref: Any) -> int:
+        self._gpu(handle)
+        _out(ref).value = self.machine.virtualization
         return hardware.SUCCESS
 
     @_entry("nvmlDeviceGetGpuInstanceProfileInfoV")
@@ -538,4 +564,56 @@ class SimulatedLibrary:
         info.gpuInstanceSliceCount = gi_profile.slices
         info.computeInstanceSliceCount = profile.slices
         info.memorySizeMB = gi_profile.memory_mib
+        return hardware.SUCCESS
+
+    @_entry("nvmlDeviceGetMaxMigDeviceCount")
+    def max_mig_device_count(self, handle: Any, ref: Any) -> int:
+        index = self._gpu(handle)
+        _out(ref).value = hardware.max_mig_devices(self._model(index), self.state_file.read().gpus[index])
+        return hardware.SUCCESS
+
+    @_entry("nvmlDeviceGetMigDeviceHandleByIndex")
+    def mig_device_handle_by_index(self, handle: Any, slot: Any, ref: Any) -> int:
+        """Slot i holds the i-th MIG device in (GI ID, CI ID) order; the slots behind them are empty.
+
+        Without MIG every slot is empty (observed on an H200 with MIG disabled: NOT_FOUND at 0 and 7);
+        a slot past the last is an invalid argument [unverified].
+        """
+        index = self._gpu(handle)
+        gpu = self.state_file.read().gpus[index]
+        number = _int(slot)
+        slots = hardware.max_mig_devices(self._model(index), gpu)
+        if not slots:
+            raise Refused(hardware.NOT_FOUND, f"no MIG devices on {gpu.uuid}")
+        if not 0 <= number < slots:
+            raise Refused(hardware.INVALID_ARGUMENT, f"MIG device index {number} out of range")
+        devices = sorted((gi.id, ci.id) for gi in gpu.gpu_instances for ci in gi.compute_instances)
+        if number >= len(devices):
+            raise Refused(hardware.NOT_FOUND, f"no MIG device at index {number}")
+        gi_id, ci_id = devices[number]
+        _store_handle(_out(ref), _handle(_MIG_DEVICE, gpu=index, gi=gi_id, ci=ci_id))
+        return hardware.SUCCESS
+
+    @_entry("nvmlDeviceGetComputeRunningProcesses_v3")
+    def compute_running_processes(self, handle: Any, count: Any, infos: Any) -> int:
+        """NVML's count protocol: too small a buffer (None included) answers INSUFFICIENT_SIZE with the
+        count needed, unless there is nothing to report; a GPU handle reports the processes of the whole
+        GPU, its MIG devices' included (NVML's aggregate view for a privileged caller), a MIG device
+        handle those of that MIG device."""
+        machine_state = self.state_file.read()
+        if self._kind(handle) == _MIG_DEVICE:
+            _, gi, ci = self._compute_instance(handle, kind=_MIG_DEVICE, machine_state=machine_state)
+            found = [(p.pid, gi.id, ci.id) for p in machine_state.processes if p.device_uuid == ci.uuid]
+        else:
+            found = hardware.processes_on(machine_state, self._gpu(handle))
+        size = _out(count)
+        capacity = 0 if infos is None else min(size.value, len(infos))
+        size.value = len(found)
+        if len(found) > capacity:
+            raise Refused(hardware.INSUFFICIENT_SIZE, f"{len(found)} processes")
+        for slot, (pid, gi_id, ci_id) in enumerate(found):
+            info = infos[slot]
+            info.pid = pid
+            info.usedGpuMemory = 0  # memory use is not simulated
+            info.gpuInstanceId, info.computeInstanceId = gi_id, ci_id
         return hardware.SUCCESS

@@ -16,6 +16,7 @@ ARCH_TURING, ARCH_AMPERE, ARCH_ADA, ARCH_HOPPER = 6, 7, 8, 9
 BRAND_TESLA, BRAND_NVIDIA = 2, 14
 PROFILE_1_SLICE, PROFILE_2_SLICE, PROFILE_3_SLICE, PROFILE_4_SLICE, PROFILE_7_SLICE = 0, 1, 2, 3, 4
 PROFILE_1_SLICE_REV1, PROFILE_1_SLICE_REV2 = 7, 9
+VIRTUALIZATION_NONE, VIRTUALIZATION_PASSTHROUGH = 0, 1  # nvmlGpuVirtualizationMode_t
 NVIDIA_VENDOR_ID = 0x10DE
 
 
@@ -72,9 +73,9 @@ class GpuSlot:
     model: GpuModel
     bus: int  # PCI bus number; domain 0, device 0, function 0
     minor: int
-    numa_node: int
+    numa_node: int  # -1 where the firmware gives no proximity information, as sysfs writes it
     pcie_root: str  # sysfs name of the root complex, "pci0000:15"
-    nvswitches: tuple[NvSwitch, ...]  # link i goes to nvswitches[i % len]
+    nvswitches: tuple[NvSwitch, ...]  # link i goes to nvswitches[i % len]; none: NVLink NOT_SUPPORTED
 
     @property
     def bus_id(self) -> str:
@@ -94,6 +95,9 @@ class Machine:
     cuda_driver_version: int
     mig_enabled: bool  # initial MIG mode of the MIG-capable GPUs
     gpus: tuple[GpuSlot, ...]
+    # What nvmlDeviceGetVirtualizationMode reports for every GPU: NONE on bare metal, PASSTHROUGH in a
+    # VM that was handed the whole board. A VM cannot reset the GPU, so MIG mode changes need a reboot.
+    virtualization: int = VIRTUALIZATION_NONE
 
     def gpu_uuid(self, index: int) -> str:
         """Deterministic per machine and slot, so test expectations do not drift between runs."""
@@ -281,4 +285,19 @@ MIXED = Machine(
     ),
 )
 
-MACHINES = {machine.name: machine for machine in (DGX_A100, DGX_H100, MIXED)}
+# A cloud VM with one H100 SXM board passed through (the "1 GPU" size of an HGX H100 host): the guest
+# sees a plain PCI device behind a virtual root port, no NVSwitch (NVML answers NOT_SUPPORTED for its
+# NVLinks), no NUMA proximity information (sysfs numa_node -1), virtualization mode PASSTHROUGH and
+# MIG disabled at boot, as an H200 in such a VM showed; the driver is the DGX one.
+VM_H100 = Machine(
+    name="vm-h100",
+    driver_version=DRIVER_VERSION,
+    cuda_driver_version=CUDA_DRIVER_VERSION,
+    mig_enabled=False,
+    gpus=(
+        GpuSlot(model=H100_SXM5_80GB, bus=0x04, minor=0, numa_node=-1, pcie_root="pci0000:00", nvswitches=()),
+    ),
+    virtualization=VIRTUALIZATION_PASSTHROUGH,
+)
+
+MACHINES = {machine.name: machine for machine in (DGX_A100, DGX_H100, MIXED, VM_H100)}

@@ -47,6 +47,9 @@ class GpuInstance(_Model):
 class Gpu(_Model):
     uuid: str
     mig_mode: int  # 0 disabled, 1 enabled; always 0 on GPUs without MIG
+    # A mode change nvmlDeviceSetMigMode could not apply (it needs a reset or the GPU was busy); None
+    # when none is pending. NVML reports it as the pending mode.
+    mig_mode_pending: int | None = None
     compute_mode: int = 0
     timeslice: int = 0  # nvidia-smi compute-policy: 0 default, 1 short, 2 medium, 3 long
     utilization: int = 0  # percent, what nvmlDeviceGetUtilizationRates reports as .gpu
