@@ -50,7 +50,7 @@ def layout_template(name: str, profiles: list[str], minor: int, start: int | Non
     requests = [
         {
             "name": f"p{i}",
-            "exactly": {"deviceClassName": f"mig.{DRIVER}", "selectors": [_selector(p, minor, start)]},
+            "exactly": {"deviceClassName": "mig.gpudra.io", "selectors": [_selector(p, minor, start)]},
         }
         for i, p in enumerate(profiles)
     ]
@@ -270,7 +270,7 @@ def test_a_whole_gpu_and_a_partition_take_turns_on_one_h100(
                         {
                             "name": "gpu",
                             "exactly": {
-                                "deviceClassName": f"gpu.{DRIVER}",
+                                "deviceClassName": "gpu.gpudra.io",
                                 "selectors": [
                                     {"cel": {"expression": f'device.attributes["{DRIVER}"].minor == {minor}'}}
                                 ],

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import generate_latest
 
 from gpudra import sim
 from gpudra.errors import ClaimError
@@ -16,6 +17,7 @@ from gpudra.gpu import nvml
 from gpudra.node import cdi, faults
 from gpudra.node import checkpoint as ckpt
 from gpudra.node.allocation import ClaimRef
+from gpudra.node.metrics import PluginMetrics
 from gpudra.sim import state as sim_state
 from tests.unit.claims import DRIVER, resource_claim, result, whole_gpus
 from tests.unit.test_prepare import BOOT, Node, _child, uid
@@ -397,3 +399,25 @@ def test_a_version_1_checkpoint_with_a_mig_record_is_corrupt(tmp_path: Path) -> 
     path.write_text(json.dumps({"checksum": ckpt._checksum(data), "data": data}))
     with pytest.raises(ckpt.CheckpointCorrupt, match="a version 1 checkpoint holds no MIG or MPS record"):
         ckpt.load(path, boot_id="boot-1")
+
+
+# --- the room left --------------------------------------------------------------------------------
+
+
+def test_the_largest_placeable_profile_follows_the_prepared_partitions(h100: Node) -> None:
+    state = h100.state()
+    assert state.mig_room()["gpu-2"] == ("7g.80gb", 7)
+    part = h100.claims.add(mig_claim(1, "gpu-2-mig-3g40gb-4"))
+    state.prepare(part)
+    assert state.mig_room()["gpu-2"] == ("4g.40gb", 4)
+    whole = h100.claims.add(whole_gpus(uid(2), "gpu-3"))
+    state.prepare(whole)
+    assert state.mig_room()["gpu-3"] == ("", 0)
+
+    metrics = PluginMetrics()
+    metrics.track_mig_room(state.mig_room)
+    text = generate_latest(metrics.registry).decode()
+    assert 'gpudra_mig_largest_placeable_slices{gpu="gpu-2",profile="4g.40gb"} 4.0' in text
+    assert 'gpudra_mig_largest_placeable_slices{gpu="gpu-3",profile=""} 0.0' in text
+    state.unprepare(part)
+    assert state.mig_room()["gpu-2"] == ("7g.80gb", 7)

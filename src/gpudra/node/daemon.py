@@ -103,6 +103,7 @@ def _run(options: Options, session: nvml.Nvml, *, stop: threading.Event) -> None
     retry_checkpoint = service.Loop("checkpoint", lambda: _retry_recovery(state, events, metrics))
     metrics.track_prepared(lambda: _counts(state))
     metrics.track_checkpoint(lambda: state.refusal)
+    metrics.track_mig_room(state.mig_room)
     slices = SliceController(
         client,
         driver=options.driver,

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gpudra.service import Loop
@@ -112,6 +112,28 @@ class PluginMetrics:
         """Read (claims, devices) at scrape time, so the gauges can never drift from the checkpoint."""
         self.prepared_claims.set_function(lambda: counts()[0])
         self.prepared_devices.set_function(lambda: counts()[1])
+
+    def track_mig_room(self, room: Callable[[], Mapping[str, tuple[str, int]]]) -> None:
+        """Per MIG-capable GPU, the largest MIG profile still placeable beside the prepared partitions."""
+        self.registry.register(_MigRoom(room))
+
+
+class _MigRoom(Collector):
+    def __init__(self, room: Callable[[], Mapping[str, tuple[str, int]]]) -> None:
+        self.room = room
+
+    def collect(self) -> Iterator[Metric]:
+        # The profile is a label, so a dashboard shows "3g.40gb" rather than a number; built at each
+        # scrape, so a profile that no longer fits leaves no stale series behind.
+        family = GaugeMetricFamily(
+            "gpudra_mig_largest_placeable_slices",
+            "GPU slices of the largest MIG profile that still fits beside the partitions prepared on this "
+            "GPU (0: none fits, or the whole GPU is prepared), by GPU and that profile.",
+            labels=["gpu", "profile"],
+        )
+        for gpu, (profile, slices) in sorted(self.room().items()):
+            family.add_metric([gpu, profile], slices)
+        yield family
 
 
 class _ApiRequests(Collector):

@@ -26,9 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from gpudra.errors import ClaimError, GpudraError
+from gpudra.model import placement
 from gpudra.model.claim_config import resolve_configs
 from gpudra.model.devices import Device
-from gpudra.model.inventory import Gpu, Inventory
+from gpudra.model.inventory import Gpu, Inventory, MigPlacement
 from gpudra.node import cdi, faults
 from gpudra.node import checkpoint as ckpt
 from gpudra.node.allocation import Allocated, ClaimRef, ClaimSource, DeviceType, Sharing
@@ -449,6 +450,35 @@ class DeviceState:
 
     def prepared_claims(self) -> dict[str, ckpt.ClaimEntry]:
         return dict(self._checkpoint.claims)
+
+    def mig_room(self) -> dict[str, tuple[str, int]]:
+        """Per MIG-capable GPU (device name `gpu-<minor>`), the largest MIG profile that still fits
+        beside the partitions prepared here (name, GPU slices; ("", 0) when none, or while the whole GPU is
+        prepared). Allocations the node has not been asked to prepare yet are not in it."""
+        occupied: dict[str, list[placement.Instance]] = {}
+        whole: set[str] = set()
+        for entry in self._checkpoint.claims.values():
+            for device in entry.devices:
+                if device.admin_access or not device.gpu_uuids or device.device not in self.devices:
+                    continue
+                parent = device.gpu_uuids[0]
+                if self._type(device.device) == "gpu":
+                    whole.add(parent)
+                    continue
+                attributes = self.devices[device.device]["attributes"]
+                start = int(attributes["placementStart"].get("int", 0))
+                size = int(attributes["placementSize"].get("int", 0))
+                profile = str(attributes["profile"].get("string", ""))
+                occupied.setdefault(parent, []).append(placement.Instance(profile, MigPlacement(start, size)))
+        room = {}
+        for gpu in self.gpus.values():
+            if not gpu.mig_profiles:
+                continue
+            largest = (
+                None if gpu.uuid in whole else placement.largest_placeable(gpu, occupied.get(gpu.uuid, ()))
+            )
+            room[f"gpu-{gpu.minor}"] = (largest.name, largest.slice_count) if largest else ("", 0)
+        return room
 
     def prepared_partitions(self) -> dict[str, str]:
         """Partition device -> MIG UUID, for each MIG device a prepared claim created (health checks)."""
