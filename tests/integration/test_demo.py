@@ -21,8 +21,11 @@ def test_demo_runs_end_to_end_and_cleans_up() -> None:
     for line in (
         "gpu-pair-nvlink  node-h100",
         "l4-inference     node-mixed",
-        "CDI spec files written: 4",
-        "CDI spec files left: 0; GPU settings back to default: yes",
+        "mig-mixed        node-h100",
+        "mig-1g           node-h100",
+        "CDI spec files written: 7",
+        "MIG devices created for the claims: 5",
+        "CDI spec files left: 0; GPU settings back to default: yes; MIG devices left: 0",
         "no process left running",
     ):
         assert line in out, out

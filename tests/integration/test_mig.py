@@ -45,21 +45,35 @@ def _selector(profile: str, minor: int, start: int | None = None) -> dict[str, A
     return {"cel": {"expression": expression}}
 
 
-def layout_template(name: str, profiles: list[str], minor: int, start: int | None = None) -> dict[str, Any]:
-    """A claim template with one request per profile, all on the GPU with `minor`."""
-    requests = [
-        {
-            "name": f"p{i}",
-            "exactly": {"deviceClassName": "mig.gpudra.io", "selectors": [_selector(p, minor, start)]},
-        }
-        for i, p in enumerate(profiles)
-    ]
+def _template(name: str, requests: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate",
         "metadata": {"name": name},
         "spec": {"spec": {"devices": {"requests": requests}}},
     }
+
+
+def layout_template(name: str, profiles: list[str], minor: int, start: int | None = None) -> dict[str, Any]:
+    """A claim template with one request per profile, all on the GPU with `minor`."""
+    return _template(
+        name,
+        [
+            {
+                "name": f"p{i}",
+                "exactly": {"deviceClassName": "mig.gpudra.io", "selectors": [_selector(p, minor, start)]},
+            }
+            for i, p in enumerate(profiles)
+        ],
+    )
+
+
+def whole_template(name: str, minor: int) -> dict[str, Any]:
+    """A claim template for the whole GPU with `minor`."""
+    selector = {"cel": {"expression": f'device.attributes["{DRIVER}"].minor == {minor}'}}
+    return _template(
+        name, [{"name": "gpu", "exactly": {"deviceClassName": "gpu.gpudra.io", "selectors": [selector]}}]
+    )
 
 
 def pod(name: str, template: str) -> dict[str, Any]:
@@ -259,28 +273,7 @@ def test_a_whole_gpu_and_a_partition_take_turns_on_one_h100(
     core = client.CoreV1Api(api)
     ns = _namespace(core, "mig-turns")
     minor = 2
-    whole = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": "whole"},
-        "spec": {
-            "spec": {
-                "devices": {
-                    "requests": [
-                        {
-                            "name": "gpu",
-                            "exactly": {
-                                "deviceClassName": "gpu.gpudra.io",
-                                "selectors": [
-                                    {"cel": {"expression": f'device.attributes["{DRIVER}"].minor == {minor}'}}
-                                ],
-                            },
-                        }
-                    ]
-                }
-            }
-        },
-    }
+    whole = whole_template("whole", minor)
     utils.create_from_yaml(
         api,
         yaml_objects=[whole, pod("whole", "whole"), layout_template("part", ["3g.40gb"], minor)],
@@ -310,6 +303,7 @@ def test_an_a100_offers_partitions_only_with_mig_on_and_itself_only_with_mig_off
     api: client.ApiClient, gpudra: dict[str, PluginProcess]
 ) -> None:
     a100 = gpudra["node-a100"]
+    wait_for("no claim left on the A100s by earlier tests", lambda: not a100.checkpoint_claims(), timeout=60)
     published = _published(api, "node-a100")
     assert not [d["name"] for d in published if d["attributes"]["type"]["string"] == "gpu"]
     assert any(d["name"].startswith("gpu-0-mig-") for d in published)

@@ -137,6 +137,8 @@ def _demo(api: DemoApi, cluster: LocalCluster, plugins: dict[str, PluginProcess]
     )
     prepared = sum(len(p.cdi_specs()) for p in plugins.values())
     print(f"CDI spec files written: {prepared} (one per claim)")
+    made = sum(len(p.mig_devices()) for p in plugins.values())
+    print(f"MIG devices created for the claims: {made}")
 
     _step("deleting the pods: the kubelet unprepares every claim")
     for name in pods:
@@ -146,7 +148,11 @@ def _demo(api: DemoApi, cluster: LocalCluster, plugins: dict[str, PluginProcess]
     )
     left = sum(len(p.cdi_specs()) for p in plugins.values())
     reset = all(level == 0 for p in plugins.values() for level in p.timeslices().values())
-    print(f"CDI spec files left: {left}; GPU settings back to default: {'yes' if reset else 'NO'}")
+    migs = sum(len(p.mig_devices()) for p in plugins.values())
+    print(
+        f"CDI spec files left: {left}; GPU settings back to default: {'yes' if reset else 'NO'}; "
+        f"MIG devices left: {migs}"
+    )
 
 
 def _products(api: DemoApi) -> dict[tuple[str, str], str]:

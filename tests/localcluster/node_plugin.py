@@ -136,6 +136,16 @@ class PluginProcess:
             return {}
         return dict(json.loads(self.checkpoint.read_text())["data"]["claims"])
 
+    def mig_devices(self) -> list[str]:
+        """The MIG UUIDs on the simulated card, every GPU."""
+        state = json.loads(self.sim_state.read_text())
+        return [
+            ci["uuid"]
+            for gpu in state["gpus"]
+            for gi in gpu.get("gpu_instances", [])
+            for ci in gi.get("compute_instances", [])
+        ]
+
     def timeslices(self) -> dict[str, int]:
         """GPU UUID -> the simulated GPU's current time-slice setting."""
         state = json.loads(self.sim_state.read_text())
