@@ -14,8 +14,9 @@ each side effect and unprepare removes it only after the last one is undone:
     names) does not know the interval its claim asked for: any is accepted there. Compute mode is
     Default and no MPS daemon runs anywhere: this gpudra sets neither;
  5. every GPU instance on the card is one a checkpoint entry records (profile and placement, and its
-    MIG UUID where the live ids were saved), and every MIG device a PrepareCompleted entry records
-    exists with its UUID: no orphan instance, none forgotten;
+    MIG UUID where the live ids were saved; under an entry being prepared or unprepared it may also
+    be a GPU instance without its compute instance, caught between the two steps), and every MIG
+    device a PrepareCompleted entry records exists with its UUID: no orphan instance, none forgotten;
 
 `settled=True` adds what recover() and a completed call promise: no entry is left half prepared or
 half unprepared, the card holds exactly the MIG devices the checkpoint records, and no temporary
@@ -130,6 +131,8 @@ def _mig(node: SimNode, entries: dict[str, ckpt.ClaimEntry], *, settled: bool) -
     for key, uuid in sorted(on_card.items()):
         if key not in recorded:
             findings.append(f"GPU instance {key} on the card is in no checkpoint entry (orphan)")
+        elif uuid == "" and recorded[key][1] != "PrepareCompleted":
+            continue  # a GPU instance between its compute instance and itself, being created or destroyed
         elif recorded[key][0] is not None and recorded[key][0] != uuid:
             findings.append(f"GPU instance {key} has MIG device {uuid!r}, the checkpoint {recorded[key][0]}")
     for key, (uuid, state) in sorted(recorded.items()):
