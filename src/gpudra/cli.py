@@ -152,10 +152,8 @@ def _table(inventory: Inventory, model: devices.DeviceModel) -> str:
         attrs = device["attributes"]
         if attrs["type"].get("string") == "mig":
             parent = f"gpu-{attrs['parentMinor'].get('int')}"
-            profile = str(attrs["profile"].get("string"))
-            partitions.setdefault(parent, {}).setdefault(profile, []).append(
-                str(attrs["placementStart"].get("int"))
-            )
+            profile, where = devices.partition_of(device)
+            partitions.setdefault(parent, {}).setdefault(profile, []).append(str(where.start))
     if partitions:
         lines += ["", "MIG partitions (profile x count @ placement starts):"]
         for parent, profiles in partitions.items():

@@ -176,6 +176,13 @@ def gpu_uuid_of(device: Device) -> str:
     return str((attributes.get("parentUUID") or attributes["uuid"])["string"])
 
 
+def partition_of(device: Device) -> tuple[str, MigPlacement]:
+    """A published MIG partition's profile name and placement, read back from its attributes."""
+    attributes = device["attributes"]
+    start, size = attributes["placementStart"].get("int", 0), attributes["placementSize"].get("int", 0)
+    return str(attributes["profile"].get("string", "")), MigPlacement(int(start), int(size))
+
+
 def dns_label(text: str) -> str:
     """`text` lower-cased, keeping letters, digits and inner dashes: `1g.10gb+me` -> `1g10gbme`."""
     return re.sub(r"[^a-z0-9-]", "", text.lower()).strip("-")

@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from typing import Protocol, TypeVar
 
 from gpudra.errors import ClaimError, GpudraError
-from gpudra.model.devices import Device
+from gpudra.model.devices import Device, partition_of
 from gpudra.model.inventory import Gpu, MigCapabilities, MigDevice
 from gpudra.node import cdi
 from gpudra.node import checkpoint as ckpt
@@ -88,20 +88,13 @@ class MigPartitions:
         `published` is the device as the slice shows it; `owned` are the MIG UUIDs the checkpoint
         holds. Refuses a placement that an instance gpudra does not own already occupies.
         """
-        attributes = published["attributes"]
-        if "uuid" in attributes:  # static: it exists already
+        if "uuid" in published["attributes"]:  # static: it exists already
             return None
         gpu = device.gpu
-        profile_name = attributes["profile"].get("string", "")
-        start = int(attributes["placementStart"].get("int", -1))
-        profile = next((p for p in gpu.mig_profiles if p.name == profile_name), None)
-        if profile is None:
-            raise ClaimError(f"device {device.device}: GPU {gpu.uuid} has no MIG profile {profile_name}")
-        record = ckpt.MigRecord(
-            spec=ckpt.MigSpec(gpu_uuid=gpu.uuid, profile_id=profile.id, placement_start=start)
-        )
+        record = ckpt.MigRecord(spec=self.spec_of(device.device, published, gpu))
+        profile_name, placement = partition_of(published)
         if self._mig_enabled(device.device, gpu):
-            wanted = range(start, start + profile.memory_slices)
+            wanted = placement.slices
             for existing in self._call(device.device, gpu, "list MIG devices", self.hardware.mig_devices):
                 if existing.uuid not in owned and set(existing.placement.slices) & set(wanted):
                     where = _where(device.device, gpu, record.spec, profile_name)
@@ -112,6 +105,15 @@ class MigPartitions:
                         "(nvidia-smi mig -dci/-dgi) or run the plugin with --mig-mode static"
                     )
         return record
+
+    @staticmethod
+    def spec_of(device: str, published: Device, gpu: Gpu) -> ckpt.MigSpec:
+        """What identifies partition `device` (as published) before it exists."""
+        profile_name, placement = partition_of(published)
+        profile = next((p for p in gpu.mig_profiles if p.name == profile_name), None)
+        if profile is None:
+            raise ClaimError(f"device {device}: GPU {gpu.uuid} has no MIG profile {profile_name}")
+        return ckpt.MigSpec(gpu_uuid=gpu.uuid, profile_id=profile.id, placement_start=placement.start)
 
     # --- side effects ------------------------------------------------------------------------------
 

@@ -28,8 +28,8 @@ from typing import Any
 from gpudra.errors import ClaimError, GpudraError
 from gpudra.model import placement
 from gpudra.model.claim_config import resolve_configs
-from gpudra.model.devices import Device
-from gpudra.model.inventory import Gpu, Inventory, MigPlacement
+from gpudra.model.devices import Device, partition_of
+from gpudra.model.inventory import Gpu, Inventory
 from gpudra.node import cdi, faults
 from gpudra.node import checkpoint as ckpt
 from gpudra.node.allocation import Allocated, ClaimRef, ClaimSource, DeviceType, Sharing
@@ -213,13 +213,7 @@ class DeviceState:
         )
 
     def _rebuilt_mig(self, name: str, gpu: Gpu, mig_uuid: str | None) -> ckpt.MigRecord:
-        attributes = self.devices[name]["attributes"]
-        profile = attributes["profile"].get("string")
-        start = int(attributes["placementStart"].get("int", 0))
-        profile_id = next(p.id for p in gpu.mig_profiles if p.name == profile)
-        record = ckpt.MigRecord(
-            spec=ckpt.MigSpec(gpu_uuid=gpu.uuid, profile_id=profile_id, placement_start=start)
-        )
+        record = ckpt.MigRecord(spec=self.mig.spec_of(name, self.devices[name], gpu))
         try:
             found = self.mig.existing(name, gpu, mig_uuid) if mig_uuid else None
         except GpudraError:
@@ -266,9 +260,7 @@ class DeviceState:
                 self._record(entry)
                 faults.reached("prepare-started")
                 if any(d.mig is not None for d in planned):
-                    entry = entry.with_state(
-                        "PrepareStarted", devices=self._create_partitions(allocated, planned)
-                    )
+                    entry = entry.with_state("PrepareStarted", devices=self._create_partitions(planned))
                     # The live ids, so that a rollback or recover() destroys exactly these instances.
                     recorded.append(entry)
                     self._record(entry)
@@ -279,16 +271,21 @@ class DeviceState:
                     if device.sharing is not None:
                         self.sharing.apply(device.sharing, gpu_uuids=device.gpu_uuids)
                 faults.reached("prepare-applied")
-                spec = cdi.build_claim_spec(
-                    driver=self.driver,
-                    claim_uid=ref.uid,
-                    devices=[self._claim_device(a, d) for a, d in zip(allocated, entry.devices, strict=True)],
-                )
+                claim_devices = [
+                    self._claim_device(a, d) for a, d in zip(allocated, entry.devices, strict=True)
+                ]
+                spec = cdi.build_claim_spec(driver=self.driver, claim_uid=ref.uid, devices=claim_devices)
                 cdi.write_spec(self.cdi_root, spec, claim_uid=ref.uid)
                 faults.reached("prepare-cdi-written")
+                # The toolkit's ID for the same GPU or MIG device (a MIG device created just now only has
+                # its parent's) follows ours, so the runtime adds the driver libraries.
+                with_toolkit = tuple(
+                    d.model_copy(update={"cdi_device_ids": (*d.cdi_device_ids, *self.toolkit.device_ids(c))})
+                    for d, c in zip(entry.devices, claim_devices, strict=True)
+                )
                 # Inside the rollback too: a prepare that cannot save its completion (disk full) is
                 # a failed prepare, and must not leave the GPU configured and the device held.
-                completed = entry.with_state("PrepareCompleted")
+                completed = entry.with_state("PrepareCompleted", devices=with_toolkit)
                 recorded.append(completed)
                 self._record(completed)
             except BaseException as err:
@@ -304,30 +301,19 @@ class DeviceState:
             faults.reached("prepare-completed")
             return completed.devices
 
-    def _create_partitions(
-        self, allocated: Sequence[Allocated], planned: Sequence[ckpt.PreparedDevice]
-    ) -> tuple[ckpt.PreparedDevice, ...]:
-        """Create the planned MIG devices; the devices with their live ids and final CDI IDs.
+    def _create_partitions(self, planned: Sequence[ckpt.PreparedDevice]) -> tuple[ckpt.PreparedDevice, ...]:
+        """Create the planned MIG devices; the devices with their live ids.
 
         On a failure the devices created so far are in no record yet: destroy them here (the caller's
         rollback finds the rest by their specs), then raise."""
         done: list[ckpt.PreparedDevice] = []
         try:
-            for device, prepared in zip(allocated, planned, strict=True):
+            for prepared in planned:
                 if prepared.mig is None:
                     done.append(prepared)
                     continue
-                mig = self.mig.create(prepared.device, prepared.mig)
-                done.append(prepared.model_copy(update={"mig": mig}))
-                # The toolkit may name the new MIG device (or only its parent): its ID follows ours.
-                own = prepared.cdi_device_ids[0]
-                done[-1] = done[-1].model_copy(
-                    update={
-                        "cdi_device_ids": (
-                            own,
-                            *self.toolkit.device_ids(self._claim_device(device, done[-1])),
-                        )
-                    }
+                done.append(
+                    prepared.model_copy(update={"mig": self.mig.create(prepared.device, prepared.mig)})
                 )
         except BaseException as err:
             for created in done:
@@ -465,11 +451,9 @@ class DeviceState:
                 if self._type(device.device) == "gpu":
                     whole.add(parent)
                     continue
-                attributes = self.devices[device.device]["attributes"]
-                start = int(attributes["placementStart"].get("int", 0))
-                size = int(attributes["placementSize"].get("int", 0))
-                profile = str(attributes["profile"].get("string", ""))
-                occupied.setdefault(parent, []).append(placement.Instance(profile, MigPlacement(start, size)))
+                occupied.setdefault(parent, []).append(
+                    placement.Instance(*partition_of(self.devices[device.device]))
+                )
         room = {}
         for gpu in self.gpus.values():
             if not gpu.mig_profiles:
@@ -482,13 +466,7 @@ class DeviceState:
 
     def prepared_partitions(self) -> dict[str, str]:
         """Partition device -> MIG UUID, for each MIG device a prepared claim created (health checks)."""
-        return {
-            d.device: d.mig.live.uuid
-            for entry in self._checkpoint.claims.values()
-            if entry.state == "PrepareCompleted"
-            for d in entry.devices
-            if d.mig is not None and d.mig.live is not None
-        }
+        return {name: live.uuid for entry, name, live in self._created() if entry.state == "PrepareCompleted"}
 
     # --- helpers -------------------------------------------------------------------------------
 
@@ -544,10 +522,7 @@ class DeviceState:
             request_names=(device.base_request,),
             pool=self.node_name,
             device=device.device,
-            # A partition still to be created gets the toolkit's ID once it exists (_create_partitions).
-            cdi_device_ids=(own,)
-            if mig is not None
-            else (own, *self.toolkit.device_ids(self._claim_device(device))),
+            cdi_device_ids=(own,),  # the toolkit's ID follows once the device exists (see prepare)
             gpu_uuids=(device.gpu.uuid,),
             mig=mig,
             sharing=self.sharing.plan(device),
@@ -586,26 +561,20 @@ class DeviceState:
             admin_access=device.admin_access,
         )
 
+    def _created(self) -> Iterator[tuple[ckpt.ClaimEntry, str, ckpt.MigLive]]:
+        """(entry, partition device, live ids) for every MIG device the checkpoint says gpudra created."""
+        for entry in self._checkpoint.claims.values():
+            for d in entry.devices:
+                if d.mig is not None and d.mig.live is not None:
+                    yield entry, d.device, d.mig.live
+
     def _live_uuid(self, device: str) -> str | None:
         """The MIG UUID of partition `device` as a prepared claim created it, if one did."""
-        return next(
-            (
-                d.mig.live.uuid
-                for entry in self._checkpoint.claims.values()
-                for d in entry.devices
-                if d.device == device and d.mig is not None and d.mig.live is not None
-            ),
-            None,
-        )
+        return next((live.uuid for _, name, live in self._created() if name == device), None)
 
     def _owned_mig_uuids(self) -> set[str]:
         """The MIG devices the checkpoint says gpudra created (and may therefore destroy)."""
-        return {
-            d.mig.live.uuid
-            for entry in self._checkpoint.claims.values()
-            for d in entry.devices
-            if d.mig is not None and d.mig.live is not None
-        }
+        return {live.uuid for _, _, live in self._created()}
 
     def _record(self, entry: ckpt.ClaimEntry) -> None:
         with self._checkpoint_lock:
