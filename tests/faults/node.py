@@ -177,7 +177,7 @@ class SimNode:
             inventory=self.inventory,
             devices=self.device_model,
             claims=self.claims,
-            sharing=GpuSharing(self.tools),
+            sharing=GpuSharing(self.tools, mps_root=self.root / "mps"),
             mig=mig_partitions(f"sim:{PROFILE}", self.state_file, self.inventory.gpus),
             cdi_root=self.cdi_root,
             checkpoint_path=self.checkpoint_path,

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, cast
@@ -133,7 +133,7 @@ class Node:
             inventory=inventory,
             devices={device["name"]: device for device in model.devices},
             claims=self.claims,
-            sharing=sharing or GpuSharing(self.tools),
+            sharing=sharing or GpuSharing(self.tools, mps_root=self.root / "mps"),
             mig=mig or mig_partitions(f"sim:{self.profile}", self.state_file, inventory.gpus),
             cdi_root=self.cdi_root,
             checkpoint_path=self.checkpoint_path,
@@ -344,31 +344,38 @@ BAD_CLAIMS: dict[str, tuple[dict[str, Any], type[GpudraError], str]] = {
         ConfigError,
         "status.allocation.devices.config[0].source: must be one of: FromClass, FromClaim",
     ),
-    "MPS on the second device": (
+    "MPS limit above the device": (
         resource_claim(
             uid(1),
             results=[result("a", "gpu-0"), result("b", "gpu-1")],
-            config=[LONG_ON_A, from_claim(mps(), "b")],
-        ),
-        ConfigError,
-        "status.allocation.devices.config[1].opaque.parameters.sharing.strategy: "
-        "MPS is not supported by this gpudra version; allowed: TimeSlicing",
-    ),
-    "MPS on a MIG partition": (
-        resource_claim(
-            uid(1),
-            results=[result("a", "gpu-0"), result("b", "gpu-2-mig-1g10gb-3")],
             config=[
                 LONG_ON_A,
                 from_claim(
-                    {"apiVersion": API_VERSION, "kind": "MigDeviceConfig", "sharing": {"strategy": "MPS"}},
+                    {
+                        **mps(),
+                        "sharing": {
+                            "strategy": "MPS",
+                            "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "100Gi"},
+                        },
+                    },
                     "b",
                 ),
             ],
         ),
         ConfigError,
-        "status.allocation.devices.config[1].opaque.parameters.sharing.strategy: MPS on MIG devices is "
-        "not supported by this gpudra version; leave sharing unset",
+        "status.allocation.devices.config[1].opaque.parameters.sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: "
+        "100Gi is above the 81559Mi of memory of gpu-1; allowed: 1Mi to 81559Mi",
+    ),
+    "MPS devices of one claim with different thread percentages": (
+        resource_claim(
+            uid(1),
+            results=[result("a", "gpu-0"), result("b", "gpu-1")],
+            config=[from_claim(mps(50), "a"), from_claim(mps(25), "b")],
+        ),
+        ConfigError,
+        "status.allocation.devices.config[1].opaque.parameters.sharing.mpsConfig.defaultActiveThreadPercentage: "
+        "the claim's MPS devices share one control daemon, whose active thread percentage is one value; "
+        "they ask 50 for gpu-0, 25 for gpu-1: give them the same",
     ),
 }
 
@@ -406,20 +413,37 @@ class FailingOn:
         self.inner = inner
         self.gpu_uuid = gpu_uuid
 
-    def plan(self, device: Allocated) -> ckpt.SharingRecord | None:
-        return self.inner.plan(device)
+    def plan(
+        self, claim_uid: str, devices: Sequence[Allocated], *, others: Sequence[ckpt.ClaimEntry]
+    ) -> list[ckpt.SharingRecord | None]:
+        return self.inner.plan(claim_uid, devices, others=others)
 
-    def apply(self, record: ckpt.SharingRecord, *, gpu_uuids: Sequence[str]) -> None:
-        if self.gpu_uuid in gpu_uuids:
+    def _split(self, entry: ckpt.ClaimEntry) -> tuple[ckpt.ClaimEntry, bool]:
+        """The entry without the devices of the failing GPU, and whether it had any."""
+        rest = tuple(d for d in entry.devices if self.gpu_uuid not in d.gpu_uuids)
+        return entry.model_copy(update={"devices": rest}), len(rest) < len(entry.devices)
+
+    def apply(self, entry: ckpt.ClaimEntry, *, visible: Mapping[str, str]) -> None:
+        rest, fails = self._split(entry)
+        self.inner.apply(rest, visible=visible)
+        if fails:
             raise HardwareError(f"nvidia-smi failed on {self.gpu_uuid}")
-        self.inner.apply(record, gpu_uuids=gpu_uuids)
 
-    def undo(self, record: ckpt.SharingRecord, *, gpu_uuids: Sequence[str]) -> None:
-        self.inner.undo(record, gpu_uuids=gpu_uuids)
+    def undo(self, entry: ckpt.ClaimEntry, *, others: Sequence[ckpt.ClaimEntry]) -> None:
+        self.inner.undo(entry, others=others)
+
+    def adopt(self, entry: ckpt.ClaimEntry, *, visible: Mapping[str, str]) -> bool:
+        return self.inner.adopt(entry, visible=visible)
+
+    def stop_others(self, known: set[Path]) -> list[Path]:
+        return self.inner.stop_others(known)
+
+    def container_edits(self, device: ckpt.PreparedDevice) -> tuple[dict[str, str], tuple[cdi.Mount, ...]]:
+        return self.inner.container_edits(device)
 
 
 def test_a_failing_apply_rolls_back_the_devices_already_applied(h100: Node) -> None:
-    state = h100.state(sharing=FailingOn(GpuSharing(h100.tools), h100.uuid(1)))
+    state = h100.state(sharing=FailingOn(GpuSharing(h100.tools, mps_root=h100.root / "mps"), h100.uuid(1)))
     claim = h100.claims.add(
         resource_claim(
             uid(1),
@@ -602,13 +626,14 @@ def test_the_crash_child_runs_to_the_end_without_a_crash_step(h100: Node) -> Non
 class UndoFailsOn(FailingOn):
     """GpuSharing whose undo fails on one GPU."""
 
-    def apply(self, record: ckpt.SharingRecord, *, gpu_uuids: Sequence[str]) -> None:
-        self.inner.apply(record, gpu_uuids=gpu_uuids)
+    def apply(self, entry: ckpt.ClaimEntry, *, visible: Mapping[str, str]) -> None:
+        self.inner.apply(entry, visible=visible)
 
-    def undo(self, record: ckpt.SharingRecord, *, gpu_uuids: Sequence[str]) -> None:
-        if self.gpu_uuid in gpu_uuids:
+    def undo(self, entry: ckpt.ClaimEntry, *, others: Sequence[ckpt.ClaimEntry]) -> None:
+        rest, fails = self._split(entry)
+        if fails:
             raise HardwareError(f"nvidia-smi failed on {self.gpu_uuid}")
-        self.inner.undo(record, gpu_uuids=gpu_uuids)
+        self.inner.undo(rest, others=others)
 
 
 def test_a_claim_that_cannot_be_settled_at_start_up_does_not_stop_the_plugin(h100: Node) -> None:
@@ -623,7 +648,7 @@ def test_a_claim_that_cannot_be_settled_at_start_up_does_not_stop_the_plugin(h10
         interrupted = interrupted.with_claim(entry.with_state("PrepareStarted"))
     ckpt.save(h100.checkpoint_path, interrupted)
 
-    sharing = UndoFailsOn(GpuSharing(h100.tools), h100.uuid(2))
+    sharing = UndoFailsOn(GpuSharing(h100.tools, mps_root=h100.root / "mps"), h100.uuid(2))
     restarted = h100.state(sharing=sharing)
     assert not h100.spec_path(uid(2)).exists() and h100.timeslices()[h100.uuid(3)] == 0
     assert set(restarted.prepared_claims()) == {uid(1)}
@@ -769,18 +794,26 @@ class RecordingSharing:
         self.overlaps: list[str] = []
         self._lock = threading.Lock()
 
-    def plan(self, device: Allocated) -> ckpt.SharingRecord | None:
-        return (
-            None
-            if device.admin_access
-            else ckpt.TimeSlicingRecord(strategy="TimeSlicing", interval="Default")
-        )
+    def plan(
+        self, claim_uid: str, devices: Sequence[Allocated], *, others: Sequence[ckpt.ClaimEntry]
+    ) -> list[ckpt.SharingRecord | None]:
+        default = ckpt.TimeSlicingRecord(strategy="TimeSlicing", interval="Default")
+        return [None if device.admin_access else default for device in devices]
 
-    def apply(self, record: ckpt.SharingRecord, *, gpu_uuids: Sequence[str]) -> None:
-        self._touch(gpu_uuids, self.applied)
+    def apply(self, entry: ckpt.ClaimEntry, *, visible: Mapping[str, str]) -> None:
+        self._touch(_touched(entry), self.applied)
 
-    def undo(self, record: ckpt.SharingRecord, *, gpu_uuids: Sequence[str]) -> None:
-        self._touch(gpu_uuids, self.undone)
+    def undo(self, entry: ckpt.ClaimEntry, *, others: Sequence[ckpt.ClaimEntry]) -> None:
+        self._touch(_touched(entry), self.undone)
+
+    def adopt(self, entry: ckpt.ClaimEntry, *, visible: Mapping[str, str]) -> bool:
+        return False
+
+    def stop_others(self, known: set[Path]) -> list[Path]:
+        return []
+
+    def container_edits(self, device: ckpt.PreparedDevice) -> tuple[dict[str, str], tuple[cdi.Mount, ...]]:
+        return {}, ()
 
     def _touch(self, gpu_uuids: Sequence[str], log: list[str]) -> None:
         with self._lock:
@@ -790,6 +823,10 @@ class RecordingSharing:
         time.sleep(self.pause)
         with self._lock:
             self.busy -= set(gpu_uuids)
+
+
+def _touched(entry: ckpt.ClaimEntry) -> list[str]:
+    return [uuid for d in entry.devices if d.sharing is not None for uuid in d.gpu_uuids]
 
 
 def _all_at_once(calls: Sequence[Callable[[], Any]]) -> list[Any]:

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import time
+from collections.abc import Callable, Sequence
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +25,22 @@ from gpudra.sim import state as sim_state
 from tests.unit.claims import mps, time_slicing
 
 CONFIG_FIELD = "status.allocation.devices.config[2].opaque.parameters"
+UID = "00000000-0000-4000-8000-000000000001"
+SHARE = "5f0c3a8e-1b2d-4c6e-8f90-a1b2c3d4e5f6"
+OTHER_SHARE = "6a1d4b9f-2c3e-4d7f-9a01-b2c3d4e5f6a7"
+
+
+def mps_limits(*, threads: int | None = None, memory: str | None = None) -> dict[str, Any]:
+    config: dict[str, Any] = {}
+    if threads is not None:
+        config["defaultActiveThreadPercentage"] = threads
+    if memory is not None:
+        config["defaultPinnedDeviceMemoryLimit"] = memory
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "GpuConfig",
+        "sharing": {"strategy": "MPS", "mpsConfig": config},
+    }
 
 
 @pytest.fixture
@@ -28,20 +49,35 @@ def machine(tmp_path: Path) -> tuple[list[Gpu], GpuTools, sim_state.StateFile]:
     with nvml.connect("sim:dgx-h100", state_file=state_file) as session:
         gpus = list(session.inventory().gpus)
     tools = GpuTools.with_directory_first(sim.write_tools(tmp_path / "bin", state_file=state_file))
-    return gpus, tools, sim_state.StateFile(state_file)
+    store = sim_state.StateFile(state_file)
+    with store.update() as booted:  # whole GPUs: prepare switches MIG off before sharing applies
+        for gpu in booted.gpus:
+            gpu.mig_mode = 0
+    return gpus, tools, store
 
 
-def allocated(gpu: Gpu, parameters: dict[str, Any] | None, *, admin_access: bool = False) -> Allocated:
+def allocated(
+    gpu: Gpu,
+    parameters: dict[str, Any] | None,
+    *,
+    admin_access: bool = False,
+    share_id: str | None = None,
+    consumed: dict[str, Fraction] | None = None,
+) -> Allocated:
     config = GpuConfig() if parameters is None else decode_config(parameters)
     assert isinstance(config, GpuConfig)
     return Allocated(
         request="gpu",
-        device=f"gpu-{gpu.minor}",
+        device=f"gpu-{gpu.minor}" if share_id is None else f"gpu-{gpu.minor}-shared",
         kind="gpu",
         gpu=gpu,
         config=config,
         config_entry=None if parameters is None else 2,
         admin_access=admin_access,
+        share_id=share_id,
+        consumed=consumed or {},
+        memory_bytes=gpu.memory_bytes,
+        uuid=gpu.uuid,
     )
 
 
@@ -51,6 +87,34 @@ def record(interval: ckpt.TimeSliceInterval) -> ckpt.TimeSlicingRecord:
 
 def timeslices(store: sim_state.StateFile) -> list[int]:
     return [gpu.timeslice for gpu in store.read().gpus]
+
+
+def entry(
+    uid: str, *devices: tuple[Gpu, ckpt.SharingRecord | None], share_ids: Sequence[str | None] = ()
+) -> ckpt.ClaimEntry:
+    shares = list(share_ids) or [None] * len(devices)
+    return ckpt.ClaimEntry(
+        uid=uid,
+        namespace="default",
+        name=f"claim-{uid}",
+        state="PrepareCompleted",
+        devices=tuple(
+            ckpt.PreparedDevice(
+                request_names=("gpu",),
+                pool="node",
+                device=f"gpu-{gpu.minor}" if share is None else f"gpu-{gpu.minor}-shared",
+                cdi_device_ids=(),
+                gpu_uuids=(gpu.uuid,),
+                sharing=sharing,
+                share_id=share,
+            )
+            for (gpu, sharing), share in zip(devices, shares, strict=True)
+        ),
+    )
+
+
+def sharing_of(tools: GpuTools, tmp_path: Path) -> GpuSharing:
+    return GpuSharing(tools, mps_root=tmp_path / "mps")
 
 
 PLAIN = {"apiVersion": API_VERSION, "kind": "GpuConfig"}
@@ -70,50 +134,261 @@ PLANS: dict[str, tuple[dict[str, Any] | None, bool, ckpt.SharingRecord | None]] 
 @pytest.mark.parametrize(("parameters", "admin", "expected"), PLANS.values(), ids=PLANS)
 def test_plan(
     machine: tuple[list[Gpu], GpuTools, sim_state.StateFile],
+    tmp_path: Path,
     parameters: dict[str, Any] | None,
     admin: bool,
     expected: ckpt.SharingRecord | None,
 ) -> None:
     gpus, tools, _ = machine
-    assert GpuSharing(tools).plan(allocated(gpus[0], parameters, admin_access=admin)) == expected
+    device = allocated(gpus[0], parameters, admin_access=admin)
+    assert sharing_of(tools, tmp_path).plan(UID, [device], others=[]) == [expected]
 
 
-def test_plan_touches_no_gpu(machine: tuple[list[Gpu], GpuTools, sim_state.StateFile]) -> None:
+def test_plan_touches_no_gpu(
+    machine: tuple[list[Gpu], GpuTools, sim_state.StateFile], tmp_path: Path
+) -> None:
     gpus, _, store = machine
     unusable = GpuTools(search_path="")  # any tool run would fail
-    assert GpuSharing(unusable).plan(allocated(gpus[0], time_slicing("Long"))) == record("Long")
+    plan = sharing_of(unusable, tmp_path).plan(UID, [allocated(gpus[0], time_slicing("Long"))], others=[])
+    assert plan == [record("Long")]
     assert timeslices(store) == [0] * 8
-
-
-def test_mps_is_refused_naming_the_strategy_field(
-    machine: tuple[list[Gpu], GpuTools, sim_state.StateFile],
-) -> None:
-    gpus, tools, _ = machine
-    with pytest.raises(ConfigError) as raised:
-        GpuSharing(tools).plan(allocated(gpus[0], mps()))
-    assert raised.value.field == f"{CONFIG_FIELD}.sharing.strategy"
-    assert str(raised.value) == (
-        f"{CONFIG_FIELD}.sharing.strategy: MPS is not supported by this gpudra version; allowed: TimeSlicing"
-    )
 
 
 @pytest.mark.parametrize(
     ("interval", "level"), [("Default", 0), ("Short", 1), ("Medium", 2), ("Long", 3)], ids=str
 )
 def test_apply_sets_the_interval_on_those_gpus_and_undo_resets_it(
-    machine: tuple[list[Gpu], GpuTools, sim_state.StateFile], interval: ckpt.TimeSliceInterval, level: int
+    machine: tuple[list[Gpu], GpuTools, sim_state.StateFile],
+    tmp_path: Path,
+    interval: ckpt.TimeSliceInterval,
+    level: int,
 ) -> None:
     gpus, tools, store = machine
-    sharing = GpuSharing(tools)
-    targets = (gpus[1].uuid, gpus[6].uuid)
-    sharing.apply(record(interval), gpu_uuids=targets)
+    sharing = sharing_of(tools, tmp_path)
+    claim = entry(UID, (gpus[1], record(interval)), (gpus[6], record(interval)))
+    sharing.apply(claim, visible={})
     assert timeslices(store) == [0, level, 0, 0, 0, 0, level, 0]
-    sharing.apply(record(interval), gpu_uuids=targets)  # again: same result
+    sharing.apply(claim, visible={})  # again: same result
     assert timeslices(store) == [0, level, 0, 0, 0, 0, level, 0]
-    sharing.undo(record(interval), gpu_uuids=targets)
+    sharing.undo(claim, others=[])
     assert timeslices(store) == [0] * 8
-    sharing.undo(record(interval), gpu_uuids=targets)
+    sharing.undo(claim, others=[])
     assert timeslices(store) == [0] * 8
+
+
+# --- MPS on a whole GPU ------------------------------------------------------------------------------
+
+
+def test_mps_on_a_whole_gpu_runs_one_daemon_with_the_limits_and_exclusive_compute(
+    machine: tuple[list[Gpu], GpuTools, sim_state.StateFile], tmp_path: Path
+) -> None:
+    gpus, tools, store = machine
+    sharing = sharing_of(tools, tmp_path)
+    parameters = mps_limits(threads=40, memory="10Gi")
+    devices = [allocated(gpus[0], parameters), allocated(gpus[3], parameters)]
+    records = sharing.plan(UID, devices, others=[])
+    assert all(isinstance(r, ckpt.MpsRecord) for r in records)
+    first = records[0]
+    assert isinstance(first, ckpt.MpsRecord)
+    assert (first.active_thread_percentage, first.pinned_memory_limit, first.restore_compute_mode) == (
+        40,
+        10 * 2**30,
+        0,
+    )
+    assert store.read().mps_daemons == []  # planning starts nothing
+    claim = entry(UID, *zip([gpus[0], gpus[3]], records, strict=True))
+    visible = {"gpu-0": gpus[0].uuid, "gpu-3": gpus[3].uuid}
+    sharing.apply(claim, visible=visible)
+
+    [daemon] = store.read().mps_daemons
+    assert daemon.visible_devices == ",".join(sorted([gpus[0].uuid, gpus[3].uuid]))
+    assert daemon.default_active_thread_percentage == 40.0
+    assert daemon.default_pinned_memory_limits == {gpus[0].uuid: "10240M", gpus[3].uuid: "10240M"}
+    assert Path(daemon.pipe_directory) == first.root / "pipe"
+    assert [g.compute_mode for g in store.read().gpus] == [3, 0, 0, 3, 0, 0, 0, 0]
+    assert oct((first.root / "shm").stat().st_mode & 0o7777) == "0o1777"
+
+    sharing.apply(claim, visible=visible)  # again (a retried prepare, an adoption): the same daemon
+    assert [d.pid for d in store.read().mps_daemons] == [daemon.pid]
+
+    sharing.undo(claim, others=[])
+    assert store.read().mps_daemons == []
+    assert not first.root.exists()
+    assert [g.compute_mode for g in store.read().gpus] == [0] * 8
+    sharing.undo(claim, others=[])  # idempotent
+
+
+def test_edits_give_containers_the_pipe_and_shm(tmp_path: Path) -> None:
+    root = tmp_path / "mps" / "abc"
+    device = ckpt.PreparedDevice(
+        request_names=("gpu",),
+        pool="node",
+        device="gpu-0",
+        cdi_device_ids=(),
+        gpu_uuids=("GPU-1",),
+        sharing=ckpt.MpsRecord(strategy="MPS", root=root),
+    )
+    env, mounts = GpuSharing.container_edits(device)
+    assert env == {"CUDA_MPS_PIPE_DIRECTORY": "/tmp/nvidia-mps"}
+    assert [(m.host_path, m.container_path) for m in mounts] == [
+        (str(root / "pipe"), "/tmp/nvidia-mps"),
+        (str(root / "shm"), "/dev/shm"),
+    ]
+
+
+BAD_MPS = {
+    "limit above the device": (
+        mps_limits(memory="100Gi"),
+        None,
+        "sharing.mpsConfig.defaultPinnedDeviceMemoryLimit",
+        "100Gi is above the 81559Mi of memory of gpu-0; allowed: 1Mi to 81559Mi",
+    ),
+    "limit above the share": (
+        mps_limits(memory="30Gi"),
+        {"memory": Fraction(20 * 2**30)},
+        "sharing.mpsConfig.defaultPinnedDeviceMemoryLimit",
+        "30Gi is above the 20Gi of memory this share of gpu-0-shared was allocated; allowed: 1Mi to 20Gi",
+    ),
+    "threads above the share": (
+        mps_limits(threads=50),
+        {"memory": Fraction(20 * 2**30), "compute": Fraction(25)},
+        "sharing.mpsConfig.defaultActiveThreadPercentage",
+        "50 is above the compute share of 25% this share of gpu-0-shared was allocated; allowed: 1 to 25",
+    ),
+}
+
+
+@pytest.mark.parametrize(("parameters", "consumed", "field", "message"), BAD_MPS.values(), ids=BAD_MPS)
+def test_bad_mps_limits_name_the_field_and_the_allowed_values(
+    machine: tuple[list[Gpu], GpuTools, sim_state.StateFile],
+    tmp_path: Path,
+    parameters: dict[str, Any],
+    consumed: dict[str, Fraction] | None,
+    field: str,
+    message: str,
+) -> None:
+    gpus, tools, _ = machine
+    share = SHARE if consumed is not None else None
+    device = allocated(gpus[0], parameters, share_id=share, consumed=consumed)
+    with pytest.raises(ConfigError) as raised:
+        sharing_of(tools, tmp_path).plan(UID, [device], others=[])
+    assert raised.value.field == f"{CONFIG_FIELD}.{field}"
+    assert raised.value.reason == message
+
+
+# --- shares ------------------------------------------------------------------------------------------
+
+
+def test_a_share_without_config_gets_its_consumed_capacity_as_mps_limits(
+    machine: tuple[list[Gpu], GpuTools, sim_state.StateFile], tmp_path: Path
+) -> None:
+    gpus, tools, store = machine
+    sharing = sharing_of(tools, tmp_path)
+    device = allocated(
+        gpus[0], None, share_id=SHARE, consumed={"memory": Fraction(20 * 2**30), "compute": Fraction(25)}
+    )
+    [planned] = sharing.plan(UID, [device], others=[])
+    assert isinstance(planned, ckpt.MpsRecord)
+    assert (planned.active_thread_percentage, planned.pinned_memory_limit, planned.restore_compute_mode) == (
+        25,
+        20 * 2**30,
+        None,  # several claims' daemons share the GPU: its compute mode stays DEFAULT
+    )
+    asks_no_compute = allocated(
+        gpus[0], None, share_id=SHARE, consumed={"memory": Fraction(10 * 2**30), "compute": Fraction(0)}
+    )
+    [best_effort] = sharing.plan(UID, [asks_no_compute], others=[])
+    assert isinstance(best_effort, ckpt.MpsRecord)
+    assert (best_effort.active_thread_percentage, best_effort.pinned_memory_limit) == (None, 10 * 2**30)
+    sharing.apply(entry(UID, (gpus[0], planned), share_ids=[SHARE]), visible={"gpu-0-shared": gpus[0].uuid})
+    [daemon] = store.read().mps_daemons
+    assert (daemon.default_active_thread_percentage, daemon.default_pinned_memory_limits) == (
+        25.0,
+        {gpus[0].uuid: "20480M"},
+    )
+    assert [g.compute_mode for g in store.read().gpus] == [0] * 8
+    sharing.undo(entry(UID, (gpus[0], planned), share_ids=[SHARE]), others=[])
+    assert store.read().mps_daemons == []
+
+
+def test_time_slicing_shares_must_agree_and_the_last_one_resets_the_gpu(
+    machine: tuple[list[Gpu], GpuTools, sim_state.StateFile], tmp_path: Path
+) -> None:
+    gpus, tools, store = machine
+    sharing = sharing_of(tools, tmp_path)
+    first = entry("a", (gpus[0], record("Long")), share_ids=[SHARE])
+    sharing.apply(first, visible={})
+    same = allocated(gpus[0], time_slicing("Long"), share_id=OTHER_SHARE)
+    assert sharing.plan("b", [same], others=[first]) == [record("Long")]
+    other = allocated(gpus[0], time_slicing("Short"), share_id=OTHER_SHARE)
+    with pytest.raises(ConfigError) as raised:
+        sharing.plan("b", [other], others=[first])
+    assert raised.value.field == f"{CONFIG_FIELD}.sharing.timeSlicingConfig.interval"
+    assert "runs with time-slice interval Long for ResourceClaim default/claim-a" in raised.value.reason
+    assert raised.value.reason.endswith("allowed now: Long")
+
+    second = entry("b", (gpus[0], record("Long")), share_ids=[OTHER_SHARE])
+    sharing.apply(second, visible={})
+    sharing.undo(first, others=[second])
+    assert timeslices(store)[0] == 3  # the other claim still runs with Long
+    sharing.undo(second, others=[])
+    assert timeslices(store)[0] == 0
+
+
+def test_a_dead_daemon_is_started_again_on_adoption_and_others_are_stopped(
+    machine: tuple[list[Gpu], GpuTools, sim_state.StateFile], tmp_path: Path
+) -> None:
+    gpus, tools, store = machine
+    sharing = sharing_of(tools, tmp_path)
+    [planned] = sharing.plan(UID, [allocated(gpus[1], mps_limits(threads=30))], others=[])
+    assert isinstance(planned, ckpt.MpsRecord)
+    claim = entry(UID, (gpus[1], planned))
+    visible = {"gpu-1": gpus[1].uuid}
+    sharing.apply(claim, visible=visible)
+    assert sharing.adopt(claim, visible=visible) is False  # alive: kept as it is
+    [daemon] = store.read().mps_daemons
+    os.kill(daemon.pid, signal.SIGKILL)
+    wait_for(lambda: not sharing.daemons.answers(planned.root))
+    assert sharing.adopt(claim, visible=visible) is True
+    [again] = [d for d in store.read().mps_daemons if d.pid != daemon.pid and _alive(d.pid)]
+    assert again.default_active_thread_percentage == 30.0
+
+    assert sharing.stop_others({planned.root}) == []
+    assert sharing.stop_others(set()) == [planned.root]
+    assert not planned.root.exists()
+    assert not any(_alive(d.pid) for d in store.read().mps_daemons)
+
+
+def test_a_gpu_that_refuses_mps_fails_the_claim_and_leaves_nothing(tmp_path: Path) -> None:
+    state_file = tmp_path / "machine.json"
+    with nvml.connect("sim:no-sharing", state_file=state_file) as session:
+        [gpu, *_] = session.inventory().gpus
+    tools = GpuTools.with_directory_first(sim.write_tools(tmp_path / "bin", state_file=state_file))
+    sharing = sharing_of(tools, tmp_path)
+    [planned] = sharing.plan(UID, [allocated(gpu, mps_limits(threads=30))], others=[])
+    claim = entry(UID, (gpu, planned))
+    with pytest.raises(HardwareError, match="MPS"):
+        sharing.apply(claim, visible={f"gpu-{gpu.minor}": gpu.uuid})
+    sharing.undo(claim, others=[])  # what prepare's rollback does
+    assert sim_state.StateFile(state_file).read().mps_daemons == []
+    assert not (tmp_path / "mps").exists() or not any((tmp_path / "mps").iterdir())
+    with pytest.raises(HardwareError, match="Not Supported"):
+        sharing.apply(entry(UID, (gpu, record("Long"))), visible={})
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return not Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[-1].startswith("Z")
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
 
 
 def test_set_timeslice_runs_the_documented_command_line(tmp_path: Path) -> None:

@@ -1,8 +1,13 @@
 """Runs the NVIDIA command-line tools gpudra needs where NVML has no API. I/O: subprocesses.
 
-Time-slice intervals have no NVML call outside vGPU hosts, so they go through
-`nvidia-smi compute-policy -i <uuid> --set-timeslice <0..3>` (gpu-mechanics.md section 4). With a
-simulated machine the same command lines reach the simulator's stand-in executables.
+- Time-slice intervals have no NVML call outside vGPU hosts, so they go through
+  `nvidia-smi compute-policy -i <uuid> --set-timeslice <0..3>` (gpu-mechanics.md section 4).
+- Compute modes go through `nvidia-smi -i <uuid> -c <MODE>` and `--query-gpu=compute_mode`, the command
+  lines NVIDIA's device plugin and DRA driver use before starting MPS.
+- MPS control daemons are started with `nvidia-cuda-mps-control -d` and driven by the commands it reads
+  on stdin (section 3); CUDA_MPS_PIPE_DIRECTORY tells both which daemon is meant.
+
+With a simulated machine the same command lines reach the simulator's stand-in executables.
 """
 
 from __future__ import annotations
@@ -10,10 +15,15 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Final
 
 from gpudra.errors import HardwareError, NvmlUnavailable
+
+MPS_CONTROL: Final = "nvidia-cuda-mps-control"
+# What `nvidia-smi --query-gpu=compute_mode` prints, and what `nvidia-smi -c` takes, per NVML value.
+COMPUTE_MODES: Final[dict[str, int]] = {"Default": 0, "Prohibited": 2, "Exclusive_Process": 3}
 
 
 class GpuTools:
@@ -26,21 +36,67 @@ class GpuTools:
         """Tools found in `directory` before PATH (the simulator's stand-ins)."""
         return cls(search_path=os.pathsep.join([str(directory), os.environ.get("PATH", "")]))
 
-    def _run(self, tool: str, args: Sequence[str]) -> str:
+    def _run(
+        self,
+        tool: str,
+        args: Sequence[str],
+        *,
+        stdin: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> str:
         executable = shutil.which(tool, path=self.search_path)
         if executable is None:
             raise NvmlUnavailable(f"{tool} not found on PATH ({self.search_path})")
+        command = " ".join([tool, *args])
         try:
             result = subprocess.run(
-                [executable, *args], capture_output=True, text=True, timeout=self.timeout, check=False
+                [executable, *args],
+                input=stdin,
+                capture_output=True,
+                text=True,
+                timeout=self.timeout,
+                check=False,
+                env=None if env is None else {**os.environ, **env},
             )
         except subprocess.TimeoutExpired as err:
-            raise HardwareError(f"{tool} {' '.join(args)} did not finish in {self.timeout:g}s") from err
+            raise HardwareError(f"{command} did not finish in {self.timeout:g}s") from err
         if result.returncode != 0:
             detail = (result.stderr or result.stdout).strip()
-            raise HardwareError(f"{tool} {' '.join(args)} failed ({result.returncode}): {detail}")
+            raise HardwareError(f"{command} failed ({result.returncode}): {detail}")
         return result.stdout
 
     def set_timeslice(self, *, gpu_uuid: str, level: int) -> None:
         """Set the GPU's time-slice: 0 Default, 1 Short, 2 Medium, 3 Long."""
         self._run("nvidia-smi", ["compute-policy", "-i", gpu_uuid, "--set-timeslice", str(level)])
+
+    def compute_mode(self, *, gpu_uuid: str) -> int:
+        """The GPU's compute mode as NVML numbers it (0 Default, 2 Prohibited, 3 Exclusive_Process)."""
+        out = self._run(
+            "nvidia-smi", ["--query-gpu=compute_mode", "--format=csv,noheader", "-i", gpu_uuid]
+        ).strip()
+        if out not in COMPUTE_MODES:
+            raise HardwareError(
+                f"nvidia-smi reported compute mode {out!r} for {gpu_uuid}; expected one of "
+                f"{', '.join(COMPUTE_MODES)}"
+            )
+        return COMPUTE_MODES[out]
+
+    def set_compute_mode(self, *, gpu_uuid: str, mode: int) -> None:
+        names = {value: name.upper() for name, value in COMPUTE_MODES.items()}
+        self._run("nvidia-smi", ["-i", gpu_uuid, "-c", names[mode]])
+
+    def start_mps_daemon(self, *, env: Mapping[str, str]) -> None:
+        """`nvidia-cuda-mps-control -d` with `env` (pipe and log directories, visible devices): the
+        daemon detaches into its own session, so it outlives the plugin process that started it."""
+        self._run(MPS_CONTROL, ["-d"], env=env)
+
+    def mps_control(self, commands: Sequence[str], *, pipe_dir: Path) -> str:
+        """Send `commands` to the daemon listening in `pipe_dir`; its replies, one line each.
+        HardwareError when no daemon listens there or a command is refused."""
+        out = self._run(
+            MPS_CONTROL,
+            [],
+            stdin="".join(f"{command}\n" for command in commands),
+            env={"CUDA_MPS_PIPE_DIRECTORY": str(pipe_dir)},
+        )
+        return out

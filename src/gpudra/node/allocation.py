@@ -1,18 +1,21 @@
 """What a claim asks of this node, as the state machine and its steps see it. Pure.
 
 `ClaimRef` is what the kubelet names; `Allocated` is one allocation result resolved to this node's
-hardware and config. The steps of prepare (sharing today, MIG and MPS next) take these and sit below
+hardware and config. The steps of prepare (MIG partitions, sharing) take these and sit below
 the state machine in `prepare`, which sequences them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from gpudra.api import GpuConfig, MigDeviceConfig
 from gpudra.model.inventory import Gpu
+from gpudra.node import cdi
 from gpudra.node import checkpoint as ckpt
 
 DeviceType = Literal["gpu", "mig"]
@@ -45,6 +48,12 @@ class Allocated:
     config: GpuConfig | MigDeviceConfig
     config_entry: int | None  # index in status.allocation.devices.config; None for the default
     admin_access: bool
+    # For one share of a device several claims share: the allocation's shareID and consumed capacity
+    # (capacity name, unqualified -> amount).
+    share_id: str | None = None
+    consumed: Mapping[str, Fraction] = field(default_factory=dict)
+    memory_bytes: int | None = None  # the device's memory (a partition's own), where known
+    uuid: str | None = None  # the GPU or MIG UUID, where it exists before prepare
 
     @property
     def config_field(self) -> str:
@@ -60,14 +69,24 @@ class Allocated:
 
 
 class Sharing(Protocol):
-    """Plans, applies and undoes how a device is shared (time-slicing, MPS).
+    """Plans, applies and undoes how a claim's devices are shared (time-slicing, MPS): see node.sharing.
 
-    `plan` has no side effect (it validates and says what `apply` will set), so the record is in the
+    `plan` has no side effect (it validates and says what `apply` will set), so the records are in the
     checkpoint before the GPU changes and a rollback knows what to undo; `apply` and `undo` are idempotent.
     """
 
-    def plan(self, device: Allocated) -> ckpt.SharingRecord | None: ...
+    def plan(
+        self, claim_uid: str, devices: Sequence[Allocated], *, others: Sequence[ckpt.ClaimEntry]
+    ) -> list[ckpt.SharingRecord | None]: ...
 
-    def apply(self, record: ckpt.SharingRecord, *, gpu_uuids: Sequence[str]) -> None: ...
+    def apply(self, entry: ckpt.ClaimEntry, *, visible: Mapping[str, str]) -> None: ...
 
-    def undo(self, record: ckpt.SharingRecord, *, gpu_uuids: Sequence[str]) -> None: ...
+    def undo(self, entry: ckpt.ClaimEntry, *, others: Sequence[ckpt.ClaimEntry]) -> None: ...
+
+    def adopt(self, entry: ckpt.ClaimEntry, *, visible: Mapping[str, str]) -> bool: ...
+
+    def stop_others(self, known: set[Path]) -> list[Path]: ...
+
+    def container_edits(
+        self, device: ckpt.PreparedDevice
+    ) -> tuple[dict[str, str], tuple[cdi.Mount, ...]]: ...

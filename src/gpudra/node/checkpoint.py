@@ -32,8 +32,10 @@ Compatibility. `data.version` is the number of the format of `data`; the envelop
     such a reader refuses the file instead of forgetting the state:
       - version 1: whole GPUs, time-slice records. No `mig` record, no MPS `sharing` record (its
         reader calls a file holding one corrupt: no version-1 writer made one);
-      - version 2: adds `mig` records (MIG devices gpudra created and must destroy). Still no MPS
-        record: the first gpudra that starts MPS daemons must write version 3.
+      - version 2: adds `mig` records (MIG devices gpudra created and must destroy). No MPS record
+        (its reader calls a file holding one corrupt);
+      - version 3: adds MPS `sharing` records (control daemons, their directories and the compute mode
+        to restore) and `share_id` (one allocation of a device that several claims share).
  3. A reader that finds a newer version, or a file of a version it reads with fields it does not
     know (pydantic's `extra_forbidden`, at any depth, even alongside other schema errors), refuses
     it: `load` raises CheckpointTooNew, naming the file, the version found, the version this gpudra
@@ -69,7 +71,7 @@ from gpudra.errors import GpudraError
 
 log = logging.getLogger(__name__)
 
-VERSION: Literal[2] = 2  # the format version this gpudra writes, and the newest it reads
+VERSION: Literal[3] = 3  # the format version this gpudra writes, and the newest it reads
 
 ClaimState = Literal["PrepareStarted", "PrepareCompleted", "UnprepareStarted"]
 TimeSliceInterval = Literal["Default", "Short", "Medium", "Long"]
@@ -162,20 +164,19 @@ class TimeSlicingRecord(_Record):
 
 
 class MpsRecord(_Record):
-    """The MPS control daemon serving the claim's devices, and the limits it was started with."""
+    """One device served by the claim's MPS control daemon, and what prepare set up for it.
+
+    Every MPS device of a claim names the same daemon: one daemon per claim, whose directory `root`
+    holds `pipe` (CUDA_MPS_PIPE_DIRECTORY), `log` and `shm`. The daemon is found again through its pipe
+    directory (its control socket and pid file), so nothing about the process itself is recorded.
+    """
 
     strategy: Literal["MPS"]
-    daemon_id: str = Field(min_length=1)
-    pipe_dir: Path  # host path of CUDA_MPS_PIPE_DIRECTORY
+    root: Path  # <state dir>/mps/<daemon id>
     active_thread_percentage: int | None = Field(default=None, ge=1, le=100)
-    pinned_memory_limits: dict[str, int] = Field(default_factory=dict)  # GPU or MIG UUID -> bytes
-
-    @model_validator(mode="after")
-    def _limits_are_sizes(self) -> MpsRecord:
-        negative = sorted(uuid for uuid, limit in self.pinned_memory_limits.items() if limit < 0)
-        if negative:
-            raise ValueError(f"pinned_memory_limits must be >= 0 bytes; negative for {', '.join(negative)}")
-        return self
+    pinned_memory_limit: int | None = Field(default=None, ge=2**20)  # bytes, for this device
+    # Set to EXCLUSIVE_PROCESS on prepare (a whole GPU the claim has alone); put back on unprepare.
+    restore_compute_mode: int | None = Field(default=None, ge=0)
 
 
 SharingRecord = Annotated[TimeSlicingRecord | MpsRecord, Field(discriminator="strategy")]
@@ -192,6 +193,8 @@ class PreparedDevice(_Record):
     mig: MigRecord | None = None
     sharing: SharingRecord | None = None
     admin_access: bool = False
+    # The allocation's shareID, for a device that several claims share (allowMultipleAllocations).
+    share_id: str | None = None
 
 
 class ClaimEntry(_Record):
@@ -215,7 +218,7 @@ class ClaimEntry(_Record):
 class Checkpoint(_Record):
     """All claims this node's plugin has prepared or is preparing, keyed by claim UID."""
 
-    version: Literal[2]
+    version: Literal[3]
     boot_id: str = Field(min_length=1)
     claims: dict[str, ClaimEntry]
 
@@ -335,20 +338,35 @@ def _checksum(data: Any) -> str:
 # validates against the models above. When VERSION goes up, the models of the old version are kept
 # (renamed `_V<n>…`, never changed again) and its reader validates against them and converts the
 # result to the current models, so that the next `save` writes the file in the current version.
-def _read_v1(data: dict[str, Any]) -> Checkpoint:
-    """Version 1 is version 2 without MIG records: the same models, then the current version."""
-    checkpoint = Checkpoint.model_validate({**data, "version": VERSION})
-    for entry in checkpoint.claims.values():
-        for index, device in enumerate(entry.devices):
-            if device.mig is not None or isinstance(device.sharing, MpsRecord):
-                # No version-1 writer records either, so the file was changed by hand or damaged.
-                raise CheckpointCorrupt(
-                    f"claims.{entry.uid}.devices.{index}: a version 1 checkpoint holds no MIG or MPS record"
-                )
-    return checkpoint
+def _read_older(version: int) -> Callable[[dict[str, Any]], Checkpoint]:
+    """Versions 1 and 2 are version 3 without MPS records and share ids (and 1 also without MIG
+    records): the same models, then the current version. No writer of those versions made such a
+    record, so one in the file means it was changed by hand or damaged."""
+
+    def read(data: dict[str, Any]) -> Checkpoint:
+        claims = data.get("claims")
+        for uid, entry in (claims if isinstance(claims, dict) else {}).items():
+            devices = entry.get("devices") if isinstance(entry, dict) else None
+            for index, device in enumerate(devices if isinstance(devices, list) else []):
+                if not isinstance(device, dict):
+                    continue
+                sharing = device.get("sharing")
+                mps = isinstance(sharing, dict) and sharing.get("strategy") == "MPS"
+                if mps or "share_id" in device or (version < 2 and device.get("mig") is not None):
+                    held = "MIG or MPS record" if version < 2 else "MPS record or share id"
+                    raise CheckpointCorrupt(
+                        f"claims.{uid}.devices.{index}: a version {version} checkpoint holds no {held}"
+                    )
+        return Checkpoint.model_validate({**data, "version": VERSION})
+
+    return read
 
 
-_READERS: dict[int, Callable[[dict[str, Any]], Checkpoint]] = {1: _read_v1, 2: Checkpoint.model_validate}
+_READERS: dict[int, Callable[[dict[str, Any]], Checkpoint]] = {
+    1: _read_older(1),
+    2: _read_older(2),
+    3: Checkpoint.model_validate,
+}
 
 
 def _decode(content: bytes, *, source: Path) -> Checkpoint:

@@ -92,7 +92,7 @@ def _run(options: Options, session: nvml.Nvml, *, stop: threading.Event) -> None
         inventory=inventory,
         devices={d["name"]: d for d in model.devices},
         claims=claims,
-        sharing=GpuSharing(_tools(options)),
+        sharing=GpuSharing(_tools(options), mps_root=options.state_dir / "mps"),
         mig=MigPartitions(session, gpus={gpu.uuid: gpu for gpu in inventory.gpus}),
         cdi_root=options.cdi_root,
         checkpoint_path=options.state_dir / "checkpoint.json",

@@ -24,6 +24,9 @@ UNPREPARE_STEPS = (
     "unprepare-cdi-deleted",
 )
 STEPS = PREPARE_STEPS + UNPREPARE_STEPS
+# Reached only by claims with MPS devices, inside "prepare-applied" and "unprepare-undone".
+MPS_PREPARE_STEPS = ("prepare-mps-directories", "prepare-mps-started")
+MPS_UNPREPARE_STEPS = ("unprepare-mps-stopped",)
 
 
 def reached(step: str) -> None:

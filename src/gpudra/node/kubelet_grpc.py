@@ -93,6 +93,8 @@ def _claim_ref(claim: Any) -> ClaimRef:
 def _servicer(pb: ModuleType, base: type, backend: PrepareBackend, observer: Observer) -> Any:
     """A DRAPlugin servicer for one API version; v1 and v1beta1 differ only in their modules."""
 
+    has_share_id = "share_id" in pb.Device.DESCRIPTOR.fields_by_name
+
     class Servicer(base):  # type: ignore[misc]
         def NodePrepareResources(self, request: Any, context: Any) -> Any:
             response = pb.NodePrepareResourcesResponse()
@@ -101,12 +103,15 @@ def _servicer(pb: ModuleType, base: type, backend: PrepareBackend, observer: Obs
                 result = response.claims[claim.uid]
                 try:
                     for device in backend.prepare(_claim_ref(claim)):
-                        result.devices.add(
+                        added = result.devices.add(
                             request_names=list(device.request_names),
                             pool_name=device.pool,
                             device_name=device.device,
                             cdi_device_ids=list(device.cdi_device_ids),
                         )
+                        # v1 only (kubelets 1.35+): v1beta1 has no share_id, and its kubelets no shares.
+                        if device.share_id is not None and has_share_id:
+                            added.share_id = device.share_id
                 except Exception as err:
                     outcome = _error_reason(err)
                     result.Clear()

@@ -17,15 +17,19 @@ saves the checkpoint.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import re
+import shutil
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from gpudra.errors import ClaimError, GpudraError
+from gpudra.errors import ClaimError, ConfigError, GpudraError
 from gpudra.model import placement
 from gpudra.model.claim_config import resolve_configs
 from gpudra.model.devices import Device, partition_of
@@ -34,6 +38,8 @@ from gpudra.node import cdi, faults
 from gpudra.node import checkpoint as ckpt
 from gpudra.node.allocation import Allocated, ClaimRef, ClaimSource, DeviceType, Sharing
 from gpudra.node.mig import MigPartitions
+from gpudra.node.mps import CONTAINER_PIPE_DIR
+from gpudra.quantity import parse_quantity
 
 log = logging.getLogger(__name__)
 
@@ -132,8 +138,11 @@ class DeviceState:
         else:
             recovery = Recovery()
         self._checkpoint = loaded.checkpoint
-        for uid in loaded.stale_claims:  # the reboot reset the GPUs; only files remain
+        for uid, stale in loaded.stale_claims.items():  # the reboot reset the GPUs; only files remain
             cdi.delete_spec(self.cdi_root, driver=self.driver, claim_uid=uid)
+            for device in stale.devices:
+                if isinstance(device.sharing, ckpt.MpsRecord):
+                    shutil.rmtree(device.sharing.root, ignore_errors=True)
         for entry in list(self._checkpoint.claims.values()):
             if entry.state != "PrepareCompleted":
                 log.info("settling interrupted %s", entry.state, extra={"claim": entry.uid})
@@ -143,6 +152,7 @@ class DeviceState:
                     # One broken GPU must not keep the plugin from serving the others; the entry stays
                     # (UnprepareStarted, holding its devices) for the kubelet's retry to finish.
                     log.error("cannot settle claim", extra={"claim": entry.uid, "error": str(err)})
+        self._adopt_daemons()
         # A spec no entry names was left by a prepare this checkpoint already forgot (the entry
         # goes only after its spec): nothing uses it.
         known = set(self._checkpoint.claims)
@@ -152,6 +162,26 @@ class DeviceState:
             self._commit(self._checkpoint)
         self._refusal = None
         return recovery
+
+    def _adopt_daemons(self) -> None:
+        """Keep the MPS daemons of prepared claims (they outlived the plugin, their clients are running),
+        start again one that died, and stop any daemon no claim of the checkpoint names."""
+        for entry in self._checkpoint.claims.values():
+            if entry.state != "PrepareCompleted" or not _has_mps(entry):
+                continue
+            try:
+                if self.sharing.adopt(entry, visible=self._visible(entry)):
+                    log.warning("MPS daemon had stopped; started again", extra={"claim": entry.uid})
+            except GpudraError as err:
+                log.error("cannot adopt the MPS daemon", extra={"claim": entry.uid, "error": str(err)})
+        known = {
+            d.sharing.root
+            for e in self._checkpoint.claims.values()
+            for d in e.devices
+            if isinstance(d.sharing, ckpt.MpsRecord)
+        }
+        for root in self.sharing.stop_others(known):
+            log.warning("stopped an MPS daemon no prepared claim uses", extra={"directory": str(root)})
 
     @property
     def refusal(self) -> str | None:
@@ -181,9 +211,9 @@ class DeviceState:
                 log.error("CDI spec unreadable; left in place", extra={"claim": uid, "error": str(err)})
                 continue
             devices = tuple(
-                self._rebuilt_device(uid, name, cdi_device)
+                self._rebuilt_device(uid, name, share_id, cdi_device)
                 for cdi_device in spec.devices
-                for name in [cdi_device.name.removeprefix(prefix)]
+                for name, share_id in [_split_share(cdi_device.name.removeprefix(prefix))]
                 if cdi_device.name.startswith(prefix) and name in self.devices
             )
             entries.append(
@@ -191,25 +221,42 @@ class DeviceState:
             )
         return entries
 
-    def _rebuilt_device(self, uid: str, name: str, cdi_device: cdi.CdiDevice) -> ckpt.PreparedDevice:
+    def _rebuilt_device(
+        self, uid: str, name: str, share_id: str | None, cdi_device: cdi.CdiDevice
+    ) -> ckpt.PreparedDevice:
         gpu = self._gpu_of(name)
         mig = None
         sharing: ckpt.SharingRecord | None = None
-        if self._type(name) == "mig":
-            if not cdi_device.admin_access and "uuid" not in self.devices[name]["attributes"]:
-                mig = self._rebuilt_mig(name, gpu, cdi.visible_uuid(cdi_device))
-        elif not cdi_device.admin_access:
+        kind = self._type(name)
+        if kind == "mig" and not cdi_device.admin_access and "uuid" not in self.devices[name]["attributes"]:
+            mig = self._rebuilt_mig(name, gpu, cdi.visible_uuid(cdi_device))
+        pipe = next(
+            (
+                m.host_path
+                for m in cdi_device.container_edits.mounts
+                if m.container_path == CONTAINER_PIPE_DIR
+            ),
+            None,
+        )
+        if pipe is not None:
+            # The daemon's directory is the pipe's parent. A whole GPU the claim had alone ran in
+            # EXCLUSIVE_PROCESS; the mode it had before is not in the spec: Default, the usual one.
+            restore = 0 if kind == "gpu" and share_id is None else None
+            sharing = ckpt.MpsRecord(strategy="MPS", root=Path(pipe).parent, restore_compute_mode=restore)
+        elif kind == "gpu" and share_id is None and not cdi_device.admin_access:
             # Admin access never changed the GPU (it belongs to another claim): nothing to undo.
             sharing = ckpt.TimeSlicingRecord(strategy="TimeSlicing", interval="Default")
+        device_name = _cdi_name(name, share_id)
         return ckpt.PreparedDevice(
             request_names=(),
             pool=self.node_name,
             device=name,
-            cdi_device_ids=(cdi.claim_device_id(driver=self.driver, claim_uid=uid, device_name=name),),
+            cdi_device_ids=(cdi.claim_device_id(driver=self.driver, claim_uid=uid, device_name=device_name),),
             gpu_uuids=(gpu.uuid,),
             mig=mig,
             sharing=sharing,
             admin_access=cdi_device.admin_access,
+            share_id=share_id,
         )
 
     def _rebuilt_mig(self, name: str, gpu: Gpu, mig_uuid: str | None) -> ckpt.MigRecord:
@@ -235,10 +282,10 @@ class DeviceState:
             return done.devices
         claim = self.claims.get(namespace=ref.namespace, name=ref.name, uid=ref.uid)
         allocated = self.allocated_devices(claim, ref)
-        # A MIG-capable GPU's key too: a whole-GPU claim and a partition claim of one GPU must not both
-        # pass _refuse_taken at once.
+        # The GPU's key too: a whole-GPU claim and a partition or share claim of one GPU must not both
+        # pass _refuse_taken at once, and claims sharing a GPU must see each other's time-slice.
         keys = [a.device for a in allocated]
-        keys += [f"GPU:{a.gpu.uuid}" for a in allocated if a.gpu.mig_capable and not a.admin_access]
+        keys += [f"GPU:{a.gpu.uuid}" for a in allocated if not a.admin_access]
         with self._locked(keys):
             done = self._checkpoint.claims.get(ref.uid)
             if done is not None and done.state == "PrepareCompleted":
@@ -251,7 +298,11 @@ class DeviceState:
                 self._teardown(done)
             self._refuse_taken(ref, allocated)
             owned = self._owned_mig_uuids()
-            planned = tuple(self._planned(ref, a, owned=owned) for a in allocated)
+            others = [e for e in self._checkpoint.claims.values() if e.uid != ref.uid]
+            sharing = self.sharing.plan(ref.uid, allocated, others=others)
+            planned = tuple(
+                self._planned(ref, a, owned=owned, sharing=r) for a, r in zip(allocated, sharing, strict=True)
+            )
             entry = ckpt.ClaimEntry(
                 uid=ref.uid, namespace=ref.namespace, name=ref.name, state="PrepareStarted", devices=planned
             )
@@ -268,11 +319,14 @@ class DeviceState:
                 for device, wanted in zip(entry.devices, allocated, strict=True):
                     if wanted.kind == "gpu" and not wanted.admin_access:
                         self.mig.use_whole(device.device, wanted.gpu)
-                    if device.sharing is not None:
-                        self.sharing.apply(device.sharing, gpu_uuids=device.gpu_uuids)
-                faults.reached("prepare-applied")
                 claim_devices = [
                     self._claim_device(a, d) for a, d in zip(allocated, entry.devices, strict=True)
+                ]
+                self.sharing.apply(entry, visible={c.name: c.uuid for c in claim_devices})
+                faults.reached("prepare-applied")
+                claim_devices = [
+                    self._with_sharing(c, d, ref.uid)
+                    for c, d in zip(claim_devices, entry.devices, strict=True)
                 ]
                 spec = cdi.build_claim_spec(driver=self.driver, claim_uid=ref.uid, devices=claim_devices)
                 cdi.write_spec(self.cdi_root, spec, claim_uid=ref.uid)
@@ -330,14 +384,17 @@ class DeviceState:
     ) -> tuple[ckpt.PreparedDevice, ...]:
         """A claim rebuilt from its CDI spec, completed from the claim: its devices keep running as
         they are (their MIG devices and specs are in use by the pod); only the request names come back."""
-        requests = {a.device: (a.base_request,) for a in allocated}
-        if set(requests) != {d.device for d in done.devices}:
-            named = ", ".join(sorted(d.device for d in done.devices))
+        requests = {_cdi_name(a.device, a.share_id): (a.base_request,) for a in allocated}
+        if set(requests) != {_cdi_name(d.device, d.share_id) for d in done.devices}:
+            named = ", ".join(sorted(_cdi_name(d.device, d.share_id) for d in done.devices))
             raise ClaimError(
                 f"ResourceClaim {done.uid} was allocated {', '.join(sorted(requests))}, but its CDI spec "
                 f"(the checkpoint was rebuilt from it) names {named}"
             )
-        devices = tuple(d.model_copy(update={"request_names": requests[d.device]}) for d in done.devices)
+        devices = tuple(
+            d.model_copy(update={"request_names": requests[_cdi_name(d.device, d.share_id)]})
+            for d in done.devices
+        )
         self._record(
             done.model_copy(update={"namespace": ref.namespace, "name": ref.name, "devices": devices})
         )
@@ -369,7 +426,6 @@ class DeviceState:
                 raise ClaimError(f"device {result.get('device')} of ResourceClaim {ref} is not on this node")
         types = {r["device"]: self._type(r["device"]) for r in results}
         configs = resolve_configs(allocation, driver=self.driver, device_types=types)
-        admin = {(r["request"], r["device"]): bool(r.get("adminAccess")) for r in results}
         return [
             Allocated(
                 request=c.request,
@@ -378,9 +434,13 @@ class DeviceState:
                 gpu=self._gpu_of(c.device),
                 config=c.config,
                 config_entry=c.entry,
-                admin_access=admin[(c.request, c.device)],
+                admin_access=bool(r.get("adminAccess")),
+                share_id=r.get("shareID") or None,
+                consumed=_consumed_capacity(r, ref),
+                memory_bytes=self._memory_of(c.device),
+                uuid=self._published_uuid(c.device),
             )
-            for c in configs
+            for c, r in zip(configs, results, strict=True)
         ]
 
     # --- unprepare -----------------------------------------------------------------------------
@@ -421,9 +481,8 @@ class DeviceState:
     def _undo(self, entry: ckpt.ClaimEntry) -> None:
         """Undo the side effects of `entry`: sharing, the MIG devices it created, then its CDI spec.
         Idempotent."""
-        for device in entry.devices:
-            if device.sharing is not None:
-                self.sharing.undo(device.sharing, gpu_uuids=device.gpu_uuids)
+        others = [e for e in self._checkpoint.claims.values() if e.uid != entry.uid]
+        self.sharing.undo(entry, others=others)
         faults.reached("unprepare-undone")
         for device in entry.devices:
             if device.mig is not None:
@@ -487,22 +546,24 @@ class DeviceState:
         return self.gpus[uuid]
 
     def _refuse_taken(self, ref: ClaimRef, allocated: Sequence[Allocated]) -> None:
-        """Refuse a device another claim holds: the same device, or the whole GPU of a partition (and
-        a partition of a whole GPU), which the scheduler's counters keep apart too."""
-        wanted = {a.device for a in allocated if not a.admin_access}
-        whole = {a.gpu.uuid: a.device for a in allocated if not a.admin_access and a.kind == "gpu"}
-        parts = {a.gpu.uuid: a.device for a in allocated if not a.admin_access and a.kind == "mig"}
+        """Refuse a device another claim holds: the same device (unless both hold a share of it), or
+        the same GPU in another form (its whole self, a share of it, a partition of it), which the
+        scheduler's counters keep apart too."""
+        mine = [(a.device, a.gpu.uuid, _form(a.kind, a.share_id)) for a in allocated if not a.admin_access]
         for other in self._checkpoint.claims.values():
             if other.uid == ref.uid:
                 continue
-            held = [d for d in other.devices if not d.admin_access]
-            taken = wanted & {d.device for d in held}
-            for device in held:
-                gpu, kind = device.gpu_uuids[0] if device.gpu_uuids else "", self._known_type(device.device)
-                if kind == "gpu" and gpu in parts:
-                    taken.add(f"{parts[gpu]} (its whole GPU {device.device})")
-                elif kind == "mig" and gpu in whole:
-                    taken.add(f"{whole[gpu]} (its partition {device.device})")
+            taken: set[str] = set()
+            for held in other.devices:
+                kind = self._known_type(held.device)
+                if held.admin_access or kind is None:
+                    continue
+                held_form, held_gpu = _form(kind, held.share_id), held.gpu_uuids[:1]
+                for device, gpu, form in mine:
+                    if device == held.device and not (form == held_form == "share"):
+                        taken.add(device)
+                    elif device != held.device and held_gpu == (gpu,) and form != held_form:
+                        taken.add(f"{device} (its GPU is prepared as {held.device})")
             if taken:
                 holder = (
                     f"{other.namespace}/{other.name} ({other.uid})"
@@ -513,8 +574,12 @@ class DeviceState:
                     f"device {', '.join(sorted(taken))} is already prepared for ResourceClaim {holder}"
                 )
 
-    def _planned(self, ref: ClaimRef, device: Allocated, *, owned: set[str]) -> ckpt.PreparedDevice:
-        own = cdi.claim_device_id(driver=self.driver, claim_uid=ref.uid, device_name=device.device)
+    def _planned(
+        self, ref: ClaimRef, device: Allocated, *, owned: set[str], sharing: ckpt.SharingRecord | None
+    ) -> ckpt.PreparedDevice:
+        own = cdi.claim_device_id(
+            driver=self.driver, claim_uid=ref.uid, device_name=_cdi_name(device.device, device.share_id)
+        )
         mig = None
         if device.kind == "mig" and not device.admin_access:
             mig = self.mig.plan(device, self.devices[device.device], owned=owned)
@@ -525,8 +590,9 @@ class DeviceState:
             cdi_device_ids=(own,),  # the toolkit's ID follows once the device exists (see prepare)
             gpu_uuids=(device.gpu.uuid,),
             mig=mig,
-            sharing=self.sharing.plan(device),
+            sharing=sharing,
             admin_access=device.admin_access,
+            share_id=device.share_id,
         )
 
     def _claim_device(
@@ -536,7 +602,10 @@ class DeviceState:
         gpu = device.gpu
         if device.kind == "gpu":
             return cdi.ClaimDevice(
-                name=device.device, gpu_minor=gpu.minor, uuid=gpu.uuid, admin_access=device.admin_access
+                name=_cdi_name(device.device, device.share_id),
+                gpu_minor=gpu.minor,
+                uuid=gpu.uuid,
+                admin_access=device.admin_access,
             )
         if prepared is not None and prepared.mig is not None and prepared.mig.live is not None:
             live = prepared.mig.live
@@ -554,12 +623,39 @@ class DeviceState:
             existing = self.mig.existing(device.device, gpu, mig_uuid)
             uuid, gi, ci = existing.uuid, existing.gpu_instance_id, existing.compute_instance_id
         return cdi.ClaimDevice(
-            name=device.device,
+            name=_cdi_name(device.device, device.share_id),
             gpu_minor=gpu.minor,
             uuid=uuid,
             mig=self.mig.access(device.device, gpu, gpu_instance_id=gi, compute_instance_id=ci),
             admin_access=device.admin_access,
         )
+
+    def _with_sharing(
+        self, claim_device: cdi.ClaimDevice, prepared: ckpt.PreparedDevice, uid: str
+    ) -> cdi.ClaimDevice:
+        """The CDI view of a device with its sharing's env and mounts (the MPS pipe and shm)."""
+        env, mounts = self.sharing.container_edits(prepared)
+        return dataclasses.replace(
+            claim_device, env={**claim_device.env, **env}, mounts=(*claim_device.mounts, *mounts)
+        )
+
+    def _memory_of(self, device: str) -> int | None:
+        memory = self.devices[device]["capacity"].get("memory")
+        return int(parse_quantity(memory["value"])) if memory is not None else None
+
+    def _published_uuid(self, device: str) -> str | None:
+        uuid = self.devices[device]["attributes"].get("uuid")
+        return uuid.get("string") if uuid is not None else None
+
+    def _visible(self, entry: ckpt.ClaimEntry) -> dict[str, str]:
+        """The UUID CUDA sees, per device of `entry` that has one now (a partition once created)."""
+        visible = {}
+        for device in entry.devices:
+            if device.mig is not None and device.mig.live is not None:
+                visible[device.device] = device.mig.live.uuid
+            elif device.device in self.devices and (uuid := self._published_uuid(device.device)):
+                visible[device.device] = uuid
+        return visible
 
     def _created(self) -> Iterator[tuple[ckpt.ClaimEntry, str, ckpt.MigLive]]:
         """(entry, partition device, live ids) for every MIG device the checkpoint says gpudra created."""
@@ -606,3 +702,40 @@ class DeviceState:
 def _complete(entry: ckpt.ClaimEntry) -> bool:
     """False for an entry rebuilt from a CDI spec (see `_rebuild_from_cdi_specs`)."""
     return all(device.request_names for device in entry.devices) and bool(entry.devices)
+
+
+def _form(kind: str, share_id: str | None) -> str:
+    """How a claim holds a GPU: whole, one share of it, or a partition."""
+    return "mig" if kind == "mig" else ("share" if share_id is not None else "whole")
+
+
+def _cdi_name(device: str, share_id: str | None) -> str:
+    """A claim's CDI device name after its UID: the device, and the share's ID for a share (a claim may
+    hold two shares of one device, through two requests)."""
+    return device if share_id is None else f"{device}-{share_id}"
+
+
+def _consumed_capacity(result: Mapping[str, Any], ref: ClaimRef) -> dict[str, Fraction]:
+    """A share's consumedCapacity by unqualified name; ClaimError for an amount that is no quantity."""
+    consumed = {}
+    for name, amount in (result.get("consumedCapacity") or {}).items():
+        try:
+            consumed[str(name).rsplit("/", 1)[-1]] = parse_quantity(str(amount))
+        except ConfigError as err:
+            raise ClaimError(
+                f"ResourceClaim {ref}: consumedCapacity {name} of device {result.get('device')}: {err.reason}"
+            ) from err
+    return consumed
+
+
+_SHARE_SUFFIX = re.compile(r"-([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})$")
+
+
+def _split_share(name: str) -> tuple[str, str | None]:
+    """A CDI device name after the claim UID, split into the device and the share's ID (or None)."""
+    match = _SHARE_SUFFIX.search(name)
+    return (name[: match.start()], match.group(1)) if match else (name, None)
+
+
+def _has_mps(entry: ckpt.ClaimEntry) -> bool:
+    return any(isinstance(d.sharing, ckpt.MpsRecord) for d in entry.devices)

@@ -98,6 +98,9 @@ class Machine:
     # What nvmlDeviceGetVirtualizationMode reports for every GPU: NONE on bare metal, PASSTHROUGH in a
     # VM that was handed the whole board. A VM cannot reset the GPU, so MIG mode changes need a reboot.
     virtualization: int = VIRTUALIZATION_NONE
+    # False: the driver refuses time-slice changes (nvidia-smi compute-policy answers Not Supported) and
+    # the MPS control daemon does not start, as on GPUs and guests whose driver offers neither.
+    sharing_supported: bool = True
 
     def gpu_uuid(self, index: int) -> str:
         """Deterministic per machine and slot, so test expectations do not drift between runs."""
@@ -300,4 +303,15 @@ VM_H100 = Machine(
     virtualization=VIRTUALIZATION_PASSTHROUGH,
 )
 
-MACHINES = {machine.name: machine for machine in (DGX_A100, DGX_H100, MIXED, VM_H100)}
+# A test machine for refusals: one L4 whose driver offers neither time-slice settings nor MPS, so that
+# claims asking for either fail with the tools' reason and leave nothing behind.
+NO_SHARING = Machine(
+    name="no-sharing",
+    driver_version=DRIVER_VERSION,
+    cuda_driver_version=CUDA_DRIVER_VERSION,
+    mig_enabled=False,
+    gpus=(GpuSlot(model=L4, bus=0x17, minor=0, numa_node=0, pcie_root="pci0000:00", nvswitches=()),),
+    sharing_supported=False,
+)
+
+MACHINES = {machine.name: machine for machine in (DGX_A100, DGX_H100, MIXED, VM_H100, NO_SHARING)}

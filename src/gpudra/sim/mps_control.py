@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 
-from gpudra.sim import state
+from gpudra.sim import machines, state
 
 _PID_FILE = "nvidia-cuda-mps-control.pid"
 _NO_DAEMON = "Cannot find MPS control daemon process"
@@ -215,6 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     store = state.from_environment()
     if store is None:
         print("MPS control daemon: no NVIDIA driver (simulated machine state not found)", file=sys.stderr)
+        return 1
+    if args[0] in ("-d", "-f") and not machines.MACHINES[store.read().machine].sharing_supported:
+        print("MPS control daemon: MPS is not supported on this system's GPUs", file=sys.stderr)
         return 1
     match args:
         case ["-d"]:

@@ -162,7 +162,7 @@ def _set_timeslice(store: state.StateFile, *, ids: str, value: str) -> list[str]
     with store.update() as machine_state:
         card = _Card.of(machine_state)
         for target in card.targets(ids):
-            if target.gi is not None:
+            if target.gi is not None or not card.machine.sharing_supported:
                 raise _Failure(
                     NOT_SUPPORTED, f"Unable to set the timeslice for {card.label(target)}: Not Supported"
                 )
