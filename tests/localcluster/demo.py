@@ -133,12 +133,19 @@ def _demo(api: DemoApi, cluster: LocalCluster, plugins: dict[str, PluginProcess]
     print(_table(rows))
     slices = {uuid: level for p in plugins.values() for uuid, level in p.timeslices().items() if level}
     print(
-        f"\nGPU time-slice settings in effect: {slices or 'none'} (3 = Long, from examples/time-slicing.yaml)"
+        f"\nGPU time-slice settings in effect: {slices or 'none'} (3 = Long from examples/time-slicing.yaml, "
+        "2 = Medium from examples/time-slicing-shared.yaml)"
     )
     prepared = sum(len(p.cdi_specs()) for p in plugins.values())
     print(f"CDI spec files written: {prepared} (one per claim)")
     made = sum(len(p.mig_devices()) for p in plugins.values())
     print(f"MIG devices created for the claims: {made}")
+    daemons = [d for p in plugins.values() for d in p.mps_daemons()]
+    limits = sorted(
+        f"{int(d['default_active_thread_percentage'])}%/{','.join(d['default_pinned_memory_limits'].values())}"
+        for d in daemons
+    )
+    print(f"MPS control daemons running for the claims: {len(daemons)} (SM share/memory limit: {' '.join(limits)})")
 
     _step("deleting the pods: the kubelet unprepares every claim")
     for name in pods:
@@ -149,9 +156,10 @@ def _demo(api: DemoApi, cluster: LocalCluster, plugins: dict[str, PluginProcess]
     left = sum(len(p.cdi_specs()) for p in plugins.values())
     reset = all(level == 0 for p in plugins.values() for level in p.timeslices().values())
     migs = sum(len(p.mig_devices()) for p in plugins.values())
+    mps = sum(len(p.mps_daemons()) for p in plugins.values())
     print(
         f"CDI spec files left: {left}; GPU settings back to default: {'yes' if reset else 'NO'}; "
-        f"MIG devices left: {migs}"
+        f"MIG devices left: {migs}; MPS daemons left: {mps}"
     )
 
 

@@ -146,7 +146,20 @@ class PluginProcess:
             for ci in gi.get("compute_instances", [])
         ]
 
+    def mps_daemons(self) -> list[dict[str, Any]]:
+        """The simulated card's MPS control daemons whose process is alive."""
+        state = json.loads(self.sim_state.read_text())
+        return [d for d in state.get("mps_daemons", []) if _alive(int(d["pid"]))]
+
     def timeslices(self) -> dict[str, int]:
         """GPU UUID -> the simulated GPU's current time-slice setting."""
         state = json.loads(self.sim_state.read_text())
         return {gpu["uuid"]: int(gpu.get("timeslice", 0)) for gpu in state["gpus"]}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

@@ -29,11 +29,13 @@ from tests.unit.claims import from_claim, time_slicing, whole_gpus
 from tests.unit.test_prepare import Node, uid
 
 DATA = Path(__file__).parent / "data" / "checkpoint"
+WRITTEN: int = checkpoint.VERSION  # widened from its Literal, so that skip conditions type-check
 
 BOOT = "3f0b4e2a-6d1c-4c55-9d0e-1b2a3c4d5e6f"
 OTHER_BOOT = "8a7b6c5d-4e3f-4a1b-8c9d-0e1f2a3b4c5d"
 GPU0 = "GPU-11111111-2222-3333-4444-555555555555"
 GPU1 = "GPU-66666666-7777-8888-9999-000000000000"
+MPS_ROOT = Path("/var/lib/kubelet/plugins/gpu.gpudra.io/mps")
 
 
 def whole_gpu(uid: str, device: str = "gpu-0", uuid: str = GPU0) -> PreparedDevice:
@@ -70,11 +72,17 @@ def rich_checkpoint() -> Checkpoint:
         update={
             "sharing": MpsRecord(
                 strategy="MPS",
-                daemon_id=f"{uid_mps}-1a2b3",
-                pipe_dir=Path("/var/lib/kubelet/plugins/gpu.gpudra.io/mps/b2-mps-1a2b3/pipe"),
+                root=MPS_ROOT / "3f2a9c1b7d4e",
                 active_thread_percentage=50,
-                pinned_memory_limits={GPU1: 10 * 2**30},
+                pinned_memory_limit=10 * 2**30,
+                restore_compute_mode=0,
             )
+        }
+    )
+    share = whole_gpu(uid_mps, device="gpu-0-shared").model_copy(
+        update={
+            "share_id": "0d9c8b7a-6f5e-4d3c-8b2a-1f0e9d8c7b6a",
+            "sharing": MpsRecord(strategy="MPS", root=MPS_ROOT / "3f2a9c1b7d4e", pinned_memory_limit=2**20),
         }
     )
     ts = whole_gpu(uid_ts).model_copy(
@@ -83,7 +91,7 @@ def rich_checkpoint() -> Checkpoint:
     return (
         Checkpoint.empty(BOOT)
         .with_claim(entry(uid_mig, devices=(mig,)))
-        .with_claim(entry(uid_mps, devices=(mps,)))
+        .with_claim(entry(uid_mps, devices=(mps, share)))
         .with_claim(entry(uid_ts, state="PrepareStarted", devices=(ts,)))
     )
 
@@ -116,7 +124,7 @@ def test_file_format_is_checksum_over_canonical_data(tmp_path: Path) -> None:
 
 def test_missing_file_is_an_empty_checkpoint(tmp_path: Path) -> None:
     loaded = checkpoint.load(tmp_path / "checkpoint.json", boot_id=BOOT)
-    assert loaded.checkpoint == Checkpoint(version=2, boot_id=BOOT, claims={})
+    assert loaded.checkpoint == Checkpoint(version=checkpoint.VERSION, boot_id=BOOT, claims={})
     assert loaded.stale_claims == {}
 
 
@@ -204,6 +212,7 @@ def test_checksum_covers_the_file_not_the_model(tmp_path: Path) -> None:
     loaded = checkpoint.load(path, boot_id=BOOT).checkpoint
     assert loaded.claims["u1"].devices[0].mig is None
     assert loaded.claims["u1"].devices[0].admin_access is False
+    assert loaded.claims["u1"].devices[0].share_id is None
 
 
 def test_other_boot_yields_stale_claims(tmp_path: Path) -> None:
@@ -259,7 +268,7 @@ def _snapshot(directory: Path) -> dict[str, tuple[bytes, int, int]]:
     }
 
 
-@pytest.mark.parametrize("version", [3, 4, 1000])
+@pytest.mark.parametrize("version", [checkpoint.VERSION + 1, checkpoint.VERSION + 2, 1000])
 def test_newer_version_is_refused_as_too_new(tmp_path: Path, version: int) -> None:
     path = tmp_path / "checkpoint.json"
     data = Checkpoint.empty(BOOT).with_claim(entry("u1")).model_dump(mode="json")
@@ -274,10 +283,14 @@ def test_newer_version_is_refused_as_too_new(tmp_path: Path, version: int) -> No
     message = str(raised.value)
     assert str(path) in message
     assert f"has format version {version}:" in message
-    assert "this gpudra reads format version 2 and older" in message
+    assert f"this gpudra reads format version {checkpoint.VERSION} and older" in message
     assert "upgrade gpudra back" in message
     assert "move the file aside" in message
-    assert (raised.value.path, raised.value.version, raised.value.reads_version) == (path, version, 2)
+    assert (raised.value.path, raised.value.version, raised.value.reads_version) == (
+        path,
+        version,
+        checkpoint.VERSION,
+    )
     assert raised.value.unknown_fields == ()  # a newer version is refused before its fields are read
     assert "is corrupt" not in message
     assert _snapshot(tmp_path) == before
@@ -297,6 +310,12 @@ def test_newer_version_is_refused_as_too_new(tmp_path: Path, version: int) -> No
             lambda d: d["claims"]["u1"]["devices"][0].update(mig={"spec": {}, "instance": 7}),
             ["claims.u1.devices.0.mig.instance"],
         ),
+        (  # the MPS record of version 2's models, never written: its fields are unknown to version 3
+            lambda d: d["claims"]["u1"]["devices"][0].update(
+                sharing={"strategy": "MPS", "root": "/r", "daemon_id": "d", "pipe_dir": "/r/pipe"}
+            ),
+            ["claims.u1.devices.0.sharing.MPS.daemon_id", "claims.u1.devices.0.sharing.MPS.pipe_dir"],
+        ),
         (  # an unknown field is never taken for damage, even next to a field this gpudra rejects
             lambda d: (d.update(node="n"), d["claims"]["u1"].update(state="Paused")),
             ["node"],
@@ -306,7 +325,16 @@ def test_newer_version_is_refused_as_too_new(tmp_path: Path, version: int) -> No
             ["node", "claims.u1.colour"],
         ),
     ],
-    ids=["top-level", "claim", "device", "sharing", "mig", "next-to-a-bad-value", "two-fields"],
+    ids=[
+        "top-level",
+        "claim",
+        "device",
+        "sharing",
+        "mig",
+        "old-mps-fields",
+        "next-to-a-bad-value",
+        "two-fields",
+    ],
 )
 def test_same_version_with_unknown_fields_is_refused_as_too_new(
     tmp_path: Path, edit: Any, unknown: list[str]
@@ -325,9 +353,12 @@ def test_same_version_with_unknown_fields_is_refused_as_too_new(
 
     message = str(raised.value)
     assert sorted(raised.value.unknown_fields) == sorted(unknown)
-    assert f"checkpoint {path} has format version 2 but fields this gpudra does not know (" in message
+    assert (
+        f"checkpoint {path} has format version {checkpoint.VERSION} but fields this gpudra does not know ("
+        in message
+    )
     assert all(field in message for field in unknown)
-    assert "this gpudra reads format version 2 and older" in message
+    assert f"this gpudra reads format version {checkpoint.VERSION} and older" in message
     assert "upgrade gpudra back" in message
     assert "move the file aside" in message
     assert _snapshot(tmp_path) == before
@@ -377,12 +408,16 @@ def test_every_version_up_to_the_current_one_has_a_reader() -> None:
         lambda: TimeSlicingRecord.model_validate(
             {"strategy": "TimeSlicing", "interval": "Long", "daemon_id": "x"}
         ),
-        lambda: MpsRecord(strategy="MPS", daemon_id="d", pipe_dir=Path("/p"), active_thread_percentage=0),
-        lambda: MpsRecord(strategy="MPS", daemon_id="d", pipe_dir=Path("/p"), active_thread_percentage=101),
-        lambda: MpsRecord(
-            strategy="MPS", daemon_id="d", pipe_dir=Path("/p"), pinned_memory_limits={GPU0: -1}
+        lambda: MpsRecord(strategy="MPS", root=Path("/p"), active_thread_percentage=0),
+        lambda: MpsRecord(strategy="MPS", root=Path("/p"), active_thread_percentage=101),
+        lambda: MpsRecord(strategy="MPS", root=Path("/p"), pinned_memory_limit=2**20 - 1),
+        lambda: MpsRecord(strategy="MPS", root=Path("/p"), pinned_memory_limit=-1),
+        lambda: MpsRecord(strategy="MPS", root=Path("/p"), restore_compute_mode=-1),
+        lambda: MpsRecord.model_validate({"strategy": "MPS"}),
+        lambda: MpsRecord.model_validate({"strategy": "MPS", "root": "/p", "daemon_id": "d"}),
+        lambda: MpsRecord.model_validate(
+            {"strategy": "MPS", "root": "/p", "pinned_memory_limits": {GPU0: 2**30}}
         ),
-        lambda: MpsRecord(strategy="MPS", daemon_id="", pipe_dir=Path("/p")),
         lambda: PreparedDevice.model_validate(
             {**whole_gpu("u").model_dump(), "sharing": {"strategy": "MPS", "interval": "Long"}}
         ),
@@ -397,8 +432,12 @@ def test_every_version_up_to_the_current_one_has_a_reader() -> None:
         "mps-field-on-time-slicing",
         "thread-percentage-0",
         "thread-percentage-101",
+        "memory-limit-under-1mib",
         "negative-memory-limit",
-        "empty-daemon-id",
+        "negative-compute-mode",
+        "mps-without-root",
+        "old-mps-daemon-id",
+        "old-mps-limits-per-uuid",
         "time-slicing-field-on-mps",
         "unknown-strategy",
     ],
@@ -406,6 +445,25 @@ def test_every_version_up_to_the_current_one_has_a_reader() -> None:
 def test_models_are_strict(build: Any) -> None:
     with pytest.raises(ValidationError):
         build()
+
+
+def test_mps_record_bounds_and_defaults() -> None:
+    bare = MpsRecord(strategy="MPS", root=MPS_ROOT / "3f2a9c1b7d4e")
+    assert (bare.active_thread_percentage, bare.pinned_memory_limit, bare.restore_compute_mode) == (
+        None,
+        None,
+        None,
+    )
+    for threads, limit, mode in [(1, 2**20, 0), (100, 80 * 2**30, 3)]:
+        record = MpsRecord(
+            strategy="MPS",
+            root=MPS_ROOT / "3f2a9c1b7d4e",
+            active_thread_percentage=threads,
+            pinned_memory_limit=limit,
+            restore_compute_mode=mode,
+        )
+        assert MpsRecord.model_validate(record.model_dump(mode="json")) == record
+    assert whole_gpu("u").share_id is None
 
 
 def test_mig_record_live_is_optional() -> None:
@@ -604,6 +662,7 @@ def _assert_golden_v1_content(loaded: Checkpoint) -> None:
         assert device.mig is None
         assert device.sharing == TimeSlicingRecord(strategy="TimeSlicing", interval=interval)
         assert device.admin_access is False
+        assert device.share_id is None
 
     serve = loaded.claims[SERVE]
     assert (serve.uid, serve.namespace, serve.name, serve.state) == (
@@ -619,6 +678,7 @@ def _assert_golden_v1_content(loaded: Checkpoint) -> None:
     assert device.mig is None
     assert device.sharing == TimeSlicingRecord(strategy="TimeSlicing", interval="Medium")
     assert device.admin_access is False
+    assert device.share_id is None
 
     monitor = loaded.claims[MONITOR]
     assert (monitor.uid, monitor.namespace, monitor.name, monitor.state) == (
@@ -635,6 +695,7 @@ def _assert_golden_v1_content(loaded: Checkpoint) -> None:
         assert device.mig is None
         assert device.sharing is None
         assert device.admin_access is True
+        assert device.share_id is None
 
 
 def test_golden_v1_is_read_field_by_field(tmp_path: Path) -> None:
@@ -701,7 +762,12 @@ TRAINER = "2a3b4c5d-6e7f-4a8b-9c0d-1e2f3a4b5c6d"
 
 def test_golden_v2_is_read_field_by_field() -> None:
     assert json.loads(GOLDEN_V2.read_text())["data"]["version"] == 2
-    loaded = checkpoint.load(GOLDEN_V2, boot_id=GOLDEN_V2_BOOT).checkpoint
+    _assert_golden_v2_content(checkpoint.load(GOLDEN_V2, boot_id=GOLDEN_V2_BOOT).checkpoint)
+
+
+def _assert_golden_v2_content(loaded: Checkpoint) -> None:
+    assert loaded.version == checkpoint.VERSION
+    assert loaded.boot_id == GOLDEN_V2_BOOT
     assert sorted(loaded.claims) == sorted([SERVED_MIG, EMBED_MIG, TRAINER])  # saved with sorted keys
 
     served = loaded.claims[SERVED_MIG]
@@ -727,26 +793,348 @@ def test_golden_v2_is_read_field_by_field() -> None:
             gpu_instance_id=2, compute_instance_id=0, uuid="MIG-1a2b3c4d-5e6f-5a7b-8c9d-0e1f2a3b4c5d"
         ),
     )
-    assert (device.sharing, device.admin_access) == (None, False)
+    assert (device.sharing, device.admin_access, device.share_id) == (None, False, None)
 
     embed = loaded.claims[EMBED_MIG]
-    assert embed.state == "PrepareStarted"
+    assert (embed.namespace, embed.name, embed.state) == ("batch", "embed-mig-p2q7w", "PrepareStarted")
     [device] = embed.devices
+    assert (device.request_names, device.pool, device.device) == (
+        ("small",),
+        "gpu-node-07",
+        "gpu-0-mig-1g10gb-0",
+    )
+    assert device.cdi_device_ids == (f"gpu.gpudra.io/claim={EMBED_MIG}-gpu-0-mig-1g10gb-0",)
+    assert device.gpu_uuids == (H100_0,)
     assert device.mig == MigRecord(spec=MigSpec(gpu_uuid=H100_0, profile_id=19, placement_start=0), live=None)
+    assert (device.sharing, device.admin_access, device.share_id) == (None, False, None)
 
     trainer = loaded.claims[TRAINER]
-    assert trainer.state == "UnprepareStarted"
+    assert (trainer.namespace, trainer.name, trainer.state) == (
+        "ml-training",
+        "trainer-gpus-z8y6t",
+        "UnprepareStarted",
+    )
     [device] = trainer.devices
+    assert (device.request_names, device.pool, device.device) == (("trainer",), "gpu-node-07", "gpu-1")
+    assert device.cdi_device_ids == (f"gpu.gpudra.io/claim={TRAINER}-gpu-1",)
+    assert device.gpu_uuids == (H100_1,)
     assert device.mig is None
     assert device.sharing == TimeSlicingRecord(strategy="TimeSlicing", interval="Short")
+    assert (device.admin_access, device.share_id) == (False, None)
 
 
-@pytest.mark.skipif(checkpoint.VERSION != 2, reason="version 2 is no longer written; its reader converts")
+def test_golden_v2_after_a_reboot_is_all_stale(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    path.write_bytes(GOLDEN_V2.read_bytes())
+    loaded = checkpoint.load(path, boot_id=BOOT)
+    assert loaded.checkpoint == Checkpoint.empty(BOOT)
+    assert loaded.stale_claims == checkpoint.load(GOLDEN_V2, boot_id=GOLDEN_V2_BOOT).checkpoint.claims
+    assert path.read_bytes() == GOLDEN_V2.read_bytes()  # reading never writes
+
+
+def test_golden_v2_round_trips_through_save(tmp_path: Path) -> None:
+    first = checkpoint.load(GOLDEN_V2, boot_id=GOLDEN_V2_BOOT).checkpoint
+    resaved = tmp_path / "resaved.json"
+    checkpoint.save(resaved, first)
+    again = checkpoint.load(resaved, boot_id=GOLDEN_V2_BOOT).checkpoint
+    assert again == first
+    _assert_golden_v2_content(again)
+
+
+def test_version_2_is_rewritten_as_the_current_version_keeping_every_field(tmp_path: Path) -> None:
+    # Rule 1: the reader of version 2 converts; the next save writes every field it had, same values.
+    resaved = tmp_path / "resaved.json"
+    checkpoint.save(resaved, checkpoint.load(GOLDEN_V2, boot_id=GOLDEN_V2_BOOT).checkpoint)
+    old = json.loads(GOLDEN_V2.read_text())["data"]
+    new = json.loads(resaved.read_text())["data"]
+    assert new["version"] == checkpoint.VERSION
+    _keeps({**old, "version": checkpoint.VERSION}, new)
+
+
+# What no writer of versions 1 and 2 made. Each edit adds it to the golden data of that version, whose
+# checksum is then recomputed: the file is intact, only its content is impossible for its version.
+_MPS_DICT = {"strategy": "MPS", "root": str(MPS_ROOT / "3f2a9c1b7d4e"), "pinned_memory_limit": 2**30}
+_SHARE_ID = "5e0f9d2a-3b7c-4e1d-8a6f-2c9b4d7e1f30"
+
+
+def _second_device(claim: dict[str, Any], **fields: Any) -> None:
+    """Append a copy of the claim's first device, changed by `fields`, as its device 1."""
+    claim["devices"].append({**claim["devices"][0], **fields})
+
+
+@pytest.mark.parametrize(
+    ("edit", "where"),
+    [
+        (lambda c: c["devices"][0].update(sharing=_MPS_DICT), "devices.0"),
+        (lambda c: c["devices"][0].update(share_id=_SHARE_ID), "devices.0"),
+        (lambda c: c["devices"][0].update(share_id=None), "devices.0"),  # no writer wrote the key
+        (lambda c: c["devices"][0].update(sharing=_MPS_DICT, share_id=_SHARE_ID), "devices.0"),
+        (lambda c: _second_device(c, device="gpu-1-shared", share_id=_SHARE_ID), "devices.1"),
+        (lambda c: _second_device(c, sharing={**_MPS_DICT, "pipe_dir": "/p"}), "devices.1"),
+    ],
+    ids=["mps-record", "share-id", "null-share-id", "mps-and-share", "second-device-share", "old-mps-shape"],
+)
+def test_version_2_with_an_mps_record_or_a_share_id_is_corrupt(tmp_path: Path, edit: Any, where: str) -> None:
+    path = tmp_path / "checkpoint.json"
+    data = json.loads(GOLDEN_V2.read_text())["data"]
+    edit(data["claims"][TRAINER])
+    write_document(path, data)
+    assert json.loads(path.read_text())["checksum"] == checkpoint._checksum(data)
+    before = _snapshot(tmp_path)
+
+    with pytest.raises(checkpoint.CheckpointCorrupt) as raised:
+        checkpoint.load(path, boot_id=GOLDEN_V2_BOOT)
+
+    message = str(raised.value)
+    assert f"checkpoint {path} is corrupt: claims.{TRAINER}.{where}: " in message
+    assert "a version 2 checkpoint holds no MPS record or share id" in message
+    assert _snapshot(tmp_path) == before  # load only reports: the caller decides about the file
+
+
+@pytest.mark.parametrize(
+    ("edit", "where"),
+    [
+        (
+            lambda c: c["devices"][0].update(
+                mig={"spec": {"gpu_uuid": H100_0, "profile_id": 19, "placement_start": 0}, "live": None}
+            ),
+            "devices.0",
+        ),
+        (lambda c: c["devices"][0].update(sharing=_MPS_DICT), "devices.0"),
+        (lambda c: c["devices"][0].update(share_id=_SHARE_ID), "devices.0"),
+        (
+            lambda c: c["devices"][1].update(
+                mig={
+                    "spec": {"gpu_uuid": H100_1, "profile_id": 9, "placement_start": 4},
+                    "live": {"gpu_instance_id": 2, "compute_instance_id": 0, "uuid": "MIG-1"},
+                }
+            ),
+            "devices.1",
+        ),
+    ],
+    ids=["mig-record", "mps-record", "share-id", "live-mig-on-second-device"],
+)
+def test_version_1_with_a_mig_or_mps_record_or_a_share_id_is_corrupt(
+    tmp_path: Path, edit: Any, where: str
+) -> None:
+    path = tmp_path / "checkpoint.json"
+    data = json.loads(GOLDEN_V1.read_text())["data"]
+    edit(data["claims"][TRAIN])
+    write_document(path, data)
+
+    with pytest.raises(checkpoint.CheckpointCorrupt) as raised:
+        checkpoint.load(path, boot_id=GOLDEN_BOOT)
+
+    message = str(raised.value)
+    assert f"checkpoint {path} is corrupt: claims.{TRAIN}.{where}: " in message
+    assert "a version 1 checkpoint holds no " in message
+
+
+@pytest.mark.parametrize(
+    ("golden", "boot", "uid", "impossible"),
+    [
+        (
+            GOLDEN_V1,
+            GOLDEN_BOOT,
+            TRAIN,
+            {"mig": {"spec": {"gpu_uuid": H100_0, "profile_id": 19, "placement_start": 0}}},
+        ),
+        (GOLDEN_V2, GOLDEN_V2_BOOT, TRAINER, {"share_id": _SHARE_ID}),
+        (GOLDEN_V2, GOLDEN_V2_BOOT, TRAINER, {"sharing": _MPS_DICT}),
+    ],
+    ids=["v1-mig", "v2-share-id", "v2-mps"],
+)
+def test_older_version_with_unknown_fields_is_too_new_even_next_to_an_impossible_record(
+    tmp_path: Path, golden: Path, boot: str, uid: str, impossible: dict[str, Any]
+) -> None:
+    path = tmp_path / "checkpoint.json"
+    data = json.loads(golden.read_text())["data"]
+    data["node"] = "gpu-node-07"
+    data["claims"][uid]["devices"][0].update(impossible)
+    write_document(path, data)
+    with pytest.raises(CheckpointTooNew) as raised:
+        checkpoint.load(path, boot_id=boot)
+    assert "node" in raised.value.unknown_fields
+
+
+@pytest.mark.parametrize(
+    ("golden", "boot"), [(GOLDEN_V1, GOLDEN_BOOT), (GOLDEN_V2, GOLDEN_V2_BOOT)], ids=["v1", "v2"]
+)
+def test_older_version_with_unknown_fields_is_refused_as_too_new(
+    tmp_path: Path, golden: Path, boot: str
+) -> None:
+    # Rule 3 holds for every version this gpudra reads, not only its own.
+    path = tmp_path / "checkpoint.json"
+    data = json.loads(golden.read_text())["data"]
+    first = next(iter(data["claims"]))
+    data["claims"][first]["devices"][0]["gpu"] = 1
+    write_document(path, data)
+    with pytest.raises(CheckpointTooNew) as raised:
+        checkpoint.load(path, boot_id=boot)
+    assert raised.value.unknown_fields == (f"claims.{first}.devices.0.gpu",)
+    assert f"has format version {data['version']} but fields this gpudra does not know (" in str(raised.value)
+
+
+@pytest.mark.skipif(WRITTEN != 2, reason="version 2 is no longer written; its reader converts")
 def test_version_2_writers_only_add_fields(tmp_path: Path) -> None:
     # Rule 2: within a version a field is never removed, renamed or written differently.
     resaved = tmp_path / "resaved.json"
     checkpoint.save(resaved, checkpoint.load(GOLDEN_V2, boot_id=GOLDEN_V2_BOOT).checkpoint)
     _keeps(json.loads(GOLDEN_V2.read_text())["data"], json.loads(resaved.read_text())["data"])
+
+
+# --- the golden file of version 3 -----------------------------------------------------------------
+#
+# tests/unit/data/checkpoint/v3.json was written once by version 3's `save` (the first version with MPS
+# records and share ids). NEVER EDIT OR REGENERATE IT, for the same reason as v1.json.
+
+GOLDEN_V3 = DATA / "v3.json"
+GOLDEN_V3_BOOT = "e2c4a6f8-1b3d-4f5a-9c7e-0d2f4a6c8e1b"
+MPS_WHOLE = "4b6d8f0a-2c4e-4a6b-8d0f-1a3c5e7a9b2d"
+MPS_SHARE = "8c1e3a5b-7d9f-4b2c-a4e6-0f2b4d6e8a1c"
+MIG_CLAIM = "d7f9b1c3-5e2a-4c6d-9f1b-3a5c7e9d2b4f"
+TIME_SLICED = "f0a2c4e6-8b1d-4f3a-a5c7-9e1b3d5f7a2c"
+GOLDEN_V3_SHARE_ID = "5e0f9d2a-3b7c-4e1d-8a6f-2c9b4d7e1f30"
+GOLDEN_V3_MIG_UUID = "MIG-2c4e6a8b-0d1f-5a3c-9e7b-4d6f8a0c2e1b"
+
+
+def _golden_v3_copy(tmp_path: Path) -> Path:
+    path = tmp_path / "checkpoint.json"
+    path.write_bytes(GOLDEN_V3.read_bytes())
+    return path
+
+
+def _assert_golden_v3_content(loaded: Checkpoint) -> None:
+    assert loaded.version == checkpoint.VERSION
+    assert loaded.boot_id == GOLDEN_V3_BOOT
+    assert list(loaded.claims) == [MPS_WHOLE, MPS_SHARE, MIG_CLAIM, TIME_SLICED]  # saved with sorted keys
+
+    whole = loaded.claims[MPS_WHOLE]
+    assert (whole.uid, whole.namespace, whole.name, whole.state) == (
+        MPS_WHOLE,
+        "inference",
+        "llm-serve-mps-h4t8r",
+        "PrepareCompleted",
+    )
+    [device] = whole.devices
+    assert (device.request_names, device.pool, device.device) == (("gpu",), "gpu-node-07", "gpu-0")
+    assert device.cdi_device_ids == (f"gpu.gpudra.io/claim={MPS_WHOLE}-gpu-0", f"nvidia.com/gpu={H100_0}")
+    assert device.gpu_uuids == (H100_0,)
+    assert device.mig is None
+    assert device.sharing == MpsRecord(
+        strategy="MPS",
+        root=Path("/var/lib/kubelet/plugins/gpu.gpudra.io/mps/3f2a9c1b7d4e"),
+        active_thread_percentage=50,
+        pinned_memory_limit=10 * 2**30,
+        restore_compute_mode=0,
+    )
+    assert (device.admin_access, device.share_id) == (False, None)
+
+    shared = loaded.claims[MPS_SHARE]
+    assert (shared.uid, shared.namespace, shared.name, shared.state) == (
+        MPS_SHARE,
+        "inference",
+        "embed-share-n5c2v",
+        "PrepareCompleted",
+    )
+    [device] = shared.devices
+    assert (device.request_names, device.pool, device.device) == (("share",), "gpu-node-07", "gpu-1-shared")
+    assert device.cdi_device_ids == (
+        f"gpu.gpudra.io/claim={MPS_SHARE}-gpu-1-shared-{GOLDEN_V3_SHARE_ID}",
+        f"nvidia.com/gpu={H100_1}",
+    )
+    assert device.gpu_uuids == (H100_1,)
+    assert device.mig is None
+    assert device.sharing == MpsRecord(
+        strategy="MPS",
+        root=Path("/var/lib/kubelet/plugins/gpu.gpudra.io/mps/8c77d6a8a3a4"),
+        active_thread_percentage=25,
+        pinned_memory_limit=20 * 2**30,
+        restore_compute_mode=None,
+    )
+    assert (device.admin_access, device.share_id) == (False, GOLDEN_V3_SHARE_ID)
+
+    partition = loaded.claims[MIG_CLAIM]
+    assert (partition.uid, partition.namespace, partition.name, partition.state) == (
+        MIG_CLAIM,
+        "batch",
+        "notebook-mig-r6j3k",
+        "PrepareCompleted",
+    )
+    [device] = partition.devices
+    assert (device.request_names, device.pool, device.device) == (
+        ("mig",),
+        "gpu-node-07",
+        "gpu-2-mig-2g20gb-4",
+    )
+    assert device.cdi_device_ids == (
+        f"gpu.gpudra.io/claim={MIG_CLAIM}-gpu-2-mig-2g20gb-4",
+        f"nvidia.com/gpu={GOLDEN_V3_MIG_UUID}",
+    )
+    assert device.gpu_uuids == (H100_2,)
+    assert device.mig == MigRecord(
+        spec=MigSpec(gpu_uuid=H100_2, profile_id=14, placement_start=4),
+        live=MigLive(gpu_instance_id=5, compute_instance_id=0, uuid=GOLDEN_V3_MIG_UUID),
+    )
+    assert (device.sharing, device.admin_access, device.share_id) == (None, False, None)
+
+    sliced = loaded.claims[TIME_SLICED]
+    assert (sliced.uid, sliced.namespace, sliced.name, sliced.state) == (
+        TIME_SLICED,
+        "ml-training",
+        "trainer-ts-w9p4m",
+        "UnprepareStarted",
+    )
+    [device] = sliced.devices
+    assert (device.request_names, device.pool, device.device) == (("trainer",), "gpu-node-07", "gpu-3")
+    assert device.cdi_device_ids == (f"gpu.gpudra.io/claim={TIME_SLICED}-gpu-3", f"nvidia.com/gpu={H100_3}")
+    assert device.gpu_uuids == (H100_3,)
+    assert device.mig is None
+    assert device.sharing == TimeSlicingRecord(strategy="TimeSlicing", interval="Medium")
+    assert (device.admin_access, device.share_id) == (False, None)
+
+
+def test_golden_v3_is_read_field_by_field(tmp_path: Path) -> None:
+    assert json.loads(GOLDEN_V3.read_text())["data"]["version"] == 3
+    path = _golden_v3_copy(tmp_path)
+    loaded = checkpoint.load(path, boot_id=GOLDEN_V3_BOOT)
+    assert loaded.stale_claims == {}
+    _assert_golden_v3_content(loaded.checkpoint)
+    assert path.read_bytes() == GOLDEN_V3.read_bytes()  # reading never writes
+
+
+def test_golden_v3_after_a_reboot_is_all_stale(tmp_path: Path) -> None:
+    loaded = checkpoint.load(_golden_v3_copy(tmp_path), boot_id=BOOT)
+    assert loaded.checkpoint == Checkpoint.empty(BOOT)
+    assert loaded.stale_claims == checkpoint.load(GOLDEN_V3, boot_id=GOLDEN_V3_BOOT).checkpoint.claims
+
+
+def test_golden_v3_round_trips_through_save(tmp_path: Path) -> None:
+    first = checkpoint.load(_golden_v3_copy(tmp_path), boot_id=GOLDEN_V3_BOOT).checkpoint
+    resaved = tmp_path / "resaved.json"
+    checkpoint.save(resaved, first)
+    again = checkpoint.load(resaved, boot_id=GOLDEN_V3_BOOT).checkpoint
+    assert again == first
+    _assert_golden_v3_content(again)
+    assert json.loads(resaved.read_text())["data"]["version"] == checkpoint.VERSION
+
+
+def test_version_3_is_rewritten_as_the_current_version_keeping_every_field(tmp_path: Path) -> None:
+    # Rule 1: while 3 is the current version this is rule 2 below; once it is not, its reader converts.
+    resaved = tmp_path / "resaved.json"
+    checkpoint.save(resaved, checkpoint.load(GOLDEN_V3, boot_id=GOLDEN_V3_BOOT).checkpoint)
+    old = json.loads(GOLDEN_V3.read_text())["data"]
+    new = json.loads(resaved.read_text())["data"]
+    assert new["version"] == checkpoint.VERSION
+    _keeps({**old, "version": checkpoint.VERSION}, new)
+
+
+@pytest.mark.skipif(WRITTEN != 3, reason="version 3 is no longer written; its reader converts")
+def test_version_3_writers_only_add_fields(tmp_path: Path) -> None:
+    # Rule 2: within a version a field is never removed, renamed or written differently.
+    resaved = tmp_path / "resaved.json"
+    checkpoint.save(resaved, checkpoint.load(GOLDEN_V3, boot_id=GOLDEN_V3_BOOT).checkpoint)
+    _keeps(json.loads(GOLDEN_V3.read_text())["data"], json.loads(resaved.read_text())["data"])
 
 
 # --- recover() and a checkpoint of a newer gpudra -------------------------------------------------

@@ -1,0 +1,260 @@
+"""MPS and GPU shares on the real control plane: the real scheduler allocates shares of one GPU from its
+consumable capacity (KEP-5075), the real kubelet calls the plugin, and the simulated card's MPS daemons
+carry each claim's limits. MPS daemons outlive a SIGKILLed plugin and are adopted at its restart.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import uuid
+from collections.abc import Iterator
+from functools import partial
+from typing import Any
+
+import pytest
+from kubernetes import client, utils
+
+from gpudra.node import faults
+from tests.localcluster.node_plugin import DRIVER, PluginProcess
+
+from .kube_helpers import claim_pod, claim_template, pod_gone, pod_running, wait_for
+
+NODE = "node-h100"
+MINOR = 6  # the H100 these tests share; the MIG tests use others at the same time only in other runs
+GIB = 2**30
+
+
+def _namespace(core: client.CoreV1Api, prefix: str) -> str:
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    core.create_namespace({"metadata": {"name": name}})
+    return name
+
+
+def share_template(
+    name: str, memory_gib: int, compute: int, parameters: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A claim for one share of the H100 with MINOR: memory and compute asked as consumable capacity."""
+    selector = {"cel": {"expression": f'device.attributes["{DRIVER}"].minor == {MINOR}'}}
+    request = {
+        "name": "share",
+        "exactly": {
+            "deviceClassName": "gpu-shared.gpudra.io",
+            "selectors": [selector],
+            "capacity": {"requests": {"memory": f"{memory_gib}Gi", "compute": str(compute)}},
+        },
+    }
+    devices: dict[str, Any] = {"requests": [request]}
+    if parameters is not None:
+        devices["config"] = [{"requests": ["share"], "opaque": {"driver": DRIVER, "parameters": parameters}}]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {"spec": {"devices": devices}},
+    }
+
+
+def mps_template(name: str, threads: int) -> dict[str, Any]:
+    return claim_template(
+        name,
+        {
+            "apiVersion": "resource.gpudra.io/v1beta1",
+            "kind": "GpuConfig",
+            "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": threads}},
+        },
+    )
+
+
+def daemons(plugin: PluginProcess) -> list[dict[str, Any]]:
+    """The simulated card's MPS control daemons that are alive."""
+    found = json.loads(plugin.sim_state.read_text())["mps_daemons"]
+    return [d for d in found if _alive(int(d["pid"]))]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def mps_dirs(plugin: PluginProcess) -> list[str]:
+    root = plugin.state_dir / "mps"
+    return sorted(p.name for p in root.iterdir()) if root.exists() else []
+
+
+def unschedulable(core: client.CoreV1Api, name: str, namespace: str) -> bool:
+    found = core.read_namespaced_pod(name, namespace)
+    return any(
+        c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
+        for c in found.status.conditions or []
+    )
+
+
+def allocation(api: client.ApiClient, found: client.V1Pod) -> dict[str, Any]:
+    name = found.status.resource_claim_statuses[0].resource_claim_name
+    claim = client.CustomObjectsApi(api).get_namespaced_custom_object(
+        "resource.k8s.io", "v1", found.metadata.namespace, "resourceclaims", name
+    )
+    [result] = claim["status"]["allocation"]["devices"]["results"]
+    return dict(result)
+
+
+@pytest.fixture
+def plugin(gpudra: dict[str, PluginProcess]) -> Iterator[PluginProcess]:
+    yield gpudra[NODE]
+    if gpudra[NODE].process is None or gpudra[NODE].process.poll() is not None:
+        gpudra[NODE].start()
+
+
+def _cleanup(core: client.CoreV1Api, ns: str, plugin: PluginProcess) -> None:
+    for item in core.list_namespaced_pod(ns).items:
+        core.delete_namespaced_pod(item.metadata.name, ns, grace_period_seconds=0)
+    for item in core.list_namespaced_pod(ns).items:
+        wait_for("pod deleted", partial(pod_gone, core, item.metadata.name, ns), timeout=90)
+    wait_for(
+        "no MPS daemon or directory left", lambda: not daemons(plugin) and not mps_dirs(plugin), timeout=60
+    )
+    core.delete_namespace(ns)
+
+
+def test_shares_of_one_h100_get_their_capacity_as_mps_limits_and_a_fourth_waits(
+    api: client.ApiClient, plugin: PluginProcess
+) -> None:
+    core = client.CoreV1Api(api)
+    ns = _namespace(core, "shares")
+    asks = {"share-10": (10, 10), "share-20": (20, 20), "share-40": (40, 40), "late-20": (20, 20)}
+    objects = [share_template(name, gib, compute) for name, (gib, compute) in asks.items()]
+    objects += [claim_pod(name, {"gpu": name}, node=NODE) for name in list(asks)[:3]]
+    utils.create_from_yaml(api, yaml_objects=objects, namespace=ns)
+    running = {
+        n: wait_for(f"{n} Running", partial(pod_running, core, n, ns), timeout=120) for n in list(asks)[:3]
+    }
+    results = {n: allocation(api, p) for n, p in running.items()}
+    assert {r["device"] for r in results.values()} == {f"gpu-{MINOR}-shared"}
+    assert len({r["shareID"] for r in results.values()}) == 3
+    limits = {
+        (d["default_active_thread_percentage"], tuple(d["default_pinned_memory_limits"].values()))
+        for d in daemons(plugin)
+    }
+    assert limits == {(10.0, ("10240M",)), (20.0, ("20480M",)), (40.0, ("40960M",))}
+    # Each claim's CDI device carries its share ID, and mounts its own daemon's pipe.
+    specs = plugin.cdi_specs()
+    for result in results.values():
+        named = [
+            d for spec in specs.values() for d in spec["devices"] if d["name"].endswith(result["shareID"])
+        ]
+        assert len(named) == 1
+        assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in named[0]["containerEdits"]["env"]
+
+    # 10 + 20 + 40 GiB are taken of the 79 GiB a share may ask: 20 more do not fit.
+    utils.create_from_yaml(
+        api, yaml_objects=[claim_pod("late-20", {"gpu": "late-20"}, node=NODE)], namespace=ns
+    )
+    wait_for("late-20 Unschedulable", lambda: unschedulable(core, "late-20", ns), timeout=60)
+    assert len(daemons(plugin)) == 3
+
+    core.delete_namespaced_pod("share-40", ns, grace_period_seconds=0)
+    late = wait_for("late-20 Running", partial(pod_running, core, "late-20", ns), timeout=120)
+    assert allocation(api, late)["device"] == f"gpu-{MINOR}-shared"
+    wait_for(
+        "the 40 GiB daemon stopped, the late one running",
+        lambda: sorted(d["default_active_thread_percentage"] for d in daemons(plugin)) == [10.0, 20.0, 20.0],
+        timeout=60,
+    )
+    _cleanup(core, ns, plugin)
+
+
+def test_a_whole_gpu_claim_waits_while_shares_hold_the_gpu(
+    api: client.ApiClient, plugin: PluginProcess
+) -> None:
+    core = client.CoreV1Api(api)
+    ns = _namespace(core, "shares-whole")
+    selector = {"cel": {"expression": f'device.attributes["{DRIVER}"].minor == {MINOR}'}}
+    whole = claim_template("whole")
+    whole["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [selector]
+    utils.create_from_yaml(
+        api,
+        yaml_objects=[share_template("share", 8, 0), whole, claim_pod("share", {"gpu": "share"}, node=NODE)],
+        namespace=ns,
+    )
+    wait_for("share Running", partial(pod_running, core, "share", ns), timeout=120)
+    [daemon] = daemons(plugin)
+    assert daemon["default_active_thread_percentage"] == 100.0  # compute 0: no SM cap
+    utils.create_from_yaml(api, yaml_objects=[claim_pod("whole", {"gpu": "whole"}, node=NODE)], namespace=ns)
+    wait_for("whole Unschedulable", lambda: unschedulable(core, "whole", ns), timeout=60)
+    core.delete_namespaced_pod("share", ns, grace_period_seconds=0)
+    wait_for("whole Running", partial(pod_running, core, "whole", ns), timeout=120)
+    _cleanup(core, ns, plugin)
+
+
+def test_mps_daemons_survive_a_plugin_sigkill_and_are_adopted(
+    api: client.ApiClient, plugin: PluginProcess
+) -> None:
+    core = client.CoreV1Api(api)
+    ns = _namespace(core, "mps-adopt")
+    utils.create_from_yaml(
+        api,
+        yaml_objects=[
+            mps_template("half", 50),
+            share_template("share", 16, 25),
+            claim_pod("half", {"gpu": "half"}, node=NODE),
+            claim_pod("share", {"gpu": "share"}, node=NODE),
+        ],
+        namespace=ns,
+    )
+    for name in ("half", "share"):
+        wait_for(f"{name} Running", partial(pod_running, core, name, ns), timeout=120)
+    before = {d["pid"]: d["default_active_thread_percentage"] for d in daemons(plugin)}
+    assert sorted(before.values()) == [25.0, 50.0]
+
+    assert plugin.process is not None
+    plugin.process.send_signal(signal.SIGKILL)
+    assert plugin.wait_killed() == -signal.SIGKILL
+    assert {d["pid"] for d in daemons(plugin)} == set(before)  # the workloads' daemons keep running
+    plugin.start()
+    assert {d["pid"] for d in daemons(plugin)} == set(before)  # adopted, not started again
+
+    core.delete_namespaced_pod("half", ns, grace_period_seconds=0)
+    wait_for("half's daemon stopped", lambda: len(daemons(plugin)) == 1, timeout=90)
+    [left] = daemons(plugin)
+    assert before[left["pid"]] == 25.0  # exactly the other claim's daemon is left
+    _cleanup(core, ns, plugin)
+
+
+@pytest.mark.parametrize(
+    ("action", "step"),
+    [
+        *itertools.product(["prepare"], faults.MPS_PREPARE_STEPS),
+        *itertools.product(["unprepare"], faults.MPS_UNPREPARE_STEPS),
+    ],
+)
+def test_sigkill_at_every_mps_step_then_restart_leaves_no_orphan(
+    api: client.ApiClient, plugin: PluginProcess, action: str, step: str
+) -> None:
+    core = client.CoreV1Api(api)
+    ns = _namespace(core, "mps-crash")
+    objects = [mps_template("victim", 30), claim_pod("victim", {"gpu": "victim"}, node=NODE)]
+    if action == "prepare":
+        plugin.stop()
+        plugin.start(crash_at=step)
+        utils.create_from_yaml(api, yaml_objects=objects, namespace=ns)
+        assert plugin.wait_killed() == -signal.SIGKILL
+        plugin.start()
+        wait_for("pod Running after the restart", lambda: pod_running(core, "victim", ns), timeout=120)
+        assert len(daemons(plugin)) == 1
+    else:
+        utils.create_from_yaml(api, yaml_objects=objects, namespace=ns)
+        wait_for("pod Running", lambda: pod_running(core, "victim", ns), timeout=120)
+        plugin.stop()
+        plugin.start(crash_at=step)
+        core.delete_namespaced_pod("victim", ns, grace_period_seconds=0)
+        assert plugin.wait_killed() == -signal.SIGKILL
+        plugin.start()
+    _cleanup(core, ns, plugin)
+    assert not [uid for uid, spec in plugin.cdi_specs().items() if "nvidia-mps" in json.dumps(spec)]
+    assert not [c for c in plugin.checkpoint_claims().values() if "MPS" in json.dumps(c)]
