@@ -137,9 +137,7 @@ class TimeSlicingConfig(_Object):
 
 
 class MpsConfig(_Object):
-    """Limits for every client of an MPS control daemon on the shared devices. Unset: no limit.
-
-    Decoded and validated today; prepare refuses strategy MPS until the daemon lands."""
+    """Limits for every client of the claim's MPS control daemon on its devices. Unset: no limit."""
 
     default_active_thread_percentage: Percentage | None = Field(
         default=None,
