@@ -19,9 +19,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Final
 
-from gpudra.errors import HardwareError, NvmlUnavailable
+from gpudra.errors import HardwareError, NotSupported, NvmlUnavailable
 
 MPS_CONTROL: Final = "nvidia-cuda-mps-control"
+# nvidia-smi(1), RETURN VALUE: "the requested operation is not available on target device".
+_NVIDIA_SMI_NOT_SUPPORTED: Final = 3
 # What `nvidia-smi --query-gpu=compute_mode` prints, and what `nvidia-smi -c` takes, per NVML value.
 COMPUTE_MODES: Final[dict[str, int]] = {"Default": 0, "Prohibited": 2, "Exclusive_Process": 3}
 
@@ -62,6 +64,8 @@ class GpuTools:
             raise HardwareError(f"{command} did not finish in {self.timeout:g}s") from err
         if result.returncode != 0:
             detail = (result.stderr or result.stdout).strip()
+            if tool == "nvidia-smi" and result.returncode == _NVIDIA_SMI_NOT_SUPPORTED:
+                raise NotSupported(f"{command} failed ({result.returncode}): {detail}")
             raise HardwareError(f"{command} failed ({result.returncode}): {detail}")
         return result.stdout
 

@@ -170,12 +170,12 @@ class MpsDaemons:
     def stop(self, root: Path) -> None:
         """Stop the claim's daemon (if one runs) and remove its directory. Idempotent."""
         pipe = pipe_dir(root)
+        pid = _daemon_pid(pipe)  # before quit: the daemon removes its pid file as it exits
         if self.answers(root):
             try:
                 self.tools.mps_control(["quit"], pipe_dir=pipe)
             except HardwareError as err:
                 log.warning("MPS daemon did not take quit", extra={"pipe": str(pipe), "error": str(err)})
-        pid = _daemon_pid(pipe)
         deadline = time.monotonic() + _STOP_TIMEOUT_S
         while pid is not None and _alive(pid) and time.monotonic() < deadline:
             time.sleep(0.02)

@@ -322,7 +322,8 @@ class DeviceState:
                 claim_devices = [
                     self._claim_device(a, d) for a, d in zip(allocated, entry.devices, strict=True)
                 ]
-                self.sharing.apply(entry, visible={c.name: c.uuid for c in claim_devices})
+                visible = {d.device: c.uuid for c, d in zip(claim_devices, entry.devices, strict=True)}
+                self.sharing.apply(entry, visible=visible)
                 faults.reached("prepare-applied")
                 claim_devices = [
                     self._with_sharing(c, d, ref.uid)

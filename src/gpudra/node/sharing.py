@@ -29,7 +29,7 @@ from pathlib import Path
 
 from gpudra.api import GpuConfig, MigDeviceConfig
 from gpudra.api.v1beta1 import PER_DEVICE_LIMITS_FIELD, TIMESLICE, MpsConfig
-from gpudra.errors import ConfigError
+from gpudra.errors import ConfigError, NotSupported
 from gpudra.gpu.tools import COMPUTE_MODES, GpuTools
 from gpudra.model.devices import bytes_quantity
 from gpudra.node import checkpoint as ckpt
@@ -172,7 +172,7 @@ class GpuSharing:
             record = device.sharing
             if isinstance(record, ckpt.TimeSlicingRecord):
                 for uuid in device.gpu_uuids:
-                    self.tools.set_timeslice(gpu_uuid=uuid, level=TIMESLICE[record.interval])
+                    self._set_timeslice(uuid, record.interval)
             elif isinstance(record, ckpt.MpsRecord):
                 if record.restore_compute_mode is not None:
                     self.tools.set_compute_mode(gpu_uuid=device.gpu_uuids[0], mode=EXCLUSIVE_PROCESS)
@@ -195,8 +195,11 @@ class GpuSharing:
             self.daemons.stop(root)
         for device in entry.devices:
             record = device.sharing
-            if isinstance(record, ckpt.MpsRecord) and record.restore_compute_mode is not None:
-                self.tools.set_compute_mode(gpu_uuid=device.gpu_uuids[0], mode=record.restore_compute_mode)
+            restore = record.restore_compute_mode if isinstance(record, ckpt.MpsRecord) else None
+            # Only where it differs: a rollback before the GPU left MIG mode (where the GPU's compute
+            # mode cannot be set) finds it unchanged.
+            if restore is not None and self.tools.compute_mode(gpu_uuid=device.gpu_uuids[0]) != restore:
+                self.tools.set_compute_mode(gpu_uuid=device.gpu_uuids[0], mode=restore)
             if isinstance(record, ckpt.TimeSlicingRecord):
                 for uuid in device.gpu_uuids:
                     still = [
@@ -205,7 +208,16 @@ class GpuSharing:
                         for held in other.devices
                         if held.gpu_uuids[:1] == (uuid,) and isinstance(held.sharing, ckpt.TimeSlicingRecord)
                     ]
-                    self.tools.set_timeslice(gpu_uuid=uuid, level=TIMESLICE[still[0] if still else "Default"])
+                    self._set_timeslice(uuid, still[0] if still else "Default")
+
+    def _set_timeslice(self, gpu_uuid: str, interval: ckpt.TimeSliceInterval) -> None:
+        try:
+            self.tools.set_timeslice(gpu_uuid=gpu_uuid, level=TIMESLICE[interval])
+        except NotSupported:
+            # A GPU whose driver offers no time-slice setting runs with the default one: asking for
+            # Default (a whole GPU without config, an undo) is then done; another interval fails.
+            if interval != "Default":
+                raise
 
     def adopt(self, entry: ckpt.ClaimEntry, *, visible: Mapping[str, str]) -> bool:
         """After a plugin restart: False when the claim's MPS daemon answers (it was adopted as it is);

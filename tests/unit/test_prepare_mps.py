@@ -1,0 +1,400 @@
+"""DeviceState with MPS and shares on a simulated node: daemons, compute modes, CDI edits, restarts, crashes.
+
+The simulator's stand-in `nvidia-cuda-mps-control` runs real daemon processes, registered in the machine's
+state file; every test checks them there and in /proc, and kills whatever one of them left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpudra.errors import ClaimError, ConfigError, HardwareError
+from gpudra.node import checkpoint as ckpt
+from gpudra.node import faults
+from gpudra.sim import state as sim_state
+from tests.unit.claims import DRIVER, from_claim, mps, resource_claim, result, time_slicing, whole_gpus
+from tests.unit.test_prepare import BOOT, Node, _child, uid
+
+SHARES = (
+    "5f0c3a8e-1b2d-4c6e-8f90-a1b2c3d4e5f6",
+    "6a1d4b9f-2c3e-4d7f-9a01-b2c3d4e5f6a7",
+    "7b2e5c0a-3d4f-4e80-8b12-c3d4e5f6a7b8",
+)
+DEFAULT = ckpt.TimeSlicingRecord(strategy="TimeSlicing", interval="Default")
+CONFIG_FIELD = "status.allocation.devices.config[0].opaque.parameters"
+
+
+def mps_config(threads: int | None = None, memory: str | None = None) -> dict[str, Any]:
+    parameters = mps(threads or 50)
+    settings = parameters["sharing"]["mpsConfig"]
+    if threads is None:
+        del settings["defaultActiveThreadPercentage"]
+    if memory is not None:
+        settings["defaultPinnedDeviceMemoryLimit"] = memory
+    return parameters
+
+
+def mps_claim(claim_uid: str, *devices: str, threads: int = 50) -> dict[str, Any]:
+    return whole_gpus(claim_uid, *devices, config=[from_claim(mps_config(threads))])
+
+
+def share(device: str, share_id: str, memory: str, compute: str) -> dict[str, Any]:
+    return {
+        **result("gpu", device),
+        "shareID": share_id,
+        "consumedCapacity": {"memory": memory, "compute": compute},
+    }
+
+
+def mps_root(node: Node, claim_uid: str) -> Path:
+    return node.root / "mps" / hashlib.sha256(claim_uid.encode()).hexdigest()[:12]
+
+
+def daemons(node: Node) -> list[sim_state.MpsDaemon]:
+    """The daemons registered in the machine's state that still run."""
+    return [d for d in sim_state.StateFile(node.state_file).read().mps_daemons if alive(d.pid)]
+
+
+def compute_modes(node: Node) -> dict[str, int]:
+    return {gpu.uuid: gpu.compute_mode for gpu in sim_state.StateFile(node.state_file).read().gpus}
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        status = Path(f"/proc/{pid}/stat").read_text()
+    except (ProcessLookupError, FileNotFoundError):
+        return False
+    return not status.rsplit(") ", 1)[-1].startswith("Z")
+
+
+def mps_processes(under: Path) -> dict[int, Path]:
+    """pid -> pipe directory of every live stand-in MPS daemon whose pipe directory is under `under`."""
+    found = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            command = (proc / "cmdline").read_bytes()
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        pipe = next((v[24:] for v in environ if v.startswith(b"CUDA_MPS_PIPE_DIRECTORY=")), None)
+        if b"mps_control\0-f" in command and pipe and alive(int(proc.name)):
+            found[int(proc.name)] = Path(os.fsdecode(pipe))
+    return {pid: path for pid, path in found.items() if path.is_relative_to(under)}
+
+
+def assert_no_daemon(node: Node, claim_uid: str, pids: list[int]) -> None:
+    """No daemon of the claim runs (not `pids`, none serving its pipe) and its directory is gone."""
+    root = mps_root(node, claim_uid)
+    assert [pid for pid in pids if alive(pid)] == []
+    assert [d.pid for d in daemons(node) if d.pipe_directory == str(root / "pipe")] == []
+    assert [pid for pid, pipe in mps_processes(node.root).items() if pipe == root / "pipe"] == []
+    assert not root.exists()
+
+
+@pytest.fixture(autouse=True)
+def _kill_leftover_daemons(tmp_path: Path) -> Iterator[None]:
+    yield
+    for pid in mps_processes(tmp_path):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def h100(tmp_path: Path) -> Node:
+    return Node(tmp_path, "dgx-h100")
+
+
+# --- MPS on whole GPUs -------------------------------------------------------------------------------
+
+
+def test_mps_on_a_whole_gpu_runs_a_daemon_with_the_limits_and_unprepare_stops_it(h100: Node) -> None:
+    config = [from_claim(mps_config(50, "10Gi"))]
+    claim = h100.claims.add(resource_claim(uid(1), results=[result("gpu", "gpu-2")], config=config))
+    state = h100.state()
+    booted = compute_modes(h100)
+    [device] = state.prepare(claim)
+
+    gpu, root = h100.uuid(2), mps_root(h100, uid(1))
+    [daemon] = daemons(h100)
+    assert daemon.pipe_directory == str(root / "pipe")
+    assert daemon.visible_devices == gpu
+    assert daemon.default_active_thread_percentage == 50.0
+    assert daemon.default_pinned_memory_limits == {gpu: "10240M"}
+    assert compute_modes(h100) == {**booted, gpu: 3}
+    [spec_device] = json.loads(h100.spec_path(uid(1)).read_text())["devices"]
+    edits = spec_device["containerEdits"]
+    assert edits["env"] == [f"NVIDIA_VISIBLE_DEVICES={gpu}", "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"]
+    assert [(m["hostPath"], m["containerPath"]) for m in edits["mounts"]] == [
+        (str(root / "pipe"), "/tmp/nvidia-mps"),
+        (str(root / "shm"), "/dev/shm"),
+    ]
+    record = ckpt.MpsRecord(
+        strategy="MPS",
+        root=root,
+        active_thread_percentage=50,
+        pinned_memory_limit=10 * 2**30,
+        restore_compute_mode=0,
+    )
+    assert device.sharing == record
+    assert [d.sharing for d in h100.entries()[uid(1)].devices] == [record]
+
+    state.unprepare(claim)
+    assert_no_daemon(h100, uid(1), [daemon.pid])
+    assert compute_modes(h100) == {**booted, gpu: 0}
+    h100.assert_nothing_left(uid(1))
+
+
+def test_a_claim_with_two_mps_gpus_gets_one_daemon_that_sees_both(h100: Node) -> None:
+    claim = h100.claims.add(mps_claim(uid(1), "gpu-1", "gpu-4", threads=30))
+    state = h100.state()
+    prepared = state.prepare(claim)
+
+    [daemon] = daemons(h100)
+    assert daemon.visible_devices == ",".join(sorted([h100.uuid(1), h100.uuid(4)]))
+    assert daemon.default_active_thread_percentage == 30.0
+    assert {d.sharing.root for d in prepared if isinstance(d.sharing, ckpt.MpsRecord)} == {
+        mps_root(h100, uid(1))
+    }
+    assert [compute_modes(h100)[h100.uuid(n)] for n in (1, 4)] == [3, 3]
+    state.unprepare(claim)
+    assert_no_daemon(h100, uid(1), [daemon.pid])
+    assert [compute_modes(h100)[h100.uuid(n)] for n in (1, 4)] == [0, 0]
+
+
+def test_a_plugin_restart_adopts_the_running_daemons(h100: Node) -> None:
+    first = h100.claims.add(mps_claim(uid(1), "gpu-0"))
+    second = h100.claims.add(mps_claim(uid(2), "gpu-1"))
+    state = h100.state()
+    answered = state.prepare(first)
+    state.prepare(second)
+    pids = {Path(d.pipe_directory).parent: d.pid for d in daemons(h100)}
+    assert set(pids) == {mps_root(h100, uid(1)), mps_root(h100, uid(2))}
+
+    restarted = h100.state()
+    assert {Path(d.pipe_directory).parent: d.pid for d in daemons(h100)} == pids  # adopted, not restarted
+    assert restarted.prepared_claims()[uid(1)].state == "PrepareCompleted"
+    assert restarted.prepare(first) == answered
+
+    restarted.unprepare(first)
+    assert_no_daemon(h100, uid(1), [pids[mps_root(h100, uid(1))]])
+    assert [d.pid for d in daemons(h100)] == [pids[mps_root(h100, uid(2))]]
+    assert mps_root(h100, uid(2)).is_dir()
+    restarted.unprepare(second)
+    assert_no_daemon(h100, uid(2), [pids[mps_root(h100, uid(2))]])
+
+
+# --- crash safety ------------------------------------------------------------------------------------
+
+# How many daemons of the claim run when the crash comes, per step of an MPS prepare.
+DAEMONS_AT_CRASH = {
+    "prepare-started": 0,
+    "prepare-mig-created": 0,
+    "prepare-mps-directories": 0,
+    "prepare-mps-started": 1,
+    "prepare-applied": 1,
+    "prepare-cdi-written": 1,
+    "prepare-completed": 1,
+}
+
+
+def test_every_mps_prepare_step_is_covered() -> None:
+    assert set(DAEMONS_AT_CRASH) == set(faults.PREPARE_STEPS + faults.MPS_PREPARE_STEPS)
+
+
+@pytest.mark.parametrize("step", faults.PREPARE_STEPS + faults.MPS_PREPARE_STEPS)
+def test_a_crash_during_an_mps_prepare_is_rolled_back_at_restart(h100: Node, step: str) -> None:
+    claim = h100.claims.add(mps_claim(uid(1), "gpu-2"))
+    h100.state()  # the checkpoint file exists, as after the plugin's first start
+    crashed = _child(h100, "prepare", claim, step)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    started = [d.pid for d in daemons(h100)]
+    assert len(started) == DAEMONS_AT_CRASH[step]
+    assert h100.entries()[uid(1)].state == (
+        "PrepareCompleted" if step == "prepare-completed" else "PrepareStarted"
+    )
+
+    restarted = h100.state()
+    if step == "prepare-completed":  # done before the crash: kept with its daemon, the retry gets it
+        assert restarted.prepared_claims()[uid(1)].state == "PrepareCompleted"
+        assert [d.pid for d in daemons(h100)] == started
+    else:
+        assert_no_daemon(h100, uid(1), started)
+        h100.assert_nothing_left(uid(1))
+        assert compute_modes(h100)[h100.uuid(2)] == 0
+    [device] = restarted.prepare(claim)  # the kubelet's retry
+    assert isinstance(device.sharing, ckpt.MpsRecord)
+    [daemon] = daemons(h100)
+    assert daemon.pipe_directory == str(mps_root(h100, uid(1)) / "pipe")
+    assert h100.entries()[uid(1)].state == "PrepareCompleted"
+    assert h100.spec_path(uid(1)).exists()
+    assert compute_modes(h100)[h100.uuid(2)] == 3
+
+    restarted.unprepare(claim)
+    assert_no_daemon(h100, uid(1), [daemon.pid])
+    h100.assert_nothing_left(uid(1))
+
+
+@pytest.mark.parametrize("step", faults.UNPREPARE_STEPS + faults.MPS_UNPREPARE_STEPS)
+def test_a_crash_during_an_mps_unprepare_is_finished_at_restart(h100: Node, step: str) -> None:
+    claim = h100.claims.add(mps_claim(uid(1), "gpu-2"))
+    h100.state().prepare(claim)
+    [daemon] = daemons(h100)
+    crashed = _child(h100, "unprepare", claim, step)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    assert h100.entries()[uid(1)].state == "UnprepareStarted"
+
+    restarted = h100.state()
+    assert restarted.prepared_claims() == {}
+    assert_no_daemon(h100, uid(1), [daemon.pid])
+    assert compute_modes(h100)[h100.uuid(2)] == 0
+    h100.assert_nothing_left(uid(1))
+    restarted.unprepare(claim)  # the kubelet's retry
+    h100.assert_nothing_left(uid(1))
+
+
+# --- shares ------------------------------------------------------------------------------------------
+
+
+def test_shares_of_one_gpu_each_get_a_daemon_with_their_consumed_capacity(h100: Node) -> None:
+    state = h100.state()
+    amounts = [("10Gi", "10", "10240M"), ("20Gi", "20", "20480M"), ("40Gi", "40", "40960M")]
+    shares = []
+    for n, ((memory, compute, _), share_id) in enumerate(zip(amounts, SHARES, strict=True), start=1):
+        claim = h100.claims.add(
+            resource_claim(uid(n), results=[share("gpu-0-shared", share_id, memory, compute)])
+        )
+        [device] = state.prepare(claim)
+        name = f"{uid(n)}-gpu-0-shared-{share_id}"
+        assert device.share_id == share_id
+        assert device.cdi_device_ids[0] == f"{DRIVER}/claim={name}"
+        assert [d["name"] for d in json.loads(h100.spec_path(uid(n)).read_text())["devices"]] == [name]
+        shares.append(claim)
+
+    gpu = h100.uuid(0)
+    assert {
+        d.pipe_directory: (
+            d.visible_devices,
+            d.default_active_thread_percentage,
+            d.default_pinned_memory_limits,
+        )
+        for d in daemons(h100)
+    } == {
+        str(mps_root(h100, uid(n)) / "pipe"): (gpu, float(compute), {gpu: limit})
+        for n, (_, compute, limit) in enumerate(amounts, start=1)
+    }
+    assert compute_modes(h100)[gpu] == 0  # several daemons share the GPU in DEFAULT mode
+
+    whole = h100.claims.add(whole_gpus(uid(4), "gpu-0"))
+    with pytest.raises(ClaimError) as raised:
+        state.prepare(whole)
+    assert str(raised.value) == (
+        f"device gpu-0 (its GPU is prepared as gpu-0-shared) is already prepared for ResourceClaim "
+        f"default/claim-{uid(1)} ({uid(1)})"
+    )
+    assert uid(4) not in h100.entries()
+
+    for claim in shares:
+        state.unprepare(claim)
+    assert daemons(h100) == []
+    [device] = state.prepare(whole)
+    assert device.sharing == DEFAULT
+    state.unprepare(whole)
+    h100.assert_nothing_left(uid(4))
+
+
+def test_a_share_that_asks_more_memory_than_it_was_allocated_fails_and_leaves_nothing(h100: Node) -> None:
+    claim = h100.claims.add(
+        resource_claim(
+            uid(1),
+            results=[share("gpu-0-shared", SHARES[0], "20Gi", "25")],
+            config=[from_claim(mps_config(memory="30Gi"))],
+        )
+    )
+    state = h100.state()
+    with pytest.raises(ConfigError) as raised:
+        state.prepare(claim)
+    assert raised.value.field == f"{CONFIG_FIELD}.sharing.mpsConfig.defaultPinnedDeviceMemoryLimit"
+    assert raised.value.reason == (
+        "30Gi is above the 20Gi of memory this share of gpu-0-shared was allocated; allowed: 1Mi to 20Gi"
+    )
+    h100.assert_nothing_left(uid(1))
+    assert_no_daemon(h100, uid(1), [])
+
+
+# --- recover() -----------------------------------------------------------------------------------------
+
+
+def test_a_damaged_checkpoint_rebuilds_the_mps_record_from_the_cdi_spec(h100: Node) -> None:
+    claim = h100.claims.add(mps_claim(uid(1), "gpu-3", threads=40))
+    h100.state().prepare(claim)
+    [daemon] = daemons(h100)
+    h100.checkpoint_path.write_bytes(b"garbage")
+
+    restarted = h100.state()
+    rebuilt = restarted.prepared_claims()[uid(1)]
+    assert rebuilt.state == "PrepareCompleted"
+    assert [d.sharing for d in rebuilt.devices] == [
+        ckpt.MpsRecord(strategy="MPS", root=mps_root(h100, uid(1)), restore_compute_mode=0)
+    ]
+    assert [d.pid for d in daemons(h100)] == [daemon.pid]  # the running daemon is kept
+
+    restarted.unprepare(claim)
+    assert_no_daemon(h100, uid(1), [daemon.pid])
+    assert compute_modes(h100)[h100.uuid(3)] == 0
+    h100.assert_nothing_left(uid(1))
+
+
+def test_an_mps_daemon_that_no_entry_names_is_stopped_at_recover(h100: Node) -> None:
+    claim = h100.claims.add(mps_claim(uid(1), "gpu-3"))
+    h100.state().prepare(claim)
+    [daemon] = daemons(h100)
+    ckpt.save(h100.checkpoint_path, ckpt.Checkpoint.empty(BOOT))
+    h100.spec_path(uid(1)).unlink()
+
+    restarted = h100.state()
+    assert restarted.prepared_claims() == {}
+    assert_no_daemon(h100, uid(1), [daemon.pid])
+
+
+# --- a GPU that refuses sharing ------------------------------------------------------------------------
+
+REFUSED = {
+    "MPS": (
+        mps(50),
+        "nvidia-cuda-mps-control -d failed (1): "
+        "MPS control daemon: MPS is not supported on this system's GPUs",
+    ),
+    "TimeSlicing": (
+        time_slicing("Long"),
+        "nvidia-smi compute-policy -i {gpu} --set-timeslice 3 failed (3): "
+        "Unable to set the timeslice for GPU 00000000:17:00.0: Not Supported",
+    ),
+}
+
+
+@pytest.mark.parametrize(("parameters", "message"), REFUSED.values(), ids=REFUSED)
+def test_a_gpu_that_refuses_sharing_fails_the_claim_with_the_tools_reason_and_leaves_nothing(
+    tmp_path: Path, parameters: dict[str, Any], message: str
+) -> None:
+    node = Node(tmp_path, "no-sharing")
+    claim = node.claims.add(whole_gpus(uid(1), "gpu-0", config=[from_claim(parameters)]))
+    state = node.state()
+    with pytest.raises((HardwareError, ClaimError)) as raised:
+        state.prepare(claim)
+    assert str(raised.value) == message.format(gpu=node.uuid(0))
+    node.assert_nothing_left(uid(1))
+    assert_no_daemon(node, uid(1), [])
+    assert compute_modes(node) == {node.uuid(0): 0}
+    assert sim_state.StateFile(node.state_file).read().mps_daemons == []
