@@ -143,8 +143,22 @@ def _table(inventory: Inventory, model: devices.DeviceModel) -> str:
         f"{len(inventory.gpus)} GPUs",
         "",
     ]
-    header = ("DEVICE", "PRODUCT", "MEMORY", "PCI BUS ID", "NUMA", "NVLINK", "MIG", "LARGEST PLACEABLE")
-    rows = [header] + [_gpu_row(gpu) for gpu in sorted(inventory.gpus, key=lambda g: g.minor)]
+    header = (
+        "DEVICE",
+        "PRODUCT",
+        "MEMORY",
+        "PCI BUS ID",
+        "NUMA",
+        "NVLINK",
+        "MIG",
+        "SHARED",
+        "LARGEST PLACEABLE",
+    )
+    # the shared device of each GPU that has one (several claims each get a share of it)
+    shared = {devices.gpu_uuid_of(d): d["name"] for d in model.devices if d.get("allowMultipleAllocations")}
+    rows = [header] + [
+        _gpu_row(gpu, shared.get(gpu.uuid)) for gpu in sorted(inventory.gpus, key=lambda g: g.minor)
+    ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     partitions: dict[str, dict[str, list[str]]] = {}
@@ -160,11 +174,14 @@ def _table(inventory: Inventory, model: devices.DeviceModel) -> str:
             # starts in numeric order, not the published (packing) order, so that the table reads like NVML's
             summary = ", ".join(f"{p} x{len(s)} @{','.join(sorted(s, key=int))}" for p, s in profiles.items())
             lines.append(f"  {parent}: {summary}")
-    lines += ["", f"{len(model.devices)} devices, {len(model.counter_sets)} counter sets"]
+    lines += [
+        "",
+        f"{len(model.devices)} devices ({len(shared)} shared), {len(model.counter_sets)} counter sets",
+    ]
     return "\n".join(lines)
 
 
-def _gpu_row(gpu: Gpu) -> tuple[str, ...]:
+def _gpu_row(gpu: Gpu, shared: str | None) -> tuple[str, ...]:
     mig = "enabled" if gpu.mig_enabled else ("capable" if gpu.mig_capable else "-")
     return (
         f"gpu-{gpu.minor}",
@@ -174,6 +191,7 @@ def _gpu_row(gpu: Gpu) -> tuple[str, ...]:
         "-" if gpu.numa_node is None else str(gpu.numa_node),
         gpu.nvlink_domain or "-",
         mig,
+        shared or "-",
         _largest_placeable(gpu),
     )
 

@@ -120,8 +120,15 @@ class InProcessTools(GpuTools):
         super().__init__(search_path="")
         self.state_file = state_file
 
-    def _run(self, tool: str, args: Sequence[str]) -> str:
-        assert tool == "nvidia-smi", tool
+    def _run(
+        self,
+        tool: str,
+        args: Sequence[str],
+        *,
+        stdin: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> str:
+        assert tool == "nvidia-smi" and stdin is None and env is None, tool
         out, err = io.StringIO(), io.StringIO()
         saved = os.environ.get(sim_state.ENVIRONMENT)
         os.environ[sim_state.ENVIRONMENT] = str(self.state_file)

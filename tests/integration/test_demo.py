@@ -25,7 +25,8 @@ def test_demo_runs_end_to_end_and_cleans_up() -> None:
         "mig-1g           node-h100",
         "CDI spec files written: 13",
         "MIG devices created for the claims: 5",
-        "MPS control daemons running for the claims: 4 (SM share/memory limit: 15%/10240M 25%/20480M 50%/16384M 50%/40960M)",
+        "MPS control daemons running for the claims: 4 "
+        "(SM share/memory limit: 15%/10240M 25%/20480M 50%/16384M 50%/40960M)",
         "CDI spec files left: 0; GPU settings back to default: yes; MIG devices left: 0; MPS daemons left: 0",
         "no process left running",
     ):

@@ -319,7 +319,8 @@ def test_an_a100_offers_partitions_only_with_mig_on_and_itself_only_with_mig_off
             return names if "gpu-0" in names else None
 
         names = wait_for("gpu-0 published whole", republished, timeout=60)
-        assert not [n for n in names if n.startswith("gpu-0-")]  # and none of its partitions
+        assert not [n for n in names if n.startswith("gpu-0-mig-")]  # and none of its partitions
+        assert "gpu-0-shared" in names  # but its shared device, with the whole GPU
         assert any(n.startswith("gpu-1-mig-") for n in names) and "gpu-1" not in names
     finally:
         a100.stop()

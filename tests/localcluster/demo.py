@@ -75,7 +75,7 @@ def _demo(api: DemoApi, cluster: LocalCluster, plugins: dict[str, PluginProcess]
     for plugin in plugins.values():
         plugin.start()
     rows: list[tuple[str, ...]] = [
-        ("NODE", "MACHINE", "RESOURCESLICES", "DEVICES", "WHOLE GPUS", "MIG PARTITIONS")
+        ("NODE", "MACHINE", "RESOURCESLICES", "DEVICES", "WHOLE GPUS", "SHARED GPUS", "MIG PARTITIONS")
     ]
     for node, profile in MACHINES.items():
 
@@ -86,7 +86,10 @@ def _demo(api: DemoApi, cluster: LocalCluster, plugins: dict[str, PluginProcess]
         _wait(f"slices of {node}", complete, 60)
         found = api.list_slices(driver=DRIVER, node_name=node)
         devices = [d for s in found for d in s["spec"].get("devices", [])]
-        kinds = [d["attributes"]["type"]["string"] for d in devices]
+        kinds = [
+            "shared" if d.get("allowMultipleAllocations") else d["attributes"]["type"]["string"]
+            for d in devices
+        ]
         rows.append(
             (
                 node,
@@ -94,6 +97,7 @@ def _demo(api: DemoApi, cluster: LocalCluster, plugins: dict[str, PluginProcess]
                 str(len(found)),
                 str(len(devices)),
                 str(kinds.count("gpu")),
+                str(kinds.count("shared")),
                 str(kinds.count("mig")),
             )
         )
@@ -145,7 +149,10 @@ def _demo(api: DemoApi, cluster: LocalCluster, plugins: dict[str, PluginProcess]
         f"{int(d['default_active_thread_percentage'])}%/{','.join(d['default_pinned_memory_limits'].values())}"
         for d in daemons
     )
-    print(f"MPS control daemons running for the claims: {len(daemons)} (SM share/memory limit: {' '.join(limits)})")
+    print(
+        f"MPS control daemons running for the claims: {len(daemons)} "
+        f"(SM share/memory limit: {' '.join(limits)})"
+    )
 
     _step("deleting the pods: the kubelet unprepares every claim")
     for name in pods:

@@ -80,9 +80,10 @@ def test_inventory_table_lists_gpus_and_partitions(
     assert code == 0
     assert "NVIDIA H100 80GB HBM3" in out and "0000:18:00.0" in out
     assert "1g.10gb x7 @0,1,2,3,4,5,6" in out and "7g.80gb x1 @0" in out
-    assert "208 devices, 8 counter sets" in out
+    assert "216 devices (8 shared), 8 counter sets" in out
     header, first = out.splitlines()[2:4]
     assert header.split("  ")[-1] == "LARGEST PLACEABLE" and first.endswith("  7g.80gb")
+    assert first.split()[-2] == "gpu-0-shared"  # the SHARED column
 
 
 def test_inventory_table_shows_the_largest_profile_the_existing_instances_leave_room_for(

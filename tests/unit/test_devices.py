@@ -6,10 +6,12 @@ import dataclasses
 import re
 from collections import Counter
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import pytest
 
 from gpudra.errors import ConfigError, HardwareError, NotSupported
+from gpudra.gpu import nvml
 from gpudra.model.devices import (
     UNHEALTHY_TAINT_KEY,
     Device,
@@ -22,8 +24,9 @@ from gpudra.model.devices import (
     with_health_taints,
 )
 from gpudra.model.inventory import Gpu, Inventory, MigDevice, MigPlacement, MigProfile
-from gpudra.model.slices import ResourceSlice, build_slices
+from gpudra.model.slices import ResourceSlice, build_slices, validate_slices
 from gpudra.quantity import parse_quantity
+from gpudra.sim import machines
 from tests.unit import inventories as inv
 
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
@@ -94,7 +97,7 @@ class Pool:
 
 
 def valid_layouts(gpu: Gpu) -> set[frozenset[str]]:
-    """Each set of partitions the GPU can hold at once, and the GPU alone.
+    """Each set of partitions the GPU can hold at once, and the GPU alone, whole or shared.
 
     Partitions need disjoint placements, no more instances of a profile than it allows, and together
     no more memory, SMs or engines than the GPU has: the engines of the profile spanning the GPU.
@@ -118,7 +121,7 @@ def valid_layouts(gpu: Gpu) -> set[frozenset[str]]:
         for p in gpu.mig_profiles
         for pl in p.placements
     ]
-    found: set[frozenset[str]] = {frozenset({f"gpu-{gpu.minor}"})}
+    found: set[frozenset[str]] = {frozenset({f"gpu-{gpu.minor}"}), frozenset({f"gpu-{gpu.minor}-shared"})}
 
     def grow(chosen: list[int], used: set[int], first: int) -> None:
         found.add(frozenset(options[i][0] for i in chosen))
@@ -333,7 +336,12 @@ def starts_by_profile(model: DeviceModel) -> dict[str, list[int]]:
 def test_h100_partitions_follow_the_placement_table() -> None:
     model = partitionable(inv.h100(0))
     assert starts_by_profile(model) == H100_TABLE
-    assert [d["name"] for d in model.devices][:3] == ["gpu-0", "gpu-0-mig-1g10gb-6", "gpu-0-mig-1g10gb-5"]
+    assert [d["name"] for d in model.devices][:4] == [
+        "gpu-0",
+        "gpu-0-shared",
+        "gpu-0-mig-1g10gb-6",
+        "gpu-0-mig-1g10gb-5",
+    ]
     assert "gpu-0-mig-1g10gbme-6" in by_name(model)
 
 
@@ -377,17 +385,37 @@ def test_whole_gpu_consumes_every_counter_in_full() -> None:
     assert use == {"counterSet": "gpu-0-counters", "counters": model.counter_sets[0]["counters"]}
 
 
-def test_gpus_without_mig_consume_nothing() -> None:
-    model = build_devices(inv.mixed_node(), mig_mode="partitionable")
+def test_gpus_without_mig_consume_nothing_without_shares() -> None:
+    model = build_devices(inv.mixed_node(), mig_mode="partitionable", shares=False)
     assert model.counter_sets == []
     assert [d["name"] for d in model.devices] == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
     assert not any("consumesCounters" in d for d in model.devices)
 
 
+@pytest.mark.parametrize("mode", ["partitionable", "static"])
+def test_a_gpu_without_mig_and_its_shared_device_consume_one_memory_counter(mode: str) -> None:
+    model = build_devices(inv.mixed_node(), mig_mode=mode)
+    assert [d["name"] for d in model.devices] == [
+        f"gpu-{m}{suffix}" for m in range(4) for suffix in ("", "-shared")
+    ]
+    memory = {gpu.minor: bytes_quantity(gpu.memory_bytes) for gpu in inv.mixed_node().gpus}
+    assert model.counter_sets == [
+        {"name": f"gpu-{m}-counters", "counters": {"memory": {"value": memory[m]}}} for m in range(4)
+    ]
+    for device in model.devices:
+        minor = int(str(attribute(device, "minor")))
+        assert device["consumesCounters"] == [
+            {"counterSet": f"gpu-{minor}-counters", "counters": {"memory": {"value": memory[minor]}}}
+        ]
+
+
 def test_mig_capable_gpu_without_profiles_is_offered_whole() -> None:
-    model = partitionable(dataclasses.replace(inv.h100(0), mig_profiles=()))
-    assert [d["name"] for d in model.devices] == ["gpu-0"]
-    assert model.counter_sets == []
+    gpu = dataclasses.replace(inv.h100(0), mig_profiles=())
+    model = partitionable(gpu)
+    assert [d["name"] for d in model.devices] == ["gpu-0", "gpu-0-shared"]
+    assert model.counter_sets == [{"name": "gpu-0-counters", "counters": {"memory": {"value": "81559Mi"}}}]
+    unshared = build_devices(inv.node(gpu), mig_mode="partitionable", shares=False)
+    assert ([d["name"] for d in unshared.devices], unshared.counter_sets) == (["gpu-0"], [])
 
 
 # MIG mode fixed until a reset: Ampere, and any GPU in a VM, which cannot reset it
@@ -406,17 +434,22 @@ FIXED_MODE: dict[str, Callable[[bool], Gpu]] = {
 def test_a_gpu_that_needs_a_reset_offers_its_partitions_or_itself_never_both(
     kind: str, mig_enabled: bool, whole: bool, partitions: int
 ) -> None:
-    model = partitionable(FIXED_MODE[kind](mig_enabled))
+    gpu = FIXED_MODE[kind](mig_enabled)
+    model = partitionable(gpu)
     names = [d["name"] for d in model.devices]
     assert ("gpu-0" in names) is whole
+    assert ("gpu-0-shared" in names) is whole
     assert len([n for n in names if "-mig-" in n]) == partitions
-    assert len(model.counter_sets) == (1 if partitions else 0)
+    (counter_set,) = model.counter_sets  # the partitions', or the one the GPU and its shared device use
+    assert (len(counter_set["counters"]) > 1) is bool(partitions)
+    unshared = build_devices(inv.node(gpu), mig_mode="partitionable", shares=False)
+    assert len(unshared.counter_sets) == (1 if partitions else 0)
 
 
 def test_hopper_on_bare_metal_offers_partitions_and_itself_whatever_the_mig_mode() -> None:
     on, off = partitionable(inv.h100(0, mig_enabled=True)), partitionable(inv.h100(0, mig_enabled=False))
     assert on == off
-    assert len(on.devices) == 1 + sum(map(len, H100_TABLE.values()))
+    assert len(on.devices) == 2 + sum(map(len, H100_TABLE.values()))
 
 
 # ---- counters admit exactly the layouts the GPU can hold
@@ -483,7 +516,7 @@ def test_counters_admit_exactly_the_layouts_the_gpu_can_hold(kind: str) -> None:
     pool = gpu_pool(gpu, 34)
     expected = valid_layouts(gpu)
     if not gpu.mig_mode_switchable:  # MIG is on and stays on, so the whole GPU is not offered
-        expected.discard(frozenset({f"gpu-{gpu.minor}"}))
+        expected -= {frozenset({f"gpu-{gpu.minor}"}), frozenset({f"gpu-{gpu.minor}-shared"})}
     assert pool.admitted(sorted(pool.devices)) == expected
 
 
@@ -508,13 +541,19 @@ def test_instance_limit_below_the_placements_becomes_a_counter() -> None:
 def test_static_mode_offers_gpus_with_mig_off_and_existing_mig_devices() -> None:
     inventory = inv.h100_node()
     model = build_devices(inventory, mig_mode="static")
-    assert model.counter_sets == []
+    assert [s["name"] for s in model.counter_sets] == [f"gpu-{m}-counters" for m in range(4)]
     assert [d["name"] for d in model.devices] == [
-        "gpu-0", "gpu-1", "gpu-2", "gpu-3",
+        "gpu-0", "gpu-0-shared", "gpu-1", "gpu-1-shared", "gpu-2", "gpu-2-shared", "gpu-3", "gpu-3-shared",
         "gpu-4-mig-2g20gb-0", "gpu-4-mig-1g10gb-2", "gpu-4-mig-1g10gbme-3", "gpu-4-mig-3g40gb-4",
         "gpu-5-mig-7g80gb-0",
     ]  # fmt: skip
-    assert not any("consumesCounters" in d for d in model.devices)
+    assert not any("consumesCounters" in d for d in model.devices if "-mig-" in d["name"])
+    unshared = build_devices(inventory, mig_mode="static", shares=False)
+    assert unshared.counter_sets == []
+    assert [d["name"] for d in unshared.devices] == [
+        d["name"] for d in model.devices if "shared" not in d["name"]
+    ]
+    assert not any("consumesCounters" in d for d in unshared.devices)
     mig = by_name(model)["gpu-4-mig-3g40gb-4"]
     assert attribute(mig, "uuid") == inventory.gpus[4].mig_devices[3].uuid
     assert attribute(mig, "parentUUID") == inventory.gpus[4].uuid
@@ -565,6 +604,156 @@ def test_realistic_inventories_build_identically_twice(name: str) -> None:
     )
 
 
+# ---- shared devices
+
+
+def test_shared_h100_device() -> None:
+    model = partitionable(inv.h100(3))
+    devices = by_name(model)
+    shared, whole = devices["gpu-3-shared"], devices["gpu-3"]
+    assert shared == {
+        "name": "gpu-3-shared",
+        "attributes": whole["attributes"],
+        "capacity": {
+            "memory": {
+                "value": "81559Mi",
+                "requestPolicy": {
+                    "default": "79Gi",
+                    "validRange": {"min": "1Gi", "max": "79Gi", "step": "1Gi"},
+                },
+            },
+            "compute": {
+                "value": "100",
+                "requestPolicy": {"default": "0", "validRange": {"min": "0", "max": "100", "step": "1"}},
+            },
+        },
+        "allowMultipleAllocations": True,
+        "consumesCounters": whole["consumesCounters"],
+    }
+    assert shared["consumesCounters"] == [
+        {"counterSet": "gpu-3-counters", "counters": model.counter_sets[0]["counters"]}
+    ]
+    assert not any("allowMultipleAllocations" in d for d in model.devices if d is not shared)
+
+
+@pytest.mark.parametrize(
+    ("mib", "largest"),
+    [(81559, "79Gi"), (80 * 1024, "80Gi"), (1024 * 1024 + 1, "1Ti"), (2048, "2Gi")],
+    ids=["h100", "whole-gib", "canonical", "smallest"],
+)
+def test_a_share_asks_whole_gib_up_to_the_gpus_memory_rounded_down(mib: int, largest: str) -> None:
+    gpu = dataclasses.replace(inv.plain(0, "l4"), memory_bytes=mib * inv.MIB)
+    memory = by_name(partitionable(gpu))["gpu-0-shared"]["capacity"]["memory"]
+    assert memory["value"] == bytes_quantity(mib * inv.MIB)
+    assert memory["requestPolicy"] == {
+        "default": largest,
+        "validRange": {"min": "1Gi", "max": largest, "step": "1Gi"},
+    }
+
+
+def test_a_gpu_of_less_than_2_gib_is_not_shared() -> None:
+    gpu = dataclasses.replace(inv.plain(0, "l4"), memory_bytes=2047 * inv.MIB)
+    assert partitionable(gpu) == build_devices(inv.node(gpu), mig_mode="partitionable", shares=False)
+    assert [d["name"] for d in partitionable(gpu).devices] == ["gpu-0"]
+
+
+@pytest.mark.parametrize("server_minor", [34, 36])
+@pytest.mark.parametrize("kind", ["h100", "a30", "l4"])
+def test_the_shared_device_excludes_its_whole_gpu_and_every_partition(kind: str, server_minor: int) -> None:
+    gpu = {"h100": lambda: inv.h100(0), "a30": lambda: inv.a30(0), "l4": lambda: inv.plain(0, "l4")}[kind]()
+    if kind == "a30":  # MIG fixed on an Ampere: offered whole only with MIG off
+        gpu = dataclasses.replace(gpu, mig_enabled=False)
+    pool = gpu_pool(gpu, server_minor)
+    assert pool.fits(["gpu-0-shared"]) and pool.fits(["gpu-0"])
+    assert not pool.fits(["gpu-0-shared", "gpu-0"])
+    for name in pool.devices:
+        if "-mig-" in name:
+            assert pool.fits([name]) and not pool.fits(["gpu-0-shared", name]), name
+    # the scheduler counts a multi-allocatable device's counters once, however many shares it hands out
+    assert pool.demand("gpu-0-shared") == pool.demand("gpu-0")
+
+
+def without_shares(model: DeviceModel) -> DeviceModel:
+    """`model` less its shared devices and the counter sets that only they brought."""
+    memory_only = {s["name"] for s in model.counter_sets if list(s["counters"]) == ["memory"]}
+    devices: list[Device] = []
+    for device in model.devices:
+        if device.get("allowMultipleAllocations"):
+            continue
+        kept: Device = {**device}
+        uses = [u for u in device.get("consumesCounters", []) if u["counterSet"] not in memory_only]
+        kept.pop("consumesCounters", None)
+        if uses:
+            kept["consumesCounters"] = uses
+        devices.append(kept)
+    return DeviceModel(devices, [s for s in model.counter_sets if s["name"] not in memory_only])
+
+
+@pytest.mark.parametrize("mode", ["partitionable", "static"])
+@pytest.mark.parametrize("name", sorted(inv.REALISTIC))
+def test_without_shares_the_model_is_the_one_less_its_shared_devices(name: str, mode: str) -> None:
+    inventory = inv.REALISTIC[name]()
+    shared = build_devices(inventory, mig_mode=mode)
+    unshared = build_devices(inventory, mig_mode=mode, shares=False)
+    assert unshared == without_shares(shared)
+    assert not any(d["name"].endswith("-shared") or "allowMultipleAllocations" in d for d in unshared.devices)
+    whole = [d["name"] for d in unshared.devices if attribute(d, "type") == "gpu"]
+    names = [d["name"] for d in shared.devices]
+    for gpu in whole:  # each whole GPU is followed by its shared device
+        assert names[names.index(gpu) + 1] == f"{gpu}-shared"
+    assert len(names) == len(unshared.devices) + len(whole)
+
+
+def policy_problems(capacity: dict[str, object]) -> list[str]:
+    """The API server's rules on a validRange requestPolicy (validation.go, validateRequestPolicyRange)."""
+    policy = capacity["requestPolicy"]
+    assert isinstance(policy, dict) and set(policy) == {"default", "validRange"}
+    valid_range = policy["validRange"]
+    value, default = quantity(str(capacity["value"])), quantity(policy["default"])
+    low, high, step = (quantity(valid_range[k]) for k in ("min", "max", "step"))
+    rules = {
+        "min <= value": low <= value,
+        "default >= min": default >= low,
+        "min <= max": low <= high,
+        "max <= value": high <= value,
+        "default <= max": default <= high,
+        "min + step <= value": low + step <= value,
+        "default - min is whole steps": (default - low) % step == 0,
+        "max - min is whole steps": (high - low) % step == 0,
+    }
+    return [rule for rule, holds in rules.items() if not holds]
+
+
+def machine_inventory(name: str, state_file: Path) -> Inventory:
+    with nvml.connect(f"sim:{name}", state_file=state_file) as session:
+        return session.inventory()
+
+
+@pytest.mark.parametrize("mode", ["partitionable", "static"])
+@pytest.mark.parametrize("machine", sorted(machines.MACHINES))
+def test_shared_devices_of_every_simulated_machine_follow_the_apis_request_policy_rules(
+    machine: str, mode: str, tmp_path: Path
+) -> None:
+    inventory = machine_inventory(machine, tmp_path / "machine.json")
+    model = build_devices(inventory, mig_mode=mode)
+    shared = [d for d in model.devices if d.get("allowMultipleAllocations")]
+    whole = [d for d in model.devices if attribute(d, "type") == "gpu" and d not in shared]
+    assert [d["name"] for d in shared] == [f"{d['name']}-shared" for d in whole]
+    for device in model.devices:
+        capacity = device["capacity"]
+        if device not in shared:
+            assert not any("requestPolicy" in c for c in capacity.values()), device["name"]
+            continue
+        assert sorted(capacity) == ["compute", "memory"]
+        for name, amount in capacity.items():
+            assert policy_problems(dict(amount)) == [], (device["name"], name)
+    for server_minor in (34, 35, 36):
+        slices = build_slices(
+            model, driver="gpu.gpudra.io", node_name="n", generation=1, server_minor=server_minor
+        )
+        assert validate_slices(slices, server_minor=server_minor) == []
+
+
 # ---- health taints
 
 
@@ -591,6 +780,7 @@ def test_an_unhealthy_gpu_taints_itself_and_its_partitions_only(mode: str) -> No
             }
     on_gpu_4 = [d["name"] for d in tainted.devices if d.get("taints") and gpu_uuid_of(d) == gpus[4]]
     assert "-mig-" in " ".join(on_gpu_4)  # its partitions, possible or existing, are tainted too
+    assert "gpu-1-shared" in [d["name"] for d in tainted.devices if d.get("taints")]  # and its shared device
     assert all("taints" not in d for d in model.devices)  # the model itself is left as it was
 
 
@@ -604,8 +794,9 @@ def test_a_taint_is_added_to_those_a_device_already_has() -> None:
     model = partitionable(inv.plain(0, "l4"))
     taint = {"key": "example.com/other", "effect": "NoSchedule"}
     model.devices[0]["taints"] = [taint]  # type: ignore[list-item]
-    (device,) = with_health_taints(model, {inv.plain(0, "l4").uuid: "NVMLError_GpuIsLost"}).devices
+    device, shared = with_health_taints(model, {inv.plain(0, "l4").uuid: "NVMLError_GpuIsLost"}).devices
     assert [t["key"] for t in device["taints"]] == ["example.com/other", UNHEALTHY_TAINT_KEY]
+    assert [t["key"] for t in shared["taints"]] == [UNHEALTHY_TAINT_KEY]
 
 
 @pytest.mark.parametrize(
@@ -620,7 +811,7 @@ def test_a_taint_is_added_to_those_a_device_already_has() -> None:
 )
 def test_the_taint_value_is_always_a_label_value(reason: str, value: str) -> None:
     gpu = inv.plain(0, "l4")
-    (device,) = with_health_taints(partitionable(gpu), {gpu.uuid: reason}).devices
-    (taint,) = device["taints"]
-    assert taint["value"] == value
+    for device in with_health_taints(partitionable(gpu), {gpu.uuid: reason}).devices:  # gpu-0, gpu-0-shared
+        (taint,) = device["taints"]
+        assert taint["value"] == value
     assert len(value) <= 63 and LABEL_VALUE.fullmatch(value)

@@ -106,7 +106,7 @@ def _of(snapshot: Snapshot) -> dict[str, Health]:
 
 
 def _on_gpu(device: str, gpu: str) -> bool:
-    return device == gpu or device.startswith(f"{gpu}-mig-")
+    return device in (gpu, f"{gpu}-shared") or device.startswith(f"{gpu}-mig-")
 
 
 # --- the probe ------------------------------------------------------------------------------------

@@ -24,7 +24,6 @@ from typing import Any, cast
 import pytest
 
 from gpudra import sim
-from gpudra.api import API_VERSION
 from gpudra.errors import ClaimError, ConfigError, GpudraError, HardwareError
 from gpudra.gpu import nvml
 from gpudra.gpu.tools import GpuTools
@@ -363,7 +362,8 @@ BAD_CLAIMS: dict[str, tuple[dict[str, Any], type[GpudraError], str]] = {
             ],
         ),
         ConfigError,
-        "status.allocation.devices.config[1].opaque.parameters.sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: "
+        "status.allocation.devices.config[1].opaque.parameters.sharing.mpsConfig."
+        "defaultPinnedDeviceMemoryLimit: "
         "100Gi is above the 81559Mi of memory of gpu-1; allowed: 1Mi to 81559Mi",
     ),
     "MPS devices of one claim with different thread percentages": (
@@ -373,7 +373,8 @@ BAD_CLAIMS: dict[str, tuple[dict[str, Any], type[GpudraError], str]] = {
             config=[from_claim(mps(50), "a"), from_claim(mps(25), "b")],
         ),
         ConfigError,
-        "status.allocation.devices.config[1].opaque.parameters.sharing.mpsConfig.defaultActiveThreadPercentage: "
+        "status.allocation.devices.config[1].opaque.parameters.sharing.mpsConfig."
+        "defaultActiveThreadPercentage: "
         "the claim's MPS devices share one control daemon, whose active thread percentage is one value; "
         "they ask 50 for gpu-0, 25 for gpu-1: give them the same",
     ),

@@ -13,7 +13,13 @@ import pytest
 from gpudra import errors, sim
 from gpudra.sim import hardware, machines, state
 
-BOOT_MIG_MODES = {"dgx-a100": [1] * 8, "dgx-h100": [1] * 8, "mixed": [0] * 6, "vm-h100": [0]}
+BOOT_MIG_MODES = {
+    "dgx-a100": [1] * 8,
+    "dgx-h100": [1] * 8,
+    "mixed": [0] * 6,
+    "vm-h100": [0],
+    "no-sharing": [0],
+}
 
 
 def test_every_profile_has_a_boot_expectation() -> None:

@@ -45,7 +45,8 @@ MODELS = {
     "h100": model_of(inv.h100_node()),
     "h100 newer driver": model_of(dataclasses.replace(inv.h100_node(), driver_version="580.82.07")),
     "big": model_of(inv.big_node(16)),
-    "mixed": model_of(inv.mixed_node()),
+    # without shared devices: one slice of devices only, which tests below count writes on
+    "mixed": build_devices(inv.mixed_node(), mig_mode="partitionable", shares=False),
     "empty": DeviceModel(devices=[], counter_sets=[]),
 }
 

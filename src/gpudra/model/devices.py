@@ -1,8 +1,9 @@
 """The device model: a node's GPU inventory as resource.k8s.io/v1 devices and counter sets. Pure.
 
-Whole GPUs are named `gpu-<minor>`, MIG partitions `gpu-<minor>-mig-<profile>-<placement start>` (the
-profile name reduced to a DNS label: `1g.10gb+me` becomes `1g10gbme`). Attribute names are unqualified,
-so CEL sees them under the driver's domain, except the standard `resource.kubernetes.io/` PCI ones.
+Whole GPUs are named `gpu-<minor>`, their shared devices `gpu-<minor>-shared`, MIG partitions
+`gpu-<minor>-mig-<profile>-<placement start>` (the profile name reduced to a DNS label: `1g.10gb+me`
+becomes `1g10gbme`). Attribute names are unqualified, so CEL sees them under the driver's domain, except
+the standard `resource.kubernetes.io/` PCI ones.
 
 Two MIG modes:
 
@@ -14,7 +15,8 @@ Two MIG modes:
   excludes every partition and they exclude it. The slice counters make overlapping placements exclusive;
   the totals of the others are the GPU's own (its memory and SMs, the engines of the profile that spans
   it), so partitions never share an engine the chip has only one of (two `+me` partitions on A30).
-- "static": whole GPUs with MIG off, plus the MIG devices that exist now; no counters.
+- "static": whole GPUs with MIG off, plus the MIG devices that exist now; no counters but those that
+  keep a whole GPU and its shared device apart (below).
 
 In partitionable mode a GPU whose MIG mode switches without a reset (`Gpu.mig_mode_switchable`: Hopper
 and newer on bare metal) offers itself and every partition whatever its mode, the counters keeping them
@@ -25,8 +27,28 @@ partitions while MIG is on and itself while MIG is off, never both.
 Each GPU's partitions are published in packing order (`placement.packing_order`): the scheduler takes
 the first device that fits, so that order decides where first-fit puts each instance.
 
-A GPU found unhealthy is published with a device taint (KEP-5055, `with_health_taints`) on itself and
-every partition of it, so the scheduler allocates none of them until the taint is lifted.
+Each whole GPU is published twice (unless `shares=False`): `gpu-<minor>`, which one claim has to itself,
+and right after it `gpu-<minor>-shared`, which several claims can each get a share of (KEP-5075,
+consumable capacity: `allowMultipleAllocations`). The shared device carries the whole GPU's attributes,
+so a selector reads the same on both, and two capacities that a claim asks for in `capacity.requests`:
+
+- `memory`: the GPU's memory, requested in whole GiB, from 1Gi to the memory rounded down to whole GiB.
+  A request that does not name it gets all of that: memory is what fails hard (an out-of-memory error
+  mid-job), so a share that did not say how much it needs is not packed beside others on a guess.
+- `compute`: percent of the GPU's SMs, 0 to 100 in steps of 1, value 100. A request that does not name
+  it asks 0, meaning no SM share: no cap on the share and none kept for it, so shares that only size
+  their memory still pack side by side.
+
+The scheduler adds up what the shares of one device request and keeps each total within the value.
+The shared device, the whole GPU and every partition of the GPU exclude each other through counters:
+the shared device consumes every counter of the GPU's set, as the whole GPU does, and the scheduler
+counts a multi-allocatable device's counters once, when its first share is allocated. A GPU that has no
+counter set otherwise (not MIG-capable, static mode, no profiles) gets `gpu-<minor>-counters` with one
+`memory` counter, which the GPU and its shared device both consume in full. A GPU of less than 2 GiB is
+not shared: a range of 1 GiB steps needs room for two.
+
+A GPU found unhealthy is published with a device taint (KEP-5055, `with_health_taints`) on itself, its
+shared device and every partition of it, so the scheduler allocates none of them until the taint is lifted.
 """
 
 from __future__ import annotations
@@ -62,6 +84,11 @@ _COUNTER_OF = {capacity: counter for capacity, counter, _ in _ENGINES}
 
 _BINARY_SUFFIXES = ("Ei", "Pi", "Ti", "Gi", "Mi", "Ki")
 
+_GIB = 1024**3
+SHARED_SUFFIX = "-shared"
+# A shared device's compute capacity: percent of the GPU's SMs
+SHARED_COMPUTE = 100
+
 UNHEALTHY_TAINT_KEY = "gpudra.io/unhealthy"
 # NoSchedule, never NoExecute: NoExecute would have the device-taint eviction controller delete the pods
 # already running on the GPU, and one failed NVML read (a transient error, a driver hiccup) must not
@@ -79,8 +106,22 @@ class DeviceAttribute(TypedDict, total=False):
     version: str
 
 
+class CapacityRequestPolicyRange(TypedDict):
+    min: str
+    max: NotRequired[str]
+    step: NotRequired[str]
+
+
+class CapacityRequestPolicy(TypedDict):
+    """What a share of a multi-allocatable device may request of one capacity (all Quantities)."""
+
+    default: NotRequired[str]  # what a request that does not name the capacity gets
+    validRange: NotRequired[CapacityRequestPolicyRange]
+
+
 class DeviceCapacity(TypedDict):
     value: str  # a Kubernetes Quantity
+    requestPolicy: NotRequired[CapacityRequestPolicy]  # only on a device that allows multiple allocations
 
 
 class Counter(TypedDict):
@@ -107,6 +148,7 @@ class Device(TypedDict):
     name: str
     attributes: dict[str, DeviceAttribute]
     capacity: dict[str, DeviceCapacity]
+    allowMultipleAllocations: NotRequired[bool]
     consumesCounters: NotRequired[list[DeviceCounterConsumption]]
     taints: NotRequired[list[DeviceTaint]]
 
@@ -119,8 +161,11 @@ class DeviceModel:
     counter_sets: list[CounterSet]
 
 
-def build_devices(inventory: Inventory, *, mig_mode: MigMode) -> DeviceModel:
-    """The devices and counter sets that describe `inventory`, GPUs in minor order."""
+def build_devices(inventory: Inventory, *, mig_mode: MigMode, shares: bool = True) -> DeviceModel:
+    """The devices and counter sets that describe `inventory`, GPUs in minor order.
+
+    With `shares`, each whole GPU published is followed by its shared device (`gpu-<minor>-shared`).
+    """
     if mig_mode not in get_args(MigMode):
         raise ConfigError(
             f"{mig_mode!r} is not a MIG mode; use one of: partitionable, static", field="migMode"
@@ -130,25 +175,32 @@ def build_devices(inventory: Inventory, *, mig_mode: MigMode) -> DeviceModel:
     counter_sets: list[CounterSet] = []
     for gpu in sorted(inventory.gpus, key=lambda g: g.minor):
         if mig_mode == "static":
-            if not gpu.mig_enabled:
-                devices.append(_whole_gpu(gpu, versions, consumes=None))
-            devices.extend(
-                _partition_device(gpu, p, versions, consumes=None) for p in _existing_partitions(gpu)
-            )
-            continue
-        partitions = _possible_partitions(gpu) if _offers_partitions(gpu) else ()
-        counters = _counter_set(gpu, partitions) if partitions else None
+            whole = not gpu.mig_enabled
+            partitions = tuple(_existing_partitions(gpu))
+            partition_counters = None
+        else:
+            whole = _offers_whole(gpu)
+            partitions = _possible_partitions(gpu) if _offers_partitions(gpu) else ()
+            partition_counters = _counter_set(gpu, partitions) if partitions else None
+        counters = partition_counters
+        shared: Device | None = None
+        if shares and whole and _shareable(gpu):
+            if counters is None:
+                counters = _memory_counter_set(gpu)
+            shared = _shared_gpu(gpu, versions, consumes=counters)
         if counters is not None:
             counter_sets.append(counters)
-        if _offers_whole(gpu):
+        if whole:
             devices.append(_whole_gpu(gpu, versions, consumes=counters))
-        devices.extend(_partition_device(gpu, p, versions, consumes=counters) for p in partitions)
+        if shared is not None:
+            devices.append(shared)
+        devices.extend(_partition_device(gpu, p, versions, consumes=partition_counters) for p in partitions)
     _check_unique_names(devices)
     return DeviceModel(devices=devices, counter_sets=counter_sets)
 
 
 def with_health_taints(model: DeviceModel, unhealthy: Mapping[str, str]) -> DeviceModel:
-    """`model` with a NoSchedule taint on each device of an unhealthy GPU: the GPU and its partitions.
+    """`model` with a NoSchedule taint on each device of an unhealthy GPU: the GPU, its share, its partitions.
 
     `unhealthy` maps GPU UUIDs to why (an NVML error class name), which becomes the taint's value. The
     API server sets `timeAdded`. `model` is left as it is; an empty `unhealthy` returns it unchanged.
@@ -171,7 +223,7 @@ def with_health_taints(model: DeviceModel, unhealthy: Mapping[str, str]) -> Devi
 
 
 def gpu_uuid_of(device: Device) -> str:
-    """The UUID of the GPU that `device` is, or is a MIG partition of."""
+    """The UUID of the GPU that `device` is, shares, or is a MIG partition of."""
     attributes = device["attributes"]
     return str((attributes.get("parentUUID") or attributes["uuid"])["string"])
 
@@ -366,8 +418,8 @@ def _parent_attributes(gpu: Gpu, versions: dict[str, str]) -> dict[str, DeviceAt
     return attributes
 
 
-def _whole_gpu(gpu: Gpu, versions: dict[str, str], *, consumes: CounterSet | None) -> Device:
-    attributes: dict[str, DeviceAttribute] = {
+def _whole_attributes(gpu: Gpu, versions: dict[str, str]) -> dict[str, DeviceAttribute]:
+    return {
         "type": {"string": "gpu"},
         "uuid": _string(gpu.uuid),
         "index": {"int": gpu.index},
@@ -375,16 +427,68 @@ def _whole_gpu(gpu: Gpu, versions: dict[str, str], *, consumes: CounterSet | Non
         "migCapable": {"bool": gpu.mig_capable},
         **_parent_attributes(gpu, versions),
     }
+
+
+def _consumes_all(counter_set: CounterSet) -> list[DeviceCounterConsumption]:
+    everything: dict[str, Counter] = {
+        name: {"value": counter["value"]} for name, counter in counter_set["counters"].items()
+    }
+    return [{"counterSet": counter_set["name"], "counters": everything}]
+
+
+def _whole_gpu(gpu: Gpu, versions: dict[str, str], *, consumes: CounterSet | None) -> Device:
     capacity: dict[str, DeviceCapacity] = {
         name: {"value": _quantity(name, amount)} for name, amount in _whole_amounts(gpu).items()
     }
-    device: Device = {"name": f"gpu-{gpu.minor}", "attributes": attributes, "capacity": capacity}
+    device: Device = {
+        "name": f"gpu-{gpu.minor}",
+        "attributes": _whole_attributes(gpu, versions),
+        "capacity": capacity,
+    }
     if consumes is not None:
-        everything: dict[str, Counter] = {
-            name: {"value": counter["value"]} for name, counter in consumes["counters"].items()
-        }
-        device["consumesCounters"] = [{"counterSet": consumes["name"], "counters": everything}]
+        device["consumesCounters"] = _consumes_all(consumes)
     return device
+
+
+def _shareable(gpu: Gpu) -> bool:
+    """Whether the GPU's memory holds a range of 1 GiB steps: min + step must not pass the value."""
+    return gpu.memory_bytes >= 2 * _GIB
+
+
+def _memory_counter_set(gpu: Gpu) -> CounterSet:
+    """The counter set of a GPU that has no other, so that it and its shared device exclude each other."""
+    return {
+        "name": f"gpu-{gpu.minor}-counters",
+        "counters": {"memory": {"value": bytes_quantity(gpu.memory_bytes)}},
+    }
+
+
+def _shared_gpu(gpu: Gpu, versions: dict[str, str], *, consumes: CounterSet) -> Device:
+    """The whole GPU as a device that several claims each get a share of (see the module docstring)."""
+    whole_gib = bytes_quantity(gpu.memory_bytes // _GIB * _GIB)  # canonical, as the API server stores it
+    capacity: dict[str, DeviceCapacity] = {
+        "memory": {
+            "value": bytes_quantity(gpu.memory_bytes),
+            "requestPolicy": {
+                "default": whole_gib,
+                "validRange": {"min": "1Gi", "max": whole_gib, "step": "1Gi"},
+            },
+        },
+        "compute": {
+            "value": str(SHARED_COMPUTE),
+            "requestPolicy": {
+                "default": "0",
+                "validRange": {"min": "0", "max": str(SHARED_COMPUTE), "step": "1"},
+            },
+        },
+    }
+    return {
+        "name": f"gpu-{gpu.minor}{SHARED_SUFFIX}",
+        "attributes": _whole_attributes(gpu, versions),
+        "capacity": capacity,
+        "allowMultipleAllocations": True,
+        "consumesCounters": _consumes_all(consumes),
+    }
 
 
 def _partition_device(

@@ -9,6 +9,9 @@ One pool per node, named after it. The split follows the limits of the API serve
   counters each); a devices-only slice holds 128 devices, or 64 once one of them consumes counters or
   carries taints.
 
+A GPU's shared device (`allowMultipleAllocations`) consumes the GPU's counter set, as the whole GPU
+does, so it follows the same rules; validation also checks the API's rules on its `requestPolicy`.
+
 Slice names are `<node>-<driver with dots as dashes>-<i>`, so a republish of the same model updates the
 same objects.
 """
@@ -16,15 +19,17 @@ same objects.
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from collections import Counter as Tally
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import NotRequired, TypedDict
 
-from gpudra.errors import ClusterError, NotSupported
+from gpudra.errors import ClusterError, ConfigError, NotSupported
 from gpudra.model.devices import CounterSet, Device, DeviceModel
-from gpudra.quantity import QUANTITY_PATTERN
+from gpudra.quantity import QUANTITY_PATTERN, parse_quantity
 
 API_VERSION = "resource.k8s.io/v1"
 OLDEST_MINOR = 34
@@ -42,6 +47,7 @@ MAX_CONSUMPTIONS_PER_DEVICE = 2  # 1.35+
 MAX_COUNTERS_PER_CONSUMPTION = 32
 MAX_TAINTS_134 = 4
 MAX_TAINTS = 16  # 1.35+
+MAX_VALID_VALUES = 10  # options of a capacity's requestPolicy.validValues
 MAX_NAME = 253
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
@@ -350,11 +356,22 @@ def _device_problems(device: Device, server_minor: int) -> Iterable[str]:
     capacity = device.get("capacity", {})
     for key, attribute in attributes.items():
         yield from (f"{where}: {p}" for p in _attribute_problems(key, attribute))
+    multiple = device.get("allowMultipleAllocations")
+    if multiple is not None and type(multiple) is not bool:
+        yield f"{where}: allowMultipleAllocations {multiple!r} is not true or false"
     for key, amount in capacity.items():
         if (problem := _qualified_name_problem(key)) is not None:
             yield f"{where}: capacity name {key!r}: {problem}"
         if not isinstance(amount, dict) or not _is_quantity(amount.get("value")):
             yield f"{where}: capacity {key} needs a quantity value"
+        elif (policy := amount.get("requestPolicy")) is not None:
+            if multiple is not True:
+                yield f"{where}: capacity {key}: requestPolicy is allowed only with allowMultipleAllocations"
+            else:
+                yield from (
+                    f"{where}: capacity {key}: requestPolicy: {p}"
+                    for p in _request_policy_problems(amount["value"], policy)
+                )
     if len(attributes) + len(capacity) > MAX_ATTRIBUTES_AND_CAPACITIES:
         yield (
             f"{where}: {len(attributes)} attributes and {len(capacity)} capacities; "
@@ -385,6 +402,92 @@ def _device_problems(device: Device, server_minor: int) -> Iterable[str]:
             )
         if len(taints) > MAX_TAINTS_134:
             yield f"{where}: {len(taints)} taints; at most {MAX_TAINTS_134} on Kubernetes 1.34"
+
+
+def _request_policy_problems(value: str, policy: object) -> Iterable[str]:
+    """The API server's rules on a consumable capacity's requestPolicy (validateRequestPolicy)."""
+    if not isinstance(policy, dict):
+        yield "is not an object"
+        return
+    valid_range, options = policy.get("validRange"), policy.get("validValues") or []
+    if valid_range is not None and options:
+        yield "sets both validValues and validRange; at most one is allowed"
+        return
+    texts: dict[str, object] = {"default": policy.get("default")}
+    texts.update((f"validValues[{i}]", option) for i, option in enumerate(options))
+    if isinstance(valid_range, dict):
+        texts.update((f"validRange.{k}", valid_range.get(k)) for k in ("min", "max", "step"))
+    parsed = {name: _amount(text) for name, text in texts.items() if text is not None}
+    amounts = {name: amount for name, amount in parsed.items() if amount is not None}
+    if len(amounts) < len(parsed):
+        yield from (f"{name} {texts[name]!r} is not a quantity" for name in parsed.keys() - amounts.keys())
+        return
+    default = amounts.get("default")
+    if valid_range is None and not options:
+        return
+    if default is None:
+        yield "default is required with validRange or validValues"
+        return
+    capacity = parse_quantity(value)
+    if options:
+        yield from _valid_values_problems(
+            capacity, default, [amounts[f"validValues[{i}]"] for i in range(len(options))]
+        )
+    else:
+        yield from _valid_range_problems(capacity, default, amounts)
+
+
+def _amount(text: object) -> Fraction | None:
+    if not _is_quantity(text):
+        return None
+    try:
+        return parse_quantity(str(text))
+    except ConfigError:  # an exponent out of range
+        return None
+
+
+def _valid_values_problems(capacity: Fraction, default: Fraction, options: list[Fraction]) -> Iterable[str]:
+    if options != sorted(options):
+        yield "validValues are not in ascending order"
+    if len(options) > MAX_VALID_VALUES:
+        yield f"{len(options)} validValues; at most {MAX_VALID_VALUES}"
+    if len({math.ceil(o) for o in options}) < len(options):
+        yield "validValues repeat a value"
+    if any(o > capacity for o in options):
+        yield "a validValues option is larger than the capacity's value"
+    if default not in options:
+        yield "default is not one of validValues"
+
+
+def _valid_range_problems(
+    capacity: Fraction, default: Fraction, amounts: dict[str, Fraction]
+) -> Iterable[str]:
+    low, high, step = (amounts.get(f"validRange.{k}") for k in ("min", "max", "step"))
+    if low is None:
+        yield "validRange.min is required"
+        return
+    if low > capacity:
+        yield "validRange.min is larger than the capacity's value"
+    if default < low:
+        yield "default is less than validRange.min"
+    if high is not None:
+        if low > high:
+            yield "validRange.min is larger than validRange.max"
+        if high > capacity:
+            yield "validRange.max is larger than the capacity's value"
+        if default > high:
+            yield "default is more than validRange.max"
+    if step is None:
+        return
+    if low + step > capacity:
+        yield "validRange.min plus one step is larger than the capacity's value"
+    whole_step = math.ceil(step)  # the API server takes the steps on values rounded up to integers
+    if whole_step <= 0:
+        yield "validRange.step is not positive"
+        return
+    for name, amount in (("default", default), ("validRange.max", high)):
+        if amount is not None and (math.ceil(amount) - math.ceil(low)) % whole_step:
+            yield f"{name} is not a whole number of steps from validRange.min"
 
 
 def _slice_problems(slice_: ResourceSlice, server_minor: int) -> list[str]:
