@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import signal
 import uuid
 from collections.abc import Iterator
@@ -70,16 +69,7 @@ def mps_template(name: str, threads: int) -> dict[str, Any]:
 
 def daemons(plugin: PluginProcess) -> list[dict[str, Any]]:
     """The simulated card's MPS control daemons that are alive."""
-    found = json.loads(plugin.sim_state.read_text())["mps_daemons"]
-    return [d for d in found if _alive(int(d["pid"]))]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+    return plugin.mps_daemons()
 
 
 def mps_dirs(plugin: PluginProcess) -> list[str]:

@@ -180,7 +180,12 @@ class DeviceState:
             for d in e.devices
             if isinstance(d.sharing, ckpt.MpsRecord)
         }
-        for root in self.sharing.stop_others(known):
+        try:
+            stopped = self.sharing.stop_others(known)
+        except GpudraError as err:  # a stray daemon must not keep the plugin from serving claims
+            log.error("cannot stop MPS daemons no prepared claim uses", extra={"error": str(err)})
+            stopped = []
+        for root in stopped:
             log.warning("stopped an MPS daemon no prepared claim uses", extra={"directory": str(root)})
 
     @property
