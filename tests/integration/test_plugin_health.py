@@ -187,7 +187,14 @@ def test_a_lost_gpu_is_tainted_so_only_running_pods_keep_it(
         )
         (result,) = claim["status"]["allocation"]["devices"]["results"]
         x = result["device"]
-        y = next(name for name in sorted(devices) if name not in held)
+        x_gpu = devices[x]["attributes"]["uuid"]["string"]
+        y = next(
+            name
+            for name in sorted(devices)
+            if name not in held
+            and not devices[name].get("allowMultipleAllocations")  # a whole GPU, not a share
+            and devices[name]["attributes"]["uuid"]["string"] != x_gpu
+        )
         uuids = {name: devices[name]["attributes"]["uuid"]["string"] for name in (x, y)}
         assert _tainted(api) == {}
 
@@ -196,10 +203,12 @@ def test_a_lost_gpu_is_tainted_so_only_running_pods_keep_it(
         for gpu_uuid in lost:
             sim.set_gpu_lost(state_file=plugin.sim_state, gpu_uuid=gpu_uuid, lost=True)
         tainted = wait_for(
-            "both lost GPUs tainted", lambda: (t := _tainted(api)) and set(t) == {x, y} and t, timeout=60
+            "both lost GPUs tainted",
+            lambda: (t := _tainted(api)) and set(t) == {x, f"{x}-shared", y, f"{y}-shared"} and t,
+            timeout=60,
         )
         to_taint = time.monotonic() - started
-        for name in (x, y):
+        for name in (x, f"{x}-shared", y, f"{y}-shared"):  # each GPU and its shared device
             (taint,) = tainted[name]
             assert taint.pop("timeAdded")  # set by the API server: the DRADeviceTaints gate is on
             assert taint == {
