@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
@@ -59,6 +60,22 @@ class Resources:
             self.custom.delete_namespaced_custom_object(*RESOURCE, namespace, plural, name)
         else:
             self.custom.delete_cluster_custom_object(*RESOURCE, plural, name)
+
+
+def new_namespace(core: client.CoreV1Api, prefix: str) -> str:
+    """A namespace named `<prefix>-<6 hex>`, created."""
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    core.create_namespace({"metadata": {"name": name}})
+    return name
+
+
+def unschedulable(core: client.CoreV1Api, name: str, namespace: str) -> bool:
+    """Whether the scheduler gave up on the pod for now (PodScheduled False, Unschedulable)."""
+    found = core.read_namespaced_pod(name, namespace)
+    return any(
+        c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
+        for c in found.status.conditions or []
+    )
 
 
 def pod_running(core: client.CoreV1Api, name: str, namespace: str) -> client.V1Pod | None:

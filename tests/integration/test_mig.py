@@ -10,7 +10,6 @@ from __future__ import annotations
 import itertools
 import json
 import signal
-import uuid
 from collections.abc import Iterator
 from functools import partial
 from typing import Any
@@ -24,17 +23,11 @@ from gpudra.node import faults
 from gpudra.sim import machines
 from tests.localcluster.node_plugin import DRIVER, PluginProcess
 
-from .kube_helpers import Resources, pod_events, pod_gone, pod_running, wait_for
+from .kube_helpers import Resources, new_namespace, pod_events, pod_gone, pod_running, unschedulable, wait_for
 
 NODE = "node-h100"
 H100 = machines.H100_SXM5_80GB
 PROFILE_IDS = {p.name: p.id for p in H100.mig_profiles}
-
-
-def _namespace(core: client.CoreV1Api, prefix: str) -> str:
-    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
-    core.create_namespace({"metadata": {"name": name}})
-    return name
 
 
 def _selector(profile: str, minor: int, start: int | None = None) -> dict[str, Any]:
@@ -87,14 +80,6 @@ def pod(name: str, template: str) -> dict[str, Any]:
             "resourceClaims": [{"name": "mig", "resourceClaimTemplateName": template}],
         },
     }
-
-
-def unschedulable(core: client.CoreV1Api, name: str, namespace: str) -> bool:
-    found = core.read_namespaced_pod(name, namespace)
-    return any(
-        c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
-        for c in found.status.conditions or []
-    )
 
 
 def gpu_uuid(plugin: PluginProcess, minor: int) -> str:
@@ -170,7 +155,7 @@ def test_seven_1g_pods_fill_one_h100_and_an_eighth_waits_for_a_free_placement(
     api: client.ApiClient, plugin: PluginProcess
 ) -> None:
     core = client.CoreV1Api(api)
-    ns = _namespace(core, "mig-seven")
+    ns = new_namespace(core, "mig-seven")
     minor = 1
     utils.create_from_yaml(api, yaml_objects=[layout_template("one-g", ["1g.10gb"], minor)], namespace=ns)
     names = [f"infer-{i}" for i in range(8)]
@@ -238,7 +223,7 @@ def test_every_maximal_layout_is_allocated_and_created_and_one_more_partition_ne
     minors = list(range(8))
     for batch_start in range(0, len(layouts), len(minors)):
         batch = layouts[batch_start : batch_start + len(minors)]
-        ns = _namespace(core, "mig-layouts")
+        ns = new_namespace(core, "mig-layouts")
         objects: list[dict[str, Any]] = []
         for minor, layout in zip(minors, batch, strict=False):
             objects += [
@@ -271,7 +256,7 @@ def test_a_whole_gpu_and_a_partition_take_turns_on_one_h100(
     api: client.ApiClient, plugin: PluginProcess
 ) -> None:
     core = client.CoreV1Api(api)
-    ns = _namespace(core, "mig-turns")
+    ns = new_namespace(core, "mig-turns")
     minor = 2
     whole = whole_template("whole", minor)
     utils.create_from_yaml(
@@ -340,7 +325,7 @@ def test_a_placement_taken_by_hand_fails_that_claim_only_and_names_why(
     api: client.ApiClient, plugin: PluginProcess
 ) -> None:
     core = client.CoreV1Api(api)
-    ns = _namespace(core, "mig-taken")
+    ns = new_namespace(core, "mig-taken")
     minor = 3
     # The test plays the administrator who made an instance by hand.
     with nvml.connect("sim:dgx-h100", state_file=plugin.sim_state) as session:
@@ -392,7 +377,7 @@ def test_sigkill_at_every_mig_step_then_restart_leaves_no_orphan(
     api: client.ApiClient, plugin: PluginProcess, action: str, step: str
 ) -> None:
     core = client.CoreV1Api(api)
-    ns = _namespace(core, "mig-crash")
+    ns = new_namespace(core, "mig-crash")
     minor = 4
     template = layout_template("victim", ["3g.40gb", "1g.10gb"], minor)
     if action == "prepare":

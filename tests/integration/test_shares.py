@@ -8,7 +8,6 @@ from __future__ import annotations
 import itertools
 import json
 import signal
-import uuid
 from collections.abc import Iterator
 from functools import partial
 from typing import Any
@@ -19,17 +18,19 @@ from kubernetes import client, utils
 from gpudra.node import faults
 from tests.localcluster.node_plugin import DRIVER, PluginProcess
 
-from .kube_helpers import claim_pod, claim_template, pod_gone, pod_running, wait_for
+from .kube_helpers import (
+    claim_pod,
+    claim_template,
+    new_namespace,
+    pod_gone,
+    pod_running,
+    unschedulable,
+    wait_for,
+)
 
 NODE = "node-h100"
 MINOR = 6  # the H100 these tests share; the MIG tests use others at the same time only in other runs
 GIB = 2**30
-
-
-def _namespace(core: client.CoreV1Api, prefix: str) -> str:
-    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
-    core.create_namespace({"metadata": {"name": name}})
-    return name
 
 
 def share_template(
@@ -77,14 +78,6 @@ def mps_dirs(plugin: PluginProcess) -> list[str]:
     return sorted(p.name for p in root.iterdir()) if root.exists() else []
 
 
-def unschedulable(core: client.CoreV1Api, name: str, namespace: str) -> bool:
-    found = core.read_namespaced_pod(name, namespace)
-    return any(
-        c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
-        for c in found.status.conditions or []
-    )
-
-
 def allocation(api: client.ApiClient, found: client.V1Pod) -> dict[str, Any]:
     name = found.status.resource_claim_statuses[0].resource_claim_name
     claim = client.CustomObjectsApi(api).get_namespaced_custom_object(
@@ -123,7 +116,7 @@ def test_shares_of_one_h100_get_their_capacity_as_mps_limits_and_a_fourth_waits(
     api: client.ApiClient, plugin: PluginProcess
 ) -> None:
     core = client.CoreV1Api(api)
-    ns = _namespace(core, "shares")
+    ns = new_namespace(core, "shares")
     asks = {"share-10": (10, 10), "share-20": (20, 20), "share-40": (40, 40), "late-20": (20, 20)}
     objects = [share_template(name, gib, compute) for name, (gib, compute) in asks.items()]
     objects += [claim_pod(name, {"gpu": name}, node=NODE) for name in list(asks)[:3]]
@@ -170,7 +163,7 @@ def test_a_whole_gpu_claim_waits_while_shares_hold_the_gpu(
     api: client.ApiClient, plugin: PluginProcess
 ) -> None:
     core = client.CoreV1Api(api)
-    ns = _namespace(core, "shares-whole")
+    ns = new_namespace(core, "shares-whole")
     selector = {"cel": {"expression": f'device.attributes["{DRIVER}"].minor == {MINOR}'}}
     whole = claim_template("whole")
     whole["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [selector]
@@ -193,7 +186,7 @@ def test_mps_daemons_survive_a_plugin_sigkill_and_are_adopted(
     api: client.ApiClient, plugin: PluginProcess
 ) -> None:
     core = client.CoreV1Api(api)
-    ns = _namespace(core, "mps-adopt")
+    ns = new_namespace(core, "mps-adopt")
     utils.create_from_yaml(
         api,
         yaml_objects=[
@@ -234,7 +227,7 @@ def test_sigkill_at_every_mps_step_then_restart_leaves_no_orphan(
     api: client.ApiClient, plugin: PluginProcess, action: str, step: str
 ) -> None:
     core = client.CoreV1Api(api)
-    ns = _namespace(core, "mps-crash")
+    ns = new_namespace(core, "mps-crash")
     objects = [mps_template("victim", 30), claim_pod("victim", {"gpu": "victim"}, node=NODE)]
     if action == "prepare":
         plugin.stop()

@@ -303,8 +303,7 @@ class DeviceState:
                 self._teardown(done)
             self._refuse_taken(ref, allocated)
             owned = self._owned_mig_uuids()
-            others = [e for e in self._checkpoint.claims.values() if e.uid != ref.uid]
-            sharing = self.sharing.plan(ref.uid, allocated, others=others)
+            sharing = self.sharing.plan(ref.uid, allocated, others=self._others(ref.uid))
             planned = tuple(
                 self._planned(ref, a, owned=owned, sharing=r) for a, r in zip(allocated, sharing, strict=True)
             )
@@ -487,8 +486,7 @@ class DeviceState:
     def _undo(self, entry: ckpt.ClaimEntry) -> None:
         """Undo the side effects of `entry`: sharing, the MIG devices it created, then its CDI spec.
         Idempotent."""
-        others = [e for e in self._checkpoint.claims.values() if e.uid != entry.uid]
-        self.sharing.undo(entry, others=others)
+        self.sharing.undo(entry, others=self._others(entry.uid))
         faults.reached("unprepare-undone")
         for device in entry.devices:
             if device.mig is not None:
@@ -644,6 +642,10 @@ class DeviceState:
         return dataclasses.replace(
             claim_device, env={**claim_device.env, **env}, mounts=(*claim_device.mounts, *mounts)
         )
+
+    def _others(self, uid: str) -> list[ckpt.ClaimEntry]:
+        """Every claim of the checkpoint but `uid`: those that share its GPUs' settings."""
+        return [e for e in self._checkpoint.claims.values() if e.uid != uid]
 
     def _memory_of(self, device: str) -> int | None:
         memory = self.devices[device]["capacity"].get("memory")

@@ -24,7 +24,6 @@ of them reaches all through the one pipe directory the container is given.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from fractions import Fraction
 from pathlib import Path
 
 from gpudra.api import GpuConfig, MigDeviceConfig
@@ -130,7 +129,7 @@ class GpuSharing:
         )
         threads = mps.default_active_thread_percentage
         if device.share_id is not None:
-            memory, compute = _consumed(device, "memory"), _consumed(device, "compute")
+            memory, compute = device.consumed.get("memory"), device.consumed.get("compute")
             if memory is not None:
                 share = bytes_quantity(int(memory))
                 if limit is not None and limit > memory:
@@ -259,7 +258,3 @@ class GpuSharing:
 def _limit_key(device: Allocated) -> str:
     """How a per-device limit names the device: its UUID (GPU-…, MIG-…) where known."""
     return device.uuid or device.device
-
-
-def _consumed(device: Allocated, name: str) -> Fraction | None:
-    return device.consumed.get(name)
