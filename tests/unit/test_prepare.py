@@ -188,7 +188,7 @@ def test_prepare_whole_gpu(tmp_path: Path, profile: str, device: str, minor: int
             device=device,
             cdi_device_ids=(cdi_id,),
             gpu_uuids=(node.uuid(minor),),
-            sharing=ckpt.TimeSlicingRecord(strategy="TimeSlicing", interval="Default"),
+            sharing=None,  # no sharing config: the GPU is left as it is
         ),
     )
     spec = json.loads(node.spec_path(uid(1)).read_text())
@@ -424,20 +424,27 @@ class FailingOn:
         rest = tuple(d for d in entry.devices if self.gpu_uuid not in d.gpu_uuids)
         return entry.model_copy(update={"devices": rest}), len(rest) < len(entry.devices)
 
-    def apply(self, entry: ckpt.ClaimEntry, *, visible: Mapping[str, str]) -> None:
+    def apply(
+        self, entry: ckpt.ClaimEntry, *, visible: Mapping[str, str], others: Sequence[ckpt.ClaimEntry]
+    ) -> None:
         rest, fails = self._split(entry)
-        self.inner.apply(rest, visible=visible)
+        self.inner.apply(rest, visible=visible, others=others)
         if fails:
             raise HardwareError(f"nvidia-smi failed on {self.gpu_uuid}")
 
     def undo(self, entry: ckpt.ClaimEntry, *, others: Sequence[ckpt.ClaimEntry]) -> None:
         self.inner.undo(entry, others=others)
 
-    def adopt(self, entry: ckpt.ClaimEntry, *, visible: Mapping[str, str]) -> bool:
-        return self.inner.adopt(entry, visible=visible)
+    def adopt(
+        self, entry: ckpt.ClaimEntry, *, visible: Mapping[str, str], others: Sequence[ckpt.ClaimEntry]
+    ) -> bool:
+        return self.inner.adopt(entry, visible=visible, others=others)
 
     def stop_others(self, known: set[Path]) -> list[Path]:
         return self.inner.stop_others(known)
+
+    def reset_time_slices(self, gpu_uuids: Sequence[str]) -> None:
+        self.inner.reset_time_slices(gpu_uuids)
 
     def container_edits(self, device: ckpt.PreparedDevice) -> tuple[dict[str, str], tuple[cdi.Mount, ...]]:
         return self.inner.container_edits(device)
@@ -532,10 +539,31 @@ def test_time_slicing_sets_the_gpu_through_nvidia_smi(
     assert set(h100.timeslices().values()) == {0}
 
 
-def test_a_gpu_without_sharing_config_gets_the_default_timeslice(h100: Node) -> None:
-    h100.set_timeslice(h100.uuid(4), 3)  # left over from before
+def test_a_gpu_without_sharing_config_runs_no_tool_and_saves_the_checkpoint_once(
+    h100: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Any tool run would fail; every checkpoint write is counted.
+    state = h100.state(sharing=GpuSharing(GpuTools(search_path=""), mps_root=h100.root / "mps"))
+    saves: list[str] = []
+    real_save = ckpt.save
+    monkeypatch.setattr(
+        ckpt, "save", lambda path, checkpoint: (saves.append("save"), real_save(path, checkpoint))[1]
+    )
+    claim = h100.claims.add(whole_gpus(uid(1), "gpu-4"))
+    state.prepare(claim)
+    assert (h100.entries()[uid(1)].state, len(saves)) == ("PrepareCompleted", 1)
+    assert h100.spec_path(uid(1)).exists()
+    state.unprepare(claim)
+    assert len(saves) == 2
+    h100.assert_nothing_left(uid(1))
+
+
+def test_the_time_slice_of_a_previous_claim_is_reset_at_its_unprepare(h100: Node) -> None:
     state = h100.state()
-    state.prepare(h100.claims.add(whole_gpus(uid(1), "gpu-4")))
+    first = h100.claims.add(whole_gpus(uid(1), "gpu-4", config=[from_claim(time_slicing("Long"))]))
+    state.prepare(first)
+    state.unprepare(first)
+    state.prepare(h100.claims.add(whole_gpus(uid(2), "gpu-4")))
     assert h100.timeslices()[h100.uuid(4)] == 0
 
 
@@ -616,6 +644,30 @@ def test_crash_during_unprepare_is_finished_at_restart(h100: Node, step: str) ->
     h100.assert_nothing_left(uid(1))
 
 
+@pytest.mark.parametrize("step", faults.STEPS)
+def test_a_claim_that_changes_no_gpu_survives_a_crash_at_any_step(h100: Node, step: str) -> None:
+    """Its one checkpoint save is the completion (prepare) or the forgetting (unprepare): a crash before
+    it leaves at most a spec no entry names, which the restart deletes; after it, the claim is settled."""
+    claim = h100.claims.add(whole_gpus(uid(1), "gpu-2"))
+    h100.state()
+    if step.startswith("unprepare"):
+        h100.state().prepare(claim)
+    crashed = _child(h100, "unprepare" if step.startswith("unprepare") else "prepare", claim, step)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+
+    restarted = h100.state()
+    if step == "prepare-completed":
+        assert restarted.prepared_claims()[uid(1)].state == "PrepareCompleted"
+        assert h100.spec_path(uid(1)).exists()
+    elif step in ("unprepare-started", "unprepare-undone", "unprepare-mig-destroyed"):
+        assert restarted.prepared_claims()[uid(1)].state == "PrepareCompleted"  # not begun: the retry does it
+    else:
+        h100.assert_nothing_left(uid(1))
+    restarted.prepare(claim)
+    restarted.unprepare(claim)
+    h100.assert_nothing_left(uid(1))
+
+
 def test_the_crash_child_runs_to_the_end_without_a_crash_step(h100: Node) -> None:
     claim = h100.claims.add(whole_gpus(uid(1), "gpu-2"))
     h100.state()
@@ -627,8 +679,10 @@ def test_the_crash_child_runs_to_the_end_without_a_crash_step(h100: Node) -> Non
 class UndoFailsOn(FailingOn):
     """GpuSharing whose undo fails on one GPU."""
 
-    def apply(self, entry: ckpt.ClaimEntry, *, visible: Mapping[str, str]) -> None:
-        self.inner.apply(entry, visible=visible)
+    def apply(
+        self, entry: ckpt.ClaimEntry, *, visible: Mapping[str, str], others: Sequence[ckpt.ClaimEntry]
+    ) -> None:
+        self.inner.apply(entry, visible=visible, others=others)
 
     def undo(self, entry: ckpt.ClaimEntry, *, others: Sequence[ckpt.ClaimEntry]) -> None:
         rest, fails = self._split(entry)
@@ -801,17 +855,24 @@ class RecordingSharing:
         default = ckpt.TimeSlicingRecord(strategy="TimeSlicing", interval="Default")
         return [None if device.admin_access else default for device in devices]
 
-    def apply(self, entry: ckpt.ClaimEntry, *, visible: Mapping[str, str]) -> None:
+    def apply(
+        self, entry: ckpt.ClaimEntry, *, visible: Mapping[str, str], others: Sequence[ckpt.ClaimEntry]
+    ) -> None:
         self._touch(_touched(entry), self.applied)
 
     def undo(self, entry: ckpt.ClaimEntry, *, others: Sequence[ckpt.ClaimEntry]) -> None:
         self._touch(_touched(entry), self.undone)
 
-    def adopt(self, entry: ckpt.ClaimEntry, *, visible: Mapping[str, str]) -> bool:
+    def adopt(
+        self, entry: ckpt.ClaimEntry, *, visible: Mapping[str, str], others: Sequence[ckpt.ClaimEntry]
+    ) -> bool:
         return False
 
     def stop_others(self, known: set[Path]) -> list[Path]:
         return []
+
+    def reset_time_slices(self, gpu_uuids: Sequence[str]) -> None:
+        pass
 
     def container_edits(self, device: ckpt.PreparedDevice) -> tuple[dict[str, str], tuple[cdi.Mount, ...]]:
         return {}, ()
@@ -963,11 +1024,14 @@ def test_a_damaged_checkpoint_rebuilds_admin_claims_as_admin(h100: Node) -> None
     rebuilt = restarted.prepared_claims()
     assert [d.admin_access for d in rebuilt[uid(2)].devices] == [True]
     assert [d.admin_access for d in rebuilt[uid(1)].devices] == [False]
+    # A spec does not say the user's interval: the rebuild put the GPU back to Default, which is what the
+    # rebuilt entry (no time-slice record) says.
+    assert [d.sharing for d in rebuilt[uid(1)].devices] == [None]
+    assert h100.timeslices()[h100.uuid(0)] == 0
     restarted.prepare(user)  # the kubelet's repeated prepare: not refused by the admin claim
     restarted.unprepare(admin)
-    assert h100.timeslices()[h100.uuid(0)] == 3  # the user's setting survives the admin's unprepare
     restarted.unprepare(user)
-    assert h100.timeslices()[h100.uuid(0)] == 0
+    h100.assert_nothing_left(uid(1))
 
 
 def test_a_crash_between_copying_and_replacing_a_damaged_checkpoint_rebuilds_again(

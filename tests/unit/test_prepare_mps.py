@@ -29,7 +29,6 @@ SHARES = (
     "6a1d4b9f-2c3e-4d7f-9a01-b2c3d4e5f6a7",
     "7b2e5c0a-3d4f-4e80-8b12-c3d4e5f6a7b8",
 )
-DEFAULT = ckpt.TimeSlicingRecord(strategy="TimeSlicing", interval="Default")
 CONFIG_FIELD = "status.allocation.devices.config[0].opaque.parameters"
 
 
@@ -309,7 +308,7 @@ def test_shares_of_one_gpu_each_get_a_daemon_with_their_consumed_capacity(h100: 
         state.unprepare(claim)
     assert daemons(h100) == []
     [device] = state.prepare(whole)
-    assert device.sharing == DEFAULT
+    assert device.sharing is None
     state.unprepare(whole)
     h100.assert_nothing_left(uid(4))
 

@@ -119,8 +119,8 @@ def sharing_of(tools: GpuTools, tmp_path: Path) -> GpuSharing:
 
 PLAIN = {"apiVersion": API_VERSION, "kind": "GpuConfig"}
 PLANS: dict[str, tuple[dict[str, Any] | None, bool, ckpt.SharingRecord | None]] = {
-    "no config: Default": (None, False, record("Default")),
-    "no sharing: Default": (PLAIN, False, record("Default")),
+    "no config: nothing": (None, False, None),
+    "no sharing: nothing": (PLAIN, False, None),
     "TimeSlicing without settings: Default": (
         {**PLAIN, "sharing": {"strategy": "TimeSlicing"}}, False, record("Default")
     ),
@@ -166,13 +166,54 @@ def test_apply_sets_the_interval_on_those_gpus_and_undo_resets_it(
     gpus, tools, store = machine
     sharing = sharing_of(tools, tmp_path)
     claim = entry(UID, (gpus[1], record(interval)), (gpus[6], record(interval)))
-    sharing.apply(claim, visible={})
+    sharing.apply(claim, visible={}, others=[])
     assert timeslices(store) == [0, level, 0, 0, 0, 0, level, 0]
-    sharing.apply(claim, visible={})  # again: same result
+    sharing.apply(claim, visible={}, others=[])  # again: same result
     assert timeslices(store) == [0, level, 0, 0, 0, 0, level, 0]
     sharing.undo(claim, others=[])
     assert timeslices(store) == [0] * 8
     sharing.undo(claim, others=[])
+    assert timeslices(store) == [0] * 8
+
+
+def test_no_tool_runs_for_a_time_slice_already_in_place(
+    machine: tuple[list[Gpu], GpuTools, sim_state.StateFile], tmp_path: Path
+) -> None:
+    gpus, tools, store = machine
+    unusable = sharing_of(GpuTools(search_path=""), tmp_path)  # any tool run would fail
+    default = entry("a", (gpus[0], record("Default")))
+    unusable.apply(default, visible={}, others=[])  # no record set another interval: Default already
+    unusable.undo(default, others=[])
+
+    first = entry("a", (gpus[0], record("Long")), share_ids=[SHARE])
+    sharing_of(tools, tmp_path).apply(first, visible={}, others=[])
+    second = entry("b", (gpus[0], record("Long")), share_ids=[OTHER_SHARE])
+    unusable.apply(second, visible={}, others=[first])  # the other share set Long already
+    unusable.undo(second, others=[first])  # and keeps it
+    assert timeslices(store)[0] == 3
+
+
+def test_a_claim_being_unprepared_leaves_the_time_slice_unknown(
+    machine: tuple[list[Gpu], GpuTools, sim_state.StateFile], tmp_path: Path
+) -> None:
+    """Its undo may have stopped half way (the GPU back at Default, its record still Long): the tool runs."""
+    gpus, tools, store = machine
+    sharing = sharing_of(tools, tmp_path)
+    leaving = entry("a", (gpus[0], record("Long")), share_ids=[SHARE]).with_state("UnprepareStarted")
+    second = entry("b", (gpus[0], record("Long")), share_ids=[OTHER_SHARE])
+    sharing.apply(second, visible={}, others=[leaving])
+    assert timeslices(store)[0] == 3
+    with pytest.raises(NvmlUnavailable):
+        sharing_of(GpuTools(search_path=""), tmp_path).undo(second, others=[leaving])
+
+
+def test_reset_time_slices_runs_the_tool_whatever_the_records_say(
+    machine: tuple[list[Gpu], GpuTools, sim_state.StateFile], tmp_path: Path
+) -> None:
+    gpus, tools, store = machine
+    sharing = sharing_of(tools, tmp_path)
+    sharing.apply(entry("a", (gpus[2], record("Medium"))), visible={}, others=[])
+    sharing.reset_time_slices([gpus[2].uuid])
     assert timeslices(store) == [0] * 8
 
 
@@ -198,7 +239,7 @@ def test_mps_on_a_whole_gpu_runs_one_daemon_with_the_limits_and_exclusive_comput
     assert store.read().mps_daemons == []  # planning starts nothing
     claim = entry(UID, *zip([gpus[0], gpus[3]], records, strict=True))
     visible = {"gpu-0": gpus[0].uuid, "gpu-3": gpus[3].uuid}
-    sharing.apply(claim, visible=visible)
+    sharing.apply(claim, visible=visible, others=[])
 
     [daemon] = store.read().mps_daemons
     assert daemon.visible_devices == ",".join(sorted([gpus[0].uuid, gpus[3].uuid]))
@@ -208,7 +249,9 @@ def test_mps_on_a_whole_gpu_runs_one_daemon_with_the_limits_and_exclusive_comput
     assert [g.compute_mode for g in store.read().gpus] == [3, 0, 0, 3, 0, 0, 0, 0]
     assert oct((first.root / "shm").stat().st_mode & 0o7777) == "0o1777"
 
-    sharing.apply(claim, visible=visible)  # again (a retried prepare, an adoption): the same daemon
+    sharing.apply(
+        claim, visible=visible, others=[]
+    )  # again (a retried prepare, an adoption): the same daemon
     assert [d.pid for d in store.read().mps_daemons] == [daemon.pid]
 
     sharing.undo(claim, others=[])
@@ -300,7 +343,9 @@ def test_a_share_without_config_gets_its_consumed_capacity_as_mps_limits(
     [best_effort] = sharing.plan(UID, [asks_no_compute], others=[])
     assert isinstance(best_effort, ckpt.MpsRecord)
     assert (best_effort.active_thread_percentage, best_effort.pinned_memory_limit) == (None, 10 * 2**30)
-    sharing.apply(entry(UID, (gpus[0], planned), share_ids=[SHARE]), visible={"gpu-0-shared": gpus[0].uuid})
+    sharing.apply(
+        entry(UID, (gpus[0], planned), share_ids=[SHARE]), visible={"gpu-0-shared": gpus[0].uuid}, others=[]
+    )
     [daemon] = store.read().mps_daemons
     assert (daemon.default_active_thread_percentage, daemon.default_pinned_memory_limits) == (
         25.0,
@@ -317,7 +362,7 @@ def test_time_slicing_shares_must_agree_and_the_last_one_resets_the_gpu(
     gpus, tools, store = machine
     sharing = sharing_of(tools, tmp_path)
     first = entry("a", (gpus[0], record("Long")), share_ids=[SHARE])
-    sharing.apply(first, visible={})
+    sharing.apply(first, visible={}, others=[])
     same = allocated(gpus[0], time_slicing("Long"), share_id=OTHER_SHARE)
     assert sharing.plan("b", [same], others=[first]) == [record("Long")]
     other = allocated(gpus[0], time_slicing("Short"), share_id=OTHER_SHARE)
@@ -328,7 +373,7 @@ def test_time_slicing_shares_must_agree_and_the_last_one_resets_the_gpu(
     assert raised.value.reason.endswith("allowed now: Long")
 
     second = entry("b", (gpus[0], record("Long")), share_ids=[OTHER_SHARE])
-    sharing.apply(second, visible={})
+    sharing.apply(second, visible={}, others=[first])
     sharing.undo(first, others=[second])
     assert timeslices(store)[0] == 3  # the other claim still runs with Long
     sharing.undo(second, others=[])
@@ -344,12 +389,12 @@ def test_a_dead_daemon_is_started_again_on_adoption_and_others_are_stopped(
     assert isinstance(planned, ckpt.MpsRecord)
     claim = entry(UID, (gpus[1], planned))
     visible = {"gpu-1": gpus[1].uuid}
-    sharing.apply(claim, visible=visible)
-    assert sharing.adopt(claim, visible=visible) is False  # alive: kept as it is
+    sharing.apply(claim, visible=visible, others=[])
+    assert sharing.adopt(claim, visible=visible, others=[]) is False  # alive: kept as it is
     [daemon] = store.read().mps_daemons
     os.kill(daemon.pid, signal.SIGKILL)
     wait_for(lambda: not sharing.daemons.answers(planned.root))
-    assert sharing.adopt(claim, visible=visible) is True
+    assert sharing.adopt(claim, visible=visible, others=[]) is True
     [again] = [d for d in store.read().mps_daemons if d.pid != daemon.pid and _alive(d.pid)]
     assert again.default_active_thread_percentage == 30.0
 
@@ -368,12 +413,12 @@ def test_a_gpu_that_refuses_mps_fails_the_claim_and_leaves_nothing(tmp_path: Pat
     [planned] = sharing.plan(UID, [allocated(gpu, mps_limits(threads=30))], others=[])
     claim = entry(UID, (gpu, planned))
     with pytest.raises(HardwareError, match="MPS"):
-        sharing.apply(claim, visible={f"gpu-{gpu.minor}": gpu.uuid})
+        sharing.apply(claim, visible={f"gpu-{gpu.minor}": gpu.uuid}, others=[])
     sharing.undo(claim, others=[])  # what prepare's rollback does
     assert sim_state.StateFile(state_file).read().mps_daemons == []
     assert not (tmp_path / "mps").exists() or not any((tmp_path / "mps").iterdir())
     with pytest.raises(HardwareError, match="Not Supported"):
-        sharing.apply(entry(UID, (gpu, record("Long"))), visible={})
+        sharing.apply(entry(UID, (gpu, record("Long"))), visible={}, others=[])
 
 
 def _alive(pid: int) -> bool:

@@ -135,6 +135,7 @@ class DeviceState:
             )
             loaded = ckpt.LoadedCheckpoint(ckpt.Checkpoint.empty(self.boot_id).with_claims(rebuilt), {})
             recovery = Recovery(damage=str(err), copied_to=copy, rebuilt=len(rebuilt))
+            self._reset_time_slices(rebuilt)
         else:
             recovery = Recovery()
         self._checkpoint = loaded.checkpoint
@@ -163,6 +164,22 @@ class DeviceState:
         self._refusal = None
         return recovery
 
+    def _reset_time_slices(self, rebuilt: Sequence[ckpt.ClaimEntry]) -> None:
+        """A spec does not say which time-slice a claim's GPU was given, and a rebuilt entry has no record
+        of one: put those GPUs back to Default, so that they run with what the records say."""
+        uuids = sorted(
+            {
+                d.gpu_uuids[0]
+                for e in rebuilt
+                for d in e.devices
+                if not d.admin_access and d.gpu_uuids and self._known_type(d.device) == "gpu"
+            }
+        )
+        try:
+            self.sharing.reset_time_slices(uuids)
+        except GpudraError as err:  # a time-slice is no reason to refuse every claim
+            log.error("cannot reset the time-slices of rebuilt claims", extra={"error": str(err)})
+
     def _adopt_daemons(self) -> None:
         """Keep the MPS daemons of prepared claims (they outlived the plugin, their clients are running),
         start again one that died, and stop any daemon no claim of the checkpoint names."""
@@ -170,7 +187,7 @@ class DeviceState:
             if entry.state != "PrepareCompleted" or not _has_mps(entry):
                 continue
             try:
-                if self.sharing.adopt(entry, visible=self._visible(entry)):
+                if self.sharing.adopt(entry, visible=self._visible(entry), others=self._others(entry.uid)):
                     log.warning("MPS daemon had stopped; started again", extra={"claim": entry.uid})
             except GpudraError as err:
                 log.error("cannot adopt the MPS daemon", extra={"claim": entry.uid, "error": str(err)})
@@ -204,9 +221,10 @@ class DeviceState:
 
         Request names, namespace and name are not in a spec: such an entry holds its devices until
         the kubelet unprepares the claim (a repeated prepare reads the claim again). Admin access is
-        (an annotation on the device). Undo resets a whole GPU's time-slice to Default, which is what an
-        unshared GPU has anyway, and destroys a partition gpudra created: its spec comes from the device
-        name, and its live ids from the spec's MIG UUID where that device still exists."""
+        (an annotation on the device). A whole GPU gets no time-slice record (recover() puts its GPU
+        back to Default instead); undo stops an MPS daemon the spec's pipe mount names and destroys a
+        partition gpudra created: its spec comes from the device name, and its live ids from the spec's
+        MIG UUID where that device still exists."""
         entries = []
         for uid, path in specs.items():
             prefix = f"{uid}-"
@@ -248,9 +266,6 @@ class DeviceState:
             # EXCLUSIVE_PROCESS; the mode it had before is not in the spec: Default, the usual one.
             restore = 0 if kind == "gpu" and share_id is None else None
             sharing = ckpt.MpsRecord(strategy="MPS", root=Path(pipe).parent, restore_compute_mode=restore)
-        elif kind == "gpu" and share_id is None and not cdi_device.admin_access:
-            # Admin access never changed the GPU (it belongs to another claim): nothing to undo.
-            sharing = ckpt.TimeSlicingRecord(strategy="TimeSlicing", interval="Default")
         device_name = _cdi_name(name, share_id)
         return ckpt.PreparedDevice(
             request_names=(),
@@ -312,7 +327,12 @@ class DeviceState:
             )
             recorded = [entry]
             try:
-                self._record(entry)
+                # Recorded before the GPU changes, so that a rollback or recover() knows what to undo.
+                # A claim that changes nothing on the GPU (a whole GPU, no sharing config) has only its
+                # CDI spec to lose: a crash before PrepareCompleted leaves a spec no entry names, which
+                # recover() deletes, so its one save is the completion.
+                if _changes_gpus(entry):
+                    self._record(entry)
                 faults.reached("prepare-started")
                 if any(d.mig is not None for d in planned):
                     entry = entry.with_state("PrepareStarted", devices=self._create_partitions(planned))
@@ -327,7 +347,7 @@ class DeviceState:
                     self._claim_device(a, d) for a, d in zip(allocated, entry.devices, strict=True)
                 ]
                 visible = {d.device: c.uuid for c, d in zip(claim_devices, entry.devices, strict=True)}
-                self.sharing.apply(entry, visible=visible)
+                self.sharing.apply(entry, visible=visible, others=self._others(ref.uid))
                 faults.reached("prepare-applied")
                 claim_devices = [
                     self._with_sharing(c, d, ref.uid)
@@ -349,13 +369,16 @@ class DeviceState:
                 self._record(completed)
             except BaseException as err:
                 # Memory holds an entry of this attempt once a save of it replaced the file (even if the
-                # directory sync failed). Otherwise the first save changed nothing and nothing was done.
+                # directory sync failed). Otherwise the first save changed nothing, or there was none
+                # and the spec is all there is to remove.
                 current = self._checkpoint.claims.get(ref.uid)
-                if current is not None and current in recorded:
-                    try:
+                try:
+                    if current is not None and current in recorded:
                         self._teardown(current)
-                    except Exception as rollback:  # keep the first error; the entry stays for recover()
-                        err.add_note(f"rolling back also failed: {rollback}")
+                    elif current is None:
+                        cdi.delete_spec(self.cdi_root, driver=self.driver, claim_uid=ref.uid)
+                except Exception as rollback:  # keep the first error; the entry stays for recover()
+                    err.add_note(f"rolling back also failed: {rollback}")
                 raise
             faults.reached("prepare-completed")
             return completed.devices
@@ -465,6 +488,17 @@ class DeviceState:
 
     def _teardown(self, entry: ckpt.ClaimEntry) -> None:
         """Unprepare `entry` from whatever step it reached; safe to repeat after a crash."""
+        if not _changes_gpus(entry):
+            # Nothing on the GPU to undo: forget the claim, then delete its spec. A crash in between
+            # leaves a spec no entry names, which recover() (and a retried unprepare) deletes.
+            faults.reached("unprepare-started")
+            faults.reached("unprepare-undone")
+            faults.reached("unprepare-mig-destroyed")
+            with self._checkpoint_lock:
+                self._commit(self._checkpoint.without_claim(entry.uid))
+            cdi.delete_spec(self.cdi_root, driver=self.driver, claim_uid=entry.uid)
+            faults.reached("unprepare-cdi-deleted")
+            return
         if entry.state != "UnprepareStarted":
             try:
                 self._record(entry.with_state("UnprepareStarted"))
@@ -743,6 +777,11 @@ def _split_share(name: str) -> tuple[str, str | None]:
     """A CDI device name after the claim UID, split into the device and the share's ID (or None)."""
     match = _SHARE_SUFFIX.search(name)
     return (name[: match.start()], match.group(1)) if match else (name, None)
+
+
+def _changes_gpus(entry: ckpt.ClaimEntry) -> bool:
+    """Whether preparing `entry` changes a GPU (MIG devices, sharing), which unprepare must undo."""
+    return any(d.mig is not None or d.sharing is not None for d in entry.devices)
 
 
 def _has_mps(entry: ckpt.ClaimEntry) -> bool:

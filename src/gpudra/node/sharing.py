@@ -4,10 +4,15 @@
 the records before `apply` runs; `apply` and `undo` are idempotent, so a crash between any two of their
 calls is settled by calling again.
 
-- A whole GPU the claim has alone: time-slicing sets the claim's interval (Default without a sharing
-  config, so a GPU never keeps the setting of a claim that used it before); MPS sets the compute mode
+- A whole GPU the claim has alone: time-slicing sets the claim's interval; MPS sets the compute mode
   to EXCLUSIVE_PROCESS (only the MPS server may then hold a context, so no process of the claim can
-  bypass the daemon's limits) and puts the mode found before back on unprepare.
+  bypass the daemon's limits) and puts the mode found before back on unprepare. Without a sharing
+  config the GPU gets nothing: no tool runs.
+- gpudra owns the time-slice of the GPUs it publishes, and no tool runs for a setting already in place.
+  The checkpoint's records say what each GPU runs with: the interval a prepared claim's record set, else
+  Default, since the undo of every record that set another interval puts Default back (a reboot does too).
+  NVML cannot read the interval back (gpu-mechanics.md section 1.4), so this is the only way to know it
+  without a call to nvidia-smi, which costs tens to hundreds of milliseconds.
 - A MIG device: the time-slice belongs to the physical GPU, whose other partitions may serve other
   claims, so a partition gets nothing without a config, and MPS with one. The compute mode is left alone.
 - A share (one allocation of a device several claims share, `share_id` set): its consumed capacity
@@ -88,9 +93,9 @@ class GpuSharing:
             if device.share_id is not None or (sharing is not None and sharing.mps is not None):
                 mps = sharing.mps if sharing is not None and sharing.mps is not None else MpsConfig()
                 return self._mps(claim_uid, device, mps, claim)
-            return ckpt.TimeSlicingRecord(
-                strategy="TimeSlicing", interval=interval.interval if interval is not None else "Default"
-            )
+            if interval is None:
+                return None
+            return ckpt.TimeSlicingRecord(strategy="TimeSlicing", interval=interval.interval)
         assert isinstance(config, MigDeviceConfig)
         if config.sharing is None:
             return None
@@ -164,14 +169,18 @@ class GpuSharing:
 
     # --- apply and undo ------------------------------------------------------------------------
 
-    def apply(self, entry: ckpt.ClaimEntry, *, visible: Mapping[str, str]) -> None:
-        """Set up what the entry's records say; `visible` maps each device to the UUID CUDA sees."""
+    def apply(
+        self, entry: ckpt.ClaimEntry, *, visible: Mapping[str, str], others: Sequence[ckpt.ClaimEntry]
+    ) -> None:
+        """Set up what the entry's records say; `visible` maps each device to the UUID CUDA sees,
+        `others` are the other claims prepared on this node (what the GPUs run with now)."""
         mps: list[tuple[str, ckpt.MpsRecord]] = []
         for device in entry.devices:
             record = device.sharing
             if isinstance(record, ckpt.TimeSlicingRecord):
                 for uuid in device.gpu_uuids:
-                    self._set_timeslice(uuid, record.interval)
+                    if record.interval != _interval_now(uuid, others):
+                        self._set_timeslice(uuid, record.interval)
             elif isinstance(record, ckpt.MpsRecord):
                 if record.restore_compute_mode is not None:
                     self.tools.set_compute_mode(gpu_uuid=device.gpu_uuids[0], mode=EXCLUSIVE_PROCESS)
@@ -201,13 +210,10 @@ class GpuSharing:
                 self.tools.set_compute_mode(gpu_uuid=device.gpu_uuids[0], mode=restore)
             if isinstance(record, ckpt.TimeSlicingRecord):
                 for uuid in device.gpu_uuids:
-                    still = [
-                        held.sharing.interval
-                        for other in others
-                        for held in other.devices
-                        if held.gpu_uuids[:1] == (uuid,) and isinstance(held.sharing, ckpt.TimeSlicingRecord)
-                    ]
-                    self._set_timeslice(uuid, still[0] if still else "Default")
+                    # What the claims still sharing the GPU run with; nothing to do when that is already it.
+                    wanted = _interval_kept(uuid, others)
+                    if record.interval != wanted or _interval_now(uuid, others) is None:
+                        self._set_timeslice(uuid, wanted)
 
     def _set_timeslice(self, gpu_uuid: str, interval: ckpt.TimeSliceInterval) -> None:
         try:
@@ -218,14 +224,22 @@ class GpuSharing:
             if interval != "Default":
                 raise
 
-    def adopt(self, entry: ckpt.ClaimEntry, *, visible: Mapping[str, str]) -> bool:
+    def adopt(
+        self, entry: ckpt.ClaimEntry, *, visible: Mapping[str, str], others: Sequence[ckpt.ClaimEntry]
+    ) -> bool:
         """After a plugin restart: False when the claim's MPS daemon answers (it was adopted as it is);
         True when it had died and was started again with the recorded limits."""
         roots = {d.sharing.root for d in entry.devices if isinstance(d.sharing, ckpt.MpsRecord)}
         if all(self.daemons.answers(root) for root in roots):
             return False
-        self.apply(entry, visible=visible)
+        self.apply(entry, visible=visible, others=others)
         return True
+
+    def reset_time_slices(self, gpu_uuids: Sequence[str]) -> None:
+        """Put the GPUs' time-slice to Default whatever it is now: for GPUs whose interval no record
+        says (claims rebuilt from their CDI specs after the checkpoint was damaged)."""
+        for uuid in gpu_uuids:
+            self._set_timeslice(uuid, "Default")
 
     def stop_others(self, known: set[Path]) -> list[Path]:
         """Stop the daemon in every claim directory under the MPS root that is not in `known` (left by
@@ -253,6 +267,36 @@ class GpuSharing:
             ),
             Mount(host_path=str(shm_dir(record.root)), container_path="/dev/shm", options=_MOUNT_OPTIONS),
         )
+
+
+def _interval_now(gpu_uuid: str, claims: Sequence[ckpt.ClaimEntry]) -> ckpt.TimeSliceInterval | None:
+    """The time-slice GPU `gpu_uuid` runs with while `claims` are prepared: the interval a record on it
+    set (claims sharing a GPU agree on it, see `_shared_time_slice`), else Default. None while a claim
+    with a record on it is being unprepared: its undo may have stopped half way, so only the tool knows."""
+    if any(entry.state == "UnprepareStarted" for entry in _holding_time_slice(gpu_uuid, claims)):
+        return None
+    return _interval_kept(gpu_uuid, claims)
+
+
+def _interval_kept(gpu_uuid: str, claims: Sequence[ckpt.ClaimEntry]) -> ckpt.TimeSliceInterval:
+    """The interval GPU `gpu_uuid` must run with for those of `claims` that stay prepared (Default: none)."""
+    for entry in _holding_time_slice(gpu_uuid, claims):
+        if entry.state != "UnprepareStarted":
+            for held in entry.devices:
+                if held.gpu_uuids[:1] == (gpu_uuid,) and isinstance(held.sharing, ckpt.TimeSlicingRecord):
+                    return held.sharing.interval
+    return "Default"
+
+
+def _holding_time_slice(gpu_uuid: str, claims: Sequence[ckpt.ClaimEntry]) -> list[ckpt.ClaimEntry]:
+    return [
+        entry
+        for entry in claims
+        if any(
+            held.gpu_uuids[:1] == (gpu_uuid,) and isinstance(held.sharing, ckpt.TimeSlicingRecord)
+            for held in entry.devices
+        )
+    ]
 
 
 def _limit_key(device: Allocated) -> str:
