@@ -8,7 +8,7 @@ import stat
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -54,6 +54,7 @@ class Backend:
         self.calls: list[tuple[str, ClaimRef]] = []
         self.entered = threading.Event()
         self.release: threading.Event | None = None
+        self.arrive: Callable[[], object] = lambda: None
 
     def prepare(self, ref: ClaimRef) -> tuple[ckpt.PreparedDevice, ...]:
         self._call("prepare", ref)
@@ -65,6 +66,7 @@ class Backend:
     def _call(self, action: str, ref: ClaimRef) -> None:
         self.calls.append((action, ref))
         self.entered.set()
+        self.arrive()
         if self.release is not None:
             self.release.wait()
         if ref.uid in self.failures:
@@ -182,11 +184,30 @@ def test_prepare_answers_each_claim_on_its_own(
         (["gpus"], "node-a", "gpu-0", [f"{DRIVER}/claim=good-gpu-0", "nvidia.com/gpu=GPU-1"]),
         (["gpus"], "node-a", "gpu-1", [f"{DRIVER}/claim=good-gpu-1", "nvidia.com/gpu=GPU-1"]),
     ]
-    assert backend.calls == [
+    assert sorted(backend.calls, key=lambda call: call[1].uid) == [
         ("prepare", ClaimRef(uid="bad", namespace="team-a", name="claim-bad")),
         ("prepare", ClaimRef(uid="good", namespace="team-a", name="claim-good")),
     ]
-    assert outcomes.prepared == ["ClaimError", "ok"]
+    assert sorted(outcomes.prepared) == ["ClaimError", "ok"]
+
+
+@pytest.mark.parametrize("action", ["prepare", "unprepare"])
+def test_the_claims_of_one_call_run_concurrently(
+    server: KubeletServer, backend: Backend, action: str
+) -> None:
+    # Each claim waits until all four are inside the backend: one after the other, none would get out.
+    arrived = threading.Barrier(4, timeout=10)
+    backend.arrive = arrived.wait
+    claims = [claim(dra_v1_pb2, f"c{n}") for n in range(4)]
+    with channel(server.dra_socket) as ch:
+        stub = dra_v1_pb2_grpc.DRAPluginStub(ch)
+        if action == "prepare":
+            answer: Any = stub.NodePrepareResources(dra_v1_pb2.NodePrepareResourcesRequest(claims=claims))
+        else:
+            answer = stub.NodeUnprepareResources(dra_v1_pb2.NodeUnprepareResourcesRequest(claims=claims))
+    assert sorted(answer.claims) == ["c0", "c1", "c2", "c3"]
+    assert all(not result.error for result in answer.claims.values())
+    assert not arrived.broken
 
 
 @pytest.mark.parametrize("version", VERSIONS, ids=str)
@@ -203,7 +224,7 @@ def test_unprepare_answers_each_claim_on_its_own(
         "bad": pb.NodeUnprepareResourceResponse(error="x.y: must be one of: a, b"),
     }
     assert [action for action, _ in backend.calls] == ["unprepare", "unprepare"]
-    assert outcomes.unprepared == ["ok", "config"]
+    assert sorted(outcomes.unprepared) == ["config", "ok"]
 
 
 @pytest.mark.parametrize("version", VERSIONS, ids=str)

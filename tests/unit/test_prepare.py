@@ -544,11 +544,14 @@ def test_a_gpu_without_sharing_config_runs_no_tool_and_saves_the_checkpoint_once
 ) -> None:
     # Any tool run would fail; every checkpoint write is counted.
     state = h100.state(sharing=GpuSharing(GpuTools(search_path=""), mps_root=h100.root / "mps"))
-    saves: list[str] = []
+    saves: list[Path] = []
     real_save = ckpt.save
-    monkeypatch.setattr(
-        ckpt, "save", lambda path, checkpoint: (saves.append("save"), real_save(path, checkpoint))[1]
-    )
+
+    def counted_save(path: Path, checkpoint: ckpt.Checkpoint) -> None:
+        saves.append(path)
+        real_save(path, checkpoint)
+
+    monkeypatch.setattr(ckpt, "save", counted_save)
     claim = h100.claims.add(whole_gpus(uid(1), "gpu-4"))
     state.prepare(claim)
     assert (h100.entries()[uid(1)].state, len(saves)) == ("PrepareCompleted", 1)

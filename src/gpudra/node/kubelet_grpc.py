@@ -7,7 +7,9 @@ previous run are removed at start, and on stop each socket is removed only while
 this instance bound (a newer instance of a rolling update may have replaced it). The registration
 socket is opened last, so the kubelet never calls a plugin that cannot serve yet.
 
-One claim's failure is that claim's error in the response; the others in the same call proceed.
+One claim's failure is that claim's error in the response; the others in the same call proceed. The
+claims of one call are prepared (and unprepared) concurrently: a pod with several claims waits for the
+slowest one, not for their sum. DeviceState keeps claims that touch the same GPU apart.
 
 With a health source, the DRA socket also serves DRAResourceHealth (v1alpha1, KEP-4680): a kubelet
 that calls NodeWatchResources gets every device's health at once and again after every poll, until it
@@ -90,49 +92,61 @@ def _claim_ref(claim: Any) -> ClaimRef:
     return ClaimRef(uid=claim.uid, namespace=claim.namespace, name=claim.name)
 
 
-def _servicer(pb: ModuleType, base: type, backend: PrepareBackend, observer: Observer) -> Any:
-    """A DRAPlugin servicer for one API version; v1 and v1beta1 differ only in their modules."""
+def _servicer(
+    pb: ModuleType, base: type, backend: PrepareBackend, observer: Observer, claims: futures.Executor
+) -> Any:
+    """A DRAPlugin servicer for one API version; v1 and v1beta1 differ only in their modules. Each claim
+    of a call runs on `claims`."""
 
     has_share_id = "share_id" in pb.Device.DESCRIPTOR.fields_by_name
 
+    def prepare(claim: Any, result: Any) -> None:
+        started, outcome = time.monotonic(), "ok"
+        try:
+            for device in backend.prepare(_claim_ref(claim)):
+                added = result.devices.add(
+                    request_names=list(device.request_names),
+                    pool_name=device.pool,
+                    device_name=device.device,
+                    cdi_device_ids=list(device.cdi_device_ids),
+                )
+                # v1 only (kubelets 1.35+): v1beta1 has no share_id, and its kubelets no shares.
+                if device.share_id is not None and has_share_id:
+                    added.share_id = device.share_id
+        except Exception as err:
+            outcome = _error_reason(err)
+            result.Clear()
+            result.error = _message(err)
+            _log_failure("prepare", claim, err)
+        observer.prepared(outcome, time.monotonic() - started)
+
+    def unprepare(claim: Any, result: Any) -> None:
+        started, outcome = time.monotonic(), "ok"
+        try:
+            backend.unprepare(_claim_ref(claim))
+        except Exception as err:
+            outcome = _error_reason(err)
+            result.error = _message(err)
+            _log_failure("unprepare", claim, err)
+        observer.unprepared(outcome, time.monotonic() - started)
+
+    def each(step: Callable[[Any, Any], None], request: Any, response: Any) -> Any:
+        # One result message per claim, made here: protobuf messages are not safe to add to from
+        # several threads, but each thread then fills only its own.
+        work = [(claim, response.claims[claim.uid]) for claim in _distinct(request.claims)]
+        if len(work) == 1:  # the usual call: no hand-over to another thread
+            step(*work[0])
+        else:
+            for done in [claims.submit(step, claim, result) for claim, result in work]:
+                done.result()
+        return response
+
     class Servicer(base):  # type: ignore[misc]
         def NodePrepareResources(self, request: Any, context: Any) -> Any:
-            response = pb.NodePrepareResourcesResponse()
-            for claim in _distinct(request.claims):
-                started, outcome = time.monotonic(), "ok"
-                result = response.claims[claim.uid]
-                try:
-                    for device in backend.prepare(_claim_ref(claim)):
-                        added = result.devices.add(
-                            request_names=list(device.request_names),
-                            pool_name=device.pool,
-                            device_name=device.device,
-                            cdi_device_ids=list(device.cdi_device_ids),
-                        )
-                        # v1 only (kubelets 1.35+): v1beta1 has no share_id, and its kubelets no shares.
-                        if device.share_id is not None and has_share_id:
-                            added.share_id = device.share_id
-                except Exception as err:
-                    outcome = _error_reason(err)
-                    result.Clear()
-                    result.error = _message(err)
-                    _log_failure("prepare", claim, err)
-                observer.prepared(outcome, time.monotonic() - started)
-            return response
+            return each(prepare, request, pb.NodePrepareResourcesResponse())
 
         def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
-            response = pb.NodeUnprepareResourcesResponse()
-            for claim in _distinct(request.claims):
-                started, outcome = time.monotonic(), "ok"
-                result = response.claims[claim.uid]
-                try:
-                    backend.unprepare(_claim_ref(claim))
-                except Exception as err:
-                    outcome = _error_reason(err)
-                    result.error = _message(err)
-                    _log_failure("unprepare", claim, err)
-                observer.unprepared(outcome, time.monotonic() - started)
-            return response
+            return each(unprepare, request, pb.NodeUnprepareResourcesResponse())
 
     return Servicer()
 
@@ -243,12 +257,12 @@ class KubeletServer:
         self.registration_socket = registry_dir.absolute() / f"{driver}-reg.sock"
         observer = observer or Observer()
         self._dra = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dra"))
-        dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(
-            _servicer(dra_v1_pb2, dra_v1_pb2_grpc.DRAPluginServicer, backend, observer), self._dra
-        )
-        dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(
-            _servicer(dra_v1beta1_pb2, dra_v1beta1_pb2_grpc.DRAPluginServicer, backend, observer), self._dra
-        )
+        # The claims of calls with several: a pool apart from the gRPC workers, which wait on it.
+        self._claims = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="claim")
+        for pb, grpc_module in ((dra_v1_pb2, dra_v1_pb2_grpc), (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc)):
+            grpc_module.add_DRAPluginServicer_to_server(
+                _servicer(pb, grpc_module.DRAPluginServicer, backend, observer, self._claims), self._dra
+            )
         self._stopping = threading.Event()
         self._inodes: dict[Path, int] = {}  # socket -> inode this instance bound
         versions: tuple[str, ...] = SUPPORTED_VERSIONS
@@ -289,6 +303,7 @@ class KubeletServer:
         self._registration.stop(grace=None)
         self._unlink_own(self.registration_socket)
         self._dra.stop(grace=timeout).wait(timeout + 1)
+        self._claims.shutdown(wait=False, cancel_futures=True)
         self._unlink_own(self.dra_socket)
 
     def _unlink_own(self, socket: Path) -> None:
