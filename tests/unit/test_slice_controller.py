@@ -637,7 +637,7 @@ def test_the_thread_retries_with_backoff_and_resets_it_after_a_success() -> None
     down = ClusterError("listing ResourceSlices: connection refused")
     # attempts 1 and 2 fail at the list; 3 lists and creates; 4 (cluster facts remembered) fails; 5 works
     kube.failures = [None, None, down, None, None, down, None, None, None, None, down]
-    slices.start()
+    slices.loop.start()  # no watch: every sync LISTs, where the failures are
     try:
         assert slices.synced.wait(5)
         deadline = time.monotonic() + 5
@@ -830,3 +830,42 @@ def test_a_closed_watch_ends_quietly() -> None:
     assert next(events)["type"] == "ADDED"
     watch.close()  # from another thread, in the plugin: the read it interrupts fails
     assert list(events) == [] and broken.shut and broken.closed
+
+
+def test_an_idle_pool_costs_no_request_once_the_watch_runs() -> None:
+    """Every resync reads the pool from the watch's picture: no LIST, no write, however many there are."""
+    kube = FakeKube()
+    slices, published = controller(kube, Model(MODELS["h100"]), resync_seconds=0.02)
+    slices.start()
+    try:
+        assert slices.synced.wait(5)
+        wait_until(lambda: "watch" in kube.watch_calls and kube.consumed == len(kube.events))
+        time.sleep(0.2)  # the echoes of the first writes reach the picture
+        calls, lists = len(kube.calls), kube.watch_calls.count("list")
+        time.sleep(1.0)  # 50 resync periods
+        assert kube.calls[calls:] == []
+        assert kube.watch_calls.count("list") == lists
+        # The picture follows someone else's change, and the sync that it wakes restores the slice.
+        victim = sorted(kube.slices)[0]
+        kube.edit(victim, retitle(victim))
+        wait_until(lambda: content(kube.slices[victim]) == slices.published[victim].stored)
+        assert "list" not in kube.calls[calls:]
+    finally:
+        slices.stop(5)
+    assert published.count("update") == 1
+
+
+def test_a_broken_watch_makes_the_next_sync_list() -> None:
+    kube = FakeKube()
+    slices, _ = controller(kube, Model(MODELS["h100"]), resync_seconds=0.05)
+    slices.start()
+    try:
+        assert slices.synced.wait(5)
+        wait_until(lambda: "watch" in kube.watch_calls and kube.consumed == len(kube.events))
+        kube.watch_failures = [ClusterError("watching ResourceSlices: HTTP 410 Gone")]
+        assert kube.opened is not None
+        kube.opened.close()  # the server ends the watch; the next one fails and starts from a LIST
+        wait_until(lambda: kube.watch_calls.count("list") >= 2)
+    finally:
+        slices.stop(5)
+    assert slices.watch_loop.failures == 1

@@ -3,6 +3,10 @@
 resource.k8s.io/v1 objects travel as plain JSON dicts (what the API server sends), read through
 CustomObjectsApi, so the pure modules (device model, slices, config resolution) work on the same shapes
 the tests build by hand. API failures become `ClusterError` with the HTTP status.
+
+The few core-group calls (server version, node, events) go through the client's generic request path,
+also as JSON dicts: an instance of the generated CoreV1Api costs the process about 20 MiB (its hundreds
+of validated methods), more than everything else the plugin holds.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import Any, cast
+from urllib.parse import quote
 
 import urllib3
 from kubernetes import client, config
@@ -139,6 +144,21 @@ def connect(kubeconfig: str | None) -> client.ApiClient:
         return client.ApiClient()
 
 
+def _decoded(what: str, body: bytes | str) -> Obj:
+    """A JSON object the API server sent, decoded here rather than by the client: any tenant can nest
+    a claim's opaque parameters thousands of levels deep, which Python's JSON decoder refuses with
+    RecursionError."""
+    try:
+        value = json.loads(body)
+    except RecursionError as err:
+        raise ClusterError(f"{what}: the object nests too deeply to decode") from err
+    except ValueError as err:
+        raise ClusterError(f"{what}: the API server sent no JSON object ({err})") from err
+    if not isinstance(value, dict):
+        raise ClusterError(f"{what}: the API server sent no JSON object")
+    return _obj(value)
+
+
 def _slice_selector(driver: str, node_name: str) -> str:
     return f"spec.driver={driver},spec.nodeName={node_name}"
 
@@ -186,7 +206,6 @@ class Kube:
     def __init__(self, api: client.ApiClient) -> None:
         self.api = api
         self._custom = client.CustomObjectsApi(api)
-        self._core = client.CoreV1Api(api)
         self._requests: collections.Counter[tuple[str, str]] = collections.Counter()
         self._requests_lock = threading.Lock()  # calls come from the gRPC workers and every loop
 
@@ -198,19 +217,39 @@ class Kube:
         with self._requests_lock:
             self._requests[(verb, resource)] += 1
 
+    def _request(
+        self, what: str, method: str, path: str, *, query: Obj | None = None, body: Obj | None = None
+    ) -> Obj:
+        """One call to `path` (under the API server's address) with JSON in and out, as the generated
+        APIs make it: the configured credentials, REQUEST_TIMEOUT, errors as `_api_errors` words them."""
+        headers = {"Accept": "application/json"} | ({"Content-Type": "application/json"} if body else {})
+        with _api_errors(what):
+            request = self.api.param_serialize(
+                method=method,
+                resource_path=path,
+                query_params=list((query or {}).items()),
+                header_params=headers,
+                body=body,
+                auth_settings=["BearerToken"],
+            )
+            response = self.api.call_api(*request, _request_timeout=REQUEST_TIMEOUT)
+            data = response.read()
+        if not 200 <= int(response.status) <= 299:
+            raise _http_error(what, response.status, response.reason)
+        return _decoded(what, data)
+
     def server_minor(self) -> int:
         self._count("get", "version")
-        with _api_errors("reading the server version"):
-            info = client.VersionApi(self.api).get_code(_request_timeout=REQUEST_TIMEOUT)
-        return int("".join(ch for ch in info.minor if ch.isdigit()))
+        info = self._request("reading the server version", "GET", "/version")
+        return int("".join(ch for ch in str(info.get("minor", "")) if ch.isdigit()))
 
     def node_uid(self, name: str) -> str:
         self._count("get", "nodes")
-        with _api_errors(f"reading node {name}"):
-            node = self._core.read_node(name, _request_timeout=REQUEST_TIMEOUT)
-        if node.metadata is None:
-            raise ClusterError(f"node {name} has no metadata")
-        return str(node.metadata.uid)
+        node = self._request(f"reading node {name}", "GET", f"/api/v1/nodes/{quote(name, safe='')}")
+        uid = (node.get("metadata") or {}).get("uid")
+        if not uid:
+            raise ClusterError(f"node {name} has no metadata.uid")
+        return str(uid)
 
     # --- ResourceSlices ------------------------------------------------------------------------
 
@@ -313,12 +352,7 @@ class Kube:
             body = response.data
         if not 200 <= int(response.status) <= 299:
             raise _http_error(what, int(response.status), response.reason)
-        try:
-            return _obj(json.loads(body))
-        except RecursionError as err:
-            raise ClusterError(f"{what}: the object nests too deeply to decode") from err
-        except ValueError as err:
-            raise ClusterError(f"{what}: the API server sent no JSON object ({err})") from err
+        return _decoded(what, body)
 
     # --- Events --------------------------------------------------------------------------------
 
@@ -333,20 +367,18 @@ class Kube:
             "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid},
             **event,
         }
-        with _api_errors(f"creating an Event on node {node_name}"):
-            # A dict body is sent as it is (the client serialises dicts unchanged); its stubs say model.
-            self._core.create_namespaced_event(
-                "default",
-                body,  # type: ignore[arg-type]
-                _request_timeout=REQUEST_TIMEOUT,
-            )
+        self._request(
+            f"creating an Event on node {node_name}", "POST", "/api/v1/namespaces/default/events", body=body
+        )
 
     def list_node_events(self, node_name: str) -> list[Obj]:
         """Events about a Node, as JSON dicts (for tools and tests)."""
         selector = f"involvedObject.kind=Node,involvedObject.name={node_name}"
         self._count("list", "events")
-        with _api_errors(f"listing Events of node {node_name}"):
-            result = self._core.list_namespaced_event(
-                "default", field_selector=selector, _request_timeout=REQUEST_TIMEOUT
-            )
-        return [_obj(self.api.sanitize_for_serialization(item)) for item in result.items]
+        result = self._request(
+            f"listing Events of node {node_name}",
+            "GET",
+            "/api/v1/namespaces/default/events",
+            query={"fieldSelector": selector},
+        )
+        return list(result.get("items") or [])

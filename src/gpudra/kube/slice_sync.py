@@ -5,7 +5,12 @@ never a mark gpudra leaves on the object: a mark survives someone else's edit of
 server fills in defaults and normalizes quantities, so what it stores is not what was sent; the
 controller therefore remembers, per slice, what it sent and the content the API server returned for
 that write (`Published`). A slice is unchanged when its content equals that stored form and what gpudra
-wants is still what it sent. An unchanged pool costs one LIST per resync and no writes.
+wants is still what it sent.
+
+What the pool holds now comes from the watch below, informer-style: a LIST when a watch starts from
+nothing, then its events. A sync reads that picture while it is current (the watch runs and has
+delivered the echo of every write gpudra made), else it LISTs. So an unchanged pool costs no request at
+all per resync, and a watch that broke costs one LIST.
 
 After a restart nothing is remembered. Each slice of ours that is not remembered (after a restart: every
 one; else one whose create timed out after it happened) is checked with a dry-run update to what gpudra
@@ -170,6 +175,10 @@ class SliceController:
         self._published: dict[str, Published] = {}
         self._writing = threading.Lock()  # a write and its record in _published, as one to the watch
         self._watch_from: str | None = None  # the resourceVersion the next watch resumes from
+        # The pool as the watch last saw it (None: unknown), and the writes whose echo it has not seen yet:
+        # (slice name, resourceVersion the write stored; None for a deletion). Both under _writing.
+        self._seen: dict[str, Obj] | None = None
+        self._echoes: set[tuple[str, str | None]] = set()
         self._watch: SliceWatch | None = None
         self._watch_guard = threading.Lock()  # _watch, against stop() closing it
         self.synced = threading.Event()  # set after the first successful sync
@@ -202,13 +211,16 @@ class SliceController:
                 node_uid=uid,
             )
 
-        existing, _ = self.kube.list_slices(driver=self.driver, node_name=self.node_name)
+        existing = self._seen_pool()
+        if existing is None:
+            existing, _ = self.kube.list_slices(driver=self.driver, node_name=self.node_name)
         self._adopt(build, existing)
         plan = plan_sync(build, existing, self.published)
         for name in plan.delete:
             with self._writing:
                 self._published.pop(name, None)
                 self.kube.delete_slice(name)
+                self._echoes.add((name, None))
             self.on_publish("delete")
         for piece in plan.update:
             self._write(piece, self.kube.replace_slice, "update")
@@ -246,8 +258,17 @@ class SliceController:
     def _write(self, piece: ResourceSlice, call: Callable[[Obj], Obj], operation: str) -> None:
         with self._writing:
             stored = call(dict(piece))
-            self._published[piece["metadata"]["name"]] = Published(content(piece), content(stored))
+            name = piece["metadata"]["name"]
+            self._published[name] = Published(content(piece), content(stored))
+            self._echoes.add((name, stored["metadata"].get("resourceVersion")))
         self.on_publish(operation)
+
+    def _seen_pool(self) -> list[Obj] | None:
+        """The pool's slices as the watch has them, while that is current; else None (LIST instead)."""
+        with self._writing:
+            if self._seen is None or self._echoes:
+                return None
+            return copy.deepcopy(list(self._seen.values()))
 
     def _adopt(self, build: Build, existing: Sequence[Obj]) -> None:
         """Remember each slice of ours that is not remembered (after a restart: every one; else one whose
@@ -282,6 +303,10 @@ class SliceController:
             # A LIST gives the version to watch from, and shows what changed while no watch ran: a
             # deletion then leaves nothing that a later watch could report.
             existing, self._watch_from = self.kube.list_slices(driver=self.driver, node_name=self.node_name)
+            with self._writing:
+                # Fresh from the API server: it holds every write made so far, echoed or not.
+                self._seen = {s["metadata"]["name"]: s for s in existing}
+                self._echoes.clear()
             if not self._matches(existing):
                 self.loop.wake()
             return 0.0
@@ -299,7 +324,7 @@ class SliceController:
             for event in watch:
                 kind, piece = event["type"], event["object"]
                 self._watch_from = piece["metadata"]["resourceVersion"]
-                if kind != "BOOKMARK" and not self._made_by_us(kind, piece):
+                if kind != "BOOKMARK" and not self._record(kind, piece):
                     log.info(
                         "ResourceSlice changed by someone else; syncing",
                         extra={"resourceslice": piece["metadata"].get("name"), "change": kind},
@@ -313,10 +338,22 @@ class SliceController:
     def _forget_watch_position(self, err: BaseException) -> None:
         """The version may be too old to resume from (HTTP 410), and events may have been missed."""
         self._watch_from = None
-
-    def _made_by_us(self, kind: str, piece: Obj) -> bool:
         with self._writing:
-            remembered = self._published.get(piece["metadata"]["name"])
+            self._seen = None
+
+    def _record(self, kind: str, piece: Obj) -> bool:
+        """Apply one watch event to the picture of the pool; whether gpudra made that change (the echo of
+        its own write, or the deletion of a slice it does not want)."""
+        name = piece["metadata"]["name"]
+        with self._writing:
+            if self._seen is not None:
+                if kind == "DELETED":
+                    self._seen.pop(name, None)
+                else:
+                    self._seen[name] = piece
+            version = None if kind == "DELETED" else piece["metadata"].get("resourceVersion")
+            self._echoes.discard((name, version))
+            remembered = self._published.get(name)
         if kind == "DELETED":
             return remembered is None
         return remembered is not None and content(piece) == remembered.stored
