@@ -7,7 +7,6 @@ GPUDRA_NODE_NAME), which is how the Helm chart sets them.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import signal
@@ -18,14 +17,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from gpudra import logs, manifest_files
+from gpudra import logs
 from gpudra.errors import ConfigError, GpudraError
-from gpudra.gpu import nvml
-from gpudra.model import devices, placement, slices
-from gpudra.model.inventory import Gpu, Inventory
-from gpudra.node import daemon as plugin
+
+# Each command imports what it needs when it runs: `gpudra kubelet-plugin` opens the kubelet's sockets
+# before the ~0.3 s of importing NVML, the API client and the models (see gpudra.node.daemon).
 
 DRIVER = "gpu.gpudra.io"
 NEWEST_MINOR = 36
@@ -112,102 +108,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
-# --- inventory -----------------------------------------------------------------------------------
+# --- inventory ---------------------------------------------------------------------------------
 
 
 def _inventory(args: argparse.Namespace) -> int:
-    with nvml.connect(args.nvml) as session:
-        inventory = session.inventory()
-    model = devices.build_devices(inventory, mig_mode=args.mig_mode)
-    built = slices.build_slices(
-        model, driver=args.driver_name, node_name=args.node_name, generation=1, server_minor=args.server_minor
+    from gpudra import inventory_view  # noqa: PLC0415 (see the imports above)
+
+    return inventory_view.show(
+        nvml_name=args.nvml,
+        mig_mode=args.mig_mode,
+        driver=args.driver_name,
+        node_name=args.node_name,
+        server_minor=args.server_minor,
+        output=args.output,
     )
-    problems = slices.validate_slices(built, server_minor=args.server_minor)
-    if args.output == "table":
-        print(_table(inventory, model))
-    else:
-        listing = {"apiVersion": "v1", "kind": "List", "items": built}
-        print(
-            json.dumps(listing, indent=2)
-            if args.output == "json"
-            else yaml.safe_dump(listing, sort_keys=False)
-        )
-    for problem in problems:
-        print(f"invalid slice: {problem}", file=sys.stderr)
-    return 1 if problems else 0
-
-
-def _table(inventory: Inventory, model: devices.DeviceModel) -> str:
-    lines = [
-        f"driver {inventory.driver_version}, CUDA {inventory.cuda_driver_version}, "
-        f"{len(inventory.gpus)} GPUs",
-        "",
-    ]
-    header = (
-        "DEVICE",
-        "PRODUCT",
-        "MEMORY",
-        "PCI BUS ID",
-        "NUMA",
-        "NVLINK",
-        "MIG",
-        "SHARED",
-        "LARGEST PLACEABLE",
-    )
-    # the shared device of each GPU that has one (several claims each get a share of it)
-    shared = {devices.gpu_uuid_of(d): d["name"] for d in model.devices if d.get("allowMultipleAllocations")}
-    rows = [header] + [
-        _gpu_row(gpu, shared.get(gpu.uuid)) for gpu in sorted(inventory.gpus, key=lambda g: g.minor)
-    ]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
-    partitions: dict[str, dict[str, list[str]]] = {}
-    for device in model.devices:
-        attrs = device["attributes"]
-        if attrs["type"].get("string") == "mig":
-            parent = f"gpu-{attrs['parentMinor'].get('int')}"
-            profile, where = devices.partition_of(device)
-            partitions.setdefault(parent, {}).setdefault(profile, []).append(str(where.start))
-    if partitions:
-        lines += ["", "MIG partitions (profile x count @ placement starts):"]
-        for parent, profiles in partitions.items():
-            # starts in numeric order, not the published (packing) order, so that the table reads like NVML's
-            summary = ", ".join(f"{p} x{len(s)} @{','.join(sorted(s, key=int))}" for p, s in profiles.items())
-            lines.append(f"  {parent}: {summary}")
-    lines += [
-        "",
-        f"{len(model.devices)} devices ({len(shared)} shared), {len(model.counter_sets)} counter sets",
-    ]
-    return "\n".join(lines)
-
-
-def _gpu_row(gpu: Gpu, shared: str | None) -> tuple[str, ...]:
-    mig = "enabled" if gpu.mig_enabled else ("capable" if gpu.mig_capable else "-")
-    return (
-        f"gpu-{gpu.minor}",
-        gpu.name,
-        f"{gpu.memory_bytes / 1024**3:.0f} GiB",
-        gpu.pci_bus_id,
-        "-" if gpu.numa_node is None else str(gpu.numa_node),
-        gpu.nvlink_domain or "-",
-        mig,
-        shared or "-",
-        _largest_placeable(gpu),
-    )
-
-
-def _largest_placeable(gpu: Gpu) -> str:
-    """The largest MIG profile one more GPU instance could have beside those that exist now."""
-    if not gpu.mig_profiles:
-        return "-"
-    largest = placement.largest_placeable(gpu, placement.existing_instances(gpu))
-    return "none" if largest is None else largest.name
 
 
 # --- validate ------------------------------------------------------------------------------------
 
 
 def _validate(args: argparse.Namespace) -> int:
+    from gpudra import manifest_files  # noqa: PLC0415 (see the imports above)
+
     problems = manifest_files.validate_files(args.files, driver=args.driver_name)
     for problem in problems:
         print(problem)
@@ -223,8 +145,11 @@ def _kubelet_plugin(args: argparse.Namespace) -> int:
     if not args.node_name:
         print("gpudra kubelet-plugin: --node-name (or GPUDRA_NODE_NAME) is required", file=sys.stderr)
         return 2
+    from gpudra.node import daemon  # noqa: PLC0415 (see the imports above)
+    from gpudra.node.options import Options  # noqa: PLC0415
+
     plugin_dir = Path(args.plugin_dir or f"/var/lib/kubelet/plugins/{args.driver_name}")
-    options = plugin.Options(
+    options = Options(
         node_name=args.node_name,
         driver=args.driver_name,
         nvml=args.nvml,
@@ -244,7 +169,7 @@ def _kubelet_plugin(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    plugin.run(options, stop=stop)
+    daemon.run(options, stop=stop)
     return 0
 
 

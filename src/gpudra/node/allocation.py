@@ -11,12 +11,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from gpudra.api import GpuConfig, MigDeviceConfig
-from gpudra.model.inventory import Gpu
-from gpudra.node import cdi
-from gpudra.node import checkpoint as ckpt
+if TYPE_CHECKING:  # types only: the kubelet's gRPC server imports ClaimRef before anything heavy loads
+    from gpudra.api import GpuConfig, MigDeviceConfig
+    from gpudra.model.inventory import Gpu
+    from gpudra.node import cdi
+    from gpudra.node import checkpoint as ckpt
 
 DeviceType = Literal["gpu", "mig"]
 

@@ -1,202 +1,36 @@
-"""Runs the kubelet plugin: discovery, slices, claim reads, prepare state, device health, the kubelet's gRPC.
-I/O: everything the plugin touches, wired here and nowhere else.
+"""Runs the kubelet plugin: opens the kubelet's sockets, then loads and wires everything else.
+I/O: the two sockets, through `kubelet_grpc`.
 
-Start-up order matters: settle the checkpoint first (a crash may have left a prepare half done), then
-start the health monitor, publish slices and open the sockets, registration socket last, so the kubelet
-calls a ready plugin. Every background part is a `service.Service` started by `service.running`:
-a part that fails to start stops the ones already started. Stop (SIGTERM) is the reverse order:
-health streams end, no new calls, calls in flight finish, then the loops stop.
+The sockets open within a fraction of a second of the process start, before the imports of NVML, the
+API client, pydantic models and metrics (about 0.3 s) and before the checkpoint is settled, so the
+kubelet registers the plugin at once. Calls that arrive meanwhile wait (see `kubelet_grpc`); nothing
+is answered from a state that is not loaded, and /readyz says what is not ready yet.
 """
 
 from __future__ import annotations
 
-import logging
 import threading
-from dataclasses import dataclass
-from pathlib import Path
 
-from gpudra import service, sim
-from gpudra.gpu import nvml
-from gpudra.gpu.tools import GpuTools
-from gpudra.kube import client as kube
-from gpudra.kube.claims import ClaimReader
-from gpudra.kube.events import NodeEvents
-from gpudra.kube.slice_sync import SliceController
-from gpudra.model import devices
-from gpudra.model.devices import MigMode
-from gpudra.node import cdi, checkpoint
-from gpudra.node.endpoint import Check, HttpEndpoint, Probe, writable_directory
-from gpudra.node.health import HealthMonitor
-from gpudra.node.kubelet_grpc import KubeletServer, Observer
-from gpudra.node.metrics import PluginMetrics
-from gpudra.node.mig import MigPartitions
-from gpudra.node.prepare import DeviceState, Recovery
-from gpudra.node.sharing import GpuSharing
+from gpudra.node.kubelet_grpc import KubeletServer
+from gpudra.node.options import Options
 
-log = logging.getLogger(__name__)
 # Each service's share of shutdown: calls in flight finish, threads end.
 STOP_TIMEOUT_SECONDS = 5.0
-# How often a refused checkpoint is read again, so the plugin serves within seconds of the operator's fix.
-CHECKPOINT_RETRY_SECONDS = 10.0
-# Nothing to do for the checkpoint loop once the checkpoint is in use; wake() is not needed either.
-IDLE_SECONDS = 3600.0
-
-
-@dataclass(frozen=True)
-class Options:
-    node_name: str
-    driver: str
-    nvml: str
-    mig_mode: MigMode
-    kubeconfig: str | None
-    registry_dir: Path
-    plugin_dir: Path
-    cdi_root: Path
-    state_dir: Path
-    toolkit_cdi_dirs: tuple[Path, ...]
-    metrics_port: int
-    metrics_address: str
-    resync_seconds: float
-    health_interval_seconds: float  # 0: no health service
-
-
-def _tools(options: Options) -> GpuTools:
-    if not options.nvml.startswith("sim:"):
-        return GpuTools()
-    state_file = nvml.sim_state_file(options.nvml)
-    return GpuTools.with_directory_first(
-        sim.write_tools(options.state_dir / "sim-tools", state_file=state_file)
-    )
 
 
 def run(options: Options, *, stop: threading.Event) -> None:
     options.state_dir.mkdir(parents=True, exist_ok=True)
-    # One NVML session for the plugin's life: MIG prepare uses it from the gRPC threads (NVML is
-    # thread-safe; opening it per call costs an init and handle lookups each time).
-    with nvml.connect(options.nvml) as session:
-        _run(options, session, stop=stop)
-
-
-def _run(options: Options, session: nvml.Nvml, *, stop: threading.Event) -> None:
-    inventory = session.inventory()
-    model = devices.build_devices(inventory, mig_mode=options.mig_mode)
-    log.info("discovered GPUs", extra={"gpus": len(inventory.gpus), "devices": len(model.devices)})
-
-    client = kube.Kube(kube.connect(options.kubeconfig))
-    events = NodeEvents(client, node_name=options.node_name)
-    metrics = PluginMetrics()
-    claims = ClaimReader(client)
-    state = DeviceState(
-        driver=options.driver,
-        node_name=options.node_name,
-        inventory=inventory,
-        devices={d["name"]: d for d in model.devices},
-        claims=claims,
-        sharing=GpuSharing(_tools(options), mps_root=options.state_dir / "mps"),
-        mig=MigPartitions(session, gpus={gpu.uuid: gpu for gpu in inventory.gpus}),
-        cdi_root=options.cdi_root,
-        checkpoint_path=options.state_dir / "checkpoint.json",
-        boot_id=checkpoint.current_boot_id(),
-        toolkit=cdi.ToolkitSpecs(options.toolkit_cdi_dirs),
-    )
-    _report_recovery(state.recover(), events, metrics)
-    retry_checkpoint = service.Loop("checkpoint", lambda: _retry_recovery(state, events, metrics))
-    metrics.track_prepared(lambda: _counts(state))
-    metrics.track_checkpoint(lambda: state.refusal)
-    metrics.track_mig_room(state.mig_room)
-    slices = SliceController(
-        client,
-        driver=options.driver,
-        node_name=options.node_name,
-        # Unhealthy GPUs are published tainted; `health` is bound below, before anything starts.
-        model=lambda: devices.with_health_taints(model, health.unhealthy_gpus() if health else {}),
-        resync_seconds=options.resync_seconds,
-        on_publish=lambda op: metrics.slice_writes.labels(op).inc(),
-    )
-    health = None
-    if options.health_interval_seconds:
-        health = HealthMonitor(
-            pool=options.node_name,
-            devices=model.devices,
-            open_nvml=lambda: nvml.connect(options.nvml),
-            interval=options.health_interval_seconds,
-            on_change=slices.trigger,
-            partitions=state.prepared_partitions,
-        )
     server = KubeletServer(
         driver=options.driver,
-        backend=state,
         registry_dir=options.registry_dir,
         plugin_dir=options.plugin_dir,
-        observer=Observer(prepared=metrics.observe_prepare, unprepared=metrics.observe_unprepare),
-        health=health,
+        health_service=options.health_interval_seconds > 0,
     )
-    metrics.track_claim_reads(lambda: claims.gets)
-    metrics.track_api_requests(client.request_counts)
-    loops = [*slices.loops, events.loop, retry_checkpoint] + ([health.loop] if health is not None else [])
-    metrics.track_loops(loops)
-    services: list[service.Service] = []
-    if options.metrics_port:
-        services.append(
-            HttpEndpoint(
-                metrics.registry,
-                address=options.metrics_address,
-                port=options.metrics_port,
-                liveness=[Check(f"loop-{loop.name}", _not_ended(loop)) for loop in loops],
-                readiness=[
-                    Check("checkpoint", lambda: state.refusal),
-                    Check("kubelet-registration", server.registration_problem),
-                    Check("resourceslices", lambda: None if slices.synced.is_set() else "not published yet"),
-                    Check("cdi-root", writable_directory(options.cdi_root)),
-                    Check("state-dir", writable_directory(options.state_dir)),
-                ],
-            )
-        )
-    services += [events, retry_checkpoint]
-    if health is not None:
-        services.append(health)
-    # The kubelet's sockets last: it calls a plugin whose slices are already being published.
-    services += [slices, server]
-    with service.running(services, stop_timeout=STOP_TIMEOUT_SECONDS):
-        stop.wait()
-        log.info("stopping")
+    server.start()
+    try:
+        # Imported only now, with the sockets open: this import is most of the start-up time.
+        from gpudra.node import wiring  # noqa: PLC0415
 
-
-def _counts(state: DeviceState) -> tuple[int, int]:
-    prepared = state.prepared_claims()
-    return len(prepared), sum(len(entry.devices) for entry in prepared.values())
-
-
-def _report_recovery(recovery: Recovery, events: NodeEvents, metrics: PluginMetrics) -> None:
-    """Tell the operator (log, Node event, metric) what recovering the checkpoint found."""
-    if recovery.refused is not None:
-        log.error("checkpoint cannot be used; refusing every claim", extra={"error": recovery.refused})
-        events.post(
-            "Warning", "CheckpointRefused", f"gpudra refuses every claim on this node: {recovery.refused}"
-        )
-    elif recovery.damage is not None:
-        metrics.checkpoint_rebuilds.inc()
-        events.post(
-            "Warning",
-            "CheckpointRebuilt",
-            f"gpudra's checkpoint was damaged ({recovery.damage}); a copy is at {recovery.copied_to} "
-            f"and {recovery.rebuilt} prepared claim(s) were rebuilt from their CDI specs",
-        )
-
-
-def _retry_recovery(state: DeviceState, events: NodeEvents, metrics: PluginMetrics) -> float:
-    """While the checkpoint is refused, read it again now and then: the operator's fix (moving a
-    newer gpudra's file away, fixing a mount or permissions) takes effect without a restart."""
-    if state.refusal is None:
-        return IDLE_SECONDS
-    recovery = state.recover()
-    if recovery.refused is not None:
-        return CHECKPOINT_RETRY_SECONDS
-    _report_recovery(recovery, events, metrics)
-    log.info("checkpoint usable again; serving claims")
-    events.post("Normal", "CheckpointRecovered", "gpudra's checkpoint is usable again; claims are served")
-    return IDLE_SECONDS
-
-
-def _not_ended(loop: service.Loop) -> Probe:
-    return lambda: "its thread ended" if loop.ended else None
+        wiring.run(options, server, stop=stop)
+    finally:
+        server.stop(STOP_TIMEOUT_SECONDS)  # already stopped after a clean stop; at once after a failure

@@ -4,8 +4,13 @@ I/O: two unix sockets (the only module that imports grpc).
 The registration socket goes in the kubelet's plugins_registry directory; the kubelet's plugin watcher
 finds it, calls GetInfo, and connects to the DRA socket in the plugin directory. Stale sockets from a
 previous run are removed at start, and on stop each socket is removed only while it is still the one
-this instance bound (a newer instance of a rolling update may have replaced it). The registration
-socket is opened last, so the kubelet never calls a plugin that cannot serve yet.
+this instance bound (a newer instance of a rolling update may have replaced it).
+
+The sockets open first, before the plugin has loaded its device state (`serve()` hands that over), so
+the kubelet registers the plugin within a fraction of a second of its start instead of after every
+import, NVML and the checkpoint. Nothing is promised early: a DRA call that arrives before `serve()`
+waits for it (up to STARTUP_WAIT_SECONDS, then each claim fails with "starting" and the kubelet retries),
+and so does a health stream. The readiness probe reports the parts that are not ready yet.
 
 One claim's failure is that claim's error in the response; the others in the same call proceed. The
 claims of one call are prepared (and unprepared) concurrently: a pod with several claims waits for the
@@ -27,7 +32,7 @@ from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 
@@ -42,9 +47,11 @@ from gpudra._proto import (
     pluginregistration_v1_pb2_grpc,
 )
 from gpudra.errors import ConfigError, GpudraError
-from gpudra.node import checkpoint as ckpt
 from gpudra.node.allocation import ClaimRef
-from gpudra.node.health import Health, Snapshot
+
+if TYPE_CHECKING:  # types only: this module opens the sockets before the rest of the plugin loads
+    from gpudra.node import checkpoint as ckpt
+    from gpudra.node.health import Snapshot
 
 log = logging.getLogger(__name__)
 SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
@@ -52,10 +59,13 @@ HEALTH_SERVICE = "v1alpha1.DRAResourceHealth"
 
 # How often an idle health stream looks whether the kubelet went away or the server is stopping.
 _STREAM_CHECK_SECONDS = 0.25
+# How long a DRA call that arrives before serve() waits for it; the kubelet's own timeout is longer.
+STARTUP_WAIT_SECONDS = 30.0
+# By gpudra.node.health.Health value (a StrEnum: its members are these strings).
 _HEALTH_STATUS = {
-    Health.HEALTHY: dra_health_v1alpha1_pb2.HEALTHY,
-    Health.UNHEALTHY: dra_health_v1alpha1_pb2.UNHEALTHY,
-    Health.UNKNOWN: dra_health_v1alpha1_pb2.UNKNOWN,
+    "Healthy": dra_health_v1alpha1_pb2.HEALTHY,
+    "Unhealthy": dra_health_v1alpha1_pb2.UNHEALTHY,
+    "Unknown": dra_health_v1alpha1_pb2.UNKNOWN,
 }
 
 
@@ -92,15 +102,42 @@ def _claim_ref(claim: Any) -> ClaimRef:
     return ClaimRef(uid=claim.uid, namespace=claim.namespace, name=claim.name)
 
 
-def _servicer(
-    pb: ModuleType, base: type, backend: PrepareBackend, observer: Observer, claims: futures.Executor
-) -> Any:
+class _Parts:
+    """What the servicers call, once `KubeletServer.serve` has it: the backend, the observer, the health
+    source. `wait` holds a call that comes earlier."""
+
+    def __init__(self, stopping: threading.Event) -> None:
+        self.ready = threading.Event()
+        self.stopping = stopping
+        self.backend: PrepareBackend | None = None
+        self.observer = Observer()
+        self.health: HealthSource | None = None
+
+    def set(self, backend: PrepareBackend, observer: Observer | None, health: HealthSource | None) -> None:
+        self.backend, self.health = backend, health
+        self.observer = observer or Observer()
+        self.ready.set()
+
+    def wait(self, context: Any) -> PrepareBackend:
+        """The backend, waiting for it while the call's deadline and STARTUP_WAIT_SECONDS allow."""
+        remaining = context.time_remaining() if context is not None else None
+        limit = (
+            STARTUP_WAIT_SECONDS if remaining is None else min(STARTUP_WAIT_SECONDS, max(remaining - 1, 0))
+        )
+        if not self.ready.wait(limit) or self.backend is None:
+            raise GpudraError(
+                "gpudra is starting: its device state is not loaded yet (the kubelet retries this claim)"
+            )
+        return self.backend
+
+
+def _servicer(pb: ModuleType, base: type, parts: _Parts, claims: futures.Executor) -> Any:
     """A DRAPlugin servicer for one API version; v1 and v1beta1 differ only in their modules. Each claim
     of a call runs on `claims`."""
 
     has_share_id = "share_id" in pb.Device.DESCRIPTOR.fields_by_name
 
-    def prepare(claim: Any, result: Any) -> None:
+    def prepare(claim: Any, result: Any, backend: PrepareBackend) -> None:
         started, outcome = time.monotonic(), "ok"
         try:
             for device in backend.prepare(_claim_ref(claim)):
@@ -118,9 +155,9 @@ def _servicer(
             result.Clear()
             result.error = _message(err)
             _log_failure("prepare", claim, err)
-        observer.prepared(outcome, time.monotonic() - started)
+        parts.observer.prepared(outcome, time.monotonic() - started)
 
-    def unprepare(claim: Any, result: Any) -> None:
+    def unprepare(claim: Any, result: Any, backend: PrepareBackend) -> None:
         started, outcome = time.monotonic(), "ok"
         try:
             backend.unprepare(_claim_ref(claim))
@@ -128,25 +165,34 @@ def _servicer(
             outcome = _error_reason(err)
             result.error = _message(err)
             _log_failure("unprepare", claim, err)
-        observer.unprepared(outcome, time.monotonic() - started)
+        parts.observer.unprepared(outcome, time.monotonic() - started)
 
-    def each(step: Callable[[Any, Any], None], request: Any, response: Any) -> Any:
+    def each(
+        step: Callable[[Any, Any, PrepareBackend], None], request: Any, response: Any, context: Any
+    ) -> Any:
         # One result message per claim, made here: protobuf messages are not safe to add to from
         # several threads, but each thread then fills only its own.
         work = [(claim, response.claims[claim.uid]) for claim in _distinct(request.claims)]
+        try:
+            backend = parts.wait(context)
+        except GpudraError as err:
+            for claim, result in work:
+                result.error = str(err)
+                _log_failure("prepare or unprepare", claim, err)
+            return response
         if len(work) == 1:  # the usual call: no hand-over to another thread
-            step(*work[0])
+            step(*work[0], backend)
         else:
-            for done in [claims.submit(step, claim, result) for claim, result in work]:
+            for done in [claims.submit(step, claim, result, backend) for claim, result in work]:
                 done.result()
         return response
 
     class Servicer(base):  # type: ignore[misc]
         def NodePrepareResources(self, request: Any, context: Any) -> Any:
-            return each(prepare, request, pb.NodePrepareResourcesResponse())
+            return each(prepare, request, pb.NodePrepareResourcesResponse(), context)
 
         def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
-            return each(unprepare, request, pb.NodeUnprepareResourcesResponse())
+            return each(unprepare, request, pb.NodeUnprepareResourcesResponse(), context)
 
     return Servicer()
 
@@ -194,19 +240,22 @@ def _health_response(snapshot: Snapshot, *, timeout_seconds: int) -> Any:
 
 
 class _HealthServicer(dra_health_v1alpha1_pb2_grpc.DRAResourceHealthServicer):  # type: ignore[misc]
-    def __init__(self, source: HealthSource, stopping: threading.Event) -> None:
-        self.source = source
-        self.stopping = stopping
+    def __init__(self, parts: _Parts) -> None:
+        self.parts = parts
 
     def NodeWatchResources(self, request: Any, context: Any) -> Iterator[Any]:
         log.info("the kubelet watches device health")
         seen = 0
         try:
-            while context.is_active() and not self.stopping.is_set():
-                snapshot = self.source.wait(after=seen, timeout=_STREAM_CHECK_SECONDS)
+            while context.is_active() and not self.parts.stopping.is_set():
+                source = self.parts.health
+                if source is None:  # not served yet: the stream opens, its first message waits
+                    self.parts.ready.wait(_STREAM_CHECK_SECONDS)
+                    continue
+                snapshot = source.wait(after=seen, timeout=_STREAM_CHECK_SECONDS)
                 if snapshot is not None:
                     seen = snapshot.generation
-                    yield _health_response(snapshot, timeout_seconds=self.source.timeout_seconds)
+                    yield _health_response(snapshot, timeout_seconds=source.timeout_seconds)
         finally:
             # also when gRPC drops the generator at a yield because the kubelet went away
             log.info("device health stream ended")
@@ -239,43 +288,60 @@ class _Registration(pluginregistration_v1_pb2_grpc.RegistrationServicer):  # typ
 
 
 class KubeletServer:
-    """The two gRPC servers the kubelet talks to; device health only when given a `health` source."""
+    """The two gRPC servers the kubelet talks to. The backend (and observer, and health source) come with
+    the constructor or later through `serve()`; device health is offered when a `health` source is given
+    or `health_service` says one will be."""
 
     def __init__(
         self,
         *,
         driver: str,
-        backend: PrepareBackend,
         registry_dir: Path,
         plugin_dir: Path,
+        backend: PrepareBackend | None = None,
         observer: Observer | None = None,
         health: HealthSource | None = None,
+        health_service: bool | None = None,
         workers: int = 16,
     ) -> None:
         self.driver = driver
         self.dra_socket = plugin_dir.absolute() / "dra.sock"
         self.registration_socket = registry_dir.absolute() / f"{driver}-reg.sock"
-        observer = observer or Observer()
+        self._stopping = threading.Event()
+        self._parts = _Parts(self._stopping)
+        if backend is not None:
+            self._parts.set(backend, observer, health)
         self._dra = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dra"))
         # The claims of calls with several: a pool apart from the gRPC workers, which wait on it.
         self._claims = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="claim")
         for pb, grpc_module in ((dra_v1_pb2, dra_v1_pb2_grpc), (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc)):
             grpc_module.add_DRAPluginServicer_to_server(
-                _servicer(pb, grpc_module.DRAPluginServicer, backend, observer, self._claims), self._dra
+                _servicer(pb, grpc_module.DRAPluginServicer, self._parts, self._claims), self._dra
             )
-        self._stopping = threading.Event()
         self._inodes: dict[Path, int] = {}  # socket -> inode this instance bound
+        self._started = False
         versions: tuple[str, ...] = SUPPORTED_VERSIONS
-        if health is not None:
+        if health is not None if health_service is None else health_service:
             dra_health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
-                _HealthServicer(health, self._stopping), self._dra
+                _HealthServicer(self._parts), self._dra
             )
             versions += (HEALTH_SERVICE,)
         self._registration = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="reg"))
         self._registrar = _Registration(driver, self.dra_socket, versions)
         pluginregistration_v1_pb2_grpc.add_RegistrationServicer_to_server(self._registrar, self._registration)
 
+    def serve(
+        self, backend: PrepareBackend, *, observer: Observer | None = None, health: HealthSource | None = None
+    ) -> None:
+        """Answer the DRA calls (and health streams) from now on, calls that are waiting included."""
+        self._parts.set(backend, observer, health)
+
+    def serving(self) -> str | None:
+        """None once `serve()` handed over the backend; else why calls wait (for the readiness probe)."""
+        return None if self._parts.ready.is_set() else "the device state is not loaded yet"
+
     def start(self) -> None:
+        self._started = True
         for server, socket in ((self._dra, self.dra_socket), (self._registration, self.registration_socket)):
             socket.parent.mkdir(parents=True, exist_ok=True)
             # Bound under a hidden name (the kubelet's plugin watcher skips dot files), then renamed
@@ -298,7 +364,10 @@ class KubeletServer:
 
     def stop(self, timeout: float = 5.0) -> None:
         """End health streams, stop accepting calls, let those in flight finish (up to `timeout`
-        seconds), remove the sockets."""
+        seconds), remove the sockets. Idempotent."""
+        if not self._started:
+            return
+        self._started = False
         self._stopping.set()
         self._registration.stop(grace=None)
         self._unlink_own(self.registration_socket)

@@ -1,0 +1,104 @@
+"""`gpudra inventory`: the node's GPUs as a table, or the ResourceSlices it would publish.
+I/O: NVML (through gpudra.gpu.nvml) and stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import yaml
+
+from gpudra.gpu import nvml
+from gpudra.model import devices, placement, slices
+from gpudra.model.devices import MigMode
+from gpudra.model.inventory import Gpu, Inventory
+
+
+def show(
+    *, nvml_name: str, mig_mode: MigMode, driver: str, node_name: str, server_minor: int, output: str
+) -> int:
+    """Print the node's GPUs (`output` table) or the ResourceSlices it would publish (json, yaml);
+    the exit code: 1 when a slice would be refused."""
+    with nvml.connect(nvml_name) as session:
+        inventory = session.inventory()
+    model = devices.build_devices(inventory, mig_mode=mig_mode)
+    built = slices.build_slices(
+        model, driver=driver, node_name=node_name, generation=1, server_minor=server_minor
+    )
+    problems = slices.validate_slices(built, server_minor=server_minor)
+    if output == "table":
+        print(_table(inventory, model))
+    else:
+        listing = {"apiVersion": "v1", "kind": "List", "items": built}
+        print(json.dumps(listing, indent=2) if output == "json" else yaml.safe_dump(listing, sort_keys=False))
+    for problem in problems:
+        print(f"invalid slice: {problem}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def _table(inventory: Inventory, model: devices.DeviceModel) -> str:
+    lines = [
+        f"driver {inventory.driver_version}, CUDA {inventory.cuda_driver_version}, "
+        f"{len(inventory.gpus)} GPUs",
+        "",
+    ]
+    header = (
+        "DEVICE",
+        "PRODUCT",
+        "MEMORY",
+        "PCI BUS ID",
+        "NUMA",
+        "NVLINK",
+        "MIG",
+        "SHARED",
+        "LARGEST PLACEABLE",
+    )
+    # the shared device of each GPU that has one (several claims each get a share of it)
+    shared = {devices.gpu_uuid_of(d): d["name"] for d in model.devices if d.get("allowMultipleAllocations")}
+    rows = [header] + [
+        _gpu_row(gpu, shared.get(gpu.uuid)) for gpu in sorted(inventory.gpus, key=lambda g: g.minor)
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    partitions: dict[str, dict[str, list[str]]] = {}
+    for device in model.devices:
+        attrs = device["attributes"]
+        if attrs["type"].get("string") == "mig":
+            parent = f"gpu-{attrs['parentMinor'].get('int')}"
+            profile, where = devices.partition_of(device)
+            partitions.setdefault(parent, {}).setdefault(profile, []).append(str(where.start))
+    if partitions:
+        lines += ["", "MIG partitions (profile x count @ placement starts):"]
+        for parent, profiles in partitions.items():
+            # starts in numeric order, not the published (packing) order, so that the table reads like NVML's
+            summary = ", ".join(f"{p} x{len(s)} @{','.join(sorted(s, key=int))}" for p, s in profiles.items())
+            lines.append(f"  {parent}: {summary}")
+    lines += [
+        "",
+        f"{len(model.devices)} devices ({len(shared)} shared), {len(model.counter_sets)} counter sets",
+    ]
+    return "\n".join(lines)
+
+
+def _gpu_row(gpu: Gpu, shared: str | None) -> tuple[str, ...]:
+    mig = "enabled" if gpu.mig_enabled else ("capable" if gpu.mig_capable else "-")
+    return (
+        f"gpu-{gpu.minor}",
+        gpu.name,
+        f"{gpu.memory_bytes / 1024**3:.0f} GiB",
+        gpu.pci_bus_id,
+        "-" if gpu.numa_node is None else str(gpu.numa_node),
+        gpu.nvlink_domain or "-",
+        mig,
+        shared or "-",
+        _largest_placeable(gpu),
+    )
+
+
+def _largest_placeable(gpu: Gpu) -> str:
+    """The largest MIG profile one more GPU instance could have beside those that exist now."""
+    if not gpu.mig_profiles:
+        return "-"
+    largest = placement.largest_placeable(gpu, placement.existing_instances(gpu))
+    return "none" if largest is None else largest.name
