@@ -38,7 +38,7 @@ class PluginProcess:
     def checkpoint(self) -> Path:
         return self.state_dir / "checkpoint.json"
 
-    def start(self, *, crash_at: str | None = None, metrics_port: int = 0, resync_seconds: int = 5) -> None:
+    def start(self, *, crash_at: str | None = None, metrics_port: int = 0, resync_seconds: float = 5) -> None:
         env = {**os.environ, "GPUDRA_SIM_STATE": str(self.sim_state)}
         env.pop("GPUDRA_CRASH_AT", None)
         if crash_at:

@@ -664,9 +664,14 @@ def test_a_claim_that_changes_no_gpu_survives_a_crash_at_any_step(h100: Node, st
         assert h100.spec_path(uid(1)).exists()
     elif step in ("unprepare-started", "unprepare-undone", "unprepare-mig-destroyed"):
         assert restarted.prepared_claims()[uid(1)].state == "PrepareCompleted"  # not begun: the retry does it
+        assert h100.spec_path(uid(1)).exists()
+    elif step == "unprepare-cdi-deleted":  # the spec is gone, the entry (holding the GPU) not yet
+        assert restarted.prepared_claims()[uid(1)].state == "PrepareCompleted"
+        assert not h100.spec_path(uid(1)).exists()
     else:
         h100.assert_nothing_left(uid(1))
-    restarted.prepare(claim)
+    restarted.prepare(claim)  # a repeated prepare of an entry whose spec is gone writes it again
+    assert h100.spec_path(uid(1)).exists()
     restarted.unprepare(claim)
     h100.assert_nothing_left(uid(1))
 

@@ -298,7 +298,12 @@ class DeviceState:
         self._usable()
         done = self._checkpoint.claims.get(ref.uid)
         # An entry rebuilt from a CDI spec has no request names: prepare it again from the claim.
-        if done is not None and done.state == "PrepareCompleted" and _complete(done):
+        if (
+            done is not None
+            and done.state == "PrepareCompleted"
+            and _complete(done)
+            and not self._spec_lost(done)
+        ):
             return done.devices
         claim = self.claims.get(namespace=ref.namespace, name=ref.name, uid=ref.uid)
         allocated = self.allocated_devices(claim, ref)
@@ -308,7 +313,7 @@ class DeviceState:
         keys += [f"GPU:{a.gpu.uuid}" for a in allocated if not a.admin_access]
         with self._locked(keys):
             done = self._checkpoint.claims.get(ref.uid)
-            if done is not None and done.state == "PrepareCompleted":
+            if done is not None and done.state == "PrepareCompleted" and not self._spec_lost(done):
                 if _complete(done):
                     return done.devices
                 return self._complete_rebuilt(ref, done, allocated)
@@ -489,15 +494,16 @@ class DeviceState:
     def _teardown(self, entry: ckpt.ClaimEntry) -> None:
         """Unprepare `entry` from whatever step it reached; safe to repeat after a crash."""
         if not _changes_gpus(entry):
-            # Nothing on the GPU to undo: forget the claim, then delete its spec. A crash in between
-            # leaves a spec no entry names, which recover() (and a retried unprepare) deletes.
+            # Nothing on the GPU to undo: delete the spec, then forget the claim, one save. The claim
+            # holds its devices until its spec is gone; a crash in between leaves an entry whose spec
+            # is missing, which the kubelet's retry (or a repeated prepare, see `_spec_lost`) settles.
             faults.reached("unprepare-started")
             faults.reached("unprepare-undone")
             faults.reached("unprepare-mig-destroyed")
-            with self._checkpoint_lock:
-                self._commit(self._checkpoint.without_claim(entry.uid))
             cdi.delete_spec(self.cdi_root, driver=self.driver, claim_uid=entry.uid)
             faults.reached("unprepare-cdi-deleted")
+            with self._checkpoint_lock:
+                self._commit(self._checkpoint.without_claim(entry.uid))
             return
         if entry.state != "UnprepareStarted":
             try:
@@ -713,6 +719,15 @@ class DeviceState:
     def _owned_mig_uuids(self) -> set[str]:
         """The MIG devices the checkpoint says gpudra created (and may therefore destroy)."""
         return {live.uuid for _, _, live in self._created()}
+
+    def _spec_lost(self, entry: ckpt.ClaimEntry) -> bool:
+        """A completed entry without its CDI spec: an unprepare stopped between deleting the spec and
+        forgetting the claim (only a claim that changes no GPU skips UnprepareStarted). Preparing the
+        claim again tears it down first, then starts over."""
+        return (
+            not _changes_gpus(entry)
+            and not cdi.spec_path(self.cdi_root, driver=self.driver, claim_uid=entry.uid).exists()
+        )
 
     def _record(self, entry: ckpt.ClaimEntry) -> None:
         with self._checkpoint_lock:
