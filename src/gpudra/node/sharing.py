@@ -182,7 +182,8 @@ class GpuSharing:
                     if record.interval != _interval_now(uuid, others):
                         self._set_timeslice(uuid, record.interval)
             elif isinstance(record, ckpt.MpsRecord):
-                if record.restore_compute_mode is not None:
+                # The mode found at plan time is in the record: no tool run when it is EXCLUSIVE_PROCESS.
+                if record.restore_compute_mode not in (None, EXCLUSIVE_PROCESS):
                     self.tools.set_compute_mode(gpu_uuid=device.gpu_uuids[0], mode=EXCLUSIVE_PROCESS)
                 mps.append((visible[device.device], record))
         if mps:
