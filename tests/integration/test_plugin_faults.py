@@ -187,7 +187,7 @@ def test_a_hung_api_server_holds_up_no_call_that_does_not_need_it(
             )
             assert unprepared.claims[uid].error == ""
             assert uid not in plugin.cdi_specs() and uid not in plugin.checkpoint_claims()
-            assert reader.is_alive()  # the claim read still waits; nothing else waited with it
+            assert reader.is_alive(), pending  # the claim read still waits; nothing else waited with it
         finally:
             os.kill(_apiserver_pid(cluster), signal.SIGCONT)
         reader.join(120)

@@ -43,7 +43,7 @@ class PluginProcess:
         env.pop("GPUDRA_CRASH_AT", None)
         if crash_at:
             env["GPUDRA_CRASH_AT"] = crash_at
-        seen = self.registrations()
+        seen, serving = self.registrations(), self._log_count("serving claims")
         self.metrics_port = metrics_port
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
@@ -69,7 +69,15 @@ class PluginProcess:
                 env=env,
                 start_new_session=True,
             )
-        self._wait(lambda: self.registrations() > seen or self._exited(), "registered", 60)
+        # Registered (the sockets open first), then serving: the checkpoint settled, the endpoint up.
+        self._wait(
+            lambda: (
+                (self.registrations() > seen and self._log_count("serving claims") > serving)
+                or self._exited()
+            ),
+            "registered and serving claims",
+            60,
+        )
         if self.process.poll() is not None:
             raise ClusterError(f"gpudra plugin on {self.node.name} exited:\n{self.tail()}")
 
@@ -77,9 +85,12 @@ class PluginProcess:
         return self.process is not None and self.process.poll() is not None
 
     def registrations(self) -> int:
+        return self._log_count("registered with the kubelet")
+
+    def _log_count(self, text: str) -> int:
         if not self.log.exists():
             return 0
-        return self.log.read_text(errors="replace").count("registered with the kubelet")
+        return self.log.read_text(errors="replace").count(text)
 
     def wait_killed(self, timeout: float = 60) -> int:
         """Wait for a crash-injected plugin to die; returns its exit status (negative: the signal)."""
