@@ -4,12 +4,12 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install lint test unit integration faults k8s cluster-up cluster-down demo proto schemas clean
+.PHONY: install lint test unit integration faults k8s bench cluster-up cluster-down demo proto schemas clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev,bench]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -38,6 +38,13 @@ faults: $(STAMP)
 
 k8s:
 	bash deploy/local/build.sh >/dev/null
+
+# Issue 15: gpudra's kubelet plugin side by side with dra-example-driver's (built from the Go module
+# proxy into ~/.cache/gpudra), interleaved rounds on the local control plane; prints the table and
+# rewrites its section of BENCHMARKS.md and docs/bench-latency.png. About 12 minutes on 2 cores.
+bench: $(STAMP) k8s
+	bash deploy/local/build-peer.sh >/dev/null
+	$(BIN)/python -m tests.bench
 
 # README's demo command: a real local cluster, simulated GPUs, gpudra installed, the examples prepared.
 demo: $(STAMP) k8s

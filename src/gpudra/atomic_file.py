@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import glob
 import os
 import tempfile
 from collections.abc import Iterator
@@ -29,10 +28,13 @@ class NotDurable(OSError):
     the error."""
 
 
-def write_atomically(path: Path, content: bytes, *, mode: int) -> None:
+def write_atomically(path: Path, content: bytes, *, mode: int, durable: bool = True) -> None:
     """Replace `path` with `content` (permission bits `mode`); the directory must exist.
 
-    Raises OSError with `path` unchanged, or NotDurable (an OSError) with `path` replaced.
+    Raises OSError with `path` unchanged, or NotDurable (an OSError) with `path` replaced. With
+    `durable=False` nothing is synced: the replacement is still atomic for every reader and survives the
+    writer's crash (the page cache holds it), only a power cut may lose it. That is for files whose loss
+    in a power cut costs nothing, because the reboot makes them stale anyway (see gpudra.node.cdi).
 
     Writers of one file must not overlap (each caller holds a lock): a write removes the temp files
     of earlier writes of `path`, which only a crash leaves behind."""
@@ -43,12 +45,15 @@ def write_atomically(path: Path, content: bytes, *, mode: int) -> None:
             os.fchmod(temp.fileno(), mode)
             temp.write(content)
             temp.flush()
-            os.fsync(temp.fileno())
+            if durable:
+                os.fsync(temp.fileno())
         os.replace(temp_name, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temp_name)
         raise
+    if not durable:
+        return
     try:
         fsync_directory(path.parent)
     except OSError as err:
@@ -57,9 +62,13 @@ def write_atomically(path: Path, content: bytes, *, mode: int) -> None:
 
 def remove_leftovers(path: Path) -> None:
     """Remove the temp files that a crash inside `write_atomically(path)` left behind."""
-    for leftover in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+    prefix = f".{path.name}."
+    # A scan with plain string tests: a glob pattern per file name costs a regex compile on every write.
+    with os.scandir(path.parent) as entries:
+        leftovers = [e.path for e in entries if e.name.startswith(prefix) and e.name.endswith(".tmp")]
+    for leftover in leftovers:
         with contextlib.suppress(FileNotFoundError):
-            leftover.unlink()
+            os.unlink(leftover)
 
 
 def fsync_directory(directory: Path) -> None:

@@ -1,4 +1,5 @@
-"""The `gpudra` command: inventory, validate, kubelet-plugin. The one place that wires objects together.
+"""The `gpudra` command: inventory, validate, explain, kubelet-plugin. The one place that wires objects
+together.
 
 Every option of kubelet-plugin can also come from an environment variable, GPUDRA_<OPTION> (e.g.
 GPUDRA_NODE_NAME), which is how the Helm chart sets them.
@@ -67,6 +68,22 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("files", nargs="+", type=Path)
     _add(val, "driver-name", default=DRIVER, help="DRA driver name whose configs are checked")
 
+    why = commands.add_parser("explain", help="why a claim fits a node or not, by the scheduler's rules")
+    why.add_argument("target", help="a file of claims, templates or pods; or claim/NAME or pod/NAME")
+    why.add_argument("-n", "--namespace", default=None, help="namespace of claim/NAME, pod/NAME (default)")
+    why.add_argument("--kubeconfig", default=None, help="kubeconfig (default $KUBECONFIG, ~/.kube/config)")
+    why.add_argument(
+        "--slices",
+        action="append",
+        type=Path,
+        default=[],
+        help="offline: ResourceSlices (gpudra inventory -o yaml) and allocated ResourceClaims, "
+        "instead of the cluster's; repeatable",
+    )
+    why.add_argument("--classes", type=Path, default=None, help="DeviceClasses (offline default: gpudra's)")
+    why.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    why.add_argument("-v", "--verbose", action="store_true", help="list every device in the text output")
+
     plugin = commands.add_parser("kubelet-plugin", help="run the node plugin (DaemonSet)")
     _common(plugin)
     _add(plugin, "node-name", default=None, help="this node's name (required)")
@@ -102,6 +119,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _inventory(args)
         if args.command == "validate":
             return _validate(args)
+        if args.command == "explain":
+            return _explain(args)
         return _kubelet_plugin(args)
     except GpudraError as err:
         print(f"gpudra {args.command}: {err}", file=sys.stderr)
@@ -136,6 +155,15 @@ def _validate(args: argparse.Namespace) -> int:
     if not problems:
         print(f"{len(args.files)} file(s) valid")
     return 1 if problems else 0
+
+
+# --- explain -------------------------------------------------------------------------------------
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from gpudra import explain_cmd  # noqa: PLC0415 (see the imports above)
+
+    return explain_cmd.run(args)
 
 
 # --- kubelet-plugin ------------------------------------------------------------------------------

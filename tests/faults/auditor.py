@@ -6,7 +6,10 @@ each side effect and unprepare removes it only after the last one is undone:
 
  1. the checkpoint loads (envelope, checksum, schema, this gpudra's version, this boot);
  2. every claim spec in the CDI root belongs to a checkpoint entry and names exactly that entry's
-    devices, and every PrepareCompleted entry has its spec;
+    devices, and every PrepareCompleted entry has its spec. A claim that changes no GPU has one save
+    per call (see gpudra.node.prepare), so right after a kill (not settled) its spec may have no entry
+    yet (a prepare) or its PrepareCompleted entry no spec any more (an unprepare, or the rollback of a
+    prepare that could not save);
  3. no device and no GPU is held by two claims (admin access shares by design);
  4. every GPU's time-slice is what the checkpoint says: the recorded interval under a PrepareCompleted
     entry, Default where no claim holds the GPU, either of the two under an entry that is being
@@ -45,7 +48,7 @@ def audit(node: SimNode, *, settled: bool) -> list[str]:
         return [f"the checkpoint does not load: {err}"]
     findings = [f"claim {uid} recorded under another boot" for uid in loaded.stale_claims]
     entries = loaded.checkpoint.claims
-    findings += _specs(node, entries)
+    findings += _specs(node, entries, settled=settled)
     findings += _exclusive(entries)
     findings += _gpus(node, entries)
     findings += _mig(node, entries, settled=settled)
@@ -65,13 +68,14 @@ def leftover_temp_files(node: SimNode) -> list[str]:
     )
 
 
-def _specs(node: SimNode, entries: dict[str, ckpt.ClaimEntry]) -> list[str]:
+def _specs(node: SimNode, entries: dict[str, ckpt.ClaimEntry], *, settled: bool) -> list[str]:
     findings = []
     specs = cdi.list_claim_specs(node.cdi_root, driver=DRIVER)
     for uid, path in sorted(specs.items()):
         entry = entries.get(uid)
         if entry is None:
-            findings.append(f"CDI spec of claim {uid} has no checkpoint entry (leaked)")
+            if settled:
+                findings.append(f"CDI spec of claim {uid} has no checkpoint entry (leaked)")
             continue
         try:
             names = set(cdi.read_spec(path).device_names())
@@ -82,7 +86,8 @@ def _specs(node: SimNode, entries: dict[str, ckpt.ClaimEntry]) -> list[str]:
         if names != expected:
             findings.append(f"CDI spec of claim {uid} names {sorted(names)}, its entry {sorted(expected)}")
     for uid, entry in sorted(entries.items()):
-        if entry.state == "PrepareCompleted" and uid not in specs:
+        changes_gpus = any(d.mig is not None or d.sharing is not None for d in entry.devices)
+        if entry.state == "PrepareCompleted" and uid not in specs and (settled or changes_gpus):
             findings.append(f"claim {uid} is PrepareCompleted but has no CDI spec")
     return findings
 

@@ -665,15 +665,25 @@ def test_a_claim_that_changes_no_gpu_survives_a_crash_at_any_step(h100: Node, st
     elif step in ("unprepare-started", "unprepare-undone", "unprepare-mig-destroyed"):
         assert restarted.prepared_claims()[uid(1)].state == "PrepareCompleted"  # not begun: the retry does it
         assert h100.spec_path(uid(1)).exists()
-    elif step == "unprepare-cdi-deleted":  # the spec is gone, the entry (holding the GPU) not yet
-        assert restarted.prepared_claims()[uid(1)].state == "PrepareCompleted"
-        assert not h100.spec_path(uid(1)).exists()
-    else:
+    else:  # for unprepare-cdi-deleted: the spec was gone, the entry not yet; the restart forgot it
         h100.assert_nothing_left(uid(1))
-    restarted.prepare(claim)  # a repeated prepare of an entry whose spec is gone writes it again
+    restarted.prepare(claim)
     assert h100.spec_path(uid(1)).exists()
     restarted.unprepare(claim)
     h100.assert_nothing_left(uid(1))
+
+
+def test_a_repeated_prepare_writes_a_lost_spec_again(h100: Node) -> None:
+    """An unprepare that deleted the spec and then could not forget the claim (a full disk) leaves a
+    completed entry without its spec: a repeated prepare must not answer with a spec that is gone."""
+    state = h100.state()
+    claim = h100.claims.add(whole_gpus(uid(1), "gpu-2"))
+    state.prepare(claim)
+    h100.spec_path(uid(1)).unlink()
+    [device] = state.prepare(claim)
+    assert device.cdi_device_ids == (f"{DRIVER}/claim={uid(1)}-gpu-2",)
+    assert h100.spec_path(uid(1)).exists()
+    assert h100.entries()[uid(1)].state == "PrepareCompleted"
 
 
 def test_the_crash_child_runs_to_the_end_without_a_crash_step(h100: Node) -> None:

@@ -382,3 +382,48 @@ class Kube:
             query={"fieldSelector": selector},
         )
         return list(result.get("items") or [])
+
+    # --- gpudra explain: what the scheduler sees ----------------------------------------------
+
+    def list_device_classes(self) -> list[Obj]:
+        return self._list_all("deviceclasses", f"/apis/{GROUP}/{VERSION}/deviceclasses")
+
+    def list_all_slices(self) -> list[Obj]:
+        """Every ResourceSlice of every driver and node."""
+        return self._list_all("resourceslices", f"/apis/{GROUP}/{VERSION}/resourceslices")
+
+    def list_all_claims(self) -> list[Obj]:
+        """Every ResourceClaim in every namespace (their allocations hold devices)."""
+        return self._list_all("resourceclaims", f"/apis/{GROUP}/{VERSION}/resourceclaims")
+
+    def get_claim_template(self, namespace: str, name: str) -> Obj:
+        self._count("get", "resourceclaimtemplates")
+        path = f"/apis/{GROUP}/{VERSION}/namespaces/{quote(namespace, safe='')}/resourceclaimtemplates"
+        return self._request(
+            f"reading ResourceClaimTemplate {namespace}/{name}", "GET", f"{path}/{quote(name, safe='')}"
+        )
+
+    def get_pod(self, namespace: str, name: str) -> Obj:
+        self._count("get", "pods")
+        path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}"
+        return self._request(f"reading Pod {namespace}/{name}", "GET", path)
+
+    def _list_all(self, resource: str, path: str) -> list[Obj]:
+        """Every object at `path`, a page of at most 500 at a time (a large cluster's slices run to
+        hundreds of megabytes; one response would hold them all in memory twice). The API server leaves
+        kind and apiVersion out of list items; they are filled in, as kubectl does, so that the objects
+        read like the same objects from a file."""
+        items: list[Obj] = []
+        query: Obj = {"limit": 500}
+        while True:
+            self._count("list", resource)
+            page = self._request(f"listing {resource}", "GET", path, query=query)
+            kind = str(page.get("kind", "")).removesuffix("List")
+            items.extend(
+                {"kind": kind, "apiVersion": page.get("apiVersion"), **item}
+                for item in page.get("items") or []
+            )
+            more = (page.get("metadata") or {}).get("continue")
+            if not more:
+                return items
+            query = {"limit": 500, "continue": more}

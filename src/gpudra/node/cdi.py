@@ -50,7 +50,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
-from gpudra.atomic_file import fsync_directory, remove_leftovers, write_atomically
+from gpudra.atomic_file import remove_leftovers, write_atomically
 from gpudra.errors import ConfigError, GpudraError
 
 log = logging.getLogger(__name__)
@@ -215,8 +215,10 @@ def write_spec(cdi_root: Path, spec: CdiSpec, *, claim_uid: str) -> Path:
     path = spec_path(cdi_root, driver=driver, claim_uid=claim_uid)
     try:
         cdi_root.mkdir(parents=True, exist_ok=True)
-        # Runtimes run as root, but `nvidia-ctk cdi list` and other readers need not.
-        write_atomically(path, spec.to_json().encode(), mode=0o644)
+        # Runtimes run as root, but `nvidia-ctk cdi list` and other readers need not. Not synced: a spec
+        # needs no power-cut durability. A power cut is a reboot, after which the (synced) checkpoint
+        # discards every claim of the previous boot with its spec, and a spec no claim names is deleted.
+        write_atomically(path, spec.to_json().encode(), mode=0o644, durable=False)
     except OSError as err:
         raise _file_error("write", path, cdi_root, err) from err
     return path
@@ -229,7 +231,7 @@ def delete_spec(cdi_root: Path, *, driver: str, claim_uid: str) -> bool:
     path = spec_path(cdi_root, driver=driver, claim_uid=claim_uid)
     try:
         remove_leftovers(path)
-        path.unlink()
+        path.unlink()  # not synced either: see write_spec
     except FileNotFoundError:
         return False
     except OSError as err:
@@ -237,10 +239,6 @@ def delete_spec(cdi_root: Path, *, driver: str, claim_uid: str) -> bool:
         # delete is success: a prepare rolled back on a read-only root must not keep its claim.
         if not os.path.lexists(path):
             return False
-        raise _file_error("delete", path, cdi_root, err) from err
-    try:
-        fsync_directory(cdi_root)
-    except OSError as err:
         raise _file_error("delete", path, cdi_root, err) from err
     return True
 

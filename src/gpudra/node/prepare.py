@@ -145,7 +145,8 @@ class DeviceState:
                 if isinstance(device.sharing, ckpt.MpsRecord):
                     shutil.rmtree(device.sharing.root, ignore_errors=True)
         for entry in list(self._checkpoint.claims.values()):
-            if entry.state != "PrepareCompleted":
+            # A completed claim whose spec is gone was being unprepared (see `_spec_lost`): finish it.
+            if entry.state != "PrepareCompleted" or self._spec_lost(entry):
                 log.info("settling interrupted %s", entry.state, extra={"claim": entry.uid})
                 try:
                     self._teardown(entry)

@@ -1,0 +1,166 @@
+"""`gpudra explain` offline (gpudra.explain_cmd through gpudra.cli): files in, verdict and exit status out."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpudra import cli
+from gpudra.model.devices import build_devices
+from gpudra.model.slices import build_slices
+from tests.unit import inventories as inv
+
+DRIVER = "gpu.gpudra.io"
+A = f'device.attributes["{DRIVER}"]'
+
+
+def write(path: Path, *objects: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump_all(objects))
+    return path
+
+
+@pytest.fixture
+def node_file(tmp_path: Path) -> Path:
+    """What `gpudra inventory -o yaml` prints for a node with two L4s and two T4s."""
+    model = build_devices(inv.mixed_node(), mig_mode="partitionable")
+    items = build_slices(model, driver=DRIVER, node_name="node-mixed", generation=1, server_minor=36)
+    return write(tmp_path / "node.yaml", {"apiVersion": "v1", "kind": "List", "items": items})
+
+
+def template(name: str, expression: str, **extra: Any) -> dict[str, Any]:
+    exactly = {
+        "deviceClassName": "gpu.gpudra.io",
+        "selectors": [{"cel": {"expression": expression}}],
+        **extra,
+    }
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}},
+    }
+
+
+def pod(name: str, *templates: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "containers": [{"name": "c", "image": "x"}],
+            "resourceClaims": [{"name": t, "resourceClaimTemplateName": t} for t in templates],
+        },
+    }
+
+
+def test_each_claim_of_a_file_is_explained_and_the_exit_status_says_whether_all_fit(
+    tmp_path: Path, node_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    claims = write(
+        tmp_path / "claims.yaml",
+        template("t4", f'{A}.productName == "Tesla T4"'),
+        template("h200", f'{A}.productName == "NVIDIA H200"'),
+    )
+    assert cli.main(["explain", str(claims), "--slices", str(node_file)]) == 1
+    out = capsys.readouterr().out
+    assert "== template default/t4 ==\nfits on node-mixed: gpu-2\n" in out
+    assert '== template default/h200 ==\ncannot fit: no device has productName == "NVIDIA H200"' in out
+
+
+def test_the_claims_of_a_pod_are_explained_together_and_json_is_one_object_per_line(
+    tmp_path: Path, node_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    claims = write(
+        tmp_path / "pod.yaml",
+        template("a", f'{A}.productName == "Tesla T4"', count=2),
+        template("b", f'{A}.productName == "Tesla T4"'),
+        pod("p", "a", "b"),
+    )
+    assert cli.main(["explain", str(claims), "--slices", str(node_file), "-o", "json"]) == 1
+    [line] = capsys.readouterr().out.splitlines()
+    result = json.loads(line)
+    assert result["claims"] == ["template default/a", "template default/b"]
+    assert not result["fits"]
+    written = write(
+        tmp_path / "one.yaml", template("a", f'{A}.productName == "Tesla T4"', count=2), pod("p", "a")
+    )
+    assert cli.main(["explain", str(written), "--slices", str(node_file), "-o", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["verdict"] == "fits on node-mixed: gpu-2, gpu-3"
+
+
+def test_allocated_claims_beside_the_slices_hold_their_devices(
+    tmp_path: Path, node_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    held = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "x", "namespace": "ml"},
+        "spec": {},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": "r", "driver": DRIVER, "pool": "node-mixed", "device": d}
+                        for d in ("gpu-2", "gpu-3")
+                    ]
+                }
+            }
+        },
+    }
+    allocated = write(
+        tmp_path / "claims-in-cluster.yaml", {"kind": "List", "apiVersion": "v1", "items": [held]}
+    )
+    claims = write(tmp_path / "claim.yaml", template("t4", f'{A}.productName == "Tesla T4"'))
+    assert cli.main(["explain", str(claims), "--slices", str(node_file), "--slices", str(allocated)]) == 1
+    first = capsys.readouterr().out.splitlines()[0]
+    assert "gpu-2: allocated to ml/x; gpu-3: allocated to ml/x" in first
+
+
+@pytest.mark.parametrize(
+    ("objects", "message"),
+    [
+        ([], "holds no ResourceClaim, ResourceClaimTemplate or Pod"),
+        (
+            [pod("p", "missing")],
+            "ResourceClaimTemplate default/missing is not in the file (and no cluster is read)",
+        ),
+    ],
+)
+def test_what_cannot_be_explained_is_one_line_on_stderr(
+    tmp_path: Path,
+    node_file: Path,
+    capsys: pytest.CaptureFixture[str],
+    objects: list[dict[str, Any]],
+    message: str,
+) -> None:
+    claims = write(tmp_path / "claims.yaml", *objects) if objects else tmp_path / "empty.yaml"
+    claims.touch()
+    assert cli.main(["explain", str(claims), "--slices", str(node_file)]) == 1
+    assert message in capsys.readouterr().err
+
+
+def test_a_cluster_object_needs_a_cluster(node_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["explain", "claim/x", "--slices", str(node_file)]) == 1
+    assert (
+        "claim/x names an object in a cluster; with --slices, pass a file of claims"
+        in capsys.readouterr().err
+    )
+
+
+def test_another_class_file(tmp_path: Path, node_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    classes = write(
+        tmp_path / "classes.yaml",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": "gpu.gpudra.io"},
+            "spec": {"selectors": [{"cel": {"expression": f'{A}.productName == "Tesla T4"'}}]},
+        },
+    )
+    claims = write(tmp_path / "claim.yaml", template("any", "true"))
+    assert cli.main(["explain", str(claims), "--slices", str(node_file), "--classes", str(classes)]) == 0
+    assert capsys.readouterr().out.startswith("fits on node-mixed: gpu-2\n")
