@@ -673,6 +673,17 @@ def test_a_claim_that_changes_no_gpu_survives_a_crash_at_any_step(h100: Node, st
     h100.assert_nothing_left(uid(1))
 
 
+def test_recover_removes_a_half_written_spec_that_no_write_will_clean(h100: Node) -> None:
+    """A claim that changes no GPU, killed inside its spec's write: no entry, no spec, only the temp file."""
+    h100.cdi_root.mkdir(parents=True, exist_ok=True)
+    leftover = h100.cdi_root / f".{DRIVER}-claim_{uid(1)}.json.x1y2z3.tmp"
+    leftover.write_text("{")
+    other = h100.cdi_root / ".other-vendor-spec.json.a.tmp"  # not gpudra's
+    other.write_text("{")
+    h100.state()
+    assert not leftover.exists() and other.exists()
+
+
 def test_a_repeated_prepare_writes_a_lost_spec_again(h100: Node) -> None:
     """An unprepare that deleted the spec and then could not forget the claim (a full disk) leaves a
     completed entry without its spec: a repeated prepare must not answer with a spec that is gone."""

@@ -37,6 +37,7 @@ if the node has one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -241,6 +242,21 @@ def delete_spec(cdi_root: Path, *, driver: str, claim_uid: str) -> bool:
             return False
         raise _file_error("delete", path, cdi_root, err) from err
     return True
+
+
+def remove_spec_leftovers(cdi_root: Path, *, driver: str) -> None:
+    """Remove the temp files of this driver's claim specs that a crash inside a write left behind, of
+    specs that may never have been renamed into place (no later write or delete of them cleans up)."""
+    _check_vendor(driver)
+    prefix = f".{driver}-{CLAIM_CLASS}_"
+    try:
+        with os.scandir(cdi_root) as entries:
+            leftovers = [e.path for e in entries if e.name.startswith(prefix) and e.name.endswith(".tmp")]
+    except FileNotFoundError:
+        return
+    for leftover in leftovers:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(leftover)
 
 
 def _file_error(action: str, path: Path, cdi_root: Path, err: OSError) -> GpudraError:

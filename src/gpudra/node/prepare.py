@@ -155,8 +155,9 @@ class DeviceState:
                     # (UnprepareStarted, holding its devices) for the kubelet's retry to finish.
                     log.error("cannot settle claim", extra={"claim": entry.uid, "error": str(err)})
         self._adopt_daemons()
-        # A spec no entry names was left by a prepare this checkpoint already forgot (the entry
-        # goes only after its spec): nothing uses it.
+        # A spec no entry names was left by a prepare this checkpoint already forgot, or by one that
+        # changes no GPU and was killed before its one save: nothing uses it. Nor a half-written one.
+        cdi.remove_spec_leftovers(self.cdi_root, driver=self.driver)
         known = set(self._checkpoint.claims)
         for uid in cdi.list_claim_specs(self.cdi_root, driver=self.driver).keys() - known:
             cdi.delete_spec(self.cdi_root, driver=self.driver, claim_uid=uid)
