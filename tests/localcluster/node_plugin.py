@@ -135,12 +135,15 @@ class PluginProcess:
     # --- what the plugin left on the node -------------------------------------------------------
 
     def cdi_specs(self) -> dict[str, dict[str, Any]]:
-        """Claim UID -> this driver's CDI spec on the node."""
+        """Claim UID -> this driver's CDI spec on the node (a spec deleted while it is read is gone)."""
         prefix = f"{DRIVER}-claim_"
-        return {
-            p.name[len(prefix) : -len(".json")]: json.loads(p.read_text())
-            for p in self.node.cdi_root.glob(f"{prefix}*.json")
-        }
+        specs = {}
+        for path in self.node.cdi_root.glob(f"{prefix}*.json"):
+            try:
+                specs[path.name[len(prefix) : -len(".json")]] = json.loads(path.read_text())
+            except FileNotFoundError:
+                continue
+        return specs
 
     def checkpoint_claims(self) -> dict[str, Any]:
         if not self.checkpoint.exists():
