@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -68,41 +69,38 @@ class DraClient:
         self.channel.close()
 
     def prepare(self, refs: Sequence[ClaimRef]) -> float:
-        """Prepare `refs` in one call; its seconds. Raises BenchError naming each claim that failed."""
-        started = time.perf_counter()
-        try:
-            response = self.stub.NodePrepareResources(
-                dra_v1_pb2.NodePrepareResourcesRequest(claims=_claims(refs)), timeout=CALL_TIMEOUT_SECONDS
-            )
-        except grpc.RpcError as err:
-            raise BenchError(f"NodePrepareResources: {err}") from err
-        seconds = time.perf_counter() - started
-        failed = [
-            f"{r.namespace}/{r.name}: {response.claims[r.uid].error or 'no devices'}"
-            for r in refs
-            if r.uid not in response.claims
-            or response.claims[r.uid].error
-            or not response.claims[r.uid].devices
-        ]
-        if failed:
-            raise BenchError("prepare failed for " + "; ".join(failed))
-        return seconds
+        """Prepare `refs` in one call; its seconds. Raises BenchError naming each claim that failed
+        (an error, or no devices)."""
+        request = dra_v1_pb2.NodePrepareResourcesRequest(claims=_claims(refs))
+        return self._call("prepare", self.stub.NodePrepareResources, request, refs, needs_devices=True)
 
     def unprepare(self, refs: Sequence[ClaimRef]) -> float:
         """Unprepare `refs` in one call; its seconds. Raises BenchError naming each claim that failed."""
+        request = dra_v1_pb2.NodeUnprepareResourcesRequest(claims=_claims(refs))
+        return self._call("unprepare", self.stub.NodeUnprepareResources, request, refs, needs_devices=False)
+
+    @staticmethod
+    def _call(
+        action: str,
+        method: Callable[..., Any],
+        request: Any,
+        refs: Sequence[ClaimRef],
+        *,
+        needs_devices: bool,
+    ) -> float:
         started = time.perf_counter()
         try:
-            response = self.stub.NodeUnprepareResources(
-                dra_v1_pb2.NodeUnprepareResourcesRequest(claims=_claims(refs)), timeout=CALL_TIMEOUT_SECONDS
-            )
+            response = method(request, timeout=CALL_TIMEOUT_SECONDS)
         except grpc.RpcError as err:
-            raise BenchError(f"NodeUnprepareResources: {err}") from err
+            raise BenchError(f"{type(request).__name__.removesuffix('Request')}: {err}") from err
         seconds = time.perf_counter() - started
-        failed = [
-            f"{r.namespace}/{r.name}: {response.claims[r.uid].error or 'not answered'}"
-            for r in refs
-            if r.uid not in response.claims or response.claims[r.uid].error
-        ]
+        failed = []
+        for r in refs:
+            answer = response.claims.get(r.uid)
+            if answer is None:
+                failed.append(f"{r.namespace}/{r.name}: not answered")
+            elif answer.error or (needs_devices and not answer.devices):
+                failed.append(f"{r.namespace}/{r.name}: {answer.error or 'no devices'}")
         if failed:
-            raise BenchError("unprepare failed for " + "; ".join(failed))
+            raise BenchError(f"{action} failed for " + "; ".join(failed))
         return seconds

@@ -86,8 +86,7 @@ def _specs(node: SimNode, entries: dict[str, ckpt.ClaimEntry], *, settled: bool)
         if names != expected:
             findings.append(f"CDI spec of claim {uid} names {sorted(names)}, its entry {sorted(expected)}")
     for uid, entry in sorted(entries.items()):
-        changes_gpus = any(d.mig is not None or d.sharing is not None for d in entry.devices)
-        if entry.state == "PrepareCompleted" and uid not in specs and (settled or changes_gpus):
+        if entry.state == "PrepareCompleted" and uid not in specs and (settled or entry.changes_gpus):
             findings.append(f"claim {uid} is PrepareCompleted but has no CDI spec")
     return findings
 

@@ -27,7 +27,6 @@ from pathlib import Path
 import pytest
 
 from gpudra.errors import ClaimError, GpudraError
-from gpudra.node import checkpoint as ckpt
 from gpudra.node.prepare import DeviceState
 from tests.faults.auditor import audit
 from tests.faults.inject import FileSystemFaults
@@ -109,10 +108,6 @@ def test_disk_full_at_every_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert len(injected) > 50  # every call's writes, not just the first
 
 
-def _changes_gpus(entry: ckpt.ClaimEntry) -> bool:
-    return any(d.mig is not None or d.sharing is not None for d in entry.devices)
-
-
 def _recovers_from(node: SimNode, state: DeviceState, root: Path, where: str) -> None:
     """A plugin restarted on these files and GPUs keeps every completed claim and settles the rest: a
     claim that changes no GPU and whose spec is gone (its unprepare or rollback deleted the spec, then
@@ -121,7 +116,7 @@ def _recovers_from(node: SimNode, state: DeviceState, root: Path, where: str) ->
     completed = {
         uid: e
         for uid, e in state.prepared_claims().items()
-        if e.state == "PrepareCompleted" and (uid in node.specs() or _changes_gpus(e))
+        if e.state == "PrepareCompleted" and (uid in node.specs() or e.changes_gpus)
     }
     assert copy.state().prepared_claims() == completed, where
     assert audit(copy, settled=True) == [], where

@@ -206,6 +206,12 @@ class ClaimEntry(_Record):
     state: ClaimState
     devices: tuple[PreparedDevice, ...]
 
+    @property
+    def changes_gpus(self) -> bool:
+        """Whether preparing the claim changes a GPU (MIG devices, sharing), which unprepare must undo.
+        A claim that does not has only its CDI spec to lose, and saves the checkpoint once per call."""
+        return any(d.mig is not None or d.sharing is not None for d in self.devices)
+
     def with_state(
         self, state: ClaimState, *, devices: tuple[PreparedDevice, ...] | None = None
     ) -> ClaimEntry:

@@ -338,7 +338,7 @@ class DeviceState:
                 # A claim that changes nothing on the GPU (a whole GPU, no sharing config) has only its
                 # CDI spec to lose: a crash before PrepareCompleted leaves a spec no entry names, which
                 # recover() deletes, so its one save is the completion.
-                if _changes_gpus(entry):
+                if entry.changes_gpus:
                     self._record(entry)
                 faults.reached("prepare-started")
                 if any(d.mig is not None for d in planned):
@@ -495,7 +495,7 @@ class DeviceState:
 
     def _teardown(self, entry: ckpt.ClaimEntry) -> None:
         """Unprepare `entry` from whatever step it reached; safe to repeat after a crash."""
-        if not _changes_gpus(entry):
+        if not entry.changes_gpus:
             # Nothing on the GPU to undo: delete the spec, then forget the claim, one save. The claim
             # holds its devices until its spec is gone; a crash in between leaves an entry whose spec
             # is missing, which the kubelet's retry (or a repeated prepare, see `_spec_lost`) settles.
@@ -727,7 +727,7 @@ class DeviceState:
         forgetting the claim (only a claim that changes no GPU skips UnprepareStarted). Preparing the
         claim again tears it down first, then starts over."""
         return (
-            not _changes_gpus(entry)
+            not entry.changes_gpus
             and not cdi.spec_path(self.cdi_root, driver=self.driver, claim_uid=entry.uid).exists()
         )
 
@@ -794,11 +794,6 @@ def _split_share(name: str) -> tuple[str, str | None]:
     """A CDI device name after the claim UID, split into the device and the share's ID (or None)."""
     match = _SHARE_SUFFIX.search(name)
     return (name[: match.start()], match.group(1)) if match else (name, None)
-
-
-def _changes_gpus(entry: ckpt.ClaimEntry) -> bool:
-    """Whether preparing `entry` changes a GPU (MIG devices, sharing), which unprepare must undo."""
-    return any(d.mig is not None or d.sharing is not None for d in entry.devices)
 
 
 def _has_mps(entry: ckpt.ClaimEntry) -> bool:

@@ -104,18 +104,14 @@ class GpuSharing:
     def _shared_time_slice(
         self, device: Allocated, interval: ckpt.TimeSliceInterval, others: Sequence[ckpt.ClaimEntry]
     ) -> ckpt.TimeSlicingRecord:
-        for entry in others:
-            for held in entry.devices:
-                record = held.sharing
-                same_gpu = held.gpu_uuids[:1] == (device.gpu.uuid,)
-                if same_gpu and isinstance(record, ckpt.TimeSlicingRecord) and record.interval != interval:
-                    raise ConfigError(
-                        f"GPU {device.gpu.uuid} runs with time-slice interval {record.interval} for "
-                        f"ResourceClaim {entry.namespace}/{entry.name}, which shares it; this claim asks "
-                        f"{interval}. Claims sharing a GPU must ask the same interval; allowed now: "
-                        f"{record.interval}",
-                        field=f"{device.config_field}.sharing.timeSlicingConfig.interval",
-                    )
+        for entry, running in _time_slices(device.gpu.uuid, others):
+            if running != interval:
+                raise ConfigError(
+                    f"GPU {device.gpu.uuid} runs with time-slice interval {running} for "
+                    f"ResourceClaim {entry.namespace}/{entry.name}, which shares it; this claim asks "
+                    f"{interval}. Claims sharing a GPU must ask the same interval; allowed now: {running}",
+                    field=f"{device.config_field}.sharing.timeSlicingConfig.interval",
+                )
         return ckpt.TimeSlicingRecord(strategy="TimeSlicing", interval=interval)
 
     def _mps(
@@ -270,34 +266,34 @@ class GpuSharing:
         )
 
 
-def _interval_now(gpu_uuid: str, claims: Sequence[ckpt.ClaimEntry]) -> ckpt.TimeSliceInterval | None:
-    """The time-slice GPU `gpu_uuid` runs with while `claims` are prepared: the interval a record on it
-    set (claims sharing a GPU agree on it, see `_shared_time_slice`), else Default. None while a claim
-    with a record on it is being unprepared: its undo may have stopped half way, so only the tool knows."""
-    if any(entry.state == "UnprepareStarted" for entry in _holding_time_slice(gpu_uuid, claims)):
-        return None
-    return _interval_kept(gpu_uuid, claims)
+def _time_slices(
+    gpu_uuid: str, claims: Sequence[ckpt.ClaimEntry]
+) -> list[tuple[ckpt.ClaimEntry, ckpt.TimeSliceInterval]]:
+    """(claim, interval) for each time-slice record of `claims` on GPU `gpu_uuid`."""
+    return [
+        (entry, held.sharing.interval)
+        for entry in claims
+        for held in entry.devices
+        if held.gpu_uuids[:1] == (gpu_uuid,) and isinstance(held.sharing, ckpt.TimeSlicingRecord)
+    ]
 
 
 def _interval_kept(gpu_uuid: str, claims: Sequence[ckpt.ClaimEntry]) -> ckpt.TimeSliceInterval:
-    """The interval GPU `gpu_uuid` must run with for those of `claims` that stay prepared (Default: none)."""
-    for entry in _holding_time_slice(gpu_uuid, claims):
-        if entry.state != "UnprepareStarted":
-            for held in entry.devices:
-                if held.gpu_uuids[:1] == (gpu_uuid,) and isinstance(held.sharing, ckpt.TimeSlicingRecord):
-                    return held.sharing.interval
-    return "Default"
-
-
-def _holding_time_slice(gpu_uuid: str, claims: Sequence[ckpt.ClaimEntry]) -> list[ckpt.ClaimEntry]:
-    return [
-        entry
-        for entry in claims
-        if any(
-            held.gpu_uuids[:1] == (gpu_uuid,) and isinstance(held.sharing, ckpt.TimeSlicingRecord)
-            for held in entry.devices
-        )
+    """The interval GPU `gpu_uuid` must run with for those of `claims` that stay prepared (claims
+    sharing a GPU agree on it, see `_shared_time_slice`); Default when none set one."""
+    kept = [
+        interval for entry, interval in _time_slices(gpu_uuid, claims) if entry.state != "UnprepareStarted"
     ]
+    return kept[0] if kept else "Default"
+
+
+def _interval_now(gpu_uuid: str, claims: Sequence[ckpt.ClaimEntry]) -> ckpt.TimeSliceInterval | None:
+    """The time-slice GPU `gpu_uuid` runs with while `claims` are prepared (`_interval_kept`). None while
+    a claim with a record on it is being unprepared: its undo may have stopped half way, so only the
+    tool knows."""
+    if any(entry.state == "UnprepareStarted" for entry, _ in _time_slices(gpu_uuid, claims)):
+        return None
+    return _interval_kept(gpu_uuid, claims)
 
 
 def _limit_key(device: Allocated) -> str:
