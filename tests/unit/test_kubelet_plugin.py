@@ -360,3 +360,50 @@ def test_an_old_instance_stopping_leaves_the_new_instance_s_sockets(sockets: Pat
     finally:
         new.stop(timeout=1)
     assert not new.registration_socket.exists() and not new.dra_socket.exists()
+
+
+def test_calls_before_serve_wait_for_the_backend(sockets: Path, backend: Backend) -> None:
+    """The sockets open before the device state is loaded: a call that comes first is answered once
+    `serve()` hands the backend over, not refused."""
+    server = KubeletServer(driver=DRIVER, registry_dir=sockets / "registry", plugin_dir=sockets / "plugin")
+    server.start()
+    try:
+        assert server.serving() == "the device state is not loaded yet"
+        answers: list[Any] = []
+        with channel(server.dra_socket) as ch:
+            stub = dra_v1_pb2_grpc.DRAPluginStub(ch)
+            request = dra_v1_pb2.NodePrepareResourcesRequest(claims=[claim(dra_v1_pb2, "early")])
+            caller = threading.Thread(
+                target=lambda: answers.append(stub.NodePrepareResources(request, timeout=10))
+            )
+            caller.start()
+            time.sleep(0.3)
+            assert answers == [] and backend.calls == []  # waiting, not answered from nothing
+            server.serve(backend)
+            caller.join(10)
+        assert server.serving() is None
+        assert answers[0].claims["early"].error == "" and len(answers[0].claims["early"].devices) == 2
+    finally:
+        server.stop(timeout=1)
+
+
+def test_a_call_that_outwaits_the_start_fails_each_claim_with_starting(
+    sockets: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("gpudra.node.kubelet_grpc.STARTUP_WAIT_SECONDS", 0.2)
+    server = KubeletServer(driver=DRIVER, registry_dir=sockets / "registry", plugin_dir=sockets / "plugin")
+    server.start()
+    try:
+        with channel(server.dra_socket) as ch:
+            answer = dra_v1_pb2_grpc.DRAPluginStub(ch).NodeUnprepareResources(
+                dra_v1_pb2.NodeUnprepareResourcesRequest(
+                    claims=[claim(dra_v1_pb2, "a"), claim(dra_v1_pb2, "b")]
+                ),
+                timeout=10,
+            )
+        assert {uid: result.error for uid, result in answer.claims.items()} == dict.fromkeys(
+            ("a", "b"),
+            "gpudra is starting: its device state is not loaded yet (the kubelet retries this claim)",
+        )
+    finally:
+        server.stop(timeout=1)
