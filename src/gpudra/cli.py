@@ -1,8 +1,8 @@
-"""The `gpudra` command: inventory, validate, explain, kubelet-plugin. The one place that wires objects
-together.
+"""The `gpudra` command: inventory, validate, explain, status, kubelet-plugin, controller. The one place
+that wires objects together.
 
-Every option of kubelet-plugin can also come from an environment variable, GPUDRA_<OPTION> (e.g.
-GPUDRA_NODE_NAME), which is how the Helm chart sets them.
+Every option of kubelet-plugin and controller can also come from an environment variable,
+GPUDRA_<OPTION> (e.g. GPUDRA_NODE_NAME), which is how the Helm chart sets them.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import secrets
 import signal
 import socket
 import sys
@@ -84,6 +85,20 @@ def build_parser() -> argparse.ArgumentParser:
     why.add_argument("-o", "--output", choices=["text", "json"], default="text")
     why.add_argument("-v", "--verbose", action="store_true", help="list every device in the text output")
 
+    status = commands.add_parser(
+        "status", help="the cluster's GPUs: allocated, shared, free, idle; MIG room; claims waiting"
+    )
+    status.add_argument("-o", "--output", choices=["table", "wide", "json"], default="table")
+    status.add_argument("--kubeconfig", default=None, help="kubeconfig (default $KUBECONFIG, ~/.kube/config)")
+    status.add_argument("-n", "--namespace", default="gpudra", help="the controller's namespace")
+    status.add_argument("--service", default="gpudra-controller", help="the controller's Service")
+    status.add_argument("--port", default="8080", help="the Service's metrics port (number or name)")
+    status.add_argument(
+        "--controller-url",
+        default=None,
+        help="the controller at this URL (e.g. http://127.0.0.1:8080) rather than through the API server",
+    )
+
     plugin = commands.add_parser("kubelet-plugin", help="run the node plugin (DaemonSet)")
     _common(plugin)
     _add(plugin, "node-name", default=None, help="this node's name (required)")
@@ -109,7 +124,50 @@ def build_parser() -> argparse.ArgumentParser:
         default="10",
         help="how often GPU health is probed for the kubelet (0: no health service)",
     )
+    _add(plugin, "usage-interval-seconds", default="30", help="how often claims' GPU use is sampled (0: off)")
+    _controller_parser(commands.add_parser("controller", help="run the cluster controller (Deployment)"))
     return parser
+
+
+def _controller_parser(ctl: argparse.ArgumentParser) -> None:
+    _add(ctl, "driver-name", default=DRIVER, help="DRA driver name")
+    _add(ctl, "kubeconfig", default=None, help="kubeconfig file (in-cluster config when absent)")
+    _add(
+        ctl,
+        "namespace",
+        default=os.environ.get("POD_NAMESPACE", "gpudra"),
+        help="the controller's namespace: its Lease and the webhook's Secret live there",
+    )
+    _add(ctl, "identity", default=None, help="this replica's name in the Lease (default: host name + random)")
+    _add(ctl, "webhook-port", default="9443", help="HTTPS port of the admission webhook (0: no webhook)")
+    _add(ctl, "webhook-address", default="0.0.0.0", help="address the webhook binds")
+    _add(ctl, "webhook-service", default="gpudra-controller", help="the Service the API server calls")
+    _add(
+        ctl,
+        "webhook-url",
+        default=None,
+        help="https://HOST:PORT the API server calls (+ /validate) instead of the Service (a controller "
+        "outside the cluster)",
+    )
+    _add(ctl, "webhook-configuration", default="gpudra", help="ValidatingWebhookConfiguration name")
+    _add(ctl, "webhook-secret", default="gpudra-webhook-tls", help="Secret with the webhook's CA and cert")
+    _add(
+        ctl,
+        "failure-policy",
+        default="Fail",
+        choices=["Fail", "Ignore"],
+        help="when the webhook cannot be reached: Fail refuses claims with gpudra configs, Ignore admits "
+        "them unchecked (a bad config then fails at prepare)",
+    )
+    _add(
+        ctl, "metrics-port", default="8080", help="HTTP port for /metrics, /status, /livez, /readyz (0: off)"
+    )
+    _add(ctl, "metrics-address", default="0.0.0.0", help="address the HTTP port binds")
+    _add(ctl, "idle-after-seconds", default="1800", help="report an allocated GPU idle after this long")
+    _add(ctl, "lease-name", default="gpudra-controller", help="the leader election Lease")
+    _add(ctl, "lease-seconds", default="15", help="how long a leader holds the Lease without renewing")
+    _add(ctl, "log-format", default="text", help="text or json", choices=["text", "json"])
+    _add(ctl, "log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -121,6 +179,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _validate(args)
         if args.command == "explain":
             return _explain(args)
+        if args.command == "status":
+            return _status(args)
+        if args.command == "controller":
+            return _controller(args)
         return _kubelet_plugin(args)
     except GpudraError as err:
         print(f"gpudra {args.command}: {err}", file=sys.stderr)
@@ -166,6 +228,62 @@ def _explain(args: argparse.Namespace) -> int:
     return explain_cmd.run(args)
 
 
+# --- status --------------------------------------------------------------------------------------
+
+
+def _status(args: argparse.Namespace) -> int:
+    from gpudra import status_cmd  # noqa: PLC0415 (see the imports above)
+
+    view = status_cmd.fetch(
+        kubeconfig=args.kubeconfig,
+        namespace=args.namespace,
+        service=args.service,
+        port=args.port,
+        controller_url=args.controller_url,
+    )
+    sys.stdout.write(status_cmd.show(view, output=args.output))
+    return 0
+
+
+# --- controller ----------------------------------------------------------------------------------
+
+
+def _controller(args: argparse.Namespace) -> int:
+    from gpudra.controller import wiring  # noqa: PLC0415 (see the imports above)
+    from gpudra.controller.options import Options as ControllerOptions  # noqa: PLC0415
+
+    seconds = {
+        option: _seconds_option(getattr(args, option.replace("-", "_")), f"--{option}")
+        for option in ("idle-after-seconds", "lease-seconds")
+    }
+    if seconds["lease-seconds"] < 3:
+        raise ConfigError("must be at least 3 (seconds)", field="--lease-seconds")
+    options = ControllerOptions(
+        driver=args.driver_name,
+        kubeconfig=args.kubeconfig,
+        namespace=args.namespace,
+        identity=args.identity or f"{socket.gethostname()}_{secrets.token_hex(4)}",
+        webhook_port=_int_option(args.webhook_port, "--webhook-port"),
+        webhook_address=args.webhook_address,
+        webhook_service=args.webhook_service,
+        webhook_url=args.webhook_url or None,
+        webhook_configuration=args.webhook_configuration,
+        webhook_secret=args.webhook_secret,
+        failure_policy=args.failure_policy,
+        metrics_port=_int_option(args.metrics_port, "--metrics-port"),
+        metrics_address=args.metrics_address,
+        idle_after_seconds=seconds["idle-after-seconds"],
+        lease_name=args.lease_name,
+        lease_seconds=seconds["lease-seconds"],
+    )
+    logs.configure(fmt=args.log_format, level=args.log_level.upper())
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    wiring.run(options, stop=stop)
+    return 0
+
+
 # --- kubelet-plugin ------------------------------------------------------------------------------
 
 
@@ -192,6 +310,7 @@ def _kubelet_plugin(args: argparse.Namespace) -> int:
         metrics_address=args.metrics_address,
         resync_seconds=float(args.resync_seconds),
         health_interval_seconds=_seconds_option(args.health_interval_seconds, "--health-interval-seconds"),
+        usage_interval_seconds=_seconds_option(args.usage_interval_seconds, "--usage-interval-seconds"),
     )
     logs.configure(fmt=args.log_format, level=args.log_level.upper())
     stop = threading.Event()

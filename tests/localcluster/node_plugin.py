@@ -38,7 +38,16 @@ class PluginProcess:
     def checkpoint(self) -> Path:
         return self.state_dir / "checkpoint.json"
 
-    def start(self, *, crash_at: str | None = None, metrics_port: int = 0, resync_seconds: float = 5) -> None:
+    def start(
+        self,
+        *,
+        crash_at: str | None = None,
+        metrics_port: int = 0,
+        resync_seconds: float = 5,
+        usage_interval: float = 0,
+    ) -> None:
+        """Start the plugin and wait until it serves claims. `usage_interval` (seconds) turns claim usage
+        reporting on; it is off by default, so that tests counting API requests see none of its own."""
         env = {**os.environ, "GPUDRA_SIM_STATE": str(self.sim_state)}
         env.pop("GPUDRA_CRASH_AT", None)
         if crash_at:
@@ -61,6 +70,7 @@ class PluginProcess:
                     f"--state-dir={self.state_dir}",
                     "--toolkit-cdi-dirs=",
                     f"--resync-seconds={resync_seconds}",
+                    f"--usage-interval-seconds={usage_interval}",
                     f"--metrics-port={metrics_port}",
                     "--metrics-address=127.0.0.1",
                 ],

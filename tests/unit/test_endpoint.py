@@ -8,7 +8,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
-from gpudra.node.endpoint import Check, HttpEndpoint, report, writable_directory
+from gpudra.http_endpoint import Check, HttpEndpoint, report, writable_directory
 from gpudra.node.metrics import PluginMetrics
 
 

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpudra.errors import ClusterError
-from gpudra.kube.client import Conflict, NotFound, Obj, SliceWatch
+from gpudra.kube.client import Conflict, NotFound, Obj, Watch
 from gpudra.kube.slice_sync import (
     MAX_GENERATION,
     SliceController,
@@ -774,7 +774,7 @@ def test_a_failing_watch_starts_again_from_a_list_and_is_counted(
     wait_until(lambda: victim in kube.slices)
 
 
-# --- SliceWatch: the client's side of a WATCH ---------------------------------------------------
+# --- Watch: the client's side of a WATCH ---------------------------------------------------
 
 
 class FakeResponse:
@@ -805,7 +805,7 @@ def test_a_watch_yields_events_split_across_chunks_and_closes_its_response() -> 
             b'KMARK", "object": {}}\n',
         ]
     )
-    assert [e["type"] for e in SliceWatch(response, "watching ResourceSlices")] == ["ADDED", "BOOKMARK"]
+    assert [e["type"] for e in Watch(response, "watching ResourceSlices")] == ["ADDED", "BOOKMARK"]
     assert response.closed
 
 
@@ -814,10 +814,10 @@ def test_an_error_event_or_a_broken_stream_is_a_cluster_error() -> None:
         [b'{"type": "ERROR", "object": {"kind": "Status", "code": 410, "message": "too old"}}\n']
     )
     with pytest.raises(ClusterError, match="watching ResourceSlices: HTTP 410 too old"):
-        list(SliceWatch(expired, "watching ResourceSlices"))
+        list(Watch(expired, "watching ResourceSlices"))
     broken = FakeResponse([], end=urllib3.exceptions.ProtocolError("Connection broken"))
     with pytest.raises(ClusterError, match="connection broken"):
-        list(SliceWatch(broken, "watching ResourceSlices"))
+        list(Watch(broken, "watching ResourceSlices"))
     assert expired.closed and broken.closed
 
 
@@ -825,7 +825,7 @@ def test_a_closed_watch_ends_quietly() -> None:
     broken = FakeResponse(
         [b'{"type": "ADDED", "object": {}}\n'], end=urllib3.exceptions.ProtocolError("shut")
     )
-    watch = SliceWatch(broken, "watching ResourceSlices")
+    watch = Watch(broken, "watching ResourceSlices")
     events = iter(watch)
     assert next(events)["type"] == "ADDED"
     watch.close()  # from another thread, in the plugin: the read it interrupts fails

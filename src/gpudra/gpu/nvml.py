@@ -1,4 +1,5 @@
-"""NVML through pynvml: GPU discovery into inventory records, MIG mode and instances. I/O: NVML, sysfs, proc.
+"""NVML through pynvml: GPU discovery into inventory records, MIG mode and instances, device usage.
+I/O: NVML, sysfs, proc.
 
 The only module that imports pynvml. `connect("real")` uses the machine's libnvidia-ml;
 `connect("sim:<profile>")` first installs gpudra's simulated driver underneath pynvml (see
@@ -211,6 +212,17 @@ def connect(spec: str = "real", *, state_file: Path | None = None) -> Nvml:
         raise
 
 
+@dataclasses.dataclass(frozen=True)
+class DeviceUsage:
+    """One reading of a GPU or MIG device (`Nvml.device_usage`)."""
+
+    # Percent of the driver's last sample period (1/6 s to 1 s) in which a kernel ran; None where NVML
+    # reports none: on MIG devices, and on a GPU in MIG mode.
+    utilization: int | None
+    memory_used: int  # bytes, as NVML's memory info counts them
+    processes: tuple[int, ...]  # sorted PIDs of its compute processes (an MPS server is one)
+
+
 class Nvml:
     """An initialised NVML session; close it (or use it as a context manager) to shut NVML down."""
 
@@ -294,6 +306,20 @@ class Nvml:
         """Percent of the last sample period a kernel ran (NVML's `.gpu`); NotSupported in MIG mode."""
         handle = self._handle(gpu_uuid)
         return int(_call(pynvml.nvmlDeviceGetUtilizationRates, handle, gpu=gpu_uuid).gpu)
+
+    def device_usage(self, *, uuid: str) -> DeviceUsage:
+        """What a GPU or MIG device (by its GPU-… or MIG-… UUID) is doing now; see `DeviceUsage`."""
+        handle = self._handle(uuid)
+        rates = _call_if_present(
+            pynvml.nvmlDeviceGetUtilizationRates, handle, gpu=uuid, absent=(pynvml.NVMLError_NotSupported,)
+        )
+        memory = _call(pynvml.nvmlDeviceGetMemoryInfo, handle, gpu=uuid)
+        processes = _call(pynvml.nvmlDeviceGetComputeRunningProcesses, handle, gpu=uuid)
+        return DeviceUsage(
+            utilization=None if rates is None else int(rates.gpu),
+            memory_used=int(memory.used),
+            processes=tuple(sorted({p.pid for p in processes})),
+        )
 
     def _gpu(self, index: int, handle: Any) -> records.Gpu:
         uuid = _call(pynvml.nvmlDeviceGetUUID, handle, gpu=f"index {index}")

@@ -163,7 +163,7 @@ def _slice_selector(driver: str, node_name: str) -> str:
     return f"spec.driver={driver},spec.nodeName={node_name}"
 
 
-class SliceWatch:
+class Watch:
     """One WATCH request on ResourceSlices (`Kube.watch_slices`). Iterating yields its events as they
     arrive, `{"type": "ADDED" | "MODIFIED" | "DELETED" | "BOOKMARK", "object": {...}}`, and ends when the
     API server ends the watch; an ERROR event (410: the version is too old) or a broken stream raises
@@ -213,16 +213,26 @@ class Kube:
         with self._requests_lock:
             return dict(self._requests)
 
-    def _count(self, verb: str, resource: str) -> None:
+    def count(self, verb: str, resource: str) -> None:
         with self._requests_lock:
             self._requests[(verb, resource)] += 1
 
-    def _request(
-        self, what: str, method: str, path: str, *, query: Obj | None = None, body: Obj | None = None
+    def request(
+        self,
+        what: str,
+        method: str,
+        path: str,
+        *,
+        query: Obj | None = None,
+        body: Obj | None = None,
+        content_type: str = "application/json",
     ) -> Obj:
         """One call to `path` (under the API server's address) with JSON in and out, as the generated
-        APIs make it: the configured credentials, REQUEST_TIMEOUT, errors as `_api_errors` words them."""
-        headers = {"Accept": "application/json"} | ({"Content-Type": "application/json"} if body else {})
+        APIs make it: the configured credentials, REQUEST_TIMEOUT, errors as `_api_errors` words them.
+        `content_type` names a patch's kind (e.g. application/apply-patch+yaml for server-side apply,
+        whose body JSON also is). The other modules of gpudra.kube build their calls on this one; the
+        caller counts its request (`count`)."""
+        headers = {"Accept": "application/json"} | ({"Content-Type": content_type} if body else {})
         with _api_errors(what):
             request = self.api.param_serialize(
                 method=method,
@@ -239,13 +249,13 @@ class Kube:
         return _decoded(what, data)
 
     def server_minor(self) -> int:
-        self._count("get", "version")
-        info = self._request("reading the server version", "GET", "/version")
+        self.count("get", "version")
+        info = self.request("reading the server version", "GET", "/version")
         return int("".join(ch for ch in str(info.get("minor", "")) if ch.isdigit()))
 
     def node_uid(self, name: str) -> str:
-        self._count("get", "nodes")
-        node = self._request(f"reading node {name}", "GET", f"/api/v1/nodes/{quote(name, safe='')}")
+        self.count("get", "nodes")
+        node = self.request(f"reading node {name}", "GET", f"/api/v1/nodes/{quote(name, safe='')}")
         uid = (node.get("metadata") or {}).get("uid")
         if not uid:
             raise ClusterError(f"node {name} has no metadata.uid")
@@ -255,7 +265,7 @@ class Kube:
 
     def list_slices(self, *, driver: str, node_name: str) -> tuple[list[Obj], str]:
         """The slices of `driver` on `node_name`, and the list's resourceVersion (where a watch resumes)."""
-        self._count("list", "resourceslices")
+        self.count("list", "resourceslices")
         with _api_errors("listing ResourceSlices"):
             result = _obj(
                 self._custom.list_cluster_custom_object(
@@ -270,33 +280,75 @@ class Kube:
 
     def watch_slices(
         self, *, driver: str, node_name: str, resource_version: str, timeout_seconds: int
-    ) -> SliceWatch:
+    ) -> Watch:
         """The changes to `list_slices(driver, node_name)` after `resource_version`, for at most
+        `timeout_seconds`."""
+        return self.watch(
+            "resourceslices",
+            f"/apis/{GROUP}/{VERSION}/resourceslices",
+            field_selector=_slice_selector(driver, node_name),
+            resource_version=resource_version,
+            timeout_seconds=timeout_seconds,
+        )
+
+    def watch(
+        self,
+        resource: str,
+        path: str,
+        *,
+        resource_version: str,
+        timeout_seconds: int,
+        field_selector: str | None = None,
+    ) -> Watch:
+        """The changes to the collection at `path` after `resource_version`, for at most
         `timeout_seconds`. Bookmarks are asked for: the API server's periodic "nothing for you up to
-        this version" keeps the version a quiet pool's next watch resumes from recent enough to serve."""
-        what = "watching ResourceSlices"
-        self._count("watch", "resourceslices")
+        this version" keeps the version a quiet collection's next watch resumes from recent enough to
+        serve."""
+        what = f"watching {resource}"
+        self.count("watch", resource)
+        query: list[tuple[str, Any]] = [
+            ("watch", "true"),
+            ("resourceVersion", resource_version),
+            ("allowWatchBookmarks", "true"),
+            ("timeoutSeconds", timeout_seconds),
+        ]
+        if field_selector:
+            query.append(("fieldSelector", field_selector))
         with _api_errors(what):
-            response: Any = self._custom.list_cluster_custom_object(
-                GROUP,
-                VERSION,
-                "resourceslices",
-                field_selector=_slice_selector(driver, node_name),
-                resource_version=resource_version,
-                allow_watch_bookmarks=True,
-                timeout_seconds=timeout_seconds,
-                watch=True,
-                _preload_content=False,
-                # The server ends the watch after timeout_seconds, so no read waits longer unless it hung.
-                _request_timeout=(REQUEST_TIMEOUT[0], timeout_seconds + REQUEST_TIMEOUT[1]),
+            request = self.api.param_serialize(
+                method="GET",
+                resource_path=path,
+                query_params=query,
+                header_params={"Accept": "application/json"},
+                auth_settings=["BearerToken"],
             )
+            # The server ends the watch after timeout_seconds, so no read waits longer unless it hung.
+            response: Any = self.api.call_api(
+                *request, _request_timeout=(REQUEST_TIMEOUT[0], timeout_seconds + REQUEST_TIMEOUT[1])
+            ).response
         if not 200 <= int(response.status) <= 299:
             response.close()
             raise _http_error(what, int(response.status), response.reason)
-        return SliceWatch(response, what)
+        return Watch(response, what)
+
+    def list_page(
+        self,
+        resource: str,
+        path: str,
+        *,
+        limit: int = 500,
+        cont: str | None = None,
+        field_selector: str | None = None,
+    ) -> Obj:
+        """One page of the collection at `path` (its `metadata.continue` names the next)."""
+        self.count("list", resource)
+        query: Obj = {"limit": limit} | ({"continue": cont} if cont else {})
+        if field_selector:
+            query["fieldSelector"] = field_selector
+        return self.request(f"listing {resource}", "GET", path, query=query)
 
     def create_slice(self, body: Obj) -> Obj:
-        self._count("create", "resourceslices")
+        self.count("create", "resourceslices")
         with _api_errors(f"creating ResourceSlice {body['metadata'].get('name')}"):
             return _obj(
                 self._custom.create_cluster_custom_object(
@@ -307,7 +359,7 @@ class Kube:
     def replace_slice(self, body: Obj, *, dry_run: bool = False) -> Obj:
         """The slice as the API server stored it, or with `dry_run` as it would store it (defaults
         filled in, quantities normalized), changing nothing."""
-        self._count("update", "resourceslices")
+        self.count("update", "resourceslices")
         name = body["metadata"]["name"]
         with _api_errors(f"updating ResourceSlice {name}{' (dry run)' if dry_run else ''}"):
             return _obj(
@@ -323,7 +375,7 @@ class Kube:
             )
 
     def delete_slice(self, name: str) -> None:
-        self._count("delete", "resourceslices")
+        self.count("delete", "resourceslices")
         try:
             with _api_errors(f"deleting ResourceSlice {name}"):
                 self._custom.delete_cluster_custom_object(
@@ -338,7 +390,7 @@ class Kube:
         """The claim, decoded here rather than by the client: any tenant can nest a claim's opaque
         parameters thousands of levels deep, which Python's JSON decoder refuses with RecursionError."""
         what = f"reading ResourceClaim {namespace}/{name}"
-        self._count("get", "resourceclaims")
+        self.count("get", "resourceclaims")
         with _api_errors(what):
             response: Any = self._custom.get_namespaced_custom_object(
                 GROUP,
@@ -359,7 +411,7 @@ class Kube:
     def create_node_event(self, *, node_name: str, node_uid: str, event: Obj) -> None:
         """A core/v1 Event about a Node (in `default`, where the kubelet puts its own node events, so
         `kubectl describe node` shows it). `event` holds reason, message, type, timestamps."""
-        self._count("create", "events")
+        self.count("create", "events")
         body = {
             "apiVersion": "v1",
             "kind": "Event",
@@ -367,15 +419,15 @@ class Kube:
             "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid},
             **event,
         }
-        self._request(
+        self.request(
             f"creating an Event on node {node_name}", "POST", "/api/v1/namespaces/default/events", body=body
         )
 
     def list_node_events(self, node_name: str) -> list[Obj]:
         """Events about a Node, as JSON dicts (for tools and tests)."""
         selector = f"involvedObject.kind=Node,involvedObject.name={node_name}"
-        self._count("list", "events")
-        result = self._request(
+        self.count("list", "events")
+        result = self.request(
             f"listing Events of node {node_name}",
             "GET",
             "/api/v1/namespaces/default/events",
@@ -397,16 +449,16 @@ class Kube:
         return self._list_all("resourceclaims", f"/apis/{GROUP}/{VERSION}/resourceclaims")
 
     def get_claim_template(self, namespace: str, name: str) -> Obj:
-        self._count("get", "resourceclaimtemplates")
+        self.count("get", "resourceclaimtemplates")
         path = f"/apis/{GROUP}/{VERSION}/namespaces/{quote(namespace, safe='')}/resourceclaimtemplates"
-        return self._request(
+        return self.request(
             f"reading ResourceClaimTemplate {namespace}/{name}", "GET", f"{path}/{quote(name, safe='')}"
         )
 
     def get_pod(self, namespace: str, name: str) -> Obj:
-        self._count("get", "pods")
+        self.count("get", "pods")
         path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}"
-        return self._request(f"reading Pod {namespace}/{name}", "GET", path)
+        return self.request(f"reading Pod {namespace}/{name}", "GET", path)
 
     def _list_all(self, resource: str, path: str) -> list[Obj]:
         """Every object at `path`, a page of at most 500 at a time (a large cluster's slices run to
@@ -416,8 +468,8 @@ class Kube:
         items: list[Obj] = []
         query: Obj = {"limit": 500}
         while True:
-            self._count("list", resource)
-            page = self._request(f"listing {resource}", "GET", path, query=query)
+            self.count("list", resource)
+            page = self.request(f"listing {resource}", "GET", path, query=query)
             kind = str(page.get("kind", "")).removesuffix("List")
             items.extend(
                 {"kind": kind, "apiVersion": page.get("apiVersion"), **item}

@@ -54,7 +54,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpudra.kube.client import Kube, Obj, SliceWatch
+from gpudra.kube.client import Kube, Obj, Watch
 from gpudra.model import slices as slice_builder
 from gpudra.model.devices import DeviceModel
 from gpudra.model.slices import ResourceSlice
@@ -179,7 +179,7 @@ class SliceController:
         # (slice name, resourceVersion the write stored; None for a deletion). Both under _writing.
         self._seen: dict[str, Obj] | None = None
         self._echoes: set[tuple[str, str | None]] = set()
-        self._watch: SliceWatch | None = None
+        self._watch: Watch | None = None
         self._watch_guard = threading.Lock()  # _watch, against stop() closing it
         self.synced = threading.Event()  # set after the first successful sync
 

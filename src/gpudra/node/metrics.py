@@ -1,19 +1,35 @@
-"""Prometheus metrics of the kubelet plugin (served by gpudra.node.endpoint). Pure but for reading clocks.
+"""Prometheus metrics of the kubelet plugin (served by gpudra.http_endpoint). Pure but for reading clocks.
 
 Names are prefixed `gpudra_`; every series is created up front so dashboards see zeros, not gaps.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gpudra.http_endpoint import ApiRequests
 from gpudra.service import Loop
 
 _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+@dataclass(frozen=True)
+class ClaimDeviceUsage:
+    """One prepared device of a claim, as last sampled (gpudra.node.usage)."""
+
+    namespace: str
+    claim: str
+    pods: tuple[str, ...]  # the pods that reserve the claim
+    device: str
+    gpu_uuid: str  # the UUID NVML was asked: the GPU's, or the MIG device's (MIG-…) for a partition
+    utilization: int | None  # percent; None where NVML reports none (MIG devices)
+    memory_used: int | None  # bytes; None when the sample failed
+    idle_seconds: float | None  # 0 while active; None while unknown
 
 
 class PluginMetrics:
@@ -71,7 +87,7 @@ class PluginMetrics:
 
     def track_api_requests(self, requests: Callable[[], Mapping[tuple[str, str], int]]) -> None:
         """API requests this plugin made since start, by verb and resource, read at scrape time."""
-        self.registry.register(_ApiRequests(requests))
+        self.registry.register(ApiRequests(requests))
 
     def track_claim_reads(self, gets: Callable[[], int]) -> None:
         """ResourceClaim reads from the API server since start (one GET per claim prepared)."""
@@ -117,6 +133,45 @@ class PluginMetrics:
         """Per MIG-capable GPU, the largest MIG profile still placeable beside the prepared partitions."""
         self.registry.register(_MigRoom(room))
 
+    def track_claim_usage(self, usage: Callable[[], Iterable[ClaimDeviceUsage]]) -> None:
+        """Per prepared device of each claim: GPU utilization, memory used, and how long it has been idle."""
+        self.registry.register(_ClaimUsage(usage))
+
+
+class _ClaimUsage(Collector):
+    def __init__(self, usage: Callable[[], Iterable[ClaimDeviceUsage]]) -> None:
+        self.usage = usage
+
+    def collect(self) -> Iterator[Metric]:
+        # Built at each scrape from the latest samples: an unprepared claim's series end with it, and a
+        # figure NVML does not give is no series rather than a fake 0.
+        labels = ["namespace", "claim", "pod", "device", "gpu_uuid"]
+        utilization = GaugeMetricFamily(
+            "gpudra_claim_gpu_utilization_percent",
+            "Percent of NVML's last sample period in which a kernel ran on the claim's GPU (none for MIG "
+            "devices; a shared GPU shows the whole GPU's on each claim).",
+            labels=labels,
+        )
+        memory = GaugeMetricFamily(
+            "gpudra_claim_gpu_memory_used_bytes",
+            "Memory used on the claim's GPU or MIG device (a shared GPU shows the whole GPU's).",
+            labels=labels,
+        )
+        idle = GaugeMetricFamily(
+            "gpudra_claim_idle_seconds",
+            "Seconds since the claim's device last showed activity in a sample (0: active now).",
+            labels=labels,
+        )
+        for row in self.usage():
+            values = [row.namespace, row.claim, ",".join(sorted(row.pods)), row.device, row.gpu_uuid]
+            if row.utilization is not None:
+                utilization.add_metric(values, row.utilization)
+            if row.memory_used is not None:
+                memory.add_metric(values, row.memory_used)
+            if row.idle_seconds is not None:
+                idle.add_metric(values, row.idle_seconds)
+        yield from (utilization, memory, idle)
+
 
 class _MigRoom(Collector):
     def __init__(self, room: Callable[[], Mapping[str, tuple[str, int]]]) -> None:
@@ -133,21 +188,6 @@ class _MigRoom(Collector):
         )
         for gpu, (profile, slices) in sorted(self.room().items()):
             family.add_metric([gpu, profile], slices)
-        yield family
-
-
-class _ApiRequests(Collector):
-    def __init__(self, requests: Callable[[], Mapping[tuple[str, str], int]]) -> None:
-        self.requests = requests
-
-    def collect(self) -> Iterator[Metric]:
-        family = CounterMetricFamily(
-            "gpudra_api_requests",
-            "Requests to the API server since start, by verb and resource (failed ones included).",
-            labels=["verb", "resource"],
-        )
-        for (verb, resource), count in sorted(self.requests().items()):
-            family.add_metric([verb, resource], count)
         yield family
 
 

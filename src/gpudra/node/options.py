@@ -26,3 +26,4 @@ class Options:
     metrics_address: str
     resync_seconds: float
     health_interval_seconds: float  # 0: no health service
+    usage_interval_seconds: float  # 0: no claim usage sampling

@@ -1,4 +1,5 @@
-"""Wires the kubelet plugin's parts: discovery, slices, claim reads, prepare state, device health, metrics.
+"""Wires the kubelet plugin's parts: discovery, slices, claim reads, prepare state, device health, claim
+usage, metrics.
 I/O: everything the plugin touches, wired here and nowhere else (the sockets are opened by `daemon`).
 
 Start-up order matters: settle the checkpoint first (a crash may have left a prepare half done), then
@@ -16,13 +17,14 @@ import threading
 from gpudra import service, sim
 from gpudra.gpu import nvml
 from gpudra.gpu.tools import GpuTools
+from gpudra.http_endpoint import Check, HttpEndpoint, Probe, writable_directory
 from gpudra.kube import client as kube
+from gpudra.kube.claim_status import ClaimStatus
 from gpudra.kube.claims import ClaimReader
 from gpudra.kube.events import NodeEvents
 from gpudra.kube.slice_sync import SliceController
 from gpudra.model import devices
 from gpudra.node import cdi, checkpoint
-from gpudra.node.endpoint import Check, HttpEndpoint, Probe, writable_directory
 from gpudra.node.health import HealthMonitor
 from gpudra.node.kubelet_grpc import KubeletServer, Observer
 from gpudra.node.metrics import PluginMetrics
@@ -30,6 +32,7 @@ from gpudra.node.mig import MigPartitions
 from gpudra.node.options import Options
 from gpudra.node.prepare import DeviceState, Recovery
 from gpudra.node.sharing import GpuSharing
+from gpudra.node.usage import ClaimUsage
 
 log = logging.getLogger(__name__)
 # Each service's share of shutdown: calls in flight finish, threads end.
@@ -103,9 +106,22 @@ def _run(options: Options, session: nvml.Nvml, server: KubeletServer, *, stop: t
             on_change=slices.trigger,
             partitions=state.prepared_partitions,
         )
+    usage = None
+    if options.usage_interval_seconds:
+        usage = ClaimUsage(
+            driver=options.driver,
+            node_name=options.node_name,
+            claims=state.prepared_claims,
+            devices=state.devices,
+            probe=session,
+            api=ClaimStatus(client),
+            interval=options.usage_interval_seconds,
+        )
+        metrics.track_claim_usage(usage.readings)
     metrics.track_claim_reads(lambda: claims.gets)
     metrics.track_api_requests(client.request_counts)
     loops = [*slices.loops, events.loop, retry_checkpoint] + ([health.loop] if health is not None else [])
+    loops += [usage.loop] if usage is not None else []
     metrics.track_loops(loops)
     services: list[service.Service] = []
     if options.metrics_port:
@@ -128,6 +144,8 @@ def _run(options: Options, session: nvml.Nvml, server: KubeletServer, *, stop: t
     services += [events, retry_checkpoint]
     if health is not None:
         services.append(health)
+    if usage is not None:
+        services.append(usage)
     services.append(slices)
     with service.running(services, stop_timeout=STOP_TIMEOUT_SECONDS):
         # The kubelet's calls, waiting since the sockets opened, are answered from here on.

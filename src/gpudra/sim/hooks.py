@@ -13,16 +13,31 @@ from pathlib import Path
 
 from gpudra.sim import hardware, machines, state
 
+_MIB = 1024 * 1024
 
-def attach_process(*, state_file: Path, device_uuid: str, pid: int) -> None:
-    """Records process `pid` as running on a GPU or MIG device, by UUID."""
+
+def attach_process(*, state_file: Path, device_uuid: str, pid: int, used_bytes: int = 0) -> None:
+    """Records process `pid` as running on a GPU or MIG device, by UUID, holding `used_bytes` of its
+    memory; more than the device has free is refused, as CUDA refuses the allocation."""
     with state.StateFile(state_file).update() as machine_state:
-        known = {gpu.uuid for gpu in machine_state.gpus} | {
-            ci.uuid for gpu in machine_state.gpus for gi in gpu.gpu_instances for ci in gi.compute_instances
-        }
-        if device_uuid not in known:
+        model = machines.MACHINES[machine_state.machine]
+        totals = {}  # device UUID -> (its memory in bytes, the UUIDs whose processes use that memory)
+        for index, gpu in enumerate(machine_state.gpus):
+            gpu_model = model.gpus[index].model
+            migs = {ci.uuid for gi in gpu.gpu_instances for ci in gi.compute_instances}
+            totals[gpu.uuid] = (gpu_model.memory_mib * _MIB, {gpu.uuid} | migs)
+            for gi in gpu.gpu_instances:
+                memory = hardware.mig_profile(gpu_model, gi.profile_id).memory_mib * _MIB
+                totals.update({ci.uuid: (memory, {ci.uuid}) for ci in gi.compute_instances})
+        if device_uuid not in totals:
             raise hardware.Refused(hardware.NOT_FOUND, f"no device with UUID {device_uuid}")
-        machine_state.processes.append(state.Process(pid=pid, device_uuid=device_uuid))
+        total, sharing = totals[device_uuid]
+        free = total - machine_state.memory_used(sharing)
+        if not 0 <= used_bytes <= free:
+            raise hardware.Refused(
+                hardware.INVALID_ARGUMENT, f"{used_bytes} bytes: {device_uuid} has {free} bytes free"
+            )
+        machine_state.processes.append(state.Process(pid=pid, device_uuid=device_uuid, used_bytes=used_bytes))
 
 
 def detach_process(*, state_file: Path, pid: int) -> None:

@@ -278,15 +278,21 @@ class SimulatedLibrary:
 
     @_entry("nvmlDeviceGetMemoryInfo")
     def memory_info(self, handle: Any, ref: Any) -> int:
+        """Used is what the processes on the device hold; a GPU's includes its MIG devices' (NVML's
+        aggregate for a privileged caller). The driver's own reservation is not simulated."""
         info = _out(ref)
+        machine_state = self.state_file.read()
         if self._kind(handle) == _MIG_DEVICE:
-            index, gi, _ = self._compute_instance(
-                handle, kind=_MIG_DEVICE, machine_state=self.state_file.read()
-            )
+            index, gi, ci = self._compute_instance(handle, kind=_MIG_DEVICE, machine_state=machine_state)
             total = hardware.mig_profile(self._model(index), gi.profile_id).memory_mib * _MIB
+            used = machine_state.memory_used({ci.uuid})
         else:
-            total = self._model(self._gpu(handle)).memory_mib * _MIB
-        info.total, info.free, info.used = total, total, 0
+            index = self._gpu(handle)
+            gpu = machine_state.gpus[index]
+            total = self._model(index).memory_mib * _MIB
+            migs = {ci.uuid for gi in gpu.gpu_instances for ci in gi.compute_instances}
+            used = machine_state.memory_used({gpu.uuid} | migs)
+        info.total, info.free, info.used = total, total - used, used
         return hardware.SUCCESS
 
     @_entry("nvmlDeviceGetPciInfo_v3")
@@ -304,6 +310,9 @@ class SimulatedLibrary:
 
     @_entry("nvmlDeviceGetUtilizationRates")
     def utilization(self, handle: Any, ref: Any) -> int:
+        if self._kind(handle) == _MIG_DEVICE:
+            self._compute_instance(handle, kind=_MIG_DEVICE, machine_state=self.state_file.read())
+            raise Refused(hardware.NOT_SUPPORTED, "utilization is not reported for MIG devices")
         index = self._gpu(handle)
         gpu = self.state_file.read().gpus[index]
         if gpu.mig_mode:
@@ -603,17 +612,21 @@ class SimulatedLibrary:
         machine_state = self.state_file.read()
         if self._kind(handle) == _MIG_DEVICE:
             _, gi, ci = self._compute_instance(handle, kind=_MIG_DEVICE, machine_state=machine_state)
-            found = [(p.pid, gi.id, ci.id) for p in machine_state.processes if p.device_uuid == ci.uuid]
+            where = {ci.uuid: (gi.id, ci.id)}
         else:
-            found = hardware.processes_on(machine_state, self._gpu(handle))
+            gpu = machine_state.gpus[self._gpu(handle)]
+            where = {gpu.uuid: (hardware.VALUE_NOT_AVAILABLE, hardware.VALUE_NOT_AVAILABLE)} | {
+                ci.uuid: (gi.id, ci.id) for gi in gpu.gpu_instances for ci in gi.compute_instances
+            }
+        found = [p for p in machine_state.processes if p.device_uuid in where]
         size = _out(count)
         capacity = 0 if infos is None else min(size.value, len(infos))
         size.value = len(found)
         if len(found) > capacity:
             raise Refused(hardware.INSUFFICIENT_SIZE, f"{len(found)} processes")
-        for slot, (pid, gi_id, ci_id) in enumerate(found):
+        for slot, process in enumerate(found):
             info = infos[slot]
-            info.pid = pid
-            info.usedGpuMemory = 0  # memory use is not simulated
-            info.gpuInstanceId, info.computeInstanceId = gi_id, ci_id
+            info.pid = process.pid
+            info.usedGpuMemory = process.used_bytes
+            info.gpuInstanceId, info.computeInstanceId = where[process.device_uuid]
         return hardware.SUCCESS

@@ -62,6 +62,7 @@ class Process(_Model):
 
     pid: int
     device_uuid: str
+    used_bytes: int = 0  # device memory it holds: NVML's usedGpuMemory, and part of the device's used
 
 
 class MpsDaemon(_Model):
@@ -78,6 +79,10 @@ class MachineState(_Model):
     gpus: list[Gpu]
     processes: list[Process] = []
     mps_daemons: list[MpsDaemon] = []
+
+    def memory_used(self, device_uuids: set[str]) -> int:
+        """Bytes the processes on any of these GPU or MIG devices hold."""
+        return sum(p.used_bytes for p in self.processes if p.device_uuid in device_uuids)
 
 
 def initial_state(machine: machines.Machine) -> MachineState:

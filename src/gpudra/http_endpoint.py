@@ -1,5 +1,5 @@
-"""The plugin's HTTP endpoint: Prometheus metrics, and liveness and readiness probes for the DaemonSet.
-I/O: one listening socket and its request threads.
+"""A daemon's HTTP endpoint: Prometheus metrics, liveness and readiness probes, and JSON documents (the
+controller's `/status`). I/O: one listening socket and its request threads. Both binaries use it.
 
 `/metrics` serves the registry. `/livez` fails only when the process cannot recover by itself (a
 background thread ended): the kubelet restarts the container then. `/readyz` fails while the plugin
@@ -16,13 +16,15 @@ import socket
 import socketserver
 import tempfile
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 # A probe answers "why not" (a short reason) or None when the check passes.
 Probe = Callable[[], str | None]
@@ -66,7 +68,8 @@ class _QuietHandler(WSGIRequestHandler):
 
 
 class HttpEndpoint:
-    """Serves `/metrics`, `/livez` and `/readyz` on `address:port`, as a `service.Service`."""
+    """Serves `/metrics`, `/livez`, `/readyz` and the `documents` (path -> JSON bytes, made per request)
+    on `address:port`, as a `service.Service`."""
 
     def __init__(
         self,
@@ -76,17 +79,23 @@ class HttpEndpoint:
         port: int,
         liveness: Sequence[Check] = (),
         readiness: Sequence[Check] = (),
+        documents: Mapping[str, Callable[[], bytes]] | None = None,
     ) -> None:
         self.address = address
         self.port = port
         self.liveness = list(liveness)
         self.readiness = list(readiness)
+        self.documents = dict(documents or {})
         self._metrics = make_wsgi_app(registry)
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
 
     def app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "/")
+        document = self.documents.get(path)
+        if document is not None:
+            start_response("200 OK", [("Content-Type", "application/json"), ("Cache-Control", "no-store")])
+            return [document()]
         checks = {"/livez": self.liveness, "/healthz": self.liveness, "/readyz": self.readiness}.get(path)
         if checks is None:
             return self._metrics(environ, start_response)  # type: ignore[no-any-return]
@@ -127,3 +136,20 @@ def writable_directory(path: Path) -> Probe:
         return None
 
     return probe
+
+
+class ApiRequests(Collector):
+    """`gpudra_api_requests` from a daemon's `Kube.request_counts`: the load it puts on the API server."""
+
+    def __init__(self, requests: Callable[[], Mapping[tuple[str, str], int]]) -> None:
+        self.requests = requests
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "gpudra_api_requests",
+            "Requests to the API server since start, by verb and resource (failed ones included).",
+            labels=["verb", "resource"],
+        )
+        for (verb, resource), count in sorted(self.requests().items()):
+            family.add_metric([verb, resource], count)
+        yield family

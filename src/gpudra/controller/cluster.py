@@ -1,0 +1,125 @@
+"""The controller's picture of the cluster, fed by watches: this driver's ResourceSlices, every
+ResourceClaim, every DeviceClass. I/O: the API server, through `gpudra.kube.informer`.
+
+Every replica keeps it (a follower answers `gpudra status` and admission warnings as well as the
+leader). `view()` builds `gpudra.model.cluster_view` from it, again only when a watch saw a change or
+VIEW_SECONDS passed (idle times grow with the clock); `reach()` holds requests against the published
+devices for the admission warnings, rebuilt when slices or classes changed.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from gpudra.kube.client import GROUP, VERSION, Kube
+from gpudra.kube.informer import Informer
+from gpudra.model import cluster_view
+from gpudra.model.explain import device_classes
+from gpudra.model.request_reach import Reach
+from gpudra.model.resource_pools import Inventory
+
+# A scrape every few seconds must not rebuild a thousand nodes' view each time.
+VIEW_SECONDS = 5.0
+
+
+class ClusterWatch:
+    """Three informers and what is built from them, as one `service.Service`."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        *,
+        driver: str,
+        idle_after_seconds: float,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.driver = driver
+        self.idle_after_seconds = idle_after_seconds
+        self.clock = clock
+        base = f"/apis/{GROUP}/{VERSION}"
+        self.slices = Informer(
+            kube,
+            "resourceslices",
+            f"{base}/resourceslices",
+            field_selector=f"spec.driver={driver}",
+            on_change=self._slices_changed,
+        )
+        self.claims = Informer(kube, "resourceclaims", f"{base}/resourceclaims", on_change=self._changed)
+        self.classes = Informer(
+            kube, "deviceclasses", f"{base}/deviceclasses", on_change=lambda: self._changed(devices=True)
+        )
+        self.informers = [self.slices, self.claims, self.classes]
+        self._lock = threading.Lock()
+        self._changes = 0  # watch events seen; a view or reach remembers the count it was built at
+        self._device_changes = 0
+        self._view: tuple[int, datetime, cluster_view.ClusterView] | None = None
+        self._reach: tuple[int, Reach] | None = None
+        # Called after each change to the slices (e.g. housekeeping's wake(): a pool may be gone).
+        self.on_slices_change: list[Callable[[], None]] = []
+
+    def start(self) -> None:
+        for informer in self.informers:
+            informer.start()
+
+    def stop(self, timeout: float) -> None:
+        for informer in self.informers:
+            informer.stop(timeout)
+
+    def synced(self) -> str | None:
+        """A readiness probe: which watches have not listed yet."""
+        waiting = [i.resource for i in self.informers if not i.synced.is_set()]
+        return f"not listed yet: {', '.join(waiting)}" if waiting else None
+
+    def _changed(self, *, devices: bool = False) -> None:
+        with self._lock:
+            self._changes += 1
+            self._device_changes += devices
+
+    def _slices_changed(self) -> None:
+        self._changed(devices=True)
+        for callback in self.on_slices_change:
+            callback()
+
+    def view(self) -> cluster_view.ClusterView:
+        now = self.clock()
+        with self._lock:
+            changes, cached = self._changes, self._view
+        if cached is not None and cached[0] == changes and (now - cached[1]).total_seconds() < VIEW_SECONDS:
+            return cached[2]
+        view = cluster_view.build(
+            driver=self.driver,
+            slices=self.slices.objects(),
+            claims=self.claims.objects(),
+            classes=self.classes.objects(),
+            now=now,
+            idle_after_seconds=self.idle_after_seconds,
+        )
+        with self._lock:
+            self._view = (changes, now, view)
+        return view
+
+    def reach(self) -> Reach:
+        with self._lock:
+            changes, cached = self._device_changes, self._reach
+        if cached is not None and cached[0] == changes:
+            return cached[1]
+        classes = self.classes.objects()
+        inventory = Inventory(self.slices.objects())
+        devices = [device for pool in inventory.pools.values() for device in pool.devices]
+        reach = Reach(
+            devices,
+            device_classes(classes),
+            cluster_view.driver_classes(classes, driver=self.driver),
+        )
+        with self._lock:
+            self._reach = (changes, reach)
+        return reach
+
+    def warnings(self, obj: Mapping[str, Any]) -> list[str]:
+        """The admission warnings for a claim or template (none until the watches have listed)."""
+        if self.synced() is not None:
+            return []
+        return self.reach().warnings(obj)

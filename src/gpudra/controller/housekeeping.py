@@ -1,0 +1,90 @@
+"""Housekeeping no other component does. I/O: the API server (through the given write), on the leader only.
+
+What gpudra puts in the cluster per claim is the node plugin's usage report: entries of this driver in
+the claim's `status.devices` (`gpudra.model.claim_usage`). The API server drops them itself when the
+claim is deallocated or deleted, so a report never outlives its claim. What it cannot know is that the
+node which wrote a report is gone: a node removed from the cluster, or gpudra's plugin taken off it (the
+kubelet then deletes the node's ResourceSlices). Its reports would stand unchanged for as long as the
+claim stays allocated: a GPU reported idle (or busy) forever by a plugin that no longer looks. So the
+leader removes this driver's entries whose pool no longer has a ResourceSlice.
+
+Nothing is removed before every watch has listed (an empty picture is not "every pool is gone").
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from gpudra.service import Loop
+
+log = logging.getLogger(__name__)
+PERIOD_SECONDS = 60.0
+
+Obj = dict[str, Any]
+# (claim as seen, the status.devices entries to keep): replaces the claim's entries if it is unchanged
+ClearStatus = Callable[[Mapping[str, Any], list[Obj]], None]
+
+
+def stale_reports(
+    claims: Iterable[Mapping[str, Any]], slices: Iterable[Mapping[str, Any]], *, driver: str
+) -> list[tuple[Mapping[str, Any], list[Obj]]]:
+    """(claim, the status.devices entries it keeps) for each claim with entries of `driver` from a pool
+    without slices. Pure."""
+    pools = {str(((s.get("spec") or {}).get("pool") or {}).get("name")) for s in slices}
+    found = []
+    for claim in claims:
+        entries = (claim.get("status") or {}).get("devices") or []
+        keep = [e for e in entries if e.get("driver") != driver or str(e.get("pool")) in pools]
+        if len(keep) != len(entries):
+            found.append((claim, keep))
+    return found
+
+
+class Housekeeping:
+    """Runs `stale_reports` every PERIOD_SECONDS while leading, as a `service.Service`."""
+
+    def __init__(
+        self,
+        *,
+        driver: str,
+        claims: Callable[[], list[Obj]],
+        slices: Callable[[], list[Obj]],
+        synced: Callable[[], str | None],
+        is_leader: Callable[[], bool],
+        clear: ClearStatus,
+    ) -> None:
+        self.driver = driver
+        self.claims = claims
+        self.slices = slices
+        self.synced = synced
+        self.is_leader = is_leader
+        self.clear = clear
+        self.removed = 0  # claims cleaned since start, for tests and logs
+        self.loop = Loop("housekeeping", self._step)
+
+    def start(self) -> None:
+        self.loop.start()
+
+    def stop(self, timeout: float) -> None:
+        self.loop.stop(timeout)
+
+    def wake(self) -> None:
+        """Look now (the slices changed: a pool may be gone)."""
+        self.loop.wake()
+
+    def _step(self) -> float:
+        if self.synced() is not None or not self.is_leader():
+            return PERIOD_SECONDS
+        for claim, keep in stale_reports(self.claims(), self.slices(), driver=self.driver):
+            if not self.is_leader():  # checked right before each write: a deposed leader writes nothing
+                break
+            meta = claim.get("metadata") or {}
+            self.clear(claim, keep)
+            self.removed += 1
+            log.info(
+                "removed usage reports of nodes gone",
+                extra={"claim": f"{meta.get('namespace')}/{meta.get('name')}"},
+            )
+        return PERIOD_SECONDS

@@ -1,0 +1,101 @@
+"""Prometheus metrics of the controller: the cluster's GPU picture, the leader, the API load. Pure but for
+the callbacks it reads at each scrape.
+
+The cluster series are built from the view at each scrape, so a node, claim or profile that is gone
+leaves no stale series behind. Every replica exports them (each keeps the view); `gpudra_controller_leader`
+tells which one writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gpudra.http_endpoint import ApiRequests
+from gpudra.model.cluster_view import ClusterView
+
+
+class ControllerMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+
+    def track_view(self, view: Callable[[], ClusterView]) -> None:
+        self.registry.register(_View(view))
+
+    def track_leader(self, leading: Callable[[], bool], transitions: Callable[[], int]) -> None:
+        self.registry.register(_Leader(leading, transitions))
+
+    def track_api_requests(self, requests: Callable[[], Mapping[tuple[str, str], int]]) -> None:
+        self.registry.register(ApiRequests(requests))
+
+
+class _View(Collector):
+    def __init__(self, view: Callable[[], ClusterView]) -> None:
+        self.view = view
+
+    def collect(self) -> Iterator[Metric]:
+        view = self.view()
+        gpus = GaugeMetricFamily(
+            "gpudra_cluster_gpus",
+            "Physical GPUs by node, product and state: published, allocated (a claim holds it or a part "
+            "of it), shared (more than one claim or pod uses it), free, idle (allocated, every device on it "
+            "reported without activity for the idle time).",
+            labels=["node", "product", "state"],
+        )
+        for row in view.nodes:
+            for state in ("gpus", "allocated", "shared", "free", "idle"):
+                label = "published" if state == "gpus" else state
+                gpus.add_metric([row.node, row.product, label], getattr(row, state))
+        yield gpus
+        room = GaugeMetricFamily(
+            "gpudra_cluster_mig_largest_placeable_bytes",
+            "Memory of the largest MIG partition still placeable on a MIG-capable GPU (0: none), with its "
+            "profile.",
+            labels=["node", "gpu", "product", "profile"],
+        )
+        for mig in view.mig:
+            room.add_metric(
+                [mig.node, mig.gpu, mig.product, mig.largest_placeable or ""], mig.largest_placeable_memory
+            )
+        yield room
+        pending = GaugeMetricFamily(
+            "gpudra_cluster_pending_claims",
+            "ResourceClaims for this driver's DeviceClasses without an allocation, by namespace.",
+            labels=["namespace"],
+        )
+        counts: dict[str, int] = {}
+        for claim in view.pending:
+            counts[claim.namespace] = counts.get(claim.namespace, 0) + 1
+        for namespace, count in sorted(counts.items()):
+            pending.add_metric([namespace], count)
+        yield pending
+        idle = GaugeMetricFamily(
+            "gpudra_cluster_idle_device_seconds",
+            "Seconds an allocated device has reported no activity, for those idle at least the idle time.",
+            labels=["namespace", "claim", "pod", "node", "device"],
+        )
+        for device in view.idle:
+            idle.add_metric(
+                [device.namespace, device.claim, ",".join(device.pods), device.node, device.device],
+                device.idle_seconds,
+            )
+        yield idle
+
+
+class _Leader(Collector):
+    def __init__(self, leading: Callable[[], bool], transitions: Callable[[], int]) -> None:
+        self.leading = leading
+        self.transitions = transitions
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "gpudra_controller_leader", "1 while this replica leads (and alone writes).", value=self.leading()
+        )
+        yield CounterMetricFamily(
+            "gpudra_controller_leader_transitions",
+            "Times this replica started or stopped leading.",
+            value=self.transitions(),
+        )

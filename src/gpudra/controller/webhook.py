@@ -1,0 +1,469 @@
+"""The validating admission webhook of `gpudra controller`: what it answers (`review`, pure), how the API
+server is told to call it (`desired_configuration`, pure) and the HTTPS server that answers
+(`WebhookServer`; I/O: one listening socket and a thread per connection).
+
+The judging is `gpudra validate`'s (gpudra.model.manifests): a ResourceClaim, ResourceClaimTemplate or
+DeviceClass whose gpudra config is wrong is rejected with every problem on its own line, worded as
+`gpudra validate` prints it (kind and name, field path, what is allowed).
+
+A denial carries HTTP status 400 (BadRequest): the request is wrong in a way its sender can fix by
+resending it corrected. 403 (Forbidden) would send users to their RBAC rules, and 422 (Invalid) is the
+API server's own field validation, which clients read as carrying `details.causes`.
+
+The API server is told to call the webhook twice, as two webhooks of one configuration:
+- `config.<driver>` sees only objects carrying an opaque config of this driver (a CEL matchCondition),
+  with the configured failurePolicy: with Fail, no bad config gets past a controller that is down;
+- `warnings.<driver>` sees the other claims and templates, for advice only (`warnings`), so it always
+  has failurePolicy Ignore and a short timeout: a controller that is down never blocks them.
+Both list only resource.k8s.io/v1 with matchPolicy Equivalent: the API server converts requests made
+through v1beta1 and v1beta2 to v1 before calling (admissionregistration/v1 `matchPolicy`), so one
+handler reads one version.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import json
+import logging
+import os
+import socket
+import socketserver
+import ssl
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import urlsplit
+
+from prometheus_client import CollectorRegistry, Counter
+
+from gpudra.controller.certs import Material, read_certificates
+from gpudra.controller.options import Options
+from gpudra.errors import ConfigError
+from gpudra.model.manifests import Problem, validate_documents
+
+log = logging.getLogger(__name__)
+
+PATH = "/validate"
+GROUP = "resource.k8s.io"
+JUDGED_KINDS = ("ResourceClaim", "ResourceClaimTemplate", "DeviceClass")
+WARNED_KINDS = ("ResourceClaim", "ResourceClaimTemplate")
+_RESOURCES = {"ResourceClaim": "resourceclaims", "ResourceClaimTemplate": "resourceclaimtemplates"}
+_RESOURCES_JUDGED = {**_RESOURCES, "DeviceClass": "deviceclasses"}
+_REVIEW_VERSION = "admission.k8s.io/v1"
+
+# The API server adds each warning as an HTTP Warning header. Once all of a request's warnings pass
+# 4096 characters it cuts each to 256 and drops the ones that follow (apiserver
+# pkg/endpoints/filters/warning.go; the webhook documentation's caution), and it drops a warning with
+# a line break or another control character. Warnings are cleaned and kept inside both limits here.
+MAX_WARNING_CHARS = 256
+MAX_WARNINGS_CHARS = 4096
+
+# An AdmissionReview of an UPDATE holds the object twice (object and oldObject), each up to the API
+# server's 3 MiB request limit, plus the envelope: 8 MiB leaves room, and caps what one connection can
+# make this process hold.
+MAX_BODY_BYTES = 8 * 1024 * 1024
+# Seconds a connection may take for its handshake, and between reads; the API server's own
+# timeout per call is at most 30 s.
+CONNECTION_TIMEOUT = 15.0
+
+Warnings = Callable[[Mapping[str, Any]], list[str]]
+
+
+# --- the review ----------------------------------------------------------------------------------
+
+
+def review(body: Mapping[str, Any], *, driver: str, warnings: Warnings) -> dict[str, Any]:
+    """The AdmissionReview response to the AdmissionReview request `body`: allowed unless a CREATE or
+    UPDATE of a ResourceClaim, ResourceClaimTemplate or DeviceClass carries a bad config of `driver`;
+    on UPDATE only problems the old object did not have count, so an object stored before the webhook
+    existed (or was stricter) can still get its finalizers removed. `warnings(object)` adds advice for
+    claims and templates. A malformed review raises ConfigError naming the field."""
+    request = _request(body)
+    operation, gvk, obj = request["operation"], request["kind"], request.get("object")
+    response: dict[str, Any] = {"uid": request["uid"], "allowed": True}
+    kind = gvk["kind"]
+    judged = operation in ("CREATE", "UPDATE") and gvk.get("group") == GROUP and kind in JUDGED_KINDS
+    if judged:
+        if not isinstance(obj, Mapping):
+            raise ConfigError(f"must be an object for {operation} of a {kind}", field="request.object")
+        problems = _problems(obj, gvk, driver)
+        old = request.get("oldObject")
+        if problems and operation == "UPDATE" and isinstance(old, Mapping):
+            before = set(_problems(old, gvk, driver))
+            problems = [p for p in problems if p not in before]
+        if problems:
+            response["allowed"] = False
+            response["status"] = {
+                "status": "Failure",
+                "code": 400,
+                "reason": "BadRequest",
+                "message": "\n".join(str(p) for p in problems),
+            }
+        if kind in WARNED_KINDS:
+            notes = _clean_warnings(_call_warnings(warnings, obj))
+            if notes:
+                response["warnings"] = notes
+    return {"apiVersion": _REVIEW_VERSION, "kind": "AdmissionReview", "response": response}
+
+
+def _request(body: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The review's `request`, its envelope and the fields `review` reads checked."""
+    if not isinstance(body, Mapping):
+        raise ConfigError("must be a JSON object (an AdmissionReview)")
+    if body.get("apiVersion") != _REVIEW_VERSION or body.get("kind") != "AdmissionReview":
+        raise ConfigError(
+            f"must be {_REVIEW_VERSION} AdmissionReview (the configuration's admissionReviewVersions)",
+            field="apiVersion, kind",
+        )
+    request = body.get("request")
+    if not isinstance(request, Mapping):
+        raise ConfigError("is required (an AdmissionRequest)", field="request")
+    if not isinstance(request.get("uid"), str) or not request["uid"]:
+        raise ConfigError("is required (a non-empty string)", field="request.uid")
+    gvk = request.get("kind")
+    if not isinstance(gvk, Mapping) or not isinstance(gvk.get("kind"), str):
+        raise ConfigError("is required (group, version and kind)", field="request.kind")
+    if request.get("operation") not in ("CREATE", "UPDATE", "DELETE", "CONNECT"):
+        raise ConfigError("must be one of CREATE, UPDATE, DELETE, CONNECT", field="request.operation")
+    return request
+
+
+def _problems(obj: Mapping[str, Any], gvk: Mapping[str, Any], driver: str) -> list[Problem]:
+    # The object is in the version the request names (converted by the API server); saying so here
+    # lets manifests judge an object whose apiVersion and kind were left out.
+    typed = {**obj, "apiVersion": f"{GROUP}/{gvk.get('version', '')}", "kind": gvk["kind"]}
+    return validate_documents([("", typed)], driver=driver)
+
+
+def _call_warnings(warnings: Warnings, obj: Mapping[str, Any]) -> Iterable[object]:
+    """The callback's advice; none when it fails: advice must never turn into a refused request."""
+    try:
+        return list(warnings(obj))
+    except Exception:
+        log.exception("the admission warnings callback failed; answering without warnings")
+        return []
+
+
+def _clean_warnings(texts: Iterable[object]) -> list[str]:
+    """Each warning on one line of printable characters, at most MAX_WARNING_CHARS long, no repeats,
+    and no more in all than MAX_WARNINGS_CHARS (see there)."""
+    kept: list[str] = []
+    total = 0
+    for text in texts:
+        line = " ".join("".join(ch if ch.isprintable() else " " for ch in str(text)).split())
+        if len(line) > MAX_WARNING_CHARS:
+            line = line[: MAX_WARNING_CHARS - 1] + "…"
+        if not line or line in kept:
+            continue
+        if total + len(line) > MAX_WARNINGS_CHARS:
+            break
+        kept.append(line)
+        total += len(line)
+    return kept
+
+
+# --- the configuration ---------------------------------------------------------------------------
+
+
+def desired_configuration(options: Options, ca_bundle: bytes) -> dict[str, Any]:
+    """The ValidatingWebhookConfiguration `options.webhook_configuration`, trusting the PEM `ca_bundle`.
+    The API server reaches the webhook at `options.webhook_url` + /validate when that is set, else
+    through the Service `options.webhook_service` in `options.namespace` on port `options.webhook_port`
+    (the Service exposes the port the controller listens on). Every field the API server would default
+    is set, so that the stored object equals this one and an unchanged configuration is never
+    rewritten."""
+    client: dict[str, Any] = {"caBundle": base64.b64encode(ca_bundle).decode()}
+    if options.webhook_url:
+        client["url"] = options.webhook_url.rstrip("/") + PATH
+    else:
+        client["service"] = {
+            "namespace": options.namespace,
+            "name": options.webhook_service,
+            "path": PATH,
+            "port": options.webhook_port,
+        }
+    carries_config = _carries_config_condition(options.driver)
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": options.webhook_configuration},
+        "webhooks": [
+            _webhook(
+                f"config.{options.driver}",
+                client,
+                resources=list(_RESOURCES_JUDGED.values()),
+                condition=("gpudra-config", carries_config),
+                failure_policy=options.failure_policy,
+                timeout_seconds=10,
+            ),
+            _webhook(
+                f"warnings.{options.driver}",
+                client,
+                resources=list(_RESOURCES.values()),
+                condition=("no-gpudra-config", f"!({carries_config})"),
+                failure_policy="Ignore",
+                timeout_seconds=2,
+            ),
+        ],
+    }
+
+
+def _webhook(
+    name: str,
+    client: dict[str, Any],
+    *,
+    resources: list[str],
+    condition: tuple[str, str],
+    failure_policy: str,
+    timeout_seconds: int,
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "clientConfig": client,
+        "rules": [
+            {
+                "apiGroups": [GROUP],
+                "apiVersions": ["v1"],
+                "operations": ["CREATE", "UPDATE"],
+                "resources": resources,
+                "scope": "*",
+            }
+        ],
+        "matchPolicy": "Equivalent",
+        "matchConditions": [{"name": condition[0], "expression": condition[1]}],
+        "namespaceSelector": {},
+        "objectSelector": {},
+        "failurePolicy": failure_policy,
+        "sideEffects": "None",
+        "timeoutSeconds": timeout_seconds,
+        "admissionReviewVersions": ["v1"],
+    }
+
+
+def _carries_config_condition(driver: str) -> str:
+    """CEL, true when the object is a claim, template or class with an opaque config of `driver`.
+    `object` is untyped here, so each step is guarded with has(): an error in a matchCondition would
+    refuse the request under failurePolicy Fail."""
+    entry = f"has(c.opaque) && has(c.opaque.driver) && c.opaque.driver == {_cel_string(driver)}"
+
+    def configs(devices: str) -> str:
+        return f"has({devices}.config) && {devices}.config.exists(c, {entry})"
+
+    resource = "request.resource.resource"
+    return (
+        f'({resource} == "resourceclaims" && has(object.spec) && has(object.spec.devices)'
+        f" && {configs('object.spec.devices')})"
+        f' || ({resource} == "resourceclaimtemplates" && has(object.spec) && has(object.spec.spec)'
+        f" && has(object.spec.spec.devices) && {configs('object.spec.spec.devices')})"
+        f' || ({resource} == "deviceclasses" && has(object.spec) && {configs("object.spec")})'
+    )
+
+
+def _cel_string(value: str) -> str:
+    """`value` as a CEL string literal: printable ASCII but quote and backslash as is, every other
+    character as a \\U escape, so that no driver name can end the literal early."""
+    return (
+        '"'
+        + "".join(ch if " " <= ch <= "~" and ch not in '"\\' else f"\\U{ord(ch):08x}" for ch in value)
+        + '"'
+    )
+
+
+# --- the server ----------------------------------------------------------------------------------
+
+
+class WebhookServer:
+    """Serves POST /validate over HTTPS on `address:port` (port 0: any free one, `port` tells which
+    after `start`), as a `service.Service`. It answers no connection before `use` gave it a
+    certificate (they are closed at once, so the API server applies the failurePolicy without waiting);
+    `use` again swaps the certificate for new connections without closing the listening socket.
+    Answers are counted in `registry` as gpudra_admission_reviews_total{kind, result}."""
+
+    def __init__(
+        self, address: str, port: int, driver: str, *, warnings: Warnings, registry: CollectorRegistry
+    ) -> None:
+        self.address = address
+        self.port = port
+        self.driver = driver
+        self.warnings = warnings
+        self._context: ssl.SSLContext | None = None
+        self._listener: _Listener | None = None
+        self._thread: threading.Thread | None = None
+        self._reviews = Counter(
+            "gpudra_admission_reviews",
+            "Admission reviews answered, by the kind of object and the result: allowed, denied (a bad "
+            "gpudra config), error (a malformed review or a failure of the webhook).",
+            ["kind", "result"],
+            registry=registry,
+        )
+
+    def use(self, material: Material) -> None:
+        """Serve `material`'s certificate from now on; ConfigError when it cannot be loaded."""
+        self._context = _server_context(material)
+        expires = read_certificates(material.tls_crt)[0].not_valid_after_utc
+        log.info("webhook serving certificate loaded", extra={"expires": expires.isoformat()})
+
+    def problem(self) -> str | None:
+        """Readiness: why the webhook cannot answer now, or None."""
+        if self._listener is None:
+            return "the webhook server is not listening"
+        if self._context is None:
+            return "no serving certificate yet"
+        return None
+
+    def start(self) -> None:
+        listener_class = _Listener6 if ":" in self.address else _Listener
+        self._listener = listener_class((self.address, self.port), self)
+        self.port = self._listener.server_address[1]
+        self._thread = threading.Thread(target=self._listener.serve_forever, name="webhook", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float) -> None:
+        if self._listener is not None and self._thread is not None:
+            self._listener.shutdown()
+            self._listener.server_close()
+            self._thread.join(timeout)
+            self._listener = None
+
+    def context(self) -> ssl.SSLContext | None:
+        """The TLS context new connections get; None before `use`."""
+        return self._context
+
+    def answer(self, body: bytes) -> tuple[int, bytes, str]:
+        """(HTTP status, body, content type) for a POSTed review."""
+        kind, result = "unknown", "error"
+        try:
+            document = json.loads(body)
+            kind = _kind_of(document)
+            response = review(document, driver=self.driver, warnings=self.warnings)
+        except RecursionError:
+            status, text = 400, "the review nests too deeply to decode"
+        except ConfigError as err:
+            status, text = 400, f"malformed AdmissionReview: {err}"
+        except ValueError as err:  # not JSON
+            status, text = 400, f"the body is not JSON: {err}"
+        except Exception:
+            log.exception("answering an admission review failed unexpectedly")
+            status, text = 500, "internal error; see the controller's log"
+        else:
+            result = "allowed" if response["response"]["allowed"] else "denied"
+            self._reviews.labels(kind, result).inc()
+            return 200, json.dumps(response).encode(), "application/json"
+        log.warning("admission review refused", extra={"status": status, "error": text})
+        self._reviews.labels(kind, result).inc()
+        return status, text.encode(), "text/plain; charset=utf-8"
+
+
+def _kind_of(document: object) -> str:
+    """The metric's kind label: one of ours, "other", or "unknown" when the review names none. Any
+    client that reaches the port can name kinds, so no other value becomes a series."""
+    request = document.get("request") if isinstance(document, Mapping) else None
+    gvk = request.get("kind") if isinstance(request, Mapping) else None
+    kind = gvk.get("kind") if isinstance(gvk, Mapping) else None
+    if not isinstance(kind, str) or not kind:
+        return "unknown"
+    return kind if kind in JUDGED_KINDS else "other"
+
+
+def _server_context(material: Material) -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    # ssl loads certificates from files only: in-memory ones (memfd) keep the key off every disk,
+    # and work on a read-only root filesystem.
+    with _memory_file("tls.crt", material.tls_crt) as cert, _memory_file("tls.key", material.tls_key) as key:
+        try:
+            context.load_cert_chain(cert, key)
+        except (ssl.SSLError, OSError) as err:
+            raise ConfigError(
+                f"cannot be loaded as a certificate and its key ({err})", field="tls.crt, tls.key"
+            ) from err
+    return context
+
+
+@contextmanager
+def _memory_file(name: str, data: bytes) -> Iterator[str]:
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    try:
+        with os.fdopen(os.dup(fd), "wb") as file:
+            file.write(data)
+        yield f"/proc/self/fd/{fd}"
+    finally:
+        os.close(fd)
+
+
+class _Listener(http.server.ThreadingHTTPServer):
+    """The listening socket. Each accepted connection is wrapped in the certificate current at that
+    moment; its handshake runs in the connection's own thread, so a slow client holds up no other."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], webhook: WebhookServer) -> None:
+        self.webhook = webhook
+        super().__init__(address, _Handler)
+
+    def server_bind(self) -> None:
+        # HTTPServer's own looks the host's name up (socket.getfqdn), which can hang on a pod's DNS.
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = str(self.server_address[0]), int(self.server_address[1])
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        connection, peer = self.socket.accept()
+        context = self.webhook.context()
+        if context is None:
+            connection.close()
+            raise OSError("no serving certificate yet")  # socketserver drops the connection
+        return context.wrap_socket(connection, server_side=True, do_handshake_on_connect=False), peer
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A failed handshake or a connection reset: the client's problem, not a traceback on stderr."""
+        log.debug("webhook connection failed", exc_info=True, extra={"peer": str(client_address)})
+
+
+class _Listener6(_Listener):
+    address_family = socket.AF_INET6
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    server: _Listener
+    protocol_version = "HTTP/1.1"  # keep-alive: the API server reuses its connections
+    timeout = CONNECTION_TIMEOUT
+
+    def setup(self) -> None:
+        self.request.settimeout(self.timeout)
+        self.request.do_handshake()
+        super().setup()
+
+    def do_POST(self) -> None:
+        if urlsplit(self.path).path != PATH:
+            self.close_connection = True  # its body is left unread
+            self._send(404, f"not found; POST admission reviews to {PATH}".encode())
+            return
+        try:
+            length = int(self.headers.get("Content-Length", ""))
+        except ValueError:
+            self.close_connection = True
+            self._send(411, b"Content-Length is required")
+            return
+        if not 0 <= length <= MAX_BODY_BYTES:
+            self.close_connection = True  # the body is left unread
+            self._send(413, f"the review is {length} bytes; at most {MAX_BODY_BYTES} are accepted".encode())
+            return
+        body = self.rfile.read(length)
+        if len(body) < length:
+            self.close_connection = True  # the client went away mid-body
+            return
+        self._send(*self.server.webhook.answer(body))
+
+    def _send(self, status: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        if self.close_connection:
+            self.send_header("Connection", "close")  # the client opens a new one for its next request
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("webhook request", extra={"request": format % args})

@@ -1,0 +1,93 @@
+"""Wires `gpudra controller`: the cluster watches, leader election, the admission webhook and its
+certificates, housekeeping, metrics and `/status`. I/O: everything the controller touches, wired here and
+nowhere else.
+
+Every replica watches the cluster, serves the webhook (reviews write nothing) and answers `/status` and
+`/metrics`; only the leader writes (the webhook's Secret and configuration, housekeeping), and each
+writer asks `is_leader()` right before each write. Every part is a `service.Service` started by
+`service.running` in order (a part that fails to start stops those already started) and stopped in
+reverse on SIGTERM: the leader stops last but one, releasing the Lease so the other replica takes over
+at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from gpudra import service
+from gpudra.controller.cluster import ClusterWatch
+from gpudra.controller.housekeeping import Housekeeping
+from gpudra.controller.leader import LeaderElector
+from gpudra.controller.metrics import ControllerMetrics
+from gpudra.controller.options import Options
+from gpudra.controller.webhook import WebhookServer
+from gpudra.controller.webhook_tls import CertificateKeeper
+from gpudra.http_endpoint import Check, HttpEndpoint, Probe
+from gpudra.kube import client as kube
+from gpudra.kube.admission import AdmissionObjects
+from gpudra.kube.claim_status import ClaimStatus
+from gpudra.kube.lease import Leases
+
+log = logging.getLogger(__name__)
+STOP_TIMEOUT_SECONDS = 5.0
+
+
+def run(options: Options, *, stop: threading.Event) -> None:
+    client = kube.Kube(kube.connect(options.kubeconfig))
+    cluster = ClusterWatch(client, driver=options.driver, idle_after_seconds=options.idle_after_seconds)
+    elector = LeaderElector(
+        Leases(client),
+        namespace=options.namespace,
+        name=options.lease_name,
+        identity=options.identity,
+        lease_seconds=options.lease_seconds,
+    )
+    statuses = ClaimStatus(client)
+    housekeeping = Housekeeping(
+        driver=options.driver,
+        claims=cluster.claims.objects,
+        slices=cluster.slices.objects,
+        synced=cluster.synced,
+        is_leader=elector.is_leader,
+        clear=statuses.replace_devices,
+    )
+    cluster.on_slices_change.append(housekeeping.wake)
+    metrics = ControllerMetrics()
+    metrics.track_view(cluster.view)
+    metrics.track_leader(elector.is_leader, lambda: elector.transitions)
+    metrics.track_api_requests(client.request_counts)
+    loops = [*(i.loop for i in cluster.informers), elector.loop, housekeeping.loop]
+    readiness = [Check("cluster-watches", cluster.synced)]
+    services: list[service.Service] = [cluster, elector]
+    if options.webhook_port:
+        webhook = WebhookServer(
+            address=options.webhook_address,
+            port=options.webhook_port,
+            driver=options.driver,
+            warnings=cluster.warnings,
+            registry=metrics.registry,
+        )
+        keeper = CertificateKeeper(AdmissionObjects(client), options, webhook, is_leader=elector.is_leader)
+        loops.append(keeper.loop)
+        readiness.append(Check("webhook", webhook.problem))
+        services += [webhook, keeper]
+    services.append(housekeeping)
+    if options.metrics_port:
+        endpoint = HttpEndpoint(
+            metrics.registry,
+            address=options.metrics_address,
+            port=options.metrics_port,
+            liveness=[Check(f"loop-{loop.name}", _not_ended(loop)) for loop in loops],
+            readiness=readiness,
+            documents={"/status": lambda: cluster.view().model_dump_json(by_alias=True).encode()},
+        )
+        services.insert(0, endpoint)
+    log.info("starting", extra={"identity": options.identity, "namespace": options.namespace})
+    with service.running(services, stop_timeout=STOP_TIMEOUT_SECONDS):
+        stop.wait()
+        log.info("stopping")
+
+
+def _not_ended(loop: service.Loop) -> Probe:
+    return lambda: "background loop ended" if loop.ended else None

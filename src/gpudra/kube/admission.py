@@ -1,0 +1,85 @@
+"""The objects behind gpudra's admission webhook: the core/v1 Secret that holds its TLS material and the
+admissionregistration.k8s.io/v1 ValidatingWebhookConfiguration that points the API server at it, read,
+created and replaced whole. I/O: the API server, via gpudra.kube.client.
+
+Objects travel as the JSON dicts the API server sends. A replace carries the `metadata.resourceVersion`
+of the object it was made from, so of two replicas that read the same version and both write, exactly
+one wins; the other gets `Conflict` (as does a create of a name that exists). What goes into the
+objects is decided in gpudra.controller.webhook_tls.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import quote
+
+from gpudra.kube.client import Kube, NotFound, Obj
+
+_WEBHOOKS = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
+
+
+def _secrets(namespace: str) -> str:
+    return f"/api/v1/namespaces/{quote(namespace, safe='')}/secrets"
+
+
+def _named(collection: str, name: str) -> str:
+    return f"{collection}/{quote(name, safe='')}"
+
+
+class AdmissionObjects:
+    """Secret and ValidatingWebhookConfiguration calls on the one client, each counted as `(verb,
+    "secrets")` or `(verb, "validatingwebhookconfigurations")`; failures are `ClusterError`, a lost
+    race `Conflict`. Implements gpudra.controller.webhook_tls.AdmissionApi."""
+
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+
+    def get_secret(self, namespace: str, name: str) -> Obj | None:
+        """The Secret as stored now, or None when there is none."""
+        self.kube.count("get", "secrets")
+        try:
+            return self.kube.request(
+                f"reading Secret {namespace}/{name}", "GET", _named(_secrets(namespace), name)
+            )
+        except NotFound:
+            return None
+
+    def create_secret(self, namespace: str, secret: Obj) -> Obj:
+        self.kube.count("create", "secrets")
+        name = secret["metadata"]["name"]
+        return self.kube.request(
+            f"creating Secret {namespace}/{name}", "POST", _secrets(namespace), body=secret
+        )
+
+    def replace_secret(self, namespace: str, secret: Obj) -> Obj:
+        self.kube.count("update", "secrets")
+        name = secret["metadata"]["name"]
+        return self.kube.request(
+            f"updating Secret {namespace}/{name}", "PUT", _named(_secrets(namespace), name), body=secret
+        )
+
+    def get_webhook_configuration(self, name: str) -> Obj | None:
+        """The configuration as stored now, or None when there is none."""
+        self.kube.count("get", "validatingwebhookconfigurations")
+        try:
+            return self.kube.request(
+                f"reading ValidatingWebhookConfiguration {name}", "GET", _named(_WEBHOOKS, name)
+            )
+        except NotFound:
+            return None
+
+    def create_webhook_configuration(self, configuration: Obj) -> Obj:
+        self.kube.count("create", "validatingwebhookconfigurations")
+        name = configuration["metadata"]["name"]
+        return self.kube.request(
+            f"creating ValidatingWebhookConfiguration {name}", "POST", _WEBHOOKS, body=configuration
+        )
+
+    def replace_webhook_configuration(self, configuration: Obj) -> Obj:
+        self.kube.count("update", "validatingwebhookconfigurations")
+        name = configuration["metadata"]["name"]
+        return self.kube.request(
+            f"updating ValidatingWebhookConfiguration {name}",
+            "PUT",
+            _named(_WEBHOOKS, name),
+            body=configuration,
+        )

@@ -1,0 +1,338 @@
+"""The cluster's GPU picture, from what the API server holds: what `gpudra status` shows and the controller
+exports as metrics. Pure.
+
+Counted per physical GPU, whichever of its devices a claim took (the whole GPU `gpu-N`, a share of it
+`gpu-N-shared`, or MIG partitions `gpu-N-mig-...`), grouped by node and product:
+
+- `gpus`: GPUs published;
+- `allocated`: GPUs that any claim holds a device of (admin-access results hold nothing, as for the
+  scheduler);
+- `shared`: allocated GPUs that more than one workload uses: held by several claims (shares of the
+  GPU, MIG partitions of different claims) or by one claim that several pods reserve;
+- `free`: GPUs no claim holds anything of;
+- `idle`: allocated GPUs on which every claim's device has reported no activity for `idle_after`
+  (the node plugin writes an `Idle` condition into the claim's `status.devices`: see
+  `gpudra.model.claim_usage`).
+
+Per MIG-capable GPU, the largest MIG partition the scheduler could still place: the unallocated
+partition with the most memory whose counters (memory slices, engines) fit in what the allocated devices
+left. A GPU held whole has none left.
+
+Pending GPU claims: claims without an allocation with a request for one of this driver's DeviceClasses,
+which are the classes whose selectors name the driver (gpudra's own say `device.driver == "<driver>"`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+from pydantic.alias_generators import to_camel
+
+from gpudra.model.allocator import counters_left
+from gpudra.model.claim_requests import Allocations
+from gpudra.model.claim_usage import idle_since
+from gpudra.model.resource_pools import Amount, Device, Inventory, Pool
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+
+class NodeProducts(_Model):
+    """The GPUs of one product on one node."""
+
+    node: str
+    product: str
+    gpus: int
+    allocated: int
+    shared: int
+    free: int
+    idle: int
+
+
+class MigRoom(_Model):
+    """What is left of a MIG-capable GPU: the largest partition still placeable, if any."""
+
+    node: str
+    gpu: str  # the whole-GPU device's name, e.g. gpu-3
+    uuid: str
+    product: str
+    partitions_allocated: int
+    largest_placeable: str | None  # a MIG profile, e.g. 3g.40gb
+    largest_placeable_memory: int  # bytes; 0 when none
+
+
+class PendingClaim(_Model):
+    namespace: str
+    name: str
+    age_seconds: float
+    device_classes: list[str]
+
+
+class IdleDevice(_Model):
+    """A device of an allocated claim that has reported no activity for at least `idle_after`."""
+
+    namespace: str
+    claim: str
+    pods: list[str]
+    node: str
+    device: str
+    idle_seconds: float
+
+
+class ClusterView(_Model):
+    generated: datetime
+    driver: str
+    idle_after_seconds: float
+    nodes: list[NodeProducts]
+    mig: list[MigRoom]
+    pending: list[PendingClaim]
+    idle: list[IdleDevice]
+
+
+@dataclass
+class _Gpu:
+    node: str
+    uuid: str
+    product: str
+    name: str = ""  # the whole-GPU device, when published
+    pool: Pool | None = None
+    mig_capable: bool = False
+    holders: frozenset[str] = frozenset()
+    partitions_allocated: int = 0
+
+
+def driver_classes(classes: Iterable[Mapping[str, Any]], *, driver: str) -> set[str]:
+    """The DeviceClasses whose selectors name `driver`: the classes a GPU claim asks for."""
+    quoted = {f'"{driver}"', f"'{driver}'"}
+    found = set()
+    for obj in classes:
+        selectors = (obj.get("spec") or {}).get("selectors") or []
+        text = " ".join(str(((s or {}).get("cel") or {}).get("expression", "")) for s in selectors)
+        if any(q in text for q in quoted):
+            found.add(str((obj.get("metadata") or {}).get("name", "")))
+    return found
+
+
+def build(
+    *,
+    driver: str,
+    slices: Iterable[Mapping[str, Any]],
+    claims: Iterable[Mapping[str, Any]],
+    classes: Iterable[Mapping[str, Any]],
+    now: datetime,
+    idle_after_seconds: float,
+) -> ClusterView:
+    """The view of `driver`'s GPUs at `now`. Objects as the API server serves them."""
+    claims = list(claims)
+    inventory = Inventory([s for s in slices if (s.get("spec") or {}).get("driver") == driver])
+    allocations = Allocations.from_claims(claims)
+    gpus = _gpus(inventory, allocations)
+    pods = {_name(c): _pods(c) for c in claims}
+    idle = _idle_devices(claims, driver=driver, now=now, idle_after=idle_after_seconds, pods=pods)
+    idle_by_gpu = _idle_gpus(inventory, idle, claims, driver=driver)
+    return ClusterView(
+        generated=now,
+        driver=driver,
+        idle_after_seconds=idle_after_seconds,
+        nodes=_node_products(gpus, pods, idle_by_gpu),
+        mig=[_mig_room(gpu, inventory, allocations) for gpu in _sorted(gpus) if gpu.mig_capable],
+        pending=_pending(claims, driver_classes(classes, driver=driver), now),
+        idle=idle,
+    )
+
+
+def _gpus(inventory: Inventory, allocations: Allocations) -> dict[str, _Gpu]:
+    """Physical GPUs by UUID, with the claims holding any of their devices."""
+    gpus: dict[str, _Gpu] = {}
+    for pool in inventory.pools.values():
+        for device in pool.devices:
+            kind, uuid = _attribute(device, "type"), _gpu_uuid(device)
+            if not uuid:
+                continue
+            gpu = gpus.setdefault(
+                uuid, _Gpu(device.node or pool.name, uuid, _attribute(device, "productName"))
+            )
+            if kind == "gpu" and not device.allow_multiple_allocations:
+                gpu.name, gpu.pool = device.name, pool
+                gpu.mig_capable = gpu.mig_capable or _attribute(device, "migCapable") is True
+            if kind == "mig":
+                gpu.mig_capable, gpu.pool = True, gpu.pool or pool
+            holders = allocations.holders(device.id)
+            if holders:
+                gpu.holders |= frozenset(holders)
+                gpu.partitions_allocated += kind == "mig"
+    return gpus
+
+
+def _node_products(
+    gpus: Mapping[str, _Gpu], pods: Mapping[str, list[str]], idle_gpus: set[str]
+) -> list[NodeProducts]:
+    rows: dict[tuple[str, str], dict[str, int]] = {}
+    for gpu in gpus.values():
+        row = rows.setdefault(
+            (gpu.node, gpu.product), {"gpus": 0, "allocated": 0, "shared": 0, "free": 0, "idle": 0}
+        )
+        row["gpus"] += 1
+        if not gpu.holders:
+            row["free"] += 1
+            continue
+        row["allocated"] += 1
+        users = len(gpu.holders) if len(gpu.holders) > 1 else len(pods.get(next(iter(gpu.holders)), []))
+        row["shared"] += users > 1
+        row["idle"] += gpu.uuid in idle_gpus
+    return [NodeProducts(node=n, product=p, **counts) for (n, p), counts in sorted(rows.items())]
+
+
+def _mig_room(gpu: _Gpu, inventory: Inventory, allocations: Allocations) -> MigRoom:
+    best: tuple[Amount, str] | None = None
+    if gpu.pool is not None:
+        left = counters_left(gpu.pool, allocations)
+        for device in gpu.pool.devices:
+            if _attribute(device, "type") != "mig" or _attribute(device, "parentUUID") != gpu.uuid:
+                continue
+            if allocations.is_allocated(device.id) or not _fits(device, left):
+                continue
+            memory = device.capacity_value("memory") if "memory" in device.capacity else 0
+            profile = str(_attribute(device, "profile") or device.name)
+            if best is None or (memory, profile) > best:
+                best = (memory, profile)
+    return MigRoom(
+        node=gpu.node,
+        gpu=gpu.name,
+        uuid=gpu.uuid,
+        product=gpu.product,
+        partitions_allocated=gpu.partitions_allocated,
+        largest_placeable=best[1] if best else None,
+        largest_placeable_memory=int(best[0]) if best else 0,
+    )
+
+
+def _fits(device: Device, left: Mapping[str, Mapping[str, Amount]]) -> bool:
+    return all(
+        left.get(set_name, {}).get(name, 0) >= amount
+        for set_name, counters in device.counters().items()
+        for name, amount in counters.items()
+    )
+
+
+def _pending(claims: Iterable[Mapping[str, Any]], classes: set[str], now: datetime) -> list[PendingClaim]:
+    pending = []
+    for claim in claims:
+        if (claim.get("status") or {}).get("allocation"):
+            continue
+        wanted = sorted(_classes_of(claim) & classes)
+        if wanted:
+            meta = claim.get("metadata") or {}
+            created = _time(meta.get("creationTimestamp"))
+            pending.append(
+                PendingClaim(
+                    namespace=str(meta.get("namespace", "")),
+                    name=str(meta.get("name", "")),
+                    age_seconds=max(0.0, (now - created).total_seconds()) if created else 0.0,
+                    device_classes=wanted,
+                )
+            )
+    return sorted(pending, key=lambda p: (p.namespace, p.name))
+
+
+def _classes_of(claim: Mapping[str, Any]) -> set[str]:
+    found = set()
+    for request in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
+        for entry in [request.get("exactly") or {}, *(request.get("firstAvailable") or [])]:
+            if entry.get("deviceClassName"):
+                found.add(str(entry["deviceClassName"]))
+    return found
+
+
+def _idle_devices(
+    claims: Iterable[Mapping[str, Any]],
+    *,
+    driver: str,
+    now: datetime,
+    idle_after: float,
+    pods: Mapping[str, list[str]],
+) -> list[IdleDevice]:
+    idle = []
+    for claim in claims:
+        if not (claim.get("status") or {}).get("allocation"):
+            continue
+        meta = claim.get("metadata") or {}
+        for (pool, device), since in idle_since(claim, driver=driver).items():
+            seconds = (now - since).total_seconds()
+            if seconds >= idle_after:
+                idle.append(
+                    IdleDevice(
+                        namespace=str(meta.get("namespace", "")),
+                        claim=str(meta.get("name", "")),
+                        pods=pods.get(_name(claim), []),
+                        node=pool,
+                        device=device,
+                        idle_seconds=seconds,
+                    )
+                )
+    return sorted(idle, key=lambda d: (d.namespace, d.claim, d.node, d.device))
+
+
+def _idle_gpus(
+    inventory: Inventory, idle: list[IdleDevice], claims: Iterable[Mapping[str, Any]], *, driver: str
+) -> set[str]:
+    """GPUs whose every allocated device, in every claim holding one, is reported idle long enough."""
+    idle_keys = {(f"{d.namespace}/{d.claim}", d.node, d.device) for d in idle}
+    by_id = {device.id: device for pool in inventory.pools.values() for device in pool.devices}
+    verdict: dict[str, bool] = {}
+    for claim in claims:
+        allocation = (claim.get("status") or {}).get("allocation") or {}
+        for result in (allocation.get("devices") or {}).get("results") or []:
+            if result.get("driver") != driver or result.get("adminAccess"):
+                continue
+            device = by_id.get((driver, str(result.get("pool")), str(result.get("device"))))
+            uuid = _gpu_uuid(device) if device is not None else None
+            if uuid:
+                key = (_name(claim), str(result.get("pool")), str(result.get("device")))
+                verdict[uuid] = verdict.get(uuid, True) and key in idle_keys
+    return {uuid for uuid, all_idle in verdict.items() if all_idle}
+
+
+def _sorted(gpus: Mapping[str, _Gpu]) -> list[_Gpu]:
+    return sorted(gpus.values(), key=lambda g: (g.node, _minor(g.name), g.uuid))
+
+
+def _minor(name: str) -> int:
+    digits = name.removeprefix("gpu-")
+    return int(digits) if digits.isdigit() else -1
+
+
+def _attribute(device: Device, name: str) -> Any:
+    value = device.attributes.get(name) or {}
+    return next(iter(value.values()), None) if isinstance(value, Mapping) else None
+
+
+def _gpu_uuid(device: Device) -> str | None:
+    """The physical GPU a device is (or is a partition of)."""
+    kind = _attribute(device, "type")
+    value = _attribute(device, "uuid" if kind == "gpu" else "parentUUID" if kind == "mig" else "")
+    return str(value) if value else None
+
+
+def _name(claim: Mapping[str, Any]) -> str:
+    meta = claim.get("metadata") or {}
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+def _pods(claim: Mapping[str, Any]) -> list[str]:
+    reserved = (claim.get("status") or {}).get("reservedFor") or []
+    return sorted(str(r.get("name")) for r in reserved if r.get("resource") == "pods")
+
+
+def _time(text: object) -> datetime | None:
+    if not isinstance(text, str):
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC)
+    except ValueError:
+        return None

@@ -1,0 +1,67 @@
+"""Whether a claim's requests can match any device the driver publishes anywhere: the admission warning for
+a request no node could ever satisfy (a product no node has, a typo in an attribute name). Pure.
+
+Only requests for this driver's DeviceClasses are looked at, against the driver's devices on every
+node, by the class's and the request's CEL selectors (the scheduler's rules, `gpudra.model.allocator`);
+availability is not: a device held by another claim still counts, since it may be freed. A request with
+`firstAvailable` is reported only when none of its subrequests matches. A selector that fails on a
+device counts as no match. These are warnings, not rejections: a node with the right GPUs may join
+later.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gpudra.errors import ConfigError
+from gpudra.model.allocator import Matcher
+from gpudra.model.cel import CelError
+from gpudra.model.claim_requests import Request, claim_from_spec
+from gpudra.model.resource_pools import Device
+
+
+class Reach:
+    """The devices and classes requests are held against; build once per change of either."""
+
+    def __init__(
+        self, devices: Sequence[Device], classes: Mapping[str, Sequence[str]], driver_classes: set[str]
+    ) -> None:
+        self.devices = devices
+        self.driver_classes = driver_classes
+        self.matcher = Matcher(classes)
+
+    def warnings(self, obj: Mapping[str, Any]) -> list[str]:
+        """One line per request of a ResourceClaim or ResourceClaimTemplate that no device matches."""
+        kind = obj.get("kind")
+        spec = obj.get("spec") or {}
+        path = "spec"
+        if kind == "ResourceClaimTemplate":
+            spec, path = spec.get("spec") or {}, "spec.spec"
+        elif kind != "ResourceClaim":
+            return []
+        try:
+            claim = claim_from_spec("claim", spec, path=path)
+        except ConfigError:
+            return []  # the API server's validation answers that
+        found = []
+        for alternatives in claim.requests:
+            ours = [r for r in alternatives if r.device_class in self.driver_classes]
+            if len(ours) != len(alternatives) or any(self._matches(r) for r in ours):
+                continue  # another driver's class among them: not ours to judge
+            first = alternatives[0]
+            where = first.field.rsplit(".firstAvailable", 1)[0].removesuffix(".exactly")
+            classes = ", ".join(sorted({r.device_class for r in alternatives}))
+            found.append(
+                f"{where} ({first.base}): no GPU published by any node matches class {classes}"
+                + (" and the request's selectors" if any(r.selectors for r in alternatives) else "")
+                + f"; {len(self.devices)} devices checked"
+            )
+        return found
+
+    def _matches(self, request: Request) -> bool:
+        try:
+            matcher = self.matcher.for_request(request)
+        except (CelError, KeyError):
+            return True  # a selector that does not compile is the API server's to reject
+        return any(matcher.check(device) is None for device in self.devices)

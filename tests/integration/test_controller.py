@@ -1,0 +1,408 @@
+"""`gpudra controller` as a real process against the real control plane and the three simulated nodes:
+admission through the API server, certificates it manages itself, `gpudra status` against a hand count,
+idle GPUs, and two replicas electing a leader."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from gpudra.model.manifests import validate_documents
+from tests.localcluster import LocalCluster
+from tests.localcluster.cluster import free_port
+from tests.localcluster.controller import NAMESPACE, ControllerProcess
+from tests.localcluster.node_plugin import DRIVER, PluginProcess
+
+from .kube_helpers import RESOURCE, Resources, claim_template, new_namespace, pod_running, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+IDLE_AFTER = 5.0
+LEASE_SECONDS = 6.0
+WEBHOOK_CONFIGURATION = "gpudra"
+SECRET = "gpudra-webhook-tls"
+
+
+@pytest.fixture(scope="module")
+def core(api: client.ApiClient) -> client.CoreV1Api:
+    return client.CoreV1Api(api)
+
+
+@pytest.fixture(scope="module")
+def resources(api: client.ApiClient) -> Resources:
+    return Resources(api)
+
+
+@pytest.fixture(scope="module")
+def controller(
+    cluster: LocalCluster, api: client.ApiClient, gpudra: dict[str, PluginProcess]
+) -> Iterator[ControllerProcess]:
+    core = client.CoreV1Api(api)
+    try:
+        core.create_namespace({"metadata": {"name": NAMESPACE}})
+    except ApiException as err:
+        if err.status != 409:
+            raise
+    replica = ControllerProcess(
+        cluster,
+        "ctl-a",
+        webhook_url_port=free_port(),
+        idle_after_seconds=IDLE_AFTER,
+        lease_seconds=LEASE_SECONDS,
+    )
+    replica.start()
+    try:
+        wait_for("the webhook configuration", lambda: _webhook_configuration(api))
+        yield replica
+    finally:
+        replica.stop()
+        # With the controller gone, a Fail policy would refuse every claim with a gpudra config that
+        # later tests create: the configuration goes with it, as `helm uninstall` would take it.
+        admission = client.AdmissionregistrationV1Api(api)
+        admission.delete_validating_webhook_configuration(WEBHOOK_CONFIGURATION)
+
+
+def _webhook_configuration(api: client.ApiClient) -> dict[str, Any] | None:
+    try:
+        found = client.AdmissionregistrationV1Api(api).read_validating_webhook_configuration(
+            WEBHOOK_CONFIGURATION
+        )
+    except ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+    return dict(api.sanitize_for_serialization(found))
+
+
+def _secret(core: client.CoreV1Api) -> client.V1Secret:
+    return core.read_namespaced_secret(SECRET, NAMESPACE)
+
+
+def _bad_config() -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.gpudra.io/v1beta1",
+        "kind": "GpuConfig",
+        "sharing": {"strategy": "Sometimes"},
+    }
+
+
+def _claim(name: str, parameters: dict[str, Any], *, driver: str = DRIVER) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {
+            "devices": {
+                "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.gpudra.io"}}],
+                "config": [{"requests": ["gpu"], "opaque": {"driver": driver, "parameters": parameters}}],
+            }
+        },
+    }
+
+
+def _rejection(create: Any) -> str:
+    with pytest.raises(ApiException) as err:
+        create()
+    body = json.loads(err.value.body)
+    assert body["reason"] != "InternalError", body
+    return str(body["message"])
+
+
+# --- admission -----------------------------------------------------------------------------------
+
+
+def test_a_bad_gpudra_config_is_rejected_with_the_field_path_and_allowed_values(
+    controller: ControllerProcess, resources: Resources, core: client.CoreV1Api
+) -> None:
+    namespace = new_namespace(core, "admission")
+    bad = _claim("bad", _bad_config())
+    message = _rejection(lambda: resources.create("resourceclaims", bad, namespace))
+    [problem] = validate_documents(
+        [("", {**bad, "metadata": {"name": "bad", "namespace": namespace}})], driver=DRIVER
+    )
+    # The same words `gpudra validate` and the plugin use.
+    assert problem.field == "spec.devices.config[0].opaque.parameters.sharing.strategy"
+    assert problem.field in message and problem.message in message, message
+    assert "TimeSlicing" in message and "MPS" in message
+
+    good = _claim("good", {"apiVersion": "resource.gpudra.io/v1beta1", "kind": "GpuConfig"})
+    resources.create("resourceclaims", good, namespace)
+    other = _claim("other", {"whatever": ["not", "ours"]}, driver="nic.example.com")
+    resources.create("resourceclaims", other, namespace)
+
+    template = claim_template("bad-template", _bad_config())
+    message = _rejection(lambda: resources.create("resourceclaimtemplates", template, namespace))
+    assert "spec.spec.devices.config[0].opaque.parameters.sharing.strategy" in message, message
+    resources.create("resourceclaimtemplates", claim_template("good-template", None), namespace)
+
+    device_class = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": "bad-class.gpudra.io"},
+        "spec": {"config": [{"opaque": {"driver": DRIVER, "parameters": _bad_config()}}]},
+    }
+    message = _rejection(lambda: resources.create("deviceclasses", device_class))
+    assert "spec.config[0].opaque.parameters.sharing.strategy" in message, message
+
+
+def test_a_request_no_node_can_match_is_admitted_with_a_warning(
+    controller: ControllerProcess, api: client.ApiClient, core: client.CoreV1Api
+) -> None:
+    namespace = new_namespace(core, "warning")
+    custom = client.CustomObjectsApi(api)
+    h200 = f'device.attributes["{DRIVER}"].productName == "NVIDIA H200"'
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "h200"},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "exactly": {
+                            "deviceClassName": "gpu.gpudra.io",
+                            "selectors": [{"cel": {"expression": h200}}],
+                        },
+                    }
+                ]
+            }
+        },
+    }
+    _, status, headers = custom.create_namespaced_custom_object_with_http_info(
+        *RESOURCE, namespace, "resourceclaims", body
+    )
+    assert status == 201
+    warning = headers.get("Warning", "")
+    assert "spec.devices.requests[0] (gpu): no GPU published by any node matches" in warning, headers
+    body["metadata"]["name"] = "h100"
+    body["spec"]["devices"]["requests"][0]["exactly"]["selectors"][0]["cel"]["expression"] = h200.replace(
+        "H200", "H100 80GB HBM3"
+    )
+    _, _, headers = custom.create_namespaced_custom_object_with_http_info(
+        *RESOURCE, namespace, "resourceclaims", body
+    )
+    assert "Warning" not in headers
+
+
+def test_the_certificate_is_made_once_trusted_and_survives_a_restart(
+    controller: ControllerProcess, api: client.ApiClient, core: client.CoreV1Api, resources: Resources
+) -> None:
+    secret = _secret(core)
+    configuration = _webhook_configuration(api)
+    assert configuration is not None
+    bundles = {w["clientConfig"]["caBundle"] for w in configuration["webhooks"]}
+    assert bundles == {secret.data["ca.crt"]}  # the API server trusts the controller's own CA
+    controller.stop()
+    controller.start()
+    assert _secret(core).metadata.resource_version == secret.metadata.resource_version
+    again = _webhook_configuration(api)
+    assert again is not None
+    assert again["metadata"]["resourceVersion"] == configuration["metadata"]["resourceVersion"]
+    namespace = new_namespace(core, "restart")
+    message = _rejection(lambda: resources.create("resourceclaims", _claim("bad", _bad_config()), namespace))
+    assert "sharing.strategy" in message
+    assert base64.b64decode(secret.data["tls.crt"]).startswith(b"-----BEGIN CERTIFICATE-----")
+
+
+# --- the cluster view ----------------------------------------------------------------------------
+
+
+def _hand_count(resources: Resources) -> dict[str, dict[str, int]]:
+    """Per node: physical GPUs (gpu-N, whatever devices of it are published), those some claim holds,
+    those held by more than one claim or pod, and the free ones. Counted here from the API's objects,
+    independently of gpudra.model.cluster_view."""
+    gpus: dict[str, set[str]] = defaultdict(set)
+    for piece in resources.list("resourceslices"):
+        if piece["spec"]["driver"] == DRIVER:
+            for device in piece["spec"].get("devices", []):
+                gpus[piece["spec"]["nodeName"]].add(re.match(r"gpu-\d+", device["name"]).group())
+    holders: dict[tuple[str, str], set[str]] = defaultdict(set)
+    pods: dict[str, int] = {}
+    for claim in resources.list("resourceclaims"):
+        uid = claim["metadata"]["uid"]
+        pods[uid] = sum(1 for r in claim["status"].get("reservedFor", []) if r["resource"] == "pods")
+        for result in (claim["status"].get("allocation") or {}).get("devices", {}).get("results", []):
+            if result["driver"] == DRIVER and not result.get("adminAccess"):
+                gpu = re.match(r"gpu-\d+", result["device"]).group()
+                holders[(result["pool"], gpu)].add(uid)
+    counts = {}
+    for node, names in gpus.items():
+        held = {g: holders[(node, g)] for g in names if holders.get((node, g))}
+        shared = sum(1 for h in held.values() if len(h) > 1 or pods[next(iter(h))] > 1)
+        counts[node] = {
+            "gpus": len(names),
+            "allocated": len(held),
+            "shared": shared,
+            "free": len(names) - len(held),
+        }
+    return counts
+
+
+def _view_counts(rows: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    counts: dict[str, dict[str, int]] = defaultdict(
+        lambda: dict.fromkeys(("gpus", "allocated", "shared", "free"), 0)
+    )
+    for row in rows:
+        for key in ("gpus", "allocated", "shared", "free"):
+            counts[row["node"]][key] += row[key]
+    return dict(counts)
+
+
+def test_status_equals_a_hand_count_after_the_examples_run(
+    controller: ControllerProcess, api: client.ApiClient, core: client.CoreV1Api, resources: Resources
+) -> None:
+    namespace = new_namespace(core, "examples")
+    for example in sorted((REPO / "examples").glob("*.yaml")):
+        for obj in yaml.safe_load_all(example.read_text()):
+            if obj["kind"] == "Pod":
+                core.create_namespaced_pod(namespace, obj)
+            else:
+                resources.create(obj["kind"].lower() + "s", obj, namespace)
+    names = [p.metadata.name for p in core.list_namespaced_pod(namespace).items]
+    try:
+        for name in names:
+            wait_for(f"pod {name} running", partial(pod_running, core, name, namespace), timeout=180)
+        hand = _hand_count(resources)
+        assert sum(c["allocated"] for c in hand.values()) >= 10  # the examples hold GPUs on every node
+        wait_for(
+            "the controller's view to match the hand count",
+            lambda: _view_counts(controller.status()["nodes"]) == hand,
+            timeout=30,
+        )
+        shown = subprocess.run(
+            [sys.executable, "-m", "gpudra", "status", "-o", "json", f"--controller-url={controller.url}"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert _view_counts(json.loads(shown.stdout)["nodes"]) == hand
+        table = subprocess.run(
+            [sys.executable, "-m", "gpudra", "status", f"--controller-url={controller.url}"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        total = next(line for line in table.splitlines() if line.startswith("TOTAL")).split()
+        assert total[1:5] == [
+            str(sum(c[k] for c in hand.values())) for k in ("gpus", "allocated", "shared", "free")
+        ]
+        assert "MIG GPUs with partitions allocated" in table
+        metrics = controller.metrics()
+        for node, counts in hand.items():
+            for state, key in (("published", "gpus"), ("allocated", "allocated"), ("free", "free")):
+                scraped = sum(
+                    value
+                    for sample, value in metrics.items()
+                    if sample.startswith("gpudra_cluster_gpus{")
+                    and f'node="{node}"' in sample
+                    and f'state="{state}"' in sample
+                )
+                assert scraped == counts[key], (node, state, scraped, counts)
+    finally:
+        core.delete_namespace(namespace)
+        for name in names:
+            wait_for(f"pod {name} gone", partial(_pod_gone, core, name, namespace), timeout=120)
+
+
+def _pod_gone(core: client.CoreV1Api, name: str, namespace: str) -> bool:
+    try:
+        core.read_namespaced_pod(name, namespace)
+    except ApiException as err:
+        return err.status == 404
+    return False
+
+
+def test_a_pending_gpu_claim_is_listed(
+    controller: ControllerProcess, core: client.CoreV1Api, resources: Resources
+) -> None:
+    namespace = new_namespace(core, "pending")
+    h200 = f'device.attributes["{DRIVER}"].productName == "NVIDIA H200"'
+    body = _claim("waits", {"apiVersion": "resource.gpudra.io/v1beta1", "kind": "GpuConfig"})
+    body["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [{"cel": {"expression": h200}}]
+    resources.create("resourceclaims", body, namespace)
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "waits"},
+        "spec": _pod_spec_for_claim("waits"),
+    }
+    core.create_namespaced_pod(namespace, pod)
+    pending = wait_for(
+        "the claim among the pending ones",
+        lambda: [p for p in controller.status()["pending"] if p["namespace"] == namespace],
+        timeout=30,
+    )
+    assert pending[0]["name"] == "waits" and pending[0]["deviceClasses"] == ["gpu.gpudra.io"]
+
+
+def _pod_spec_for_claim(claim: str) -> dict[str, Any]:
+    return {
+        "containers": [{"name": "c", "image": "busybox", "resources": {"claims": [{"name": "gpu"}]}}],
+        "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+    }
+
+
+# --- leader election -----------------------------------------------------------------------------
+
+
+def test_two_replicas_one_leads_and_a_killed_leader_hands_over_within_the_lease_time(
+    cluster: LocalCluster, controller: ControllerProcess, api: client.ApiClient, core: client.CoreV1Api
+) -> None:
+    # The second replica serves its webhook on a port of its own; the API server calls the first's URL.
+    standby = ControllerProcess(
+        cluster,
+        "ctl-b",
+        webhook_url_port=controller.webhook_url_port,
+        bind_webhook_port=free_port(),
+        idle_after_seconds=IDLE_AFTER,
+        lease_seconds=LEASE_SECONDS,
+    )
+    standby.start()
+    try:
+        wait_for("one replica to lead", controller.leading, timeout=2 * LEASE_SECONDS)
+        for _ in range(20):
+            assert controller.leading() != standby.leading() or not controller.leading()
+            time.sleep(0.1)
+        assert not standby.leading()
+        secret = _secret(core).metadata.resource_version
+        configuration = _webhook_configuration(api)
+        assert configuration is not None
+
+        killed = time.monotonic()
+        controller.kill()
+        wait_for("the standby to lead", standby.leading, timeout=3 * LEASE_SECONDS)
+        assert time.monotonic() - killed <= LEASE_SECONDS + 3
+        # Nothing written twice: the new leader found the Secret and the configuration as they must be.
+        time.sleep(2)
+        assert _secret(core).metadata.resource_version == secret
+        again = _webhook_configuration(api)
+        assert (
+            again is not None
+            and again["metadata"]["resourceVersion"] == configuration["metadata"]["resourceVersion"]
+        )
+        writes = {
+            sample: value
+            for sample, value in standby.metrics().items()
+            if sample.startswith("gpudra_api_requests")
+            and any(f'verb="{v}"' in sample for v in ("create", "update", "patch"))
+            and ("secrets" in sample or "validatingwebhookconfigurations" in sample)
+        }
+        assert not any(writes.values()), writes
+    finally:
+        controller.start()  # as the follower; the standby's graceful stop hands the lease back at once
+        standby.stop()
+    wait_for("the first replica to lead again", controller.leading, timeout=2 * LEASE_SECONDS)

@@ -1,0 +1,140 @@
+"""Runs `gpudra controller` as a real process beside a local cluster, as a Deployment's replica would run,
+with the webhook reached at a URL on loopback (there are no Services or pod networks here). I/O: a child
+process, its log, its HTTP ports. Used by the demo and the integration tests."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from gpudra.errors import ClusterError
+from tests.localcluster.cluster import LocalCluster, free_port
+from tests.localcluster.processes import http_get
+
+NAMESPACE = "gpudra"
+
+
+class ControllerProcess:
+    """One replica. Replicas of one cluster share the Lease and the webhook URL (`webhook_port`, which
+    only the first replica binds unless told otherwise: the API server calls one address)."""
+
+    def __init__(
+        self,
+        cluster: LocalCluster,
+        identity: str,
+        *,
+        webhook_url_port: int,
+        bind_webhook_port: int | None = None,
+        idle_after_seconds: float = 1800,
+        lease_seconds: float = 15,
+    ) -> None:
+        self.cluster = cluster
+        self.identity = identity
+        self.webhook_url_port = webhook_url_port
+        self.bind_webhook_port = bind_webhook_port or webhook_url_port
+        self.metrics_port = free_port()
+        self.idle_after_seconds = idle_after_seconds
+        self.lease_seconds = lease_seconds
+        self.log = cluster.directory / "logs" / f"gpudra-controller-{identity}.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, *, wait_ready: bool = True) -> None:
+        with self.log.open("ab") as out:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "gpudra",
+                    "controller",
+                    f"--kubeconfig={self.cluster.kubeconfig}",
+                    f"--namespace={NAMESPACE}",
+                    f"--identity={self.identity}",
+                    "--webhook-address=127.0.0.1",
+                    f"--webhook-port={self.bind_webhook_port}",
+                    f"--webhook-url=https://127.0.0.1:{self.webhook_url_port}",
+                    "--metrics-address=127.0.0.1",
+                    f"--metrics-port={self.metrics_port}",
+                    f"--idle-after-seconds={self.idle_after_seconds}",
+                    f"--lease-seconds={self.lease_seconds}",
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        if wait_ready:
+            self.wait(self.ready, "ready", 60)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}"
+
+    def ready(self) -> bool:
+        try:
+            return http_get(f"{self.url}/readyz")[0] == 200
+        except OSError:
+            return False
+
+    def wait(self, done: Callable[[], bool], what: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not done():
+            if self.process is not None and self.process.poll() is not None:
+                raise ClusterError(f"gpudra controller {self.identity} exited:\n{self.tail()}")
+            if time.monotonic() > deadline:
+                raise ClusterError(
+                    f"gpudra controller {self.identity} not {what} in {timeout:.0f}s:\n{self.tail()}"
+                )
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+    def kill(self) -> None:
+        """SIGKILL: no chance to release the Lease."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+        self.process = None
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def metrics(self) -> dict[str, float]:
+        """Prometheus samples, `name{labels}` -> value."""
+        status, body = http_get(f"{self.url}/metrics")
+        if status != 200:
+            raise ClusterError(f"metrics of controller {self.identity}: HTTP {status}")
+        samples = {}
+        for line in body.decode().splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                samples[name] = float(value)
+        return samples
+
+    def leading(self) -> bool:
+        try:
+            return self.metrics().get("gpudra_controller_leader") == 1.0
+        except (OSError, ClusterError):
+            return False
+
+    def status(self) -> dict[str, Any]:
+        status, body = http_get(f"{self.url}/status")
+        if status != 200:
+            raise ClusterError(f"status of controller {self.identity}: HTTP {status}")
+        document: dict[str, Any] = json.loads(body)
+        return document

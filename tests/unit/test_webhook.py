@@ -1,0 +1,730 @@
+"""The admission webhook: `review` (pure), the ValidatingWebhookConfiguration it asks for (its CEL
+conditions run through cel-python), the HTTPS server on a real socket, and `CertificateKeeper` against
+an in-memory API server."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import dataclasses
+import http.client
+import json
+import ssl
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import celpy
+import pytest
+from prometheus_client import CollectorRegistry
+
+from gpudra.controller import certs
+from gpudra.controller.certs import Material, read_certificates
+from gpudra.controller.options import Options
+from gpudra.controller.webhook import (
+    MAX_WARNING_CHARS,
+    MAX_WARNINGS_CHARS,
+    WebhookServer,
+    desired_configuration,
+    review,
+)
+from gpudra.controller.webhook_tls import PERIOD, SHORT_PERIOD, CertificateKeeper, serving_names
+from gpudra.errors import ConfigError
+from gpudra.kube.client import Conflict, Obj
+from gpudra.model.manifests import validate_documents
+
+DRIVER = "gpu.gpudra.io"
+GPU_CONFIG = {"apiVersion": "resource.gpudra.io/v1beta1", "kind": "GpuConfig"}
+BAD = {**GPU_CONFIG, "sharing": {"strategy": "Sometimes"}}
+GOOD = {**GPU_CONFIG, "sharing": {"strategy": "TimeSlicing"}}
+OPTIONS = Options(
+    driver=DRIVER,
+    kubeconfig=None,
+    namespace="gpudra",
+    identity="controller-0",
+    webhook_port=8443,
+    webhook_address="127.0.0.1",
+    webhook_service="gpudra-webhook",
+    webhook_url=None,
+    webhook_configuration="gpudra",
+    webhook_secret="gpudra-webhook-tls",
+    failure_policy="Fail",
+    metrics_port=8080,
+    metrics_address="127.0.0.1",
+    idle_after_seconds=600,
+    lease_name="gpudra-controller",
+    lease_seconds=15,
+)
+
+
+def no_warnings(obj: Mapping[str, Any]) -> list[str]:
+    return []
+
+
+def opaque(parameters: Any, driver: str = DRIVER) -> dict[str, Any]:
+    return {"opaque": {"driver": driver, "parameters": parameters}}
+
+
+def claim(*config: dict[str, Any], name: str = "c") -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "ns"},
+        "spec": {
+            "devices": {
+                "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.gpudra.io"}}],
+                "config": list(config),
+            }
+        },
+    }
+
+
+def template(*config: dict[str, Any]) -> dict[str, Any]:
+    inner = claim(*config)
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "t", "namespace": "ns"},
+        "spec": {"spec": inner["spec"]},
+    }
+
+
+def device_class(*config: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": "shared.gpudra.io"},
+        "spec": {"config": list(config)},
+    }
+
+
+def admission_review(
+    obj: Mapping[str, Any] | None, *, operation: str = "CREATE", old: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    source = obj or old or {}
+    group, _, version = str(source.get("apiVersion", "resource.k8s.io/v1")).rpartition("/")
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+            "kind": {"group": group, "version": version, "kind": source.get("kind", "")},
+            "operation": operation,
+            "object": obj,
+            "oldObject": old,
+        },
+    }
+
+
+def judge(obj: Mapping[str, Any] | None, **kwargs: Any) -> dict[str, Any]:
+    warnings = kwargs.pop("warnings", no_warnings)
+    answer = review(admission_review(obj, **kwargs), driver=DRIVER, warnings=warnings)
+    assert answer["apiVersion"] == "admission.k8s.io/v1" and answer["kind"] == "AdmissionReview"
+    assert answer["response"]["uid"] == "705ab4f5-6393-11e8-b7cc-42010a800002"
+    return dict(answer["response"])
+
+
+# --- review ----------------------------------------------------------------------------------
+
+
+def test_a_bad_config_is_denied_with_every_problem_as_gpudra_validate_words_it() -> None:
+    bad = claim(opaque(BAD), opaque({**GPU_CONFIG, "colour": "blue"}))
+    response = judge(bad)
+    assert response["allowed"] is False
+    status = response["status"]
+    assert (status["code"], status["reason"], status["status"]) == (400, "BadRequest", "Failure")
+    expected = [str(p) for p in validate_documents([("", bad)], driver=DRIVER)]
+    assert status["message"].splitlines() == expected
+    assert len(expected) == 2
+    assert expected[0].startswith(
+        "ResourceClaim ns/c: spec.devices.config[0].opaque.parameters.sharing.strategy: must be one of:"
+    )
+    assert "TimeSlicing" in expected[0] and "MPS" in expected[0]
+    assert expected[1].startswith("ResourceClaim ns/c: spec.devices.config[1].opaque.parameters.colour:")
+
+
+def test_a_good_config_is_admitted() -> None:
+    assert judge(claim(opaque(GOOD))) == {"uid": "705ab4f5-6393-11e8-b7cc-42010a800002", "allowed": True}
+
+
+def test_other_drivers_configs_and_other_kinds_are_left_alone() -> None:
+    assert judge(claim(opaque({"anything": ["goes"]}, driver="gpu.nvidia.com")))["allowed"]
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {"devices": {}}}
+    called: list[Mapping[str, Any]] = []
+
+    def advise(obj: Mapping[str, Any]) -> list[str]:
+        called.append(obj)
+        return ["advice"]
+
+    response = judge(pod, warnings=advise)
+    assert response == {"uid": "705ab4f5-6393-11e8-b7cc-42010a800002", "allowed": True}
+    assert called == []
+    # a kind of ours in another group is not ours
+    lookalike = {**claim(opaque(BAD)), "apiVersion": "example.com/v1"}
+    assert judge(lookalike)["allowed"]
+
+
+def test_templates_and_device_classes_are_judged_with_their_paths() -> None:
+    response = judge(template(opaque(BAD)))
+    assert not response["allowed"]
+    assert response["status"]["message"].startswith(
+        "ResourceClaimTemplate ns/t: spec.spec.devices.config[0].opaque.parameters.sharing.strategy: "
+    )
+    response = judge(device_class(opaque(BAD)))
+    assert not response["allowed"]
+    assert response["status"]["message"].startswith(
+        "DeviceClass shared.gpudra.io: spec.config[0].opaque.parameters.sharing.strategy: "
+    )
+    assert judge(device_class(opaque(GOOD)))["allowed"]
+
+
+def test_an_object_without_apiversion_and_kind_is_judged_as_the_request_names_it() -> None:
+    bare = {k: v for k, v in claim(opaque(BAD)).items() if k not in ("apiVersion", "kind")}
+    review_body = admission_review(bare)
+    review_body["request"]["kind"] = {"group": "resource.k8s.io", "version": "v1", "kind": "ResourceClaim"}
+    assert not review(review_body, driver=DRIVER, warnings=no_warnings)["response"]["allowed"]
+
+
+def test_delete_is_allowed_untouched() -> None:
+    assert judge(None, operation="DELETE", old=claim(opaque(BAD)))["allowed"]
+
+
+def test_an_update_is_denied_only_for_problems_the_old_object_did_not_have() -> None:
+    """A claim stored before the webhook (or a stricter gpudra) must stay updatable: its finalizers
+    are removed by UPDATEs that leave its (immutable) spec as it was."""
+    stored = claim(opaque(BAD))
+    finalized = copy.deepcopy(stored)
+    finalized["metadata"]["finalizers"] = []
+    assert judge(finalized, operation="UPDATE", old=stored)["allowed"]
+    worse = device_class(opaque(BAD), opaque({**GPU_CONFIG, "colour": "blue"}))
+    response = judge(worse, operation="UPDATE", old=device_class(opaque(BAD)))
+    assert not response["allowed"]
+    assert response["status"]["message"].splitlines() == [
+        "DeviceClass shared.gpudra.io: spec.config[1].opaque.parameters.colour: "
+        + validate_documents([("", worse)], driver=DRIVER)[1].message
+    ]
+
+
+def test_warnings_are_passed_through_for_claims_and_templates_within_the_api_servers_limits() -> None:
+    seen: list[Mapping[str, Any]] = []
+
+    def advise(obj: Mapping[str, Any]) -> list[str]:
+        seen.append(obj)
+        return ["spec.devices.requests[0]: asks for 9 GPUs", "two\nlines\x00here", "x" * 300, "  ", "again"]
+
+    response = judge(claim(opaque(GOOD)), warnings=lambda obj: [*advise(obj), "again"])
+    assert response["allowed"]
+    assert response["warnings"] == [
+        "spec.devices.requests[0]: asks for 9 GPUs",
+        "two lines here",
+        "x" * (MAX_WARNING_CHARS - 1) + "…",
+        "again",
+    ]
+    assert seen == [claim(opaque(GOOD))]
+    # denied claims get their warnings too; classes get none
+    assert judge(template(opaque(BAD)), warnings=advise)["warnings"][0].startswith("spec.devices")
+    assert "warnings" not in judge(device_class(opaque(GOOD)), warnings=advise)
+    many = judge(claim(), warnings=lambda obj: [f"{i:03d}" + "w" * 200 for i in range(100)])["warnings"]
+    assert sum(map(len, many)) <= MAX_WARNINGS_CHARS
+    assert len(many) == MAX_WARNINGS_CHARS // 203
+
+
+def test_a_failing_warnings_callback_costs_only_the_warnings(caplog: pytest.LogCaptureFixture) -> None:
+    def broken(obj: Mapping[str, Any]) -> list[str]:
+        raise RuntimeError("bug")
+
+    assert judge(claim(opaque(GOOD)), warnings=broken) == {
+        "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+        "allowed": True,
+    }
+    assert "warnings callback failed" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ([], "must be a JSON object"),
+        ({"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview"}, "apiVersion, kind: must be"),
+        ({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}, "request: is required"),
+        ({**admission_review(claim()), "request": {"uid": ""}}, "request.uid: is required"),
+        (
+            {**admission_review(claim()), "request": {"uid": "u", "kind": "ResourceClaim"}},
+            "request.kind: is required",
+        ),
+        (
+            {
+                **admission_review(claim()),
+                "request": {**admission_review(claim())["request"], "operation": "X"},
+            },
+            "request.operation: must be one of CREATE, UPDATE, DELETE, CONNECT",
+        ),
+        (admission_review(None, old=claim()), "request.object: must be an object for CREATE"),
+    ],
+)
+def test_a_malformed_review_is_an_error_naming_the_field(body: Any, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        review(body, driver=DRIVER, warnings=no_warnings)
+
+
+# --- the configuration -------------------------------------------------------------------------
+
+
+def matches(expression: str, resource: str, obj: Mapping[str, Any]) -> bool:
+    """A matchCondition, evaluated as the API server does: `object` untyped JSON, `request`."""
+    env = celpy.Environment()
+    program = env.program(env.compile(expression))
+    activation = {
+        "object": celpy.adapter.json_to_cel(obj),
+        "request": celpy.adapter.json_to_cel(
+            {"resource": {"group": "resource.k8s.io", "resource": resource}}
+        ),
+    }
+    return bool(program.evaluate(activation))
+
+
+def test_the_configuration_sends_configs_to_one_webhook_and_the_rest_to_the_other() -> None:
+    bundle = b"-----BEGIN CERTIFICATE-----\n...\n"
+    configuration = desired_configuration(OPTIONS, bundle)
+    assert configuration["apiVersion"] == "admissionregistration.k8s.io/v1"
+    assert configuration["kind"] == "ValidatingWebhookConfiguration"
+    assert configuration["metadata"] == {"name": "gpudra"}
+    config_hook, warnings_hook = configuration["webhooks"]
+    assert config_hook["name"] == "config.gpu.gpudra.io"
+    assert warnings_hook["name"] == "warnings.gpu.gpudra.io"
+    for hook in (config_hook, warnings_hook):
+        assert hook["clientConfig"] == {
+            "caBundle": base64.b64encode(bundle).decode(),
+            "service": {"namespace": "gpudra", "name": "gpudra-webhook", "path": "/validate", "port": 8443},
+        }
+        (rule,) = hook["rules"]
+        assert rule["apiGroups"] == ["resource.k8s.io"] and rule["apiVersions"] == ["v1"]
+        assert rule["operations"] == ["CREATE", "UPDATE"] and rule["scope"] == "*"
+        assert hook["matchPolicy"] == "Equivalent"
+        assert hook["sideEffects"] == "None" and hook["admissionReviewVersions"] == ["v1"]
+        assert hook["namespaceSelector"] == {} and hook["objectSelector"] == {}
+    assert config_hook["rules"][0]["resources"] == [
+        "resourceclaims",
+        "resourceclaimtemplates",
+        "deviceclasses",
+    ]
+    assert warnings_hook["rules"][0]["resources"] == ["resourceclaims", "resourceclaimtemplates"]
+    assert (config_hook["failurePolicy"], config_hook["timeoutSeconds"]) == ("Fail", 10)
+    assert (warnings_hook["failurePolicy"], warnings_hook["timeoutSeconds"]) == ("Ignore", 2)
+
+    ignore = desired_configuration(dataclasses.replace(OPTIONS, failure_policy="Ignore"), bundle)
+    assert [hook["failurePolicy"] for hook in ignore["webhooks"]] == ["Ignore", "Ignore"]
+    outside = desired_configuration(
+        dataclasses.replace(OPTIONS, webhook_url="https://10.0.0.5:8443/"), bundle
+    )
+    assert outside["webhooks"][0]["clientConfig"] == {
+        "caBundle": base64.b64encode(bundle).decode(),
+        "url": "https://10.0.0.5:8443/validate",
+    }
+
+
+@pytest.mark.parametrize(
+    ("resource", "obj", "carries_config"),
+    [
+        ("resourceclaims", claim(opaque(GOOD)), True),
+        ("resourceclaims", claim(opaque(GOOD, driver="gpu.nvidia.com"), opaque(BAD)), True),
+        ("resourceclaims", claim(opaque(GOOD, driver="gpu.nvidia.com")), False),
+        ("resourceclaims", claim(), False),
+        ("resourceclaims", {"spec": {"devices": {"requests": []}}}, False),
+        ("resourceclaims", {"spec": {}}, False),
+        ("resourceclaims", claim({"requests": ["gpu"]}), False),  # an entry without opaque
+        ("resourceclaimtemplates", template(opaque(BAD)), True),
+        ("resourceclaimtemplates", template(), False),
+        ("resourceclaimtemplates", {"spec": {}}, False),
+        ("deviceclasses", device_class(opaque(GOOD)), True),
+        ("deviceclasses", device_class(), False),
+        ("deviceclasses", {"spec": {"selectors": []}}, False),
+    ],
+)
+def test_the_match_conditions_split_objects_by_their_config_without_errors(
+    resource: str, obj: dict[str, Any], carries_config: bool
+) -> None:
+    config_hook, warnings_hook = desired_configuration(OPTIONS, b"")["webhooks"]
+    assert matches(config_hook["matchConditions"][0]["expression"], resource, obj) is carries_config
+    assert matches(warnings_hook["matchConditions"][0]["expression"], resource, obj) is not carries_config
+
+
+def test_the_driver_name_cannot_break_out_of_its_cel_string() -> None:
+    hostile = 'x" || true || "'
+    condition = desired_configuration(dataclasses.replace(OPTIONS, driver=hostile), b"")["webhooks"][0]
+    expression = condition["matchConditions"][0]["expression"]
+    assert not matches(expression, "resourceclaims", claim(opaque(GOOD)))
+    assert matches(expression, "resourceclaims", claim(opaque(GOOD, driver=hostile)))
+
+
+# --- the server ---------------------------------------------------------------------------------
+
+HERE = ["127.0.0.1"]
+
+
+def material_for(names: list[str] = HERE, now: datetime | None = None) -> Material:
+    return certs.renewed(now or datetime.now(UTC), None, names)
+
+
+def client_context(material: Material) -> ssl.SSLContext:
+    return ssl.create_default_context(cadata=material.ca_crt.decode())
+
+
+def post(
+    connection: http.client.HTTPSConnection, body: bytes, path: str = "/validate"
+) -> tuple[int, bytes, str]:
+    connection.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+    response = connection.getresponse()
+    return response.status, response.read(), response.getheader("Content-Type", "")
+
+
+def counted(registry: CollectorRegistry) -> dict[tuple[str, str], float]:
+    """gpudra_admission_reviews_total, by (kind, result)."""
+    (family,) = [m for m in registry.collect() if m.name == "gpudra_admission_reviews"]
+    return {
+        (s.labels["kind"], s.labels["result"]): s.value for s in family.samples if s.name.endswith("_total")
+    }
+
+
+@pytest.fixture
+def registry() -> CollectorRegistry:
+    return CollectorRegistry()
+
+
+@pytest.fixture
+def server(registry: CollectorRegistry) -> Any:
+    webhook = WebhookServer("127.0.0.1", 0, DRIVER, warnings=lambda obj: ["mind the gap"], registry=registry)
+    assert webhook.problem() == "the webhook server is not listening"
+    webhook.start()
+    yield webhook
+    webhook.stop(5)
+
+
+def test_the_server_answers_nothing_before_it_has_a_certificate(server: WebhookServer) -> None:
+    assert server.problem() == "no serving certificate yet"
+    material = material_for()
+    connection = http.client.HTTPSConnection(
+        "127.0.0.1", server.port, context=client_context(material), timeout=5
+    )
+    with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
+        post(connection, b"{}")
+    connection.close()
+    server.use(material)
+    assert server.problem() is None
+
+
+def test_the_server_reviews_over_https(server: WebhookServer, registry: CollectorRegistry) -> None:
+    material = material_for()
+    server.use(material)
+    connection = http.client.HTTPSConnection(
+        "127.0.0.1", server.port, context=client_context(material), timeout=5
+    )
+    try:
+        status, body, content_type = post(
+            connection, json.dumps(admission_review(claim(opaque(BAD)))).encode()
+        )
+        assert (status, content_type) == (200, "application/json")
+        response = json.loads(body)["response"]
+        assert not response["allowed"] and response["warnings"] == ["mind the gap"]
+        # the same connection is kept for the next review
+        status, body, _ = post(connection, json.dumps(admission_review(claim(opaque(GOOD)))).encode())
+        assert status == 200 and json.loads(body)["response"]["allowed"]
+        status, body, _ = post(connection, json.dumps({"kind": "AdmissionReview"}).encode())
+        assert status == 400 and body.startswith(b"malformed AdmissionReview: apiVersion, kind: must be")
+        status, body, _ = post(connection, b"{not json")
+        assert status == 400 and body.startswith(b"the body is not JSON")
+        status, body, _ = post(connection, b"[" * 100_000 + b"]" * 100_000)
+        assert (status, body) == (400, b"the review nests too deeply to decode")
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}}
+        assert post(connection, json.dumps(admission_review(pod)).encode())[0] == 200
+        assert post(connection, b"{}", path="/other")[0] == 404
+        assert post(connection, json.dumps(admission_review(pod)).encode())[0] == 200  # a new connection
+    finally:
+        connection.close()
+    assert counted(registry) == {
+        ("ResourceClaim", "denied"): 1,
+        ("ResourceClaim", "allowed"): 1,
+        ("other", "allowed"): 2,  # kinds that are not ours make no series of their own
+        ("unknown", "error"): 3,
+    }
+
+
+def test_a_bug_in_the_review_is_a_500_not_a_dead_server(
+    server: WebhookServer, registry: CollectorRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        raise KeyError("bug")
+
+    monkeypatch.setattr("gpudra.controller.webhook.review", broken)
+    status, body, _ = server.answer(json.dumps(admission_review(claim())).encode())
+    assert (status, body) == (500, b"internal error; see the controller's log")
+    assert counted(registry) == {("ResourceClaim", "error"): 1}
+
+
+def test_the_server_refuses_a_body_over_its_limit_unread(server: WebhookServer) -> None:
+    material = material_for()
+    server.use(material)
+    connection = http.client.HTTPSConnection(
+        "127.0.0.1", server.port, context=client_context(material), timeout=5
+    )
+    try:
+        connection.putrequest("POST", "/validate")
+        connection.putheader("Content-Length", str(64 * 1024 * 1024))
+        connection.endheaders()
+        response = connection.getresponse()
+        assert response.status == 413
+        assert response.read().startswith(b"the review is 67108864 bytes; at most 8388608")
+    finally:
+        connection.close()
+
+
+def test_a_new_certificate_serves_new_connections_on_the_same_socket(server: WebhookServer) -> None:
+    first, second = material_for(), material_for()
+    server.use(first)
+    review_body = json.dumps(admission_review(claim())).encode()
+    kept = http.client.HTTPSConnection("127.0.0.1", server.port, context=client_context(first), timeout=5)
+    try:
+        assert post(kept, review_body)[0] == 200
+        server.use(second)
+        # a connection made before the swap goes on with the certificate it has
+        assert post(kept, review_body)[0] == 200
+        fresh = http.client.HTTPSConnection(
+            "127.0.0.1", server.port, context=client_context(second), timeout=5
+        )
+        try:
+            assert post(fresh, review_body)[0] == 200
+        finally:
+            fresh.close()
+        stale = http.client.HTTPSConnection(
+            "127.0.0.1", server.port, context=client_context(first), timeout=5
+        )
+        try:
+            with pytest.raises(ssl.SSLCertVerificationError):
+                post(stale, review_body)
+        finally:
+            stale.close()
+    finally:
+        kept.close()
+
+
+def test_a_certificate_that_cannot_be_loaded_is_refused() -> None:
+    good = material_for()
+    webhook = WebhookServer("127.0.0.1", 0, DRIVER, warnings=no_warnings, registry=CollectorRegistry())
+    with pytest.raises(ConfigError, match=r"tls\.crt, tls\.key: cannot be loaded"):
+        webhook.use(Material(good.tls_crt, material_for().tls_key, good.ca_crt, good.ca_key))
+    assert webhook.context() is None
+
+
+# --- the certificate keeper --------------------------------------------------------------------
+
+
+class FakeAdmission:
+    """Secrets and webhook configurations stored as an API server stores them: a resourceVersion per
+    write, `Conflict` for a stale replace or a create of an existing name. `writes` lists every write;
+    `conflicts` makes the next writes fail as if another replica got in first."""
+
+    def __init__(self) -> None:
+        self.secrets: dict[tuple[str, str], Obj] = {}
+        self.configurations: dict[str, Obj] = {}
+        self.writes: list[str] = []
+        self.conflicts = 0
+        self.version = 0
+
+    def _store(self, store: dict[Any, Obj], key: Any, obj: Obj, *, create: bool, what: str) -> Obj:
+        if self.conflicts:
+            self.conflicts -= 1
+            raise Conflict(f"{what}: HTTP 409 Conflict")
+        if create and key in store:
+            raise Conflict(f"{what}: HTTP 409 AlreadyExists")
+        if not create and store.get(key, {}).get("metadata", {}).get("resourceVersion") != obj[
+            "metadata"
+        ].get("resourceVersion"):
+            raise Conflict(f"{what}: HTTP 409 Conflict")
+        self.version += 1
+        stored = copy.deepcopy(obj)
+        stored["metadata"]["resourceVersion"] = str(self.version)
+        store[key] = stored
+        self.writes.append(what)
+        return copy.deepcopy(stored)
+
+    def get_secret(self, namespace: str, name: str) -> Obj | None:
+        return copy.deepcopy(self.secrets.get((namespace, name)))
+
+    def create_secret(self, namespace: str, secret: Obj) -> Obj:
+        key = (namespace, secret["metadata"]["name"])
+        return self._store(self.secrets, key, secret, create=True, what="create secret")
+
+    def replace_secret(self, namespace: str, secret: Obj) -> Obj:
+        key = (namespace, secret["metadata"]["name"])
+        return self._store(self.secrets, key, secret, create=False, what="update secret")
+
+    def get_webhook_configuration(self, name: str) -> Obj | None:
+        return copy.deepcopy(self.configurations.get(name))
+
+    def create_webhook_configuration(self, configuration: Obj) -> Obj:
+        name = configuration["metadata"]["name"]
+        return self._store(self.configurations, name, configuration, create=True, what="create configuration")
+
+    def replace_webhook_configuration(self, configuration: Obj) -> Obj:
+        name = configuration["metadata"]["name"]
+        return self._store(
+            self.configurations, name, configuration, create=False, what="update configuration"
+        )
+
+    def material(self) -> Material:
+        return certs.from_secret_data(self.secrets[("gpudra", "gpudra-webhook-tls")]["data"])
+
+    def bundle(self) -> bytes:
+        hooks = self.configurations["gpudra"]["webhooks"]
+        bundles = {hook["clientConfig"]["caBundle"] for hook in hooks}
+        assert len(bundles) == 1
+        return base64.b64decode(bundles.pop())
+
+
+def keeper(api: FakeAdmission, *, leader: bool = True) -> tuple[CertificateKeeper, WebhookServer]:
+    webhook = WebhookServer("127.0.0.1", 0, DRIVER, warnings=no_warnings, registry=CollectorRegistry())
+    return CertificateKeeper(api, OPTIONS, webhook, is_leader=lambda: leader), webhook
+
+
+def test_the_first_leader_creates_secret_and_configuration_and_serves() -> None:
+    api = FakeAdmission()
+    first, webhook = keeper(api)
+    assert first.step() == PERIOD
+    assert api.writes == ["create secret", "create configuration"]
+    secret = api.secrets[("gpudra", "gpudra-webhook-tls")]
+    assert secret["type"] == "kubernetes.io/tls"
+    assert sorted(secret["data"]) == ["ca.crt", "ca.key", "tls.crt", "tls.key"]
+    material = api.material()
+    assert certs.names_of(read_certificates(material.tls_crt)[0]) == {"gpudra-webhook.gpudra.svc"}
+    assert (
+        api.configurations["gpudra"]["webhooks"]
+        == desired_configuration(OPTIONS, material.ca_crt)["webhooks"]
+    )
+    assert webhook.context() is not None
+    assert first.step() == PERIOD
+    assert api.writes == ["create secret", "create configuration"]  # nothing changed, nothing written
+
+
+def test_a_restarted_controller_writes_nothing() -> None:
+    api = FakeAdmission()
+    keeper(api)[0].step()
+    written = list(api.writes)
+    restarted, webhook = keeper(api)
+    assert restarted.step() == PERIOD
+    assert api.writes == written
+    assert webhook.context() is not None
+
+
+def test_a_follower_never_writes_but_serves_what_the_secret_holds() -> None:
+    api = FakeAdmission()
+    follower, webhook = keeper(api, leader=False)
+    assert follower.step() == SHORT_PERIOD  # nothing to serve yet: look again soon
+    assert api.writes == [] and webhook.context() is None
+    keeper(api)[0].step()
+    assert follower.step() == PERIOD
+    assert webhook.context() is not None
+    # a damaged Secret is the leader's to mend; the follower neither writes nor serves it
+    api.secrets[("gpudra", "gpudra-webhook-tls")]["data"]["tls.crt"] = ""
+    follower2, webhook2 = keeper(api, leader=False)
+    assert follower2.step() == SHORT_PERIOD
+    assert webhook2.context() is None
+    assert api.writes == ["create secret", "create configuration"]
+
+
+def test_a_conflict_is_retried_on_the_next_step_not_raised() -> None:
+    api = FakeAdmission()
+    api.conflicts = 1
+    leader, webhook = keeper(api)
+    assert leader.step() == SHORT_PERIOD
+    assert api.writes == [] and webhook.context() is None
+    assert leader.step() == PERIOD
+    assert api.writes == ["create secret", "create configuration"]
+
+
+def test_a_changed_configuration_is_put_back_and_the_secret_left_alone() -> None:
+    api = FakeAdmission()
+    keeper(api)[0].step()
+    api.configurations["gpudra"]["webhooks"][0]["failurePolicy"] = "Ignore"
+    keeper(api)[0].step()
+    assert api.writes[2:] == ["update configuration"]
+    assert api.configurations["gpudra"]["webhooks"][0]["failurePolicy"] == "Fail"
+
+
+def age(api: FakeAdmission, material: Material) -> None:
+    """Store `material` as the Secret, and a configuration that trusts its bundle."""
+    api.secrets[("gpudra", "gpudra-webhook-tls")]["data"] = certs.to_secret_data(material)
+    api.configurations["gpudra"]["webhooks"] = desired_configuration(OPTIONS, material.ca_crt)["webhooks"]
+
+
+def test_an_aged_serving_certificate_is_renewed_from_the_same_ca() -> None:
+    api = FakeAdmission()
+    keeper(api)[0].step()
+    old = material_for(serving_names(OPTIONS), now=datetime.now(UTC) - timedelta(days=300))
+    age(api, old)
+    leader, webhook = keeper(api)
+    leader.step()
+    assert api.writes[2:] == ["update secret"]
+    renewed = api.material()
+    assert renewed.ca_crt == old.ca_crt and renewed.tls_crt != old.tls_crt
+    assert certs.renewal_reason(datetime.now(UTC), renewed, serving_names(OPTIONS)) is None
+    assert webhook.context() is not None
+
+
+def test_a_ca_rollover_never_serves_a_certificate_the_configuration_does_not_trust() -> None:
+    api = FakeAdmission()
+    keeper(api)[0].step()
+    now = datetime.now(UTC)
+    names = serving_names(OPTIONS)
+    ancient = material_for(names, now=now - timedelta(days=3000))
+    # the serving certificate has been renewed on its own schedule
+    serving = certs.issue_serving(
+        now - timedelta(days=1), certs.Issued(ancient.ca_crt, ancient.ca_key), names
+    )
+    old = Material(serving.cert, serving.key, ancient.ca_crt, ancient.ca_key)
+    age(api, old)
+    leader, _ = keeper(api)
+
+    leader.step()  # the new CA joins the bundle, in the Secret and then the configuration
+    assert api.writes[2:] == ["update secret", "update configuration"]
+    phase_a = api.material()
+    assert phase_a.tls_crt == old.tls_crt
+    assert len(read_certificates(api.bundle())) == 2
+    assert certs.trusts(api.bundle(), phase_a)
+
+    api.configurations["gpudra"]["webhooks"] = desired_configuration(OPTIONS, old.ca_crt)["webhooks"]
+    leader.step()  # the configuration lost the new CA (someone restored it): the serving cert waits
+    assert api.writes[4:] == ["update configuration"]
+    assert api.material() == phase_a
+
+    leader.step()  # the configuration trusts the new CA: now the serving certificate follows
+    assert api.writes[5:] == ["update secret"]
+    phase_b = api.material()
+    assert phase_b.tls_crt != old.tls_crt
+    assert certs.trusts(api.bundle(), phase_b)
+    assert certs.renewal_reason(now, phase_b, names) is None
+
+    leader.step()
+    assert api.writes[6:] == []
+
+
+def test_serving_names_follow_the_service_or_the_url() -> None:
+    assert serving_names(OPTIONS) == ["gpudra-webhook.gpudra.svc"]
+    assert serving_names(dataclasses.replace(OPTIONS, webhook_url="https://10.0.0.5:8443")) == ["10.0.0.5"]
+    with pytest.raises(ConfigError, match="webhook_url: must be an https:// URL with a host"):
+        serving_names(dataclasses.replace(OPTIONS, webhook_url="/validate"))
+
+
+def test_the_keeper_runs_as_a_service() -> None:
+    api = FakeAdmission()
+    leader, webhook = keeper(api)
+    webhook.start()
+    leader.start()
+    try:
+        for _ in range(100):
+            if webhook.problem() is None:
+                break
+            leader.loop.stopping.wait(0.05)
+        assert webhook.problem() is None
+    finally:
+        leader.stop(5)
+        webhook.stop(5)
+    assert not leader.loop.alive
