@@ -90,13 +90,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     status.add_argument("-o", "--output", choices=["table", "wide", "json"], default="table")
     status.add_argument("--kubeconfig", default=None, help="kubeconfig (default $KUBECONFIG, ~/.kube/config)")
-    status.add_argument("-n", "--namespace", default="gpudra", help="the controller's namespace")
-    status.add_argument("--service", default="gpudra-controller", help="the controller's Service")
-    status.add_argument("--port", default="8080", help="the Service's metrics port (number or name)")
+    status.add_argument("--driver-name", default=DRIVER, help="DRA driver name")
+    status.add_argument(
+        "--idle-after-seconds",
+        default="1800",
+        help="report an allocated GPU idle after this long without activity (as the controller's option)",
+    )
     status.add_argument(
         "--controller-url",
         default=None,
-        help="the controller at this URL (e.g. http://127.0.0.1:8080) rather than through the API server",
+        help="read the view the controller serves at this URL (e.g. http://127.0.0.1:8080)",
     )
 
     plugin = commands.add_parser("kubelet-plugin", help="run the node plugin (DaemonSet)")
@@ -236,9 +239,8 @@ def _status(args: argparse.Namespace) -> int:
 
     view = status_cmd.fetch(
         kubeconfig=args.kubeconfig,
-        namespace=args.namespace,
-        service=args.service,
-        port=args.port,
+        driver=args.driver_name,
+        idle_after_seconds=_seconds_option(args.idle_after_seconds, "--idle-after-seconds"),
         controller_url=args.controller_url,
     )
     sys.stdout.write(status_cmd.show(view, output=args.output))

@@ -1,9 +1,9 @@
-"""`gpudra status`: the cluster's GPU picture as the controller keeps it. I/O: one HTTP GET.
+"""`gpudra status`: the cluster's GPU picture. I/O: the API server, or one HTTP GET to the controller.
 
-The controller serves its view as JSON at `/status` (every replica keeps it). The command reaches it
-through the API server's service proxy with the kubeconfig's credentials (no port-forward, no network
-path to the controller needed), or at `--controller-url` directly (a controller run outside the
-cluster, e.g. on a laptop).
+With a kubeconfig (the default) the command lists this driver's ResourceSlices, the ResourceClaims and
+the DeviceClasses and builds the view with the controller's own code (`gpudra.model.cluster_view`):
+it needs no network path to the controller and works while none runs, with the user's own
+permissions. With `--controller-url` it reads the view the controller serves at `/status` instead.
 """
 
 from __future__ import annotations
@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
+from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import quote
 
 from pydantic import ValidationError
 
 from gpudra.errors import ClusterError
 from gpudra.kube import client as kube
+from gpudra.model import cluster_view
 from gpudra.model.cluster_view import ClusterView
 from gpudra.model.cluster_view_text import render
 
@@ -25,18 +26,19 @@ URL_TIMEOUT_SECONDS = 10.0
 
 
 def fetch(
-    *, kubeconfig: str | None, namespace: str, service: str, port: str, controller_url: str | None
+    *, kubeconfig: str | None, driver: str, idle_after_seconds: float, controller_url: str | None
 ) -> ClusterView:
-    if controller_url:
-        document = _get(controller_url.rstrip("/") + "/status")
-    else:
-        path = (
-            f"/api/v1/namespaces/{quote(namespace, safe='')}/services/"
-            f"{quote(f'http:{service}:{port}', safe=':')}/proxy/status"
+    if not controller_url:
+        api = kube.Kube(kube.connect(kubeconfig))
+        return cluster_view.build(
+            driver=driver,
+            slices=[s for s in api.list_all_slices() if (s.get("spec") or {}).get("driver") == driver],
+            claims=api.list_all_claims(),
+            classes=api.list_device_classes(),
+            now=datetime.now(UTC),
+            idle_after_seconds=idle_after_seconds,
         )
-        document = kube.Kube(kube.connect(kubeconfig)).request(
-            f"reading the controller's status through service {namespace}/{service}", "GET", path
-        )
+    document = _get(controller_url.rstrip("/") + "/status")
     try:
         return ClusterView.model_validate(document)
     except ValidationError as err:

@@ -12,22 +12,25 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from kubernetes import client
+from kubernetes import client, utils
 from kubernetes.client.exceptions import ApiException
 
+from gpudra import sim
+from gpudra.model import claim_usage
 from gpudra.model.manifests import validate_documents
 from tests.localcluster import LocalCluster
 from tests.localcluster.cluster import free_port
 from tests.localcluster.controller import NAMESPACE, ControllerProcess
 from tests.localcluster.node_plugin import DRIVER, PluginProcess
 
-from .kube_helpers import RESOURCE, Resources, claim_template, new_namespace, pod_running, wait_for
+from .kube_helpers import RESOURCE, Resources, claim_pod, claim_template, new_namespace, pod_running, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 IDLE_AFTER = 5.0
@@ -290,12 +293,15 @@ def test_status_equals_a_hand_count_after_the_examples_run(
             check=True,
         )
         assert _view_counts(json.loads(shown.stdout)["nodes"]) == hand
-        table = subprocess.run(
-            [sys.executable, "-m", "gpudra", "status", f"--controller-url={controller.url}"],
+        # The default path: built from the API server's objects, as a user with a kubeconfig runs it.
+        shown_table = subprocess.run(
+            [sys.executable, "-m", "gpudra", "status", f"--kubeconfig={controller.cluster.kubeconfig}"],
             capture_output=True,
             text=True,
-            check=True,
-        ).stdout
+            check=False,
+        )
+        assert shown_table.returncode == 0, shown_table.stderr
+        table = shown_table.stdout
         total = next(line for line in table.splitlines() if line.startswith("TOTAL")).split()
         assert total[1:5] == [
             str(sum(c[k] for c in hand.values())) for k in ("gpus", "allocated", "shared", "free")
@@ -406,3 +412,111 @@ def test_two_replicas_one_leads_and_a_killed_leader_hands_over_within_the_lease_
         controller.start()  # as the follower; the standby's graceful stop hands the lease back at once
         standby.stop()
     wait_for("the first replica to lead again", controller.leading, timeout=2 * LEASE_SECONDS)
+
+
+# --- housekeeping --------------------------------------------------------------------------------
+
+
+def test_usage_reports_of_a_pool_that_is_gone_are_removed(
+    controller: ControllerProcess, api: client.ApiClient, core: client.CoreV1Api, resources: Resources
+) -> None:
+    """A node's plugin reported on a claim, then the node's pool went (its slices deleted): the leader
+    removes that node's reports, and leaves another driver's entry alone."""
+    namespace = new_namespace(core, "housekeeping")
+    pool = f"gone-{namespace}"
+    device = {"name": "gpu-0", "attributes": {"type": {"string": "gpu"}}}
+    resources.create(
+        "resourceslices",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": pool},
+            "spec": {
+                "driver": DRIVER,
+                "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1},
+                "allNodes": True,
+                "devices": [device],
+            },
+        },
+    )
+    other_pool = {"driver": "other.example.com", "pool": "p", "device": "d"}
+    try:
+        created = resources.create(
+            "resourceclaims",
+            _claim("reported", {"apiVersion": "resource.gpudra.io/v1beta1", "kind": "GpuConfig"}),
+            namespace,
+        )
+        results = [
+            {"request": "gpu", "driver": DRIVER, "pool": pool, "device": "gpu-0"},
+            {"request": "gpu", **other_pool},
+        ]
+        idle = claim_usage.device_entry(
+            driver=DRIVER,
+            key=(pool, "gpu-0", None),
+            idleness=claim_usage.no_activity(datetime.now(UTC), mig=False),
+        )
+        created["status"] = {"allocation": {"devices": {"results": results}}, "devices": [idle, other_pool]}
+        client.CustomObjectsApi(api).replace_namespaced_custom_object_status(
+            *RESOURCE, namespace, "resourceclaims", "reported", created
+        )
+    finally:
+        resources.delete("resourceslices", pool)
+
+    def entries() -> list[dict[str, Any]] | None:
+        found = resources.get("resourceclaims", "reported", namespace)["status"].get("devices", [])
+        return found if len(found) == 1 else None
+
+    [left] = wait_for("the gone pool's report removed", entries, timeout=30)
+    assert {k: left[k] for k in other_pool} == other_pool
+
+
+# --- idle GPUs -----------------------------------------------------------------------------------
+
+
+def test_an_allocated_gpu_without_activity_is_reported_idle_after_the_idle_time(
+    controller: ControllerProcess,
+    api: client.ApiClient,
+    core: client.CoreV1Api,
+    gpudra: dict[str, PluginProcess],
+) -> None:
+    plugin = gpudra["node-mixed"]
+    plugin.stop()
+    plugin.start(usage_interval=1)
+    namespace = new_namespace(core, "idle")
+    gpu_uuid = None
+    try:
+        utils.create_from_yaml(
+            api,
+            yaml_objects=[claim_template("one-gpu"), claim_pod("sleepy", {"gpu": "one-gpu"}, "node-mixed")],
+            namespace=namespace,
+        )
+        pod = wait_for("pod running", partial(pod_running, core, "sleepy", namespace), timeout=90)
+        claim = pod.status.resource_claim_statuses[0].resource_claim_name
+        (prepared,) = next(iter(plugin.checkpoint_claims().values()))["devices"]
+        (gpu_uuid,) = prepared["gpu_uuids"]
+
+        def idle() -> list[dict[str, Any]]:
+            return [d for d in controller.status()["idle"] if d["namespace"] == namespace]
+
+        # The simulated GPU runs nothing: Idle=True on the claim at the first sample, idle once that is
+        # IDLE_AFTER seconds old.
+        [reported] = wait_for("the claim reported idle", idle, timeout=30)
+        assert (reported["claim"], reported["pods"], reported["node"]) == (claim, ["sleepy"], "node-mixed")
+        assert reported["idleSeconds"] >= IDLE_AFTER
+        sample = next(
+            s
+            for s in controller.metrics()
+            if s.startswith("gpudra_cluster_idle_device_seconds{") and claim in s
+        )
+        assert 'pod="sleepy"' in sample and 'node="node-mixed"' in sample
+        assert any(r["idle"] >= 1 for r in controller.status()["nodes"] if r["node"] == "node-mixed")
+
+        sim.set_utilization(state_file=plugin.sim_state, gpu_uuid=gpu_uuid, percent=40)
+        wait_for("the claim no longer idle", lambda: not idle(), timeout=30)
+    finally:
+        if gpu_uuid is not None:
+            sim.set_utilization(state_file=plugin.sim_state, gpu_uuid=gpu_uuid, percent=0)
+        core.delete_namespace(namespace)
+        wait_for("pod gone", partial(_pod_gone, core, "sleepy", namespace), timeout=120)
+        plugin.stop()
+        plugin.start()

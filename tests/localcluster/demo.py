@@ -2,15 +2,17 @@
 I/O: a local cluster, gpudra plugin processes, the API server.
 
 Three nodes (a DGX H100, a DGX A100 and a mixed L4/T4 box, all simulated) each run the real kubelet and
-gpudra's kubelet plugin. The demo applies gpudra's DeviceClasses and every manifest in examples/, waits
-for the pods to run, prints what was allocated and what the container runtime received, then deletes
-the pods and shows that everything was undone.
+gpudra's kubelet plugin; `gpudra controller` runs beside them. The demo applies gpudra's DeviceClasses
+and every manifest in examples/, shows the admission webhook refusing a bad config, waits for the pods
+to run, prints what was allocated, what the container runtime received and `gpudra status`, then
+deletes the pods and shows that everything was undone.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import tempfile
 import time
@@ -19,13 +21,15 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kubernetes import config
+from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from gpudra.errors import GpudraError
 from tests.localcluster import binaries
 from tests.localcluster.api import DemoApi
-from tests.localcluster.cluster import LocalCluster
+from tests.localcluster.cluster import LocalCluster, free_port
+from tests.localcluster.controller import NAMESPACE as CONTROLLER_NAMESPACE
+from tests.localcluster.controller import ControllerProcess
 from tests.localcluster.node_plugin import DRIVER, PluginProcess
 
 MACHINES = {"node-h100": "dgx-h100", "node-a100": "dgx-a100", "node-mixed": "mixed"}
@@ -58,22 +62,34 @@ def run(root: Path) -> None:
         print(f"kubeconfig: {cluster.kubeconfig}")
         api = DemoApi(config.new_client_from_config(str(cluster.kubeconfig)))
         plugins = {n: PluginProcess(cluster, cluster.nodes[n], p) for n, p in MACHINES.items()}
+        controller = ControllerProcess(cluster, "demo", webhook_url_port=free_port())
         try:
-            _demo(api, cluster, plugins, repo)
+            _demo(api, cluster, plugins, controller, repo)
         finally:
+            controller.stop()
             for plugin in plugins.values():
                 plugin.stop()
     print("\ncluster stopped; no process left running.")
 
 
-def _demo(api: DemoApi, cluster: LocalCluster, plugins: dict[str, PluginProcess], repo: Path) -> None:
-    _step("installing gpudra: DeviceClasses + the kubelet plugin on every node (simulated GPUs)")
+def _demo(
+    api: DemoApi,
+    cluster: LocalCluster,
+    plugins: dict[str, PluginProcess],
+    controller: ControllerProcess,
+    repo: Path,
+) -> None:
+    _step(
+        "installing gpudra: DeviceClasses, the kubelet plugin on every node (simulated GPUs), the controller"
+    )
     api.create(
         list(yaml.safe_load_all((repo / "deploy/manifests/deviceclasses.yaml").read_text())),
         namespace="default",
     )
     for plugin in plugins.values():
         plugin.start()
+    api.create_namespace(CONTROLLER_NAMESPACE)
+    controller.start()
     rows: list[tuple[str, ...]] = [
         ("NODE", "MACHINE", "RESOURCESLICES", "DEVICES", "WHOLE GPUS", "SHARED GPUS", "MIG PARTITIONS")
     ]
@@ -105,6 +121,7 @@ def _demo(api: DemoApi, cluster: LocalCluster, plugins: dict[str, PluginProcess]
 
     _step(f"applying examples/*.yaml in namespace {NAMESPACE}")
     api.create_namespace(NAMESPACE)
+    _admission(api)
     for example in sorted((repo / "examples").glob("*.yaml")):
         print(f"  {example.name}")
         api.create(list(yaml.safe_load_all(example.read_text())), namespace=NAMESPACE)
@@ -154,6 +171,16 @@ def _demo(api: DemoApi, cluster: LocalCluster, plugins: dict[str, PluginProcess]
         f"(SM share/memory limit: {' '.join(limits)})"
     )
 
+    _step("gpudra status: the cluster's GPUs as the controller sees them")
+    _wait("the controller to see every allocation", lambda: _allocated_shown(controller, claims), 30)
+    shown = subprocess.run(
+        [sys.executable, "-m", "gpudra", "status", "--output=wide", f"--controller-url={controller.url}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    print(shown.stdout.rstrip())
+
     _step("deleting the pods: the kubelet unprepares every claim")
     for name in pods:
         api.delete_pod(NAMESPACE, name)
@@ -168,6 +195,50 @@ def _demo(api: DemoApi, cluster: LocalCluster, plugins: dict[str, PluginProcess]
         f"CDI spec files left: {left}; GPU settings back to default: {'yes' if reset else 'NO'}; "
         f"MIG devices left: {migs}; MPS daemons left: {mps}"
     )
+
+
+def _admission(api: DemoApi) -> None:
+    """A claim whose GpuConfig names a sharing strategy that does not exist: refused by the webhook."""
+    bad = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "typo"},
+        "spec": {
+            "devices": {
+                "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.gpudra.io"}}],
+                "config": [
+                    {
+                        "opaque": {
+                            "driver": DRIVER,
+                            "parameters": {
+                                "apiVersion": "resource.gpudra.io/v1beta1",
+                                "kind": "GpuConfig",
+                                "sharing": {"strategy": "TimeSlice"},
+                            },
+                        }
+                    }
+                ],
+            }
+        },
+    }
+    try:
+        client.CustomObjectsApi(api.api).create_namespaced_custom_object(
+            "resource.k8s.io", "v1", NAMESPACE, "resourceclaims", bad
+        )
+    except ApiException as err:
+        message = json.loads(err.body)["message"]
+        print(f"  a claim with sharing.strategy: TimeSlice is refused at admission:\n    {message}")
+        return
+    raise GpudraError("the admission webhook admitted a claim with a bad gpudra config")
+
+
+def _allocated_shown(controller: ControllerProcess, claims: dict[str, Any]) -> bool:
+    devices = {
+        (r["pool"], r["device"].split("-mig-")[0].removesuffix("-shared"))
+        for c in claims.values()
+        for r in c["status"]["allocation"]["devices"]["results"]
+    }
+    return sum(row["allocated"] for row in controller.status()["nodes"]) == len(devices)
 
 
 def _products(api: DemoApi) -> dict[tuple[str, str], str]:

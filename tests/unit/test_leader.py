@@ -482,10 +482,11 @@ class World:
     leases: list[int]
     skews: list[timedelta]
     frames: list[Frame] = field(default_factory=list)
+    stopped: list[LeaderElector] = field(default_factory=list)  # a stop can return with a call in flight
     ever_led: set[str] = field(default_factory=set)
 
     def check(self) -> None:
-        leaders = [e.identity for e in self.electors if e.is_leader()]
+        leaders = [e.identity for e in self.electors + self.stopped if e.is_leader()]
         assert len(leaders) <= 1, f"two leaders at {self.clock.now}: {leaders}"
         self.ever_led.update(leaders)
 
@@ -516,6 +517,7 @@ class World:
                 else:
                     old = self.electors[i]
                     old.stop(0)
+                    self.stopped.append(old)
                     self.electors[i] = elector(
                         self.store, self.clock, old.identity, lease_seconds=self.leases[i], skew=self.skews[i]
                     )

@@ -246,17 +246,15 @@ def test_the_uuids_are_stable_per_machine(tmp_path: Path) -> None:
 def test_gpu_utilization(state_file: Path) -> None:
     with nvml.connect("sim:mixed", state_file=state_file) as session:
         uuid = session.inventory().gpus[3].uuid
-        assert session.gpu_utilization(gpu_uuid=uuid) == 0
+        assert session.device_usage(uuid=uuid).utilization == 0
         sim.set_utilization(state_file=state_file, gpu_uuid=uuid, percent=37)
-        assert session.gpu_utilization(gpu_uuid=uuid) == 37
+        assert session.device_usage(uuid=uuid).utilization == 37
 
 
 def test_gpu_utilization_is_not_reported_in_mig_mode(state_file: Path) -> None:
     with nvml.connect("sim:dgx-h100", state_file=state_file) as session:
         uuid = session.inventory().gpus[0].uuid
-        with pytest.raises(errors.NotSupported) as refused:
-            session.gpu_utilization(gpu_uuid=uuid)
-    assert refused.value.nvml_error == "NVMLError_NotSupported"
+        assert session.device_usage(uuid=uuid).utilization is None  # NotSupported: no figure, no fake 0
 
 
 def test_real_nvml_absent_is_nvml_unavailable() -> None:

@@ -302,11 +302,6 @@ class Nvml:
             ),
         )
 
-    def gpu_utilization(self, *, gpu_uuid: str) -> int:
-        """Percent of the last sample period a kernel ran (NVML's `.gpu`); NotSupported in MIG mode."""
-        handle = self._handle(gpu_uuid)
-        return int(_call(pynvml.nvmlDeviceGetUtilizationRates, handle, gpu=gpu_uuid).gpu)
-
     def device_usage(self, *, uuid: str) -> DeviceUsage:
         """What a GPU or MIG device (by its GPU-… or MIG-… UUID) is doing now; see `DeviceUsage`."""
         handle = self._handle(uuid)

@@ -162,6 +162,8 @@ def _gpus(inventory: Inventory, allocations: Allocations) -> dict[str, _Gpu]:
                 gpu.mig_capable = gpu.mig_capable or _attribute(device, "migCapable") is True
             if kind == "mig":
                 gpu.mig_capable, gpu.pool = True, gpu.pool or pool
+                # With MIG on and partitions made up front (static), no whole-GPU device names it.
+                gpu.name = gpu.name or f"gpu-{_attribute(device, 'parentMinor')}"
             holders = allocations.holders(device.id)
             if holders:
                 gpu.holders |= frozenset(holders)
