@@ -26,6 +26,8 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gpudra.service import Loop
+
 # A probe answers "why not" (a short reason) or None when the check passes.
 Probe = Callable[[], str | None]
 
@@ -120,6 +122,16 @@ class HttpEndpoint:
             self._server.shutdown()
             self._server.server_close()
             self._thread.join(timeout)
+
+
+def loops_alive(loops: Iterable[Loop]) -> list[Check]:
+    """A liveness check per background loop: it fails once the loop's thread has ended (it never should;
+    a restart is the remedy)."""
+    return [Check(f"loop-{loop.name}", _not_ended(loop)) for loop in loops]
+
+
+def _not_ended(loop: Loop) -> Probe:
+    return lambda: "its thread ended" if loop.ended else None
 
 
 def writable_directory(path: Path) -> Probe:

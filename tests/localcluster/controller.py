@@ -5,7 +5,6 @@ process, its log, its HTTP ports. Used by the demo and the integration tests."""
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -14,7 +13,7 @@ from typing import Any
 
 from gpudra.errors import ClusterError
 from tests.localcluster.cluster import LocalCluster, free_port
-from tests.localcluster.processes import http_get
+from tests.localcluster.processes import http_get, scrape, terminate
 
 NAMESPACE = "gpudra"
 
@@ -92,13 +91,7 @@ class ControllerProcess:
             time.sleep(0.1)
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        terminate(self.process)
         self.process = None
 
     def kill(self) -> None:
@@ -116,15 +109,7 @@ class ControllerProcess:
 
     def metrics(self) -> dict[str, float]:
         """Prometheus samples, `name{labels}` -> value."""
-        status, body = http_get(f"{self.url}/metrics")
-        if status != 200:
-            raise ClusterError(f"metrics of controller {self.identity}: HTTP {status}")
-        samples = {}
-        for line in body.decode().splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                samples[name] = float(value)
-        return samples
+        return scrape(f"{self.url}/metrics", f"controller {self.identity}")
 
     def leading(self) -> bool:
         try:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ from typing import Any
 
 from gpudra.errors import ClusterError
 from tests.localcluster.cluster import LocalCluster, NodePaths
-from tests.localcluster.processes import http_get
+from tests.localcluster.processes import scrape, terminate
 
 DRIVER = "gpu.gpudra.io"
 
@@ -118,13 +117,7 @@ class PluginProcess:
             time.sleep(0.05)
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        terminate(self.process)
         self.process = None
 
     def tail(self, lines: int = 40) -> str:
@@ -132,15 +125,7 @@ class PluginProcess:
 
     def metrics(self) -> dict[str, float]:
         """The plugin's Prometheus samples, `name{labels}` -> value (started with a metrics_port)."""
-        status, body = http_get(f"http://127.0.0.1:{self.metrics_port}/metrics")
-        if status != 200:
-            raise ClusterError(f"metrics of the plugin on {self.node.name}: HTTP {status}")
-        samples = {}
-        for line in body.decode().splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                samples[name] = float(value)
-        return samples
+        return scrape(f"http://127.0.0.1:{self.metrics_port}/metrics", f"the plugin on {self.node.name}")
 
     # --- what the plugin left on the node -------------------------------------------------------
 

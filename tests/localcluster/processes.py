@@ -125,3 +125,27 @@ def http_ok(url: str, *, token: str | None = None) -> Callable[[], bool]:
         return status == 200
 
     return check
+
+
+def scrape(url: str, what: str) -> dict[str, float]:
+    """Prometheus samples at `url`, `name{labels}` -> value."""
+    status, body = http_get(url)
+    if status != 200:
+        raise ClusterError(f"metrics of {what}: HTTP {status}")
+    samples = {}
+    for line in body.decode().splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples
+
+
+def terminate(process: subprocess.Popen[bytes] | None, *, timeout: float = 15) -> None:
+    """SIGTERM, then SIGKILL after `timeout`: a graceful stop that cannot hang a test."""
+    if process is not None and process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

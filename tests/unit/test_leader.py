@@ -500,10 +500,11 @@ class World:
             frame.nested_done = True
             for op in step.nested:
                 self.run(op)
-        if not frame.failure_done and step.failure in {("refuse", call), ("lose", call)}:
-            if (step.failure[0] == "refuse") == (when == "before"):
-                frame.failure_done = True
-                raise ClusterError(f"{verb} Lease: timed out (ReadTimeoutError)")
+        # A refused call fails before it reaches the store; a lost reply fails after the write happened.
+        failing = step.failure in {("refuse", call), ("lose", call)}
+        if failing and not frame.failure_done and (step.failure[0] == "refuse") == (when == "before"):
+            frame.failure_done = True
+            raise ClusterError(f"{verb} Lease: timed out (ReadTimeoutError)")
 
     def run(self, op: Op) -> None:
         if isinstance(op, Advance):
@@ -530,7 +531,8 @@ def world(leases: list[int], skew_hours: list[int]) -> World:
     clock, store = FakeClock(), MemoryLeases()
     skews = [timedelta(hours=h) for h in skew_hours]
     electors = [
-        elector(store, clock, f"r{i}", lease_seconds=seconds, skew=skews[i]) for i, seconds in enumerate(leases)
+        elector(store, clock, f"r{i}", lease_seconds=seconds, skew=skews[i])
+        for i, seconds in enumerate(leases)
     ]
     result = World(clock, store, electors, leases, skews)
     store.before = lambda verb: result.hook(verb, "before")
@@ -544,7 +546,9 @@ advances = st.builds(
     Advance, st.sampled_from([0.1, 0.5, 1.0, 2.0, 3.0, 10.0, 15.0, 16.0]) | st.floats(0, 20, allow_nan=False)
 )
 # Most calls succeed, as in a real run: a failure on every other step would rarely let anyone lead.
-failures = st.sampled_from([None] * 24 + [(what, call) for what in ("refuse", "lose") for call in ("get", "write")])
+failures = st.sampled_from(
+    [None] * 24 + [(what, call) for what in ("refuse", "lose") for call in ("get", "write")]
+)
 steps = st.builds(Step, who, failure=failures)
 plain = st.one_of(steps, steps, steps, advances, advances, st.builds(Restart, who))
 operations = st.one_of(

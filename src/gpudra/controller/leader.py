@@ -170,7 +170,9 @@ class LeaderElector:
         wall_clock: Callable[[], datetime] = _utc_now,
     ) -> None:
         if not identity:
-            raise ConfigError("must not be empty: an empty holder means nobody holds the Lease", field="identity")
+            raise ConfigError(
+                "must not be empty: an empty holder means nobody holds the Lease", field="identity"
+            )
         if not lease_seconds >= 1:  # also refuses NaN
             raise ConfigError(f"must be at least 1 second, not {lease_seconds}", field="lease_seconds")
         self.store = store

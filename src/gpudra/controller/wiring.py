@@ -23,7 +23,7 @@ from gpudra.controller.metrics import ControllerMetrics
 from gpudra.controller.options import Options
 from gpudra.controller.webhook import WebhookServer
 from gpudra.controller.webhook_tls import CertificateKeeper
-from gpudra.http_endpoint import Check, HttpEndpoint, Probe
+from gpudra.http_endpoint import Check, HttpEndpoint, loops_alive
 from gpudra.kube import client as kube
 from gpudra.kube.admission import AdmissionObjects
 from gpudra.kube.claim_status import ClaimStatus
@@ -78,7 +78,7 @@ def run(options: Options, *, stop: threading.Event) -> None:
             metrics.registry,
             address=options.metrics_address,
             port=options.metrics_port,
-            liveness=[Check(f"loop-{loop.name}", _not_ended(loop)) for loop in loops],
+            liveness=loops_alive(loops),
             readiness=readiness,
             documents={"/status": lambda: cluster.view().model_dump_json(by_alias=True).encode()},
         )
@@ -87,7 +87,3 @@ def run(options: Options, *, stop: threading.Event) -> None:
     with service.running(services, stop_timeout=STOP_TIMEOUT_SECONDS):
         stop.wait()
         log.info("stopping")
-
-
-def _not_ended(loop: service.Loop) -> Probe:
-    return lambda: "background loop ended" if loop.ended else None

@@ -94,7 +94,9 @@ class Leases:
         """The Lease as stored; `Conflict` when one of that name exists."""
         self.kube.count("create", "leases")
         body = _body(namespace, name, record)
-        return _record(self.kube.request(f"creating Lease {namespace}/{name}", "POST", _path(namespace), body=body))
+        return _record(
+            self.kube.request(f"creating Lease {namespace}/{name}", "POST", _path(namespace), body=body)
+        )
 
     def replace(self, namespace: str, name: str, record: LeaseRecord) -> LeaseRecord:
         """The Lease as stored; `Conflict` when it changed since `record.resource_version` was read.

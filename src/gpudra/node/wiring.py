@@ -17,7 +17,7 @@ import threading
 from gpudra import service, sim
 from gpudra.gpu import nvml
 from gpudra.gpu.tools import GpuTools
-from gpudra.http_endpoint import Check, HttpEndpoint, Probe, writable_directory
+from gpudra.http_endpoint import Check, HttpEndpoint, loops_alive, writable_directory
 from gpudra.kube import client as kube
 from gpudra.kube.claim_status import ClaimStatus
 from gpudra.kube.claims import ClaimReader
@@ -130,7 +130,7 @@ def _run(options: Options, session: nvml.Nvml, server: KubeletServer, *, stop: t
                 metrics.registry,
                 address=options.metrics_address,
                 port=options.metrics_port,
-                liveness=[Check(f"loop-{loop.name}", _not_ended(loop)) for loop in loops],
+                liveness=loops_alive(loops),
                 readiness=[
                     Check("checkpoint", lambda: state.refusal),
                     Check("kubelet-registration", server.registration_problem),
@@ -194,7 +194,3 @@ def _retry_recovery(state: DeviceState, events: NodeEvents, metrics: PluginMetri
     log.info("checkpoint usable again; serving claims")
     events.post("Normal", "CheckpointRecovered", "gpudra's checkpoint is usable again; claims are served")
     return IDLE_SECONDS
-
-
-def _not_ended(loop: service.Loop) -> Probe:
-    return lambda: "its thread ended" if loop.ended else None
