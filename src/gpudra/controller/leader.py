@@ -8,7 +8,9 @@ it first saw the record as it is now: the holder's `renewTime` is never compared
 clock, since the two machines' clocks may disagree by any amount. The leader renews it every retry
 period. Every write carries the `resourceVersion` it was read at, so of two replicas that race, one
 gets `Conflict` and stays (or becomes) a follower. A leader that has not renewed within the renew
-deadline stops leading, well before a candidate may take over.
+deadline stops leading, well before a candidate may take over. As in client-go, an absent Lease is
+taken at once: deleting the Lease by hand while a leader holds it can give two leaders until the old
+one's next read (one retry period).
 
 `Election` is the decision logic, pure (record read + now -> record to write); `LeaderElector` runs it
 on a loop, serializes it with `is_leader()`, and tells callbacks when leadership changes.
