@@ -15,7 +15,7 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -118,8 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add(plugin, "metrics-port", default="0", help="HTTP port for /metrics, /livez and /readyz (0: off)")
     _add(plugin, "metrics-address", default="0.0.0.0", help="address the HTTP port binds (e.g. 127.0.0.1)")
-    _add(plugin, "log-format", default="text", help="text or json", choices=["text", "json"])
-    _add(plugin, "log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
+    _logging(plugin)
     _add(plugin, "resync-seconds", default="30", help="ResourceSlice resync period")
     _add(
         plugin,
@@ -169,8 +168,22 @@ def _controller_parser(ctl: argparse.ArgumentParser) -> None:
     _add(ctl, "idle-after-seconds", default="1800", help="report an allocated GPU idle after this long")
     _add(ctl, "lease-name", default="gpudra-controller", help="the leader election Lease")
     _add(ctl, "lease-seconds", default="15", help="how long a leader holds the Lease without renewing")
-    _add(ctl, "log-format", default="text", help="text or json", choices=["text", "json"])
-    _add(ctl, "log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
+    _logging(ctl)
+
+
+def _logging(daemon: argparse.ArgumentParser) -> None:
+    _add(daemon, "log-format", default="text", help="text or json", choices=["text", "json"])
+    _add(daemon, "log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
+
+
+def _run_daemon(args: argparse.Namespace, run: Callable[[threading.Event], None]) -> int:
+    """Logging as the options say, then `run(stop)` until SIGTERM or SIGINT sets `stop`."""
+    logs.configure(fmt=args.log_format, level=args.log_level.upper())
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    run(stop)
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -278,12 +291,7 @@ def _controller(args: argparse.Namespace) -> int:
         lease_name=args.lease_name,
         lease_seconds=seconds["lease-seconds"],
     )
-    logs.configure(fmt=args.log_format, level=args.log_level.upper())
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    wiring.run(options, stop=stop)
-    return 0
+    return _run_daemon(args, lambda stop: wiring.run(options, stop=stop))
 
 
 # --- kubelet-plugin ------------------------------------------------------------------------------
@@ -314,12 +322,7 @@ def _kubelet_plugin(args: argparse.Namespace) -> int:
         health_interval_seconds=_seconds_option(args.health_interval_seconds, "--health-interval-seconds"),
         usage_interval_seconds=_seconds_option(args.usage_interval_seconds, "--usage-interval-seconds"),
     )
-    logs.configure(fmt=args.log_format, level=args.log_level.upper())
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    daemon.run(options, stop=stop)
-    return 0
+    return _run_daemon(args, lambda stop: daemon.run(options, stop=stop))
 
 
 def _seconds_option(value: str, option: str) -> float:

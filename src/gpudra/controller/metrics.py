@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gpudra.http_endpoint import ApiRequests
@@ -94,8 +94,8 @@ class _Leader(Collector):
         yield GaugeMetricFamily(
             "gpudra_controller_leader", "1 while this replica leads (and alone writes).", value=self.leading()
         )
-        yield CounterMetricFamily(
+        yield GaugeMetricFamily(
             "gpudra_controller_leader_transitions",
-            "Times this replica started or stopped leading.",
+            "How many times the Lease changed hands (its leaseTransitions, as this replica last saw it).",
             value=self.transitions(),
         )

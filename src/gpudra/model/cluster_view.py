@@ -32,7 +32,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
-from gpudra.model.allocator import counters_left
+from gpudra.model.allocator import counters_left, lookup_attribute
 from gpudra.model.claim_requests import Allocations
 from gpudra.model.claim_usage import idle_since
 from gpudra.model.resource_pools import Amount, Device, Inventory, Pool
@@ -310,8 +310,8 @@ def _minor(name: str) -> int:
 
 
 def _attribute(device: Device, name: str) -> Any:
-    value = device.attributes.get(name) or {}
-    return next(iter(value.values()), None) if isinstance(value, Mapping) else None
+    found = lookup_attribute(device, name)
+    return found[1] if found else None
 
 
 def _gpu_uuid(device: Device) -> str | None:
