@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install lint test unit integration faults k8s bench cluster-up cluster-down demo proto schemas clean
+.PHONY: install lint test unit integration faults k8s helm chart-lint chart-schema manifests render-manifests bench cluster-up cluster-down demo proto schemas clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,7 +22,7 @@ lint: $(STAMP)
 
 # The test command named in README.md (and run by .ci/run): lint, unit tests, and the integration
 # tests against a real local control plane and kubelet (built once into ~/.cache/gpudra).
-test: lint k8s
+test: lint k8s chart-lint
 	$(BIN)/pytest
 
 unit: $(STAMP)
@@ -38,6 +38,39 @@ faults: $(STAMP)
 
 k8s:
 	bash deploy/local/build.sh >/dev/null
+
+# Helm from its Go module (pinned in deploy/local/build-helm.sh), built once into ~/.cache/gpudra.
+HELM  = $(shell bash deploy/local/build-helm.sh)
+CHART := deploy/helm/gpudra
+
+helm:
+	@bash deploy/local/build-helm.sh
+
+# helm lint --strict and helm template for the default values and every example in the chart's ci/;
+# the schema and deploy/manifests must be current. tests/integration/test_chart.py sends every
+# rendered object to the real API server (server-side dry run).
+chart-lint: $(STAMP)
+	$(BIN)/python scripts/gen_chart_schema.py --check
+	$(HELM) lint --strict $(CHART)
+	for values in $(CHART)/ci/*.yaml; do \
+	  $(HELM) lint --strict $(CHART) -f $$values && \
+	  $(HELM) template gpudra $(CHART) -n gpudra -f $$values >/dev/null || exit 1; \
+	done
+	$(MAKE) -s render-manifests | diff -u deploy/manifests/deviceclasses.yaml - \
+	  || { echo "deploy/manifests/deviceclasses.yaml is stale: run make manifests"; exit 1; }
+
+chart-schema: $(STAMP)
+	$(BIN)/python scripts/gen_chart_schema.py
+
+# The DeviceClasses for clusters without Helm (and gpudra explain's offline default), rendered from
+# the chart with its default values.
+manifests:
+	$(MAKE) -s render-manifests > deploy/manifests/deviceclasses.yaml
+
+render-manifests:
+	@echo "# gpudra's DeviceClasses, rendered from deploy/helm/gpudra by make manifests (do not edit)."
+	@echo "# Claims name one of them in spec.devices.requests[].exactly.deviceClassName."
+	@$(HELM) template gpudra $(CHART) --show-only templates/deviceclasses.yaml | grep -v '^# Source:' | cat -s | sed '1{/^---$$/d}'
 
 # Issue 15: gpudra's kubelet plugin side by side with dra-example-driver's (built from the Go module
 # proxy into ~/.cache/gpudra), interleaved rounds on the local control plane; prints the table and
@@ -61,6 +94,27 @@ proto: $(STAMP)
 
 schemas: $(STAMP)
 	$(BIN)/python -m gpudra.api.schema
+
+# Issue 12: the image. The Dockerfile built by buildah (chroot isolation, no registry, no Docker engine)
+# on a Debian base made with debootstrap, into ~/.cache/gpudra/image; needs root, installs debootstrap
+# and buildah when missing. Cold about 2 minutes, then seconds. Ends with image-check, which runs
+# `gpudra --help` in the image and prints its names and size. See deploy/image/.
+.PHONY: image image-check image-archive lock
+
+image:
+	bash deploy/image/build.sh
+	bash deploy/image/check.sh
+
+image-check:
+	bash deploy/image/check.sh
+
+# A docker-archive of the image for `ctr -n k8s.io images import`; prints its path.
+image-archive: image
+	bash deploy/image/archive.sh
+
+# deploy/image/requirements.lock from pyproject.toml's runtime dependencies; UPGRADE=1 takes the newest.
+lock:
+	PYTHON=$(PYTHON) bash deploy/image/lock.sh $(if $(UPGRADE),--upgrade)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -127,6 +127,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="how often GPU health is probed for the kubelet (0: no health service)",
     )
     _add(plugin, "usage-interval-seconds", default="30", help="how often claims' GPU use is sampled (0: off)")
+    _add(
+        plugin,
+        "driver-root",
+        default="/",
+        help="where the NVIDIA driver's files (libnvidia-ml.so.1, nvidia-smi, nvidia-cuda-mps-control) are: "
+        "/ for this machine's driver, else the host's driver root mounted here (the host's / or the GPU "
+        "Operator's /run/nvidia/driver); the tools then run chrooted into it, and MPS needs --state-dir "
+        "at the same path inside it (true for the host's / with the state directory mounted at its host "
+        "path); ignored with --nvml sim:...",
+    )
     _controller_parser(commands.add_parser("controller", help="run the cluster controller (Deployment)"))
     return parser
 
@@ -168,6 +178,13 @@ def _controller_parser(ctl: argparse.ArgumentParser) -> None:
     _add(ctl, "idle-after-seconds", default="1800", help="report an allocated GPU idle after this long")
     _add(ctl, "lease-name", default="gpudra-controller", help="the leader election Lease")
     _add(ctl, "lease-seconds", default="15", help="how long a leader holds the Lease without renewing")
+    _add(
+        ctl,
+        "owner-cluster-role",
+        default=None,
+        help="ClusterRole that owns the Secret, webhook configuration and Lease this controller creates, "
+        "so deleting it removes them (the chart sets its own)",
+    )
     _logging(ctl)
 
 
@@ -290,6 +307,7 @@ def _controller(args: argparse.Namespace) -> int:
         idle_after_seconds=seconds["idle-after-seconds"],
         lease_name=args.lease_name,
         lease_seconds=seconds["lease-seconds"],
+        owner_cluster_role=args.owner_cluster_role or None,
     )
     return _run_daemon(args, lambda stop: wiring.run(options, stop=stop))
 
@@ -321,6 +339,7 @@ def _kubelet_plugin(args: argparse.Namespace) -> int:
         resync_seconds=float(args.resync_seconds),
         health_interval_seconds=_seconds_option(args.health_interval_seconds, "--health-interval-seconds"),
         usage_interval_seconds=_seconds_option(args.usage_interval_seconds, "--usage-interval-seconds"),
+        driver_root=_absolute_path_option(args.driver_root, "--driver-root"),
     )
     return _run_daemon(args, lambda stop: daemon.run(options, stop=stop))
 
@@ -333,6 +352,12 @@ def _seconds_option(value: str, option: str) -> float:
     if not (math.isfinite(seconds) and seconds >= 0):
         raise ConfigError(f"{value!r} is not a number of seconds >= 0 (0: off)", field=option)
     return seconds
+
+
+def _absolute_path_option(value: str, option: str) -> Path:
+    if not value.startswith("/"):
+        raise ConfigError(f"{value!r} is not an absolute path", field=option)
+    return Path(value)
 
 
 def _int_option(value: str, option: str) -> int:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from gpudra.errors import ClusterError
@@ -31,8 +32,16 @@ class ControllerProcess:
         bind_webhook_port: int | None = None,
         idle_after_seconds: float = 1800,
         lease_seconds: float = 15,
+        namespace: str = NAMESPACE,
+        kubeconfig: Path | None = None,
+        extra_args: tuple[str, ...] = (),
     ) -> None:
+        """`kubeconfig` replaces the cluster's admin credentials (e.g. the chart's service account);
+        `extra_args` are more `gpudra controller` options (names the chart gives, an owner)."""
         self.cluster = cluster
+        self.namespace = namespace
+        self.kubeconfig = kubeconfig or cluster.kubeconfig
+        self.extra_args = extra_args
         self.identity = identity
         self.webhook_url_port = webhook_url_port
         self.bind_webhook_port = bind_webhook_port or webhook_url_port
@@ -50,8 +59,8 @@ class ControllerProcess:
                     "-m",
                     "gpudra",
                     "controller",
-                    f"--kubeconfig={self.cluster.kubeconfig}",
-                    f"--namespace={NAMESPACE}",
+                    f"--kubeconfig={self.kubeconfig}",
+                    f"--namespace={self.namespace}",
                     f"--identity={self.identity}",
                     "--webhook-address=127.0.0.1",
                     f"--webhook-port={self.bind_webhook_port}",
@@ -60,6 +69,7 @@ class ControllerProcess:
                     f"--metrics-port={self.metrics_port}",
                     f"--idle-after-seconds={self.idle_after_seconds}",
                     f"--lease-seconds={self.lease_seconds}",
+                    *self.extra_args,
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=out,

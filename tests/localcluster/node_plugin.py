@@ -44,9 +44,11 @@ class PluginProcess:
         metrics_port: int = 0,
         resync_seconds: float = 5,
         usage_interval: float = 0,
+        kubeconfig: Path | None = None,
     ) -> None:
         """Start the plugin and wait until it serves claims. `usage_interval` (seconds) turns claim usage
-        reporting on; it is off by default, so that tests counting API requests see none of its own."""
+        reporting on; it is off by default, so that tests counting API requests see none of its own.
+        `kubeconfig` replaces the cluster's admin credentials (e.g. the chart's service account)."""
         env = {**os.environ, "GPUDRA_SIM_STATE": str(self.sim_state)}
         env.pop("GPUDRA_CRASH_AT", None)
         if crash_at:
@@ -61,7 +63,7 @@ class PluginProcess:
                     "gpudra",
                     "kubelet-plugin",
                     f"--node-name={self.node.name}",
-                    f"--kubeconfig={self.cluster.kubeconfig}",
+                    f"--kubeconfig={kubeconfig or self.cluster.kubeconfig}",
                     f"--nvml=sim:{self.profile}",
                     f"--registry-dir={self.node.registry_dir}",
                     f"--plugin-dir={self.node.plugins_dir / DRIVER}",

@@ -28,3 +28,6 @@ class Options:
     idle_after_seconds: float  # an allocated GPU without activity this long is reported idle
     lease_name: str
     lease_seconds: float  # how long a leader's Lease holds without renewal
+    # The ClusterRole that owns the Secret, webhook configuration and Lease the controller creates
+    # (the chart's own role, so that `helm uninstall` removes them); None: no owner.
+    owner_cluster_role: str | None = None

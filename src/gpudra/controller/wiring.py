@@ -25,7 +25,7 @@ from gpudra.controller.webhook import WebhookServer
 from gpudra.controller.webhook_tls import CertificateKeeper
 from gpudra.http_endpoint import Check, HttpEndpoint, loops_alive
 from gpudra.kube import client as kube
-from gpudra.kube.admission import AdmissionObjects
+from gpudra.kube.admission import AdmissionObjects, cluster_role_owner
 from gpudra.kube.claim_status import ClaimStatus
 from gpudra.kube.lease import Leases
 
@@ -35,9 +35,11 @@ STOP_TIMEOUT_SECONDS = 5.0
 
 def run(options: Options, *, stop: threading.Event) -> None:
     client = kube.Kube(kube.connect(options.kubeconfig))
+    role = options.owner_cluster_role
+    owners = [cluster_role_owner(client, role)] if role else []
     cluster = ClusterWatch(client, driver=options.driver, idle_after_seconds=options.idle_after_seconds)
     elector = LeaderElector(
-        Leases(client),
+        Leases(client, owners=owners),
         namespace=options.namespace,
         name=options.lease_name,
         identity=options.identity,
@@ -68,7 +70,9 @@ def run(options: Options, *, stop: threading.Event) -> None:
             warnings=cluster.warnings,
             registry=metrics.registry,
         )
-        keeper = CertificateKeeper(AdmissionObjects(client), options, webhook, is_leader=elector.is_leader)
+        keeper = CertificateKeeper(
+            AdmissionObjects(client, owners=owners), options, webhook, is_leader=elector.is_leader
+        )
         loops.append(keeper.loop)
         readiness.append(Check("webhook", webhook.problem))
         services += [webhook, keeper]

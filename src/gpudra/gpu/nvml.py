@@ -1,9 +1,10 @@
 """NVML through pynvml: GPU discovery into inventory records, MIG mode and instances, device usage.
 I/O: NVML, sysfs, proc.
 
-The only module that imports pynvml. `connect("real")` uses the machine's libnvidia-ml;
-`connect("sim:<profile>")` first installs gpudra's simulated driver underneath pynvml (see
-`gpudra.sim`), so everything below runs the same pynvml calls on a real card and in tests.
+The only module that imports pynvml. `connect("real")` uses the machine's libnvidia-ml, or the one
+under a driver root (`gpudra.gpu.driver_root`); `connect("sim:<profile>")` first installs gpudra's
+simulated driver underneath pynvml (see `gpudra.sim`), so everything below runs the same pynvml calls
+on a real card and in tests.
 
 Every NVML failure leaves this module as a gpudra error, translated in one place (`_nvml_errors`):
 library or driver missing or not each other's version -> NvmlUnavailable, NOT_SUPPORTED ->
@@ -35,6 +36,7 @@ from typing import Any, TypeVar
 import pynvml
 
 from gpudra import errors, sim
+from gpudra.gpu import driver_root as roots
 from gpudra.model import inventory as records
 
 SPECS = ("real", *(f"sim:{profile}" for profile in sim.PROFILES))
@@ -184,8 +186,11 @@ def sim_state_file(spec: str) -> Path:
     return Path(os.environ.get("GPUDRA_SIM_STATE") or default)
 
 
-def connect(spec: str = "real", *, state_file: Path | None = None) -> Nvml:
+def connect(spec: str = "real", *, state_file: Path | None = None, driver_root: Path = Path("/")) -> Nvml:
     """Opens NVML: "real" for the machine's driver, "sim:<profile>" for a simulated machine.
+
+    With a `driver_root` other than `/`, "real" first loads libnvidia-ml.so.1 from under it, for this
+    process's life (pynvml keeps the library it loaded). A simulated machine ignores it.
 
     The simulated machine's state lives in `state_file`, by default $GPUDRA_SIM_STATE, else
     ${TMPDIR:-/tmp}/gpudra-sim/<profile>.json; processes using the same file share one machine. Its
@@ -196,6 +201,8 @@ def connect(spec: str = "real", *, state_file: Path | None = None) -> Nvml:
             raise errors.ConfigError(
                 "the simulator is in use in this process; close it first", field="--nvml"
             )
+        if not roots.is_host(driver_root):
+            roots.load_library(driver_root)
         return Nvml()
     profile = spec.removeprefix("sim:")
     if spec not in SPECS or profile == spec:

@@ -8,6 +8,14 @@
   on stdin (section 3); CUDA_MPS_PIPE_DIRECTORY tells both which daemon is meant.
 
 With a simulated machine the same command lines reach the simulator's stand-in executables.
+
+With a driver root other than `/` (`--driver-root`, see `gpudra.gpu.driver_root`) the tools are the
+root's, found in its bin directories and run as `chroot <root> <tool> ...`, since they are linked against
+the libc next to them. Paths given to them then mean those paths inside the root: the MPS pipe and log
+directories (in the plugin's state directory) must be the same writable directories there, which holds
+when the root is the host's `/` and the state directory is mounted at its host path, as the Helm chart
+does. Where they are not, an MPS command fails with a HardwareError that says so and names
+--driver-root, instead of starting a daemon whose pipe the plugin and its containers cannot reach.
 """
 
 from __future__ import annotations
@@ -20,18 +28,25 @@ from pathlib import Path
 from typing import Final
 
 from gpudra.errors import HardwareError, NotSupported, NvmlUnavailable
+from gpudra.gpu import driver_root as roots
 
 MPS_CONTROL: Final = "nvidia-cuda-mps-control"
 # nvidia-smi(1), RETURN VALUE: "the requested operation is not available on target device".
 _NVIDIA_SMI_NOT_SUPPORTED: Final = 3
 # What `nvidia-smi --query-gpu=compute_mode` prints, and what `nvidia-smi -c` takes, per NVML value.
 COMPUTE_MODES: Final[dict[str, int]] = {"Default": 0, "Prohibited": 2, "Exclusive_Process": 3}
+# Environment variables whose directories the tool opens: with a driver root, they must be there too.
+_DIRECTORY_VARIABLES: Final = ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")
 
 
 class GpuTools:
-    def __init__(self, *, search_path: str | None = None, timeout: float = 30.0) -> None:
+    def __init__(
+        self, *, search_path: str | None = None, timeout: float = 30.0, driver_root: Path = Path("/")
+    ) -> None:
+        """`search_path` finds the tools, or with a `driver_root` other than `/` the chroot command."""
         self.search_path = search_path if search_path is not None else os.environ.get("PATH", "")
         self.timeout = timeout
+        self.driver_root = driver_root
 
     @classmethod
     def with_directory_first(cls, directory: Path) -> GpuTools:
@@ -46,13 +61,14 @@ class GpuTools:
         stdin: str | None = None,
         env: Mapping[str, str] | None = None,
     ) -> str:
-        executable = shutil.which(tool, path=self.search_path)
-        if executable is None:
-            raise NvmlUnavailable(f"{tool} not found on PATH ({self.search_path})")
+        argv = self.command(tool)
+        for variable in _DIRECTORY_VARIABLES:
+            if env is not None and variable in env:
+                self._check_shared(Path(env[variable]), variable)
         command = " ".join([tool, *args])
         try:
             result = subprocess.run(
-                [executable, *args],
+                [*argv, *args],
                 input=stdin,
                 capture_output=True,
                 text=True,
@@ -68,6 +84,38 @@ class GpuTools:
                 raise NotSupported(f"{command} failed ({result.returncode}): {detail}")
             raise HardwareError(f"{command} failed ({result.returncode}): {detail}")
         return result.stdout
+
+    def command(self, tool: str) -> list[str]:
+        """The command line that runs `tool`, before its arguments: its path on the search path, or
+        `chroot <root> <its path inside the root>` with a driver root. NvmlUnavailable if not found."""
+        if roots.is_host(self.driver_root):
+            executable = shutil.which(tool, path=self.search_path)
+            if executable is None:
+                raise NvmlUnavailable(f"{tool} not found on PATH ({self.search_path})")
+            return [executable]
+        found = roots.find(self.driver_root, tool, roots.TOOL_DIRS)
+        if found is None or not os.access(roots.here(self.driver_root, found), os.X_OK):
+            raise NvmlUnavailable(
+                f"{tool} not found under the driver root {self.driver_root} (--driver-root); searched "
+                f"{roots.searched(self.driver_root, roots.TOOL_DIRS)}"
+            )
+        chroot = shutil.which("chroot", path=self.search_path)
+        if chroot is None:
+            raise NvmlUnavailable(
+                f"chroot not found on PATH ({self.search_path}); it runs {tool} in the driver root "
+                f"{self.driver_root} (--driver-root)"
+            )
+        return [chroot, str(self.driver_root), str(found)]
+
+    def _check_shared(self, directory: Path, variable: str) -> None:
+        if roots.is_host(self.driver_root) or roots.shared(self.driver_root, directory):
+            return
+        raise HardwareError(
+            f"{variable} {directory} is not the same writable directory inside the driver root "
+            f"{self.driver_root} (--driver-root), where the NVIDIA tools run: MPS needs the plugin's "
+            "state directory (--state-dir) at the same path inside the driver root, as when the driver "
+            "root is the host's / and the state directory is mounted at its host path"
+        )
 
     def set_timeslice(self, *, gpu_uuid: str, level: int) -> None:
         """Set the GPU's time-slice: 0 Default, 1 Short, 2 Medium, 3 Long."""

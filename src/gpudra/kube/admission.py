@@ -30,8 +30,10 @@ class AdmissionObjects:
     "secrets")` or `(verb, "validatingwebhookconfigurations")`; failures are `ClusterError`, a lost
     race `Conflict`. Implements gpudra.controller.webhook_tls.AdmissionApi."""
 
-    def __init__(self, kube: Kube) -> None:
+    def __init__(self, kube: Kube, *, owners: list[Obj] | None = None) -> None:
         self.kube = kube
+        # ownerReferences given to what is created, so that deleting the owner removes it.
+        self.owners = list(owners or [])
 
     def get_secret(self, namespace: str, name: str) -> Obj | None:
         """The Secret as stored now, or None when there is none."""
@@ -47,7 +49,7 @@ class AdmissionObjects:
         self.kube.count("create", "secrets")
         name = secret["metadata"]["name"]
         return self.kube.request(
-            f"creating Secret {namespace}/{name}", "POST", _secrets(namespace), body=secret
+            f"creating Secret {namespace}/{name}", "POST", _secrets(namespace), body=self._owned(secret)
         )
 
     def replace_secret(self, namespace: str, secret: Obj) -> Obj:
@@ -71,7 +73,10 @@ class AdmissionObjects:
         self.kube.count("create", "validatingwebhookconfigurations")
         name = configuration["metadata"]["name"]
         return self.kube.request(
-            f"creating ValidatingWebhookConfiguration {name}", "POST", _WEBHOOKS, body=configuration
+            f"creating ValidatingWebhookConfiguration {name}",
+            "POST",
+            _WEBHOOKS,
+            body=self._owned(configuration),
         )
 
     def replace_webhook_configuration(self, configuration: Obj) -> Obj:
@@ -83,3 +88,23 @@ class AdmissionObjects:
             _named(_WEBHOOKS, name),
             body=configuration,
         )
+
+    def _owned(self, obj: Obj) -> Obj:
+        if not self.owners:
+            return obj
+        return {**obj, "metadata": {**obj["metadata"], "ownerReferences": self.owners}}
+
+
+def cluster_role_owner(kube: Kube, name: str) -> Obj:
+    """An ownerReference to the ClusterRole `name` (the chart makes the controller's role the owner of
+    what the controller creates, so `helm uninstall` leaves none of it: a cluster-scoped owner may own
+    both cluster-scoped and namespaced objects)."""
+    kube.count("get", "clusterroles")
+    path = f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{quote(name, safe='')}"
+    role = kube.request(f"reading ClusterRole {name} (--owner-cluster-role)", "GET", path)
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "name": name,
+        "uid": role["metadata"]["uid"],
+    }

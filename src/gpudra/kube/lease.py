@@ -53,8 +53,10 @@ def _record(lease: Obj) -> LeaseRecord:
     )
 
 
-def _body(namespace: str, name: str, record: LeaseRecord) -> Obj:
+def _body(namespace: str, name: str, record: LeaseRecord, owners: list[Obj]) -> Obj:
     metadata: Obj = {"name": name, "namespace": namespace}
+    if owners:
+        metadata["ownerReferences"] = owners
     if record.resource_version:
         metadata["resourceVersion"] = record.resource_version  # the API server's precondition
     spec: Obj = {
@@ -78,8 +80,9 @@ class Leases:
     """Lease reads and writes on the one client (each counted as `(verb, "leases")`); failures are
     `ClusterError`, a lost race `Conflict`. Implements gpudra.controller.leader.LeaseStore."""
 
-    def __init__(self, kube: Kube) -> None:
+    def __init__(self, kube: Kube, *, owners: list[Obj] | None = None) -> None:
         self.kube = kube
+        self.owners = list(owners or [])  # ownerReferences of the Lease (see kube.admission)
 
     def get(self, namespace: str, name: str) -> LeaseRecord | None:
         """The Lease as stored now, or None when there is none."""
@@ -93,7 +96,7 @@ class Leases:
     def create(self, namespace: str, name: str, record: LeaseRecord) -> LeaseRecord:
         """The Lease as stored; `Conflict` when one of that name exists."""
         self.kube.count("create", "leases")
-        body = _body(namespace, name, record)
+        body = _body(namespace, name, record, self.owners)
         return _record(
             self.kube.request(f"creating Lease {namespace}/{name}", "POST", _path(namespace), body=body)
         )
@@ -102,6 +105,6 @@ class Leases:
         """The Lease as stored; `Conflict` when it changed since `record.resource_version` was read.
         The whole object is replaced: the Lease is gpudra's own, nothing else labels or annotates it."""
         self.kube.count("update", "leases")
-        body = _body(namespace, name, record)
+        body = _body(namespace, name, record, self.owners)
         what = f"updating Lease {namespace}/{name}"
         return _record(self.kube.request(what, "PUT", _path(namespace, name), body=body))

@@ -27,3 +27,4 @@ class Options:
     resync_seconds: float
     health_interval_seconds: float  # 0: no health service
     usage_interval_seconds: float  # 0: no claim usage sampling
+    driver_root: Path  # where the NVIDIA driver's files are (gpudra.gpu.driver_root)

@@ -45,7 +45,7 @@ IDLE_SECONDS = 3600.0
 
 def _tools(options: Options) -> GpuTools:
     if not options.nvml.startswith("sim:"):
-        return GpuTools()
+        return GpuTools(driver_root=options.driver_root)
     state_file = nvml.sim_state_file(options.nvml)
     return GpuTools.with_directory_first(
         sim.write_tools(options.state_dir / "sim-tools", state_file=state_file)
@@ -56,7 +56,7 @@ def run(options: Options, server: KubeletServer, *, stop: threading.Event) -> No
     """Build the plugin, hand it to `server` (started, its calls waiting), and run until `stop`."""
     # One NVML session for the plugin's life: MIG prepare uses it from the gRPC threads (NVML is
     # thread-safe; opening it per call costs an init and handle lookups each time).
-    with nvml.connect(options.nvml) as session:
+    with nvml.connect(options.nvml, driver_root=options.driver_root) as session:
         _run(options, session, server, stop=stop)
 
 
@@ -101,7 +101,7 @@ def _run(options: Options, session: nvml.Nvml, server: KubeletServer, *, stop: t
         health = HealthMonitor(
             pool=options.node_name,
             devices=model.devices,
-            open_nvml=lambda: nvml.connect(options.nvml),
+            open_nvml=lambda: nvml.connect(options.nvml, driver_root=options.driver_root),
             interval=options.health_interval_seconds,
             on_change=slices.trigger,
             partitions=state.prepared_partitions,

@@ -1,0 +1,243 @@
+"""Writes deploy/helm/gpudra/values.schema.json from the CLI's own options (`make chart-schema`).
+
+`kubeletPlugin.options` and `controller.options` in the chart's values are `gpudra kubelet-plugin` and
+`gpudra controller` options in camelCase, passed as GPUDRA_<OPTION> variables. Their schema is made
+from the argparse parser, so a new option is settable in the chart after one `make chart-schema`, and
+`helm install` refuses a misspelt one (additionalProperties: false) with the field's name. Options the
+chart sets itself (paths it mounts, ports its probes use, names it gives) are left out on purpose:
+CHART_OWNED says which and why. tests/unit/test_chart_schema.py checks the file is current.
+
+Usage: python scripts/gen_chart_schema.py [--check]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from gpudra import cli
+
+REPO = Path(__file__).resolve().parents[1]
+SCHEMA = REPO / "deploy" / "helm" / "gpudra" / "values.schema.json"
+
+# Options the chart's templates set from their own values or the pod's downward API.
+CHART_OWNED: dict[str, dict[str, str]] = {
+    "kubelet-plugin": {
+        "node-name": "the pod's spec.nodeName",
+        "driver-name": "driverName",
+        "kubeconfig": "in-cluster config",
+        "registry-dir": "kubeletPlugin.kubeletDir",
+        "plugin-dir": "kubeletPlugin.kubeletDir",
+        "state-dir": "the plugin directory, a hostPath",
+        "cdi-root": "kubeletPlugin.cdiDir",
+        "driver-root": "kubeletPlugin.driverRoot, mounted at /driver-root",
+        "metrics-port": "kubeletPlugin.port (the probes use it)",
+        "metrics-address": "all of the pod's addresses",
+    },
+    "controller": {
+        "driver-name": "driverName",
+        "kubeconfig": "in-cluster config",
+        "namespace": "the release namespace",
+        "identity": "the pod's name",
+        "webhook-port": "controller.webhookPort",
+        "webhook-address": "all of the pod's addresses",
+        "webhook-service": "the chart's Service",
+        "webhook-url": "the chart's Service",
+        "webhook-configuration": "named after the release",
+        "webhook-secret": "named after the release",
+        "lease-name": "named after the release",
+        "owner-cluster-role": "the controller's ClusterRole",
+        "metrics-port": "controller.port (the probes use it)",
+        "metrics-address": "all of the pod's addresses",
+    },
+}
+_VALUES_KEY = {"kubelet-plugin": "kubeletPlugin", "controller": "controller"}
+
+
+def camel(option: str) -> str:
+    head, *rest = option.split("-")
+    return head + "".join(word.capitalize() for word in rest)
+
+
+def _subcommand(name: str) -> argparse.ArgumentParser:
+    # The parser reads GPUDRA_* variables into its defaults; the schema is the CLI's, not this shell's.
+    for variable in [v for v in os.environ if v.startswith("GPUDRA_")]:
+        del os.environ[variable]
+    parser = cli.build_parser()
+    for action in parser._actions:  # argparse keeps subparsers only here
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices[name]  # type: ignore[no-any-return]
+    raise LookupError(name)
+
+
+def options(command: str) -> dict[str, argparse.Action]:
+    """`command`'s long options (without the dashes) -> their argparse actions, --help left out."""
+    found = {}
+    for action in _subcommand(command)._actions:
+        long = [s for s in action.option_strings if s.startswith("--")]
+        if long and long[0] != "--help":
+            found[long[0][2:]] = action
+    return found
+
+
+def _property(option: str, action: argparse.Action) -> dict[str, Any]:
+    """One option's schema: its help as the description, its type from its choices or its default
+    (environment-free: the CLI's default as written in gpudra.cli, read with GPUDRA_* unset)."""
+    description = (action.help or "").split(" (env GPUDRA_")[0]
+    schema: dict[str, Any] = {"description": description}
+    default = action.default
+    if action.choices:
+        schema["enum"] = [*action.choices, None]
+    elif isinstance(default, str) and default.isdigit():
+        # Ports and counts are integers; durations in seconds take fractions.
+        schema["type"] = ["number", "null"] if option.endswith("seconds") else ["integer", "null"]
+        schema["minimum"] = 0
+    else:
+        schema["type"] = ["string", "null"]
+    if option == "nvml":
+        schema["pattern"] = "^(real|sim:[a-z0-9-]+)$"
+    return schema
+
+
+def schema() -> dict[str, Any]:
+    sections: dict[str, Any] = {}
+    for command, key in _VALUES_KEY.items():
+        owned = CHART_OWNED[command]
+        props = {camel(o): _property(o, a) for o, a in sorted(options(command).items()) if o not in owned}
+        sections[key] = {
+            "type": "object",
+            "properties": {
+                "options": {
+                    "description": f"`gpudra {command}` options in camelCase; null keeps the CLI default",
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": props,
+                }
+            },
+        }
+    return {
+        "$schema": "https://json-schema.org/draft-07/schema#",
+        "title": "gpudra Helm values",
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["driverName", "image", "kubeletPlugin", "controller"],
+        "properties": {
+            "driverName": {
+                "description": "the DRA driver name (DeviceClasses, slices, configs)",
+                "type": "string",
+                "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+$",
+                "maxLength": 63,
+            },
+            "image": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["repository"],
+                "properties": {
+                    "repository": {"type": "string", "minLength": 1},
+                    "tag": {"type": "string"},
+                    "pullPolicy": {"enum": ["Always", "IfNotPresent", "Never"]},
+                },
+            },
+            "imagePullSecrets": {"type": "array", "items": {"type": "object"}},
+            "kubeletPlugin": _merge(
+                sections["kubeletPlugin"],
+                {
+                    "additionalProperties": False,
+                    "required": ["options", "kubeletDir", "cdiDir", "driverRoot", "port"],
+                    "properties": {
+                        "kubeletDir": _absolute_path("the kubelet's root directory on the nodes"),
+                        "cdiDir": _absolute_path("where CDI specs are written on the nodes"),
+                        "driverRoot": _absolute_path("the NVIDIA driver's root on the nodes"),
+                        "port": _port("/metrics, /livez, /readyz"),
+                        "priorityClassName": {"type": "string"},
+                        **_scheduling(),
+                        "updateStrategy": {"type": "object"},
+                    },
+                },
+            ),
+            "controller": _merge(
+                sections["controller"],
+                {
+                    "additionalProperties": False,
+                    "required": ["enabled", "options", "webhookPort", "port"],
+                    "properties": {
+                        "enabled": {"type": "boolean"},
+                        "replicas": {"type": "integer", "minimum": 0},
+                        "webhookPort": _port("the admission webhook's HTTPS port"),
+                        "port": _port("/metrics, /status, /livez, /readyz"),
+                        **_scheduling(),
+                    },
+                },
+            ),
+            "deviceClasses": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {k: {"type": "boolean"} for k in ("gpu", "shared", "mig")},
+            },
+            "extendedResource": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    "enabled": {"type": "boolean"},
+                    "name": {
+                        "description": "the extended resource pods ask for (a domain-prefixed name)",
+                        "type": "string",
+                        "pattern": r"^[a-z0-9.-]+/[A-Za-z0-9._-]+$",
+                    },
+                },
+            },
+            "nodeRestriction": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {"enabled": {"type": "boolean"}},
+            },
+        },
+    }
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    return {
+        **base,
+        **{k: v for k, v in extra.items() if k != "properties"},
+        "properties": {**base["properties"], **extra["properties"]},
+    }
+
+
+def _absolute_path(description: str) -> dict[str, Any]:
+    return {"description": description, "type": "string", "pattern": "^/"}
+
+
+def _port(description: str) -> dict[str, Any]:
+    return {"description": description, "type": "integer", "minimum": 1, "maximum": 65535}
+
+
+def _scheduling() -> dict[str, Any]:
+    return {
+        "affinity": {"type": "object"},
+        "nodeSelector": {"type": "object", "additionalProperties": {"type": "string"}},
+        "tolerations": {"type": "array", "items": {"type": "object"}},
+        "resources": {"type": "object"},
+        "podAnnotations": {"type": "object", "additionalProperties": {"type": "string"}},
+    }
+
+
+def render() -> str:
+    return json.dumps(schema(), indent=2) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    if "--check" in argv:
+        if SCHEMA.read_text() != render():
+            print(f"{SCHEMA.relative_to(REPO)} is stale: run make chart-schema", file=sys.stderr)
+            return 1
+        return 0
+    SCHEMA.write_text(render())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
