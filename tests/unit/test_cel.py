@@ -78,6 +78,9 @@ def matches(expression: str, device: Device | None = None, **options: Any) -> bo
         (f"{C}.multiprocessors.asInteger() == 132", True),
         (f'cel.bind(g, {A}, g.type == "gpu" && g.index < 4)', True),
         (f"cel.bind(x, 2, cel.bind(y, x * 3, y == 6)) && {A}.index == 3", True),
+        # a literal operand: the parser keeps no end position for such a tree
+        (f'{A}.type == "gpu" && true', True),
+        (f'{A}.type == "mig" || false', False),
     ],
 )
 def test_selectors_see_the_device_as_kubernetes_does(expression: str, expected: bool) -> None:

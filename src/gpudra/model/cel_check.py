@@ -674,7 +674,8 @@ def _namespace(tree: lark.Tree[lark.Token]) -> str | None:
 
 def _operator_at(tree: lark.Tree[lark.Token], symbol: str) -> tuple[int, int]:
     """Where the operator that ends `tree`'s text stands (lark keeps no operator tokens)."""
-    if tree.meta.empty:
+    # lark leaves a tree's end unset when it ends in a literal it folded away (`... && true`).
+    if tree.meta.empty or tree.meta.end_line is None or tree.meta.end_column is None:
         return (1, 1)
     return (tree.meta.end_line, max(1, tree.meta.end_column - len(symbol)))
 
