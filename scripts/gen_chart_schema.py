@@ -18,6 +18,7 @@ import os
 import sys
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from gpudra import cli
 
@@ -65,9 +66,9 @@ def camel(option: str) -> str:
 
 def _subcommand(name: str) -> argparse.ArgumentParser:
     # The parser reads GPUDRA_* variables into its defaults; the schema is the CLI's, not this shell's.
-    for variable in [v for v in os.environ if v.startswith("GPUDRA_")]:
-        del os.environ[variable]
-    parser = cli.build_parser()
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("GPUDRA_")}
+    with mock.patch.dict(os.environ, clean, clear=True):
+        parser = cli.build_parser()
     for action in parser._actions:  # argparse keeps subparsers only here
         if isinstance(action, argparse._SubParsersAction):
             return action.choices[name]  # type: ignore[no-any-return]
