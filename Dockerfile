@@ -1,16 +1,41 @@
-# gpudra image: the `gpudra` CLI (kubelet-plugin; inventory and validate for debugging).
+# gpudra image: one `gpudra` CLI; `gpudra kubelet-plugin` (DaemonSet) and `gpudra controller` (Deployment).
 # NVML comes from the host driver at run time (libnvidia-ml.so.1 mounted by the NVIDIA Container
 # Toolkit or the GPU Operator); nothing NVIDIA is baked in.
-FROM python:3.11-slim AS build
+#
+# BASE: any Debian-based image with python3 3.11 and CA certificates. `make image` makes it from Debian
+# packages (deploy/image/base.sh) and builds with buildah --pull=never; with a registry instead:
+#   docker build --build-arg BASE=python:3.11-slim .
+ARG BASE=localhost/gpudra-base:bookworm
+
+FROM ${BASE} AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+# A venv needs ensurepip, which Debian's python3 keeps in python3-venv: the build stage adds it when the
+# base lacks it (gpudra's base leaves it out so the final image has no pip; python:3.11-slim has it).
+RUN python3 -m venv /opt/gpudra 2>/dev/null \
+ || { apt-get update && apt-get install -y --no-install-recommends python3-venv \
+      && rm -rf /var/lib/apt/lists/* && python3 -m venv --clear /opt/gpudra; }
+# The pinned dependency set first (`make lock`), so its layer is reused until the lock changes. Every
+# file is checked against the lock's sha256 and every dependency of a dependency must be in the lock;
+# binary wheels only, so nothing is compiled.
+COPY deploy/image/requirements.lock /tmp/requirements.lock
+RUN /opt/gpudra/bin/pip install --require-hashes --only-binary=:all: -r /tmp/requirements.lock
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY src ./src
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+# gpudra's own wheel, without dependencies: `pip check` proves the locked set satisfies it. Then pip and
+# setuptools leave the venv, which is all the final stage takes.
+RUN /opt/gpudra/bin/pip wheel --no-deps --wheel-dir /tmp/wheels . \
+ && /opt/gpudra/bin/pip install --no-deps --no-index /tmp/wheels/gpudra-*.whl \
+ && /opt/gpudra/bin/pip check \
+ && /opt/gpudra/bin/pip uninstall --yes --quiet pip setuptools
 
-FROM python:3.11-slim
-RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
-    pip install --no-cache-dir /wheels/*.whl && useradd --system --uid 10001 gpudra
+FROM ${BASE}
+COPY --from=build /opt/gpudra /opt/gpudra
+RUN groupadd --gid 10001 gpudra \
+ && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
+      --shell /usr/sbin/nologin gpudra
+ENV PATH=/opt/gpudra/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin PYTHONUNBUFFERED=1
 # The kubelet plugin needs root on the node (kubelet sockets, /dev, nvidia-smi); the chart sets it.
-USER 10001
+USER 10001:10001
 ENTRYPOINT ["gpudra"]
 CMD ["--help"]

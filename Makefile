@@ -99,7 +99,7 @@ schemas: $(STAMP)
 # on a Debian base made with debootstrap, into ~/.cache/gpudra/image; needs root, installs debootstrap
 # and buildah when missing. Cold about 2 minutes, then seconds. Ends with image-check, which runs
 # `gpudra --help` in the image and prints its names and size. See deploy/image/.
-.PHONY: image image-check image-archive lock
+.PHONY: image image-check image-archive image-push lock
 
 image:
 	bash deploy/image/build.sh
@@ -111,6 +111,10 @@ image-check:
 # A docker-archive of the image for `ctr -n k8s.io images import`; prints its path.
 image-archive: image
 	bash deploy/image/archive.sh
+
+# The newest build to a registry: make image-push IMAGE=registry.example.com/gpudra:0.1.0
+image-push:
+	bash deploy/image/push.sh $(IMAGE)
 
 # deploy/image/requirements.lock from pyproject.toml's runtime dependencies; UPGRADE=1 takes the newest.
 lock:
