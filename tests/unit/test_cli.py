@@ -197,14 +197,22 @@ def test_a_bad_health_interval_is_a_clear_error(capsys: pytest.CaptureFixture[st
 
 
 @pytest.mark.parametrize(
-    ("environment", "expected"), [(None, "10"), ("0", "0"), ("2.5", "2.5")], ids=["default", "off", "env"]
+    ("option", "environment", "expected"),
+    [
+        ("health-interval-seconds", None, "10"),
+        ("health-interval-seconds", "0", "0"),
+        ("health-interval-seconds", "2.5", "2.5"),
+        ("driver-root", None, "/"),
+        ("driver-root", "/driver-root", "/driver-root"),
+    ],
 )
-def test_health_interval_default_and_environment(
-    monkeypatch: pytest.MonkeyPatch, environment: str | None, expected: str
+def test_plugin_option_defaults_and_environment(
+    monkeypatch: pytest.MonkeyPatch, option: str, environment: str | None, expected: str
 ) -> None:
+    variable = "GPUDRA_" + option.upper().replace("-", "_")
     if environment is None:
-        monkeypatch.delenv("GPUDRA_HEALTH_INTERVAL_SECONDS", raising=False)
+        monkeypatch.delenv(variable, raising=False)
     else:
-        monkeypatch.setenv("GPUDRA_HEALTH_INTERVAL_SECONDS", environment)
+        monkeypatch.setenv(variable, environment)
     args = cli.build_parser().parse_args(["kubelet-plugin", "--node-name=node-a"])
-    assert args.health_interval_seconds == expected
+    assert getattr(args, option.replace("-", "_")) == expected

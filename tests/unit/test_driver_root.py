@@ -376,20 +376,6 @@ def test_without_a_driver_root_mps_directories_are_not_checked(tmp_path: Path) -
 # --- the option -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("environment", "expected"), [(None, "/"), ("/driver-root", "/driver-root")], ids=["default", "env"]
-)
-def test_driver_root_default_and_environment(
-    monkeypatch: pytest.MonkeyPatch, environment: str | None, expected: str
-) -> None:
-    if environment is None:
-        monkeypatch.delenv("GPUDRA_DRIVER_ROOT", raising=False)
-    else:
-        monkeypatch.setenv("GPUDRA_DRIVER_ROOT", environment)
-    args = cli.build_parser().parse_args(["kubelet-plugin", "--node-name=node-a"])
-    assert args.driver_root == expected
-
-
 def test_the_plugin_gets_the_driver_root(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     seen: list[Options] = []
     monkeypatch.setattr(daemon, "run", lambda options, stop: seen.append(options))
