@@ -33,6 +33,7 @@ CHART_OWNED: dict[str, dict[str, str]] = {
         "kubeconfig": "in-cluster config",
         "registry-dir": "kubeletPlugin.kubeletDir",
         "plugin-dir": "kubeletPlugin.kubeletDir",
+        "instance-id": "the pod's metadata.uid (its own sockets, for a rolling update with maxSurge)",
         "state-dir": "the plugin directory, a hostPath",
         "cdi-root": "kubeletPlugin.cdiDir",
         "driver-root": "kubeletPlugin.driverRoot, mounted at /driver-root",

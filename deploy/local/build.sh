@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the local cluster's binaries (etcd, kube-apiserver, kube-scheduler,
-# kube-controller-manager, kubelet, fakecri) once into a cache directory outside the repo and
+# kube-controller-manager, kubelet, kube-proxy, fakecri) once into a cache directory outside the repo and
 # prints that directory's bin/ path. The directory is keyed by the Kubernetes version and a hash
 # of this module, so a changed pin or harness rebuilds and an unchanged one is reused.
 set -euo pipefail
@@ -21,7 +21,7 @@ mkdir -p "$out/bin"
 start=$(date +%s)
 echo "building Kubernetes $version components into $out (cold: tens of minutes on 2 cores)" >&2
 # One package per go build keeps peak memory to one linker at a time.
-for cmd in kube-apiserver kube-controller-manager kube-scheduler kubelet; do
+for cmd in kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy; do
   go build -trimpath -ldflags "$ldflags" -o "$out/bin/$cmd" "k8s.io/kubernetes/cmd/$cmd" >&2
 done
 go build -trimpath -ldflags "-s -w" -o "$out/bin/etcd" go.etcd.io/etcd/server/v3 >&2

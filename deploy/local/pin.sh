@@ -21,7 +21,7 @@ kmod=$(cd / && go mod download -json "k8s.io/kubernetes@$version" | python3 -c '
   echo ")"
   echo
   echo "tool ("
-  for t in k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+  for t in k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-proxy \
       k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet go.etcd.io/etcd/server/v3; do
     printf "\t%s\n" "$t"
   done

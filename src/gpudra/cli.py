@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import secrets
 import signal
 import socket
@@ -27,6 +28,9 @@ from gpudra.errors import ConfigError, GpudraError
 
 DRIVER = "gpu.gpudra.io"
 NEWEST_MINOR = 36
+# --instance-id goes into socket file names: no '/', no leading dot (the kubelet skips dot files).
+_INSTANCE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+_INSTANCE_ID_RULE = "1 to 63 letters, digits, '-', '_' and '.', starting with a letter or digit"
 
 
 def _env(option: str, default: str | None = None) -> str | None:
@@ -108,6 +112,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add(plugin, "kubeconfig", default=None, help="kubeconfig file (in-cluster config when absent)")
     _add(plugin, "registry-dir", default="/var/lib/kubelet/plugins_registry", help="kubelet plugin registry")
     _add(plugin, "plugin-dir", default=None, help="DRA socket directory (/var/lib/kubelet/plugins/<driver>)")
+    _add(
+        plugin,
+        "instance-id",
+        default=None,
+        help="this instance's own socket names, <driver>-<id>-reg.sock and dra-<id>.sock (the chart passes "
+        "the pod's UID), so that both pods of a rolling update stay registered with the kubelet (1.33+); "
+        f"{_INSTANCE_ID_RULE}; unset: <driver>-reg.sock and dra.sock",
+    )
     _add(plugin, "cdi-root", default="/var/run/cdi", help="where CDI specs are written")
     _add(plugin, "state-dir", default=None, help="checkpoint directory (default: the plugin directory)")
     _add(
@@ -136,6 +148,18 @@ def build_parser() -> argparse.ArgumentParser:
         "Operator's /run/nvidia/driver); the tools then run chrooted into it, and MPS needs --state-dir "
         "at the same path inside it (true for the host's / with the state directory mounted at its host "
         "path); ignored with --nvml sim:...",
+    )
+    _add(
+        plugin,
+        "dev-root",
+        default="/",
+        help="the host directory whose dev/ holds the NVIDIA device nodes, as NVIDIA's DRA driver and "
+        "nvidia-ctk --dev-root mean it: / for the host's /dev, where claim specs name each node by its "
+        "path alone; otherwise a spec's GPU and control nodes get hostPath <dev-root>/dev/<name> "
+        "(container path /dev/<name>) for the runtime to find them by (GPU Operator: /run/nvidia/driver "
+        "if that driver root has a dev/ directory, which NVIDIA's DRA driver then uses). With --nvml "
+        "sim:..., a dev root other than / is where the plugin creates the simulated machine's stand-in "
+        "nodes at start (needs CAP_MKNOD): mount that host directory at the same path in its container",
     )
     _controller_parser(commands.add_parser("controller", help="run the cluster controller (Deployment)"))
     return parser
@@ -340,8 +364,19 @@ def _kubelet_plugin(args: argparse.Namespace) -> int:
         health_interval_seconds=_seconds_option(args.health_interval_seconds, "--health-interval-seconds"),
         usage_interval_seconds=_seconds_option(args.usage_interval_seconds, "--usage-interval-seconds"),
         driver_root=_absolute_path_option(args.driver_root, "--driver-root"),
+        dev_root=_absolute_path_option(args.dev_root, "--dev-root"),
+        instance_id=_instance_id_option(args.instance_id),
     )
     return _run_daemon(args, lambda stop: daemon.run(options, stop=stop))
+
+
+def _instance_id_option(value: str | None) -> str | None:
+    """None when unset or empty; else the ID, which becomes part of two file names."""
+    if not value:
+        return None
+    if not _INSTANCE_ID.fullmatch(value):
+        raise ConfigError(f"{value!r} is not an instance ID: {_INSTANCE_ID_RULE}", field="--instance-id")
+    return value
 
 
 def _seconds_option(value: str, option: str) -> float:

@@ -380,6 +380,116 @@ def test_the_old_instance_exiting_leaves_the_new_one_serving(
         successor.stop()
 
 
+def _served(plugin: PluginProcess, call: str) -> float:
+    """How many claims this instance prepared or unprepared (`call`), by its own metrics."""
+    return plugin.metrics().get(f'gpudra_{call}_seconds_count{{outcome="ok"}}', 0.0)
+
+
+def _slice_writes(plugin: PluginProcess) -> float:
+    return sum(v for k, v in plugin.metrics().items() if k.startswith("gpudra_resourceslice_writes_total"))
+
+
+def test_a_rolling_update_with_instance_ids_keeps_the_node_served_throughout(
+    node: tuple[LocalCluster, client.ApiClient], plugin: PluginProcess
+) -> None:
+    """The chart's update (maxSurge 1, each pod's sockets named after its UID) on the real kubelet: the
+    kubelet keeps both registrations and calls the newer one, which catches up with the checkpoint the
+    older one saved; the older one's SIGTERM removes only its own sockets; the newer one publishes the
+    pool only once the older one is gone, without a write, since its slices are the same."""
+    cluster, api = node
+    paths = cluster.nodes[NODE]
+    old = PluginProcess(cluster, paths, PROFILE, instance_id="pod-a")
+    new = PluginProcess(cluster, paths, PROFILE, instance_id="pod-b")
+    kubelet_log = cluster.directory / "logs" / f"kubelet-{NODE}.log"
+    try:
+        old.start(metrics_port=free_port())
+        _run_pod(api, "rolling-old")
+        old_uid = _claim_of(api, _running(api, "rolling-old"))["metadata"]["uid"]
+        assert _served(old, "prepare") == 1
+        wait_for("the pool published", lambda: _probe(old, "/readyz")[0] == 200)
+        published = _slice_writes(old)  # none when an earlier test's plugin left the same pool
+
+        new.start(metrics_port=free_port(), resync_seconds=1)  # the surge pod: both run from here on
+        for instance in ("pod-a", "pod-b"):
+            assert (paths.registry_dir / f"{DRIVER}-{instance}-reg.sock").is_socket()
+            assert (paths.plugins_dir / DRIVER / f"dra-{instance}.sock").is_socket()
+        assert _probe(new, "/readyz")[0] == 200  # standing by for the slices does not hold the update up
+        # The kubelet's DRA manager logs each instance it connects to by its endpoint (the DRA socket).
+        connected = f'endpoint="{paths.plugins_dir / DRIVER / "dra-pod-b.sock"}" connected=true'
+        wait_for("the kubelet to connect to the new instance", lambda: connected in kubelet_log.read_text())
+
+        _run_pod(api, "rolling-mid")  # the kubelet calls the instance it registered last
+        mid_uid = _claim_of(api, _running(api, "rolling-mid"))["metadata"]["uid"]
+        assert (_served(old, "prepare"), _served(new, "prepare")) == (1, 1)
+        _delete_pod(api, "rolling-old")  # the old instance's claim, unprepared by the new one
+        wait_for("the old claim unprepared", lambda: old_uid not in new.checkpoint_claims())
+        assert (_served(old, "unprepare"), _served(new, "unprepare")) == (0, 1)
+        assert set(new.cdi_specs()) == set(new.checkpoint_claims()) == {mid_uid}
+        assert (_slice_writes(old), _slice_writes(new)) == (published, 0)  # no fight over the pool
+
+        old.stop()  # SIGTERM: the DaemonSet deletes the old pod once the new one is ready
+        assert not (paths.registry_dir / f"{DRIVER}-pod-a-reg.sock").exists()
+        assert not (paths.plugins_dir / DRIVER / "dra-pod-a.sock").exists()
+        assert (paths.registry_dir / f"{DRIVER}-pod-b-reg.sock").is_socket()
+        assert (paths.plugins_dir / DRIVER / "dra-pod-b.sock").is_socket()
+
+        _run_pod(api, "rolling-new")
+        new_uid = _claim_of(api, _running(api, "rolling-new"))["metadata"]["uid"]
+        assert _served(new, "prepare") == 2
+        claims = new.checkpoint_claims()
+        assert set(claims) == set(new.cdi_specs()) == {mid_uid, new_uid}
+        assert {entry["state"] for entry in claims.values()} == {"PrepareCompleted"}
+        wait_for("the new instance publishing", lambda: "publishing from this one" in new.log.read_text())
+        time.sleep(3)  # three resyncs of its own
+        assert _slice_writes(new) == 0
+        _delete_pod(api, "rolling-mid")
+        _delete_pod(api, "rolling-new")
+        _wait_clean(new)
+    finally:
+        old.stop()
+        new.stop()
+
+
+def test_when_the_new_instance_dies_the_old_one_serves_and_knows_its_claims(
+    node: tuple[LocalCluster, client.ApiClient], plugin: PluginProcess
+) -> None:
+    """A failed update: the new pod's plugin is SIGKILLed while the old one still runs. The kubelet falls
+    back to the old instance, which catches up with the checkpoint the new one saved before it
+    unprepares the new one's claim, and prepares the next pod."""
+    cluster, api = node
+    paths = cluster.nodes[NODE]
+    old = PluginProcess(cluster, paths, PROFILE, instance_id="pod-c")
+    new = PluginProcess(cluster, paths, PROFILE, instance_id="pod-d")
+    try:
+        old.start(metrics_port=free_port())
+        new.start(metrics_port=free_port())
+        _run_pod(api, "fallback-new")
+        new_uid = _claim_of(api, _running(api, "fallback-new"))["metadata"]["uid"]
+        assert (_served(old, "prepare"), _served(new, "prepare")) == (0, 1)
+        assert new.process is not None
+        new.process.kill()
+        new.process.wait()
+
+        _delete_pod(api, "fallback-new")  # unprepared through the old instance, which never saw it
+        wait_for("the claim unprepared", lambda: new_uid not in old.checkpoint_claims())
+        assert _served(old, "unprepare") == 1 and new_uid not in old.cdi_specs()
+        assert "checkpoint saved by another instance of the plugin; loaded again" in old.log.read_text()
+        _run_pod(api, "fallback-old")
+        old_uid = _claim_of(api, _running(api, "fallback-old"))["metadata"]["uid"]
+        assert _served(old, "prepare") == 1
+        assert set(old.checkpoint_claims()) == set(old.cdi_specs()) == {old_uid}
+        _delete_pod(api, "fallback-old")
+        _wait_clean(old)
+    finally:
+        old.stop()
+        new.stop()
+        for stale in (
+            paths.registry_dir / f"{DRIVER}-pod-d-reg.sock",
+            paths.plugins_dir / DRIVER / "dra-pod-d.sock",
+        ):
+            stale.unlink(missing_ok=True)  # what a SIGKILL leaves behind
+
+
 # --- item 8: API load independent of the cluster's size ---------------------------------------------
 
 IDLE_WINDOW_SECONDS = 30

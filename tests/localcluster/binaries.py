@@ -13,7 +13,15 @@ from pathlib import Path
 
 from gpudra.errors import ClusterError
 
-BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubelet", "fakecri")
+BINARIES = (
+    "etcd",
+    "kube-apiserver",
+    "kube-scheduler",
+    "kube-controller-manager",
+    "kubelet",
+    "kube-proxy",
+    "fakecri",
+)
 
 
 def repo_root() -> Path:

@@ -1,9 +1,12 @@
 """A real Kubernetes control plane and kubelet(s) as plain processes on this machine. I/O: processes, files.
 
 Order: etcd, kube-apiserver (token auth, RBAC, self-signed serving certificate), kube-scheduler,
-kube-controller-manager (resourceclaim controller on, node lifecycle off), then per node a fake CRI
-runtime and the real kubelet. Every path a node uses (kubelet root with plugins_registry and
-plugins, CDI root, pod logs) lives under the cluster's own directory, never /var/lib/kubelet.
+kube-controller-manager (resourceclaim controller on, node lifecycle off), then per node a container
+runtime and the real kubelet. The runtime is a fake CRI by default (no container ever starts: the fast
+suite), or with `runtime="containerd"` a real containerd, runc and CNI bridge per node plus kube-proxy
+(`tests/localcluster/containerd.py`), where pods run for real. Every path a node uses (kubelet root
+with plugins_registry and plugins, CDI root, pod logs) lives under the cluster's own directory, never
+/var/lib/kubelet.
 
 `state.json` in the cluster directory records the process groups, so `stop_cluster(directory)`
 can tear down a cluster started by another process (`make cluster-down`). Stopping also unmounts what
@@ -24,6 +27,7 @@ from pathlib import Path
 
 from gpudra.errors import ClusterError
 from tests.localcluster import binaries
+from tests.localcluster import containerd as ctrd
 from tests.localcluster.processes import (
     Component,
     group_alive,
@@ -79,6 +83,11 @@ class ClusterState:
     kubeconfig: str
     nodes: list[str]
     pgids: dict[str, int] = field(default_factory=dict)
+    runtime: str = "fakecri"
+    # containerd only: each node's containerd socket and bridge, and kube-proxy (for --cleanup).
+    containerd_sockets: list[str] = field(default_factory=list)
+    bridges: list[str] = field(default_factory=list)
+    kube_proxy: str = ""
 
 
 def free_port() -> int:
@@ -90,7 +99,18 @@ def free_port() -> int:
 class LocalCluster:
     """Starts and stops the local cluster. Use as a context manager or call start()/stop()."""
 
-    def __init__(self, directory: Path, *, nodes: tuple[str, ...] = ("node-1",)) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        nodes: tuple[str, ...] = ("node-1",),
+        runtime: str = "fakecri",
+        images: tuple[Path, ...] = (),
+    ) -> None:
+        """`runtime`: "fakecri" or "containerd"; `images`: archives imported into every node's
+        containerd (with containerd only)."""
+        if runtime not in ("fakecri", "containerd"):
+            raise ClusterError(f"runtime: must be fakecri or containerd, got {runtime!r}")
         self.directory = directory.resolve()
         self.node_names = nodes
         self.nodes = {name: NodePaths(name, self.directory / "nodes" / name) for name in nodes}
@@ -99,6 +119,12 @@ class LocalCluster:
         self._ports: dict[str, int] = {}
         self.server = ""
         self.bin = Path()
+        self.runtime = runtime
+        self.images = images
+        self.runtimes: dict[str, ctrd.NodeRuntime] = {}
+        self.runtime_bin = Path()
+        self._runtime_lock: int | None = None
+        self._address = "127.0.0.1"
 
     def __enter__(self) -> LocalCluster:
         self.start()
@@ -109,14 +135,29 @@ class LocalCluster:
 
     # --- lifecycle -----------------------------------------------------------------------------
 
+    @property
+    def containerd(self) -> bool:
+        return self.runtime == "containerd"
+
     def start(self) -> None:
         self.bin = binaries.ensure_binaries()
         self.directory.mkdir(parents=True, exist_ok=True)
         (self.directory / "logs").mkdir(exist_ok=True)
         for name in ("etcd-client", "etcd-peer", "apiserver", "scheduler", "controller-manager"):
             self._ports[name] = free_port()
-        self.server = f"https://127.0.0.1:{self._ports['apiserver']}"
         try:
+            if self.containerd:
+                self._runtime_lock = ctrd.lock_runtime(self.directory)
+                self.runtime_bin, pause = ctrd.ensure_runtime()
+                self.images = (pause, *self.images)
+                # Pods reach the API server through the `kubernetes` Service, whose endpoint cannot be
+                # a loopback address.
+                self._address = ctrd.host_address()
+                for index, node in enumerate(self.nodes.values()):
+                    self.runtimes[node.name] = ctrd.NodeRuntime(
+                        node.root, index=index, cdi_root=node.cdi_root, cluster_dir=self.directory
+                    )
+            self.server = f"https://{self._address}:{self._ports['apiserver']}"
             self._write_credentials()
             self._start_etcd()
             self.start_apiserver()
@@ -124,6 +165,8 @@ class LocalCluster:
             self._start_controller_manager()
             for node in self.nodes.values():
                 self._start_node(node)
+            if self.containerd:
+                self._start_kube_proxy()
             for node in self.nodes.values():
                 self._wait_node_ready(node)
         except BaseException:
@@ -131,12 +174,24 @@ class LocalCluster:
             raise
 
     def stop(self) -> None:
-        """Stop every component, nodes first, and wait until no process of the cluster is left."""
+        """Stop every component, nodes first, and wait until no process of the cluster is left.
+
+        With containerd: the kubelets first (so that nothing restarts a container), then every
+        container through its shim, then the rest; then mounts, bridges and kube-proxy's chains."""
+        if self.containerd:
+            stop_groups([c.process.pid for c in self.components if c.name.startswith("kubelet-")])
+            for runtime in self.runtimes.values():
+                ctrd.kill_containers(runtime.socket)
         stop_groups([c.process.pid for c in self.components])
         for component in self.components:
             component.process.wait()
         self.components.clear()
         unmount_under(self.directory)
+        if self.containerd:
+            _cleanup_network([r.bridge for r in self.runtimes.values()], self.bin / "kube-proxy")
+            if self._runtime_lock is not None:
+                os.close(self._runtime_lock)
+                self._runtime_lock = None
         state = self.directory / "state.json"
         if state.exists():
             state.unlink()
@@ -156,6 +211,10 @@ class LocalCluster:
             kubeconfig=str(self.kubeconfig),
             nodes=list(self.node_names),
             pgids={c.name: c.process.pid for c in self.components},
+            runtime=self.runtime,
+            containerd_sockets=[str(r.socket) for r in self.runtimes.values()],
+            bridges=[r.bridge for r in self.runtimes.values()],
+            kube_proxy=str(self.bin / "kube-proxy") if self.containerd else "",
         )
         (self.directory / "state.json").write_text(json.dumps(asdict(state), indent=2))
 
@@ -228,13 +287,28 @@ class LocalCluster:
 
     def start_apiserver(self) -> None:
         pki = self.directory / "pki"
+        if self.containerd:
+            # Real pods: their service-account tokens (the ServiceAccount admission plugin mounts them),
+            # the `kubernetes` Service's endpoint kept by the API server, and webhooks behind Services
+            # called at their endpoints' pod IPs (no Service routing inside the API server's process).
+            runtime_flags = [
+                "--disable-admission-plugins=TaintNodesByCondition",
+                "--enable-aggregator-routing=true",
+            ]
+        else:
+            runtime_flags = [
+                "--endpoint-reconciler-type=none",
+                # No service-account tokens without a token controller for pods, and no not-ready taint
+                # on new Nodes: the node lifecycle controller that would lift it is off.
+                "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+            ]
         apiserver = self._component(
             "kube-apiserver",
             [
                 str(self.bin / "kube-apiserver"),
                 f"--etcd-servers=http://127.0.0.1:{self._ports['etcd-client']}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
+                f"--bind-address={self._address}",
+                f"--advertise-address={self._address}",
                 f"--secure-port={self._ports['apiserver']}",
                 f"--cert-dir={pki}",
                 "--service-account-issuer=https://kubernetes.default.svc",
@@ -243,11 +317,8 @@ class LocalCluster:
                 f"--token-auth-file={self.directory / 'tokens.csv'}",
                 "--authorization-mode=RBAC",
                 "--service-cluster-ip-range=10.0.0.0/24",
-                "--endpoint-reconciler-type=none",
                 "--allow-privileged=true",
-                # No service-account tokens without a token controller for pods, and no not-ready taint
-                # on new Nodes: the node lifecycle controller that would lift it is off.
-                "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+                *runtime_flags,
             ],
         )
         wait_until(apiserver, http_ok(f"{self.server}/readyz", token=TOKEN), what="apiserver /readyz")
@@ -301,6 +372,8 @@ class LocalCluster:
                 "--bind-address=127.0.0.1",
                 f"--secure-port={port}",
                 f"--service-account-private-key-file={self.directory / 'pki' / 'sa.key'}",
+                # The CA in every namespace's kube-root-ca.crt, which pods' clients trust.
+                f"--root-ca-file={self.directory / 'pki' / 'apiserver.crt'}",
                 "--controllers=*,-node-lifecycle-controller",
                 "--kube-api-qps=100",
                 "--kube-api-burst=200",
@@ -311,19 +384,25 @@ class LocalCluster:
     def _start_node(self, node: NodePaths) -> None:
         for path in (node.kubelet_root, node.registry_dir, node.plugins_dir, node.cdi_root):
             path.mkdir(parents=True, exist_ok=True)
-        node.cri_socket.unlink(missing_ok=True)
-        cri = self._component(
-            f"fakecri-{node.name}",
-            [
-                str(self.bin / "fakecri"),
-                f"--endpoint=unix://{node.cri_socket}",
-                f"--record={node.cri_record}",
-            ],
-        )
-        wait_until(cri, node.cri_socket.exists, what="CRI socket", timeout=20)
+        if self.containerd:
+            endpoint = self._start_containerd(node)
+        else:
+            node.cri_socket.unlink(missing_ok=True)
+            cri = self._component(
+                f"fakecri-{node.name}",
+                [
+                    str(self.bin / "fakecri"),
+                    f"--endpoint=unix://{node.cri_socket}",
+                    f"--record={node.cri_record}",
+                ],
+            )
+            wait_until(cri, node.cri_socket.exists, what="CRI socket", timeout=20)
+            endpoint = f"unix://{node.cri_socket}"
         port, healthz = free_port(), free_port()
         config = node.root / "kubelet.yaml"
-        config.write_text(json.dumps(self._kubelet_config(node, port=port, healthz=healthz), indent=2))
+        config.write_text(
+            json.dumps(self._kubelet_config(node, endpoint=endpoint, port=port, healthz=healthz), indent=2)
+        )
         kubelet = self._component(
             f"kubelet-{node.name}",
             [
@@ -338,8 +417,36 @@ class LocalCluster:
         )
         wait_until(kubelet, http_ok(f"http://127.0.0.1:{healthz}/healthz"), what="kubelet /healthz")
 
-    def _kubelet_config(self, node: NodePaths, *, port: int, healthz: int) -> dict[str, object]:
-        endpoint = f"unix://{node.cri_socket}"
+    def _start_containerd(self, node: NodePaths) -> str:
+        """Start the node's containerd, import the images; returns its CRI endpoint."""
+        runtime = self.runtimes[node.name]
+        runtime.write_config(sandbox_image=ctrd.pause_image(self.images[0]))
+        runtime.socket.unlink(missing_ok=True)
+        process = self._component(f"containerd-{node.name}", runtime.argv(self.runtime_bin))
+        wait_until(process, runtime.socket.exists, what="containerd socket", timeout=30)
+        runtime.import_images(self.runtime_bin, list(self.images))
+        return f"unix://{runtime.socket}"
+
+    def _start_kube_proxy(self) -> None:
+        """One kube-proxy for the machine (every node shares its network stack)."""
+        healthz, metrics = free_port(), free_port()
+        config = self.directory / "kube-proxy.yaml"
+        config.write_text(
+            json.dumps(
+                ctrd.kube_proxy_config(
+                    kubeconfig=self.kubeconfig, node=self.node_names[0], healthz=healthz, metrics=metrics
+                ),
+                indent=2,
+            )
+        )
+        proxy = self._component("kube-proxy", [str(self.bin / "kube-proxy"), f"--config={config}"])
+        wait_until(
+            proxy, http_ok(f"http://127.0.0.1:{healthz}/healthz"), what="kube-proxy /healthz", timeout=60
+        )
+
+    def _kubelet_config(
+        self, node: NodePaths, *, endpoint: str, port: int, healthz: int
+    ) -> dict[str, object]:
         return {
             "apiVersion": "kubelet.config.k8s.io/v1beta1",
             "kind": "KubeletConfiguration",
@@ -352,7 +459,8 @@ class LocalCluster:
             "authorization": {"mode": "AlwaysAllow"},
             "containerRuntimeEndpoint": endpoint,
             "imageServiceEndpoint": endpoint,
-            # No real containers: no QoS cgroups, no allocatable enforcement, no swap or cgroup-v1 checks.
+            # No QoS cgroups, no allocatable enforcement, no swap or cgroup-v1 checks: the fake CRI has
+            # no containers, and containerd's run in flat cgroups (pods run; the kubelet logs stats errors).
             "cgroupDriver": "cgroupfs",
             "cgroupsPerQOS": False,
             "enforceNodeAllocatable": [],
@@ -392,12 +500,25 @@ def stop_cluster(directory: Path) -> bool:
         return False
     state = json.loads(state_file.read_text())
     pgids = [int(p) for p in state["pgids"].values()]
+    if state.get("runtime") == "containerd":
+        stop_groups([int(p) for name, p in state["pgids"].items() if name.startswith("kubelet-")])
+        for address in state["containerd_sockets"]:
+            ctrd.kill_containers(Path(address))
     stop_groups(pgids)
     if any(group_alive(p) for p in pgids):
         raise ClusterError(f"cluster processes still alive: {state['pgids']}")
     unmount_under(Path(state["directory"]))
+    if state.get("runtime") == "containerd":
+        _cleanup_network(state["bridges"], Path(state["kube_proxy"]))
     state_file.unlink()
     return True
+
+
+def _cleanup_network(bridges: list[str], kube_proxy: Path) -> None:
+    """The pods' bridges and kube-proxy's iptables chains, once every container and netns is gone."""
+    for bridge in bridges:
+        ctrd.delete_bridge(bridge)
+    ctrd.cleanup_kube_proxy(kube_proxy)
 
 
 # --- mounts the kubelets leave behind ------------------------------------------------------------

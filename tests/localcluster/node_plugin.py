@@ -23,13 +23,18 @@ DRIVER = "gpu.gpudra.io"
 class PluginProcess:
     """One node's gpudra plugin on a simulated machine; restartable, with its log kept across runs."""
 
-    def __init__(self, cluster: LocalCluster, node: NodePaths, profile: str) -> None:
+    def __init__(
+        self, cluster: LocalCluster, node: NodePaths, profile: str, *, instance_id: str | None = None
+    ) -> None:
+        """`instance_id`: the plugin's --instance-id (sockets of its own, as a pod of a rolling update);
+        such an instance logs to a file of its own too."""
         self.cluster = cluster
         self.node = node
         self.profile = profile
+        self.instance_id = instance_id
         self.state_dir = node.root / "gpudra"
         self.sim_state = node.root / "sim" / f"{profile}.json"
-        self.log = node.root / "gpudra-plugin.log"
+        self.log = node.root / (f"gpudra-plugin-{instance_id}.log" if instance_id else "gpudra-plugin.log")
         self.process: subprocess.Popen[bytes] | None = None
         self.metrics_port = 0
 
@@ -74,6 +79,7 @@ class PluginProcess:
                     f"--usage-interval-seconds={usage_interval}",
                     f"--metrics-port={metrics_port}",
                     "--metrics-address=127.0.0.1",
+                    *([f"--instance-id={self.instance_id}"] if self.instance_id else []),
                 ],
                 stdout=out,
                 stderr=subprocess.STDOUT,

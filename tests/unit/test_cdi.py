@@ -5,7 +5,7 @@ import logging
 import os
 import re
 import uuid as uuidlib
-from pathlib import Path
+from pathlib import Path, PurePath, PurePosixPath
 from typing import Any
 
 import pytest
@@ -194,6 +194,109 @@ def test_spec_json_round_trips_and_is_strict() -> None:
     document["devices"][0]["containerEdits"]["hooks"] = []
     with pytest.raises(ValidationError, match="hooks"):
         CdiSpec.model_validate(document)
+
+
+def test_dev_root_gives_host_nodes_a_host_path() -> None:
+    devices = [ClaimDevice(name="gpu-3", gpu_minor=3, uuid=GPU0), mig_device()]
+    spec = cdi.build_claim_spec(
+        driver=DRIVER, claim_uid=CLAIM, devices=devices, dev_root=PurePosixPath("/run/nvidia/driver")
+    )
+    document = json.loads(spec.to_json())
+    assert document["cdiVersion"] == "0.5.0"  # the first version with deviceNodes[].hostPath
+    assert document["containerEdits"] == {
+        "deviceNodes": [
+            {"path": "/dev/nvidiactl", "hostPath": "/run/nvidia/driver/dev/nvidiactl"},
+            {"path": "/dev/nvidia-uvm", "hostPath": "/run/nvidia/driver/dev/nvidia-uvm"},
+            {"path": "/dev/nvidia-uvm-tools", "hostPath": "/run/nvidia/driver/dev/nvidia-uvm-tools"},
+        ]
+    }
+    whole, mig = (d["containerEdits"]["deviceNodes"] for d in document["devices"])
+    assert whole == [{"path": "/dev/nvidia3", "hostPath": "/run/nvidia/driver/dev/nvidia3"}]
+    # The capability nodes are fully specified: the runtime never looks for them on the host.
+    assert mig == [
+        {"path": "/dev/nvidia0", "hostPath": "/run/nvidia/driver/dev/nvidia0"},
+        {"path": "/dev/nvidia-caps/nvidia-cap66", "type": "c", "major": 508, "minor": 66},
+        {"path": "/dev/nvidia-caps/nvidia-cap67", "type": "c", "major": 508, "minor": 67},
+    ]
+    # Everything else is as without a dev root.
+    plain = cdi.build_claim_spec(driver=DRIVER, claim_uid=CLAIM, devices=devices)
+    assert _without_host_paths(document) == json.loads(plain.to_json())
+
+
+def _without_host_paths(document: dict[str, Any]) -> dict[str, Any]:
+    def strip(edits: dict[str, Any]) -> dict[str, Any]:
+        nodes = [{k: v for k, v in n.items() if k != "hostPath"} for n in edits.get("deviceNodes", [])]
+        return {**edits, "deviceNodes": nodes}
+
+    return {
+        **document,
+        "containerEdits": strip(document["containerEdits"]),
+        "devices": [{**d, "containerEdits": strip(d["containerEdits"])} for d in document["devices"]],
+    }
+
+
+@pytest.mark.parametrize("dev_root", [PurePosixPath("/"), Path("/")], ids=["pure", "path"])
+def test_the_host_dev_root_writes_no_host_path(dev_root: PurePath) -> None:
+    devices = [ClaimDevice(name="gpu-0", gpu_minor=0, uuid=GPU0), mig_device()]
+    with_root = cdi.build_claim_spec(driver=DRIVER, claim_uid=CLAIM, devices=devices, dev_root=dev_root)
+    assert with_root == cdi.build_claim_spec(driver=DRIVER, claim_uid=CLAIM, devices=devices)
+    assert "hostPath" not in with_root.to_json()
+
+
+def test_a_relative_dev_root_is_refused() -> None:
+    with pytest.raises(ConfigError, match="not an absolute path") as raised:
+        cdi.build_claim_spec(
+            driver=DRIVER,
+            claim_uid=CLAIM,
+            devices=[ClaimDevice(name="gpu-0", gpu_minor=0, uuid=GPU0)],
+            dev_root=PurePosixPath("run/nvidia/driver"),
+        )
+    assert raised.value.field == "dev_root"
+
+
+# The fields of a CDI DeviceNode (specs-go config.go) and the first spec version with each.
+DEVICE_NODE_FIELDS = {
+    "path": "0.3.0",
+    "hostPath": "0.5.0",
+    "type": "0.3.0",
+    "major": "0.3.0",
+    "minor": "0.3.0",
+    "fileMode": "0.3.0",
+    "permissions": "0.3.0",
+    "uid": "0.3.0",
+    "gid": "0.3.0",
+}
+
+
+def test_a_written_spec_with_host_paths_is_valid_cdi(tmp_path: Path) -> None:
+    """The rules a runtime's CDI library checks a device node against, written out here."""
+    spec = cdi.build_claim_spec(
+        driver=DRIVER,
+        claim_uid=CLAIM,
+        devices=[
+            ClaimDevice(name="gpu-1", gpu_minor=1, uuid=GPU1, env=MPS_ENV, mounts=MPS_MOUNTS),
+            mig_device(),
+        ],
+        dev_root=Path("/var/lib/gpudra-sim"),
+    )
+    path = cdi.write_spec(tmp_path, spec, claim_uid=CLAIM)
+    assert cdi.read_spec(path) == spec  # read back as recovery reads it
+    document = json.loads(path.read_text())
+    version = tuple(int(p) for p in document["cdiVersion"].split("."))
+    nodes = [
+        *document["containerEdits"]["deviceNodes"],
+        *(n for d in document["devices"] for n in d["containerEdits"]["deviceNodes"]),
+    ]
+    assert len(nodes) == 3 + 1 + 3
+    for node in nodes:
+        assert set(node) <= set(DEVICE_NODE_FIELDS), node
+        assert all(version >= tuple(int(p) for p in DEVICE_NODE_FIELDS[k].split(".")) for k in node)
+        assert node["path"].startswith("/dev/")
+        assert node.get("type", "c") in {"b", "c", "u", "p"}
+        if "hostPath" in node:
+            assert node["hostPath"] == "/var/lib/gpudra-sim" + node["path"]
+        else:  # the runtime must not need the host to fill in what the spec leaves out
+            assert node["type"] == "c" and node["major"] > 0, node
 
 
 @given(

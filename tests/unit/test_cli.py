@@ -196,6 +196,14 @@ def test_a_bad_health_interval_is_a_clear_error(capsys: pytest.CaptureFixture[st
     )
 
 
+def test_a_relative_dev_root_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli.main(["kubelet-plugin", "--node-name=node-a", "--dev-root=run/nvidia/driver"])
+    assert code == 1
+    assert capsys.readouterr().err == (
+        "gpudra kubelet-plugin: --dev-root: 'run/nvidia/driver' is not an absolute path\n"
+    )
+
+
 @pytest.mark.parametrize(
     ("option", "environment", "expected"),
     [
@@ -204,6 +212,8 @@ def test_a_bad_health_interval_is_a_clear_error(capsys: pytest.CaptureFixture[st
         ("health-interval-seconds", "2.5", "2.5"),
         ("driver-root", None, "/"),
         ("driver-root", "/driver-root", "/driver-root"),
+        ("dev-root", None, "/"),
+        ("dev-root", "/run/nvidia/driver", "/run/nvidia/driver"),
     ],
 )
 def test_plugin_option_defaults_and_environment(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -360,6 +361,86 @@ def test_an_old_instance_stopping_leaves_the_new_instance_s_sockets(sockets: Pat
     finally:
         new.stop(timeout=1)
     assert not new.registration_socket.exists() and not new.dra_socket.exists()
+
+
+def _info(socket: Path) -> Any:
+    with channel(socket) as ch:
+        return pluginregistration_v1_pb2_grpc.RegistrationStub(ch).GetInfo(
+            pluginregistration_v1_pb2.InfoRequest(), timeout=10
+        )
+
+
+def test_instances_with_ids_serve_side_by_side_each_from_its_own_sockets(sockets: Path) -> None:
+    """A rolling update with maxSurge: both pods registered at once, each removing only its own sockets."""
+    backends = {"a": Backend(), "b": Backend()}
+    servers = {
+        name: KubeletServer(
+            driver=DRIVER,
+            backend=backend,
+            registry_dir=sockets / "registry",
+            plugin_dir=sockets / "plugin",
+            instance_id=f"pod-{name}",
+        )
+        for name, backend in backends.items()
+    }
+    old, new = servers["a"], servers["b"]
+    assert old.registration_socket == sockets / "registry" / f"{DRIVER}-pod-a-reg.sock"
+    assert old.dra_socket == sockets / "plugin" / "dra-pod-a.sock"
+    old.start()
+    new.start()
+    try:
+        for name, server in servers.items():
+            assert _info(server.registration_socket).endpoint == str(
+                sockets / "plugin" / f"dra-pod-{name}.sock"
+            )
+            with channel(server.dra_socket) as ch:
+                stub = dra_v1_pb2_grpc.DRAPluginStub(ch)
+                stub.NodePrepareResources(
+                    dra_v1_pb2.NodePrepareResourcesRequest(claims=[claim(dra_v1_pb2, name)])
+                )
+            assert [ref.uid for _, ref in backends[name].calls] == [name]
+        old.stop(timeout=1)
+        assert not old.registration_socket.exists() and not old.dra_socket.exists()
+        assert _info(new.registration_socket).name == DRIVER
+    finally:
+        new.stop(timeout=1)
+    assert sorted(p.name for p in (sockets / "registry").iterdir()) == []
+    assert sorted(p.name for p in (sockets / "plugin").iterdir()) == []
+
+
+def test_an_instance_id_too_long_for_a_socket_path_is_replaced_by_its_digest(sockets: Path) -> None:
+    pod_uid = "0b5a2c1e-7f3d-4e8a-9c6b-1d2e3f4a5b6c"
+    plugin_dir = sockets / ("p" * (106 - len(f"{sockets}//dra-{pod_uid}.sock")))
+
+    def server(directory: Path) -> KubeletServer:
+        return KubeletServer(
+            driver=DRIVER,
+            backend=Backend(),
+            registry_dir=sockets / "r",
+            plugin_dir=directory,
+            instance_id=pod_uid,
+        )
+
+    fits = server(plugin_dir)
+    assert fits.dra_socket.name == f"dra-{pod_uid}.sock"  # 106 bytes: its hidden name has 107
+    longer = server(plugin_dir.with_name(plugin_dir.name + "p"))
+    assert re.fullmatch(r"dra-[0-9a-f]{12}\.sock", longer.dra_socket.name)
+    assert longer.dra_socket.name == server(longer.dra_socket.parent).dra_socket.name  # the same every time
+    longer.start()
+    try:
+        assert _info(longer.registration_socket).endpoint == str(longer.dra_socket)
+    finally:
+        longer.stop(timeout=1)
+
+
+def test_a_socket_path_too_long_for_unix_sockets_is_a_clear_error(sockets: Path) -> None:
+    server = KubeletServer(
+        driver=DRIVER, backend=Backend(), registry_dir=sockets / "registry", plugin_dir=sockets / ("p" * 100)
+    )
+    with pytest.raises(ConfigError, match=r"unix sockets allow 107: shorten --registry-dir, --plugin-dir"):
+        server.start()
+    assert not (sockets / ("p" * 100)).exists() and not (sockets / "registry").exists()  # nothing bound
+    server.stop(timeout=1)
 
 
 def test_calls_before_serve_wait_for_the_backend(sockets: Path, backend: Backend) -> None:

@@ -14,6 +14,14 @@ What the spec gives a container:
   and minor, because the host need not have created them), `NVIDIA_VISIBLE_DEVICES=<its UUID>`, and
   the device's sharing edits (MPS env and mounts).
 
+Where the nodes are on the host: the runtime stats each node it is not told the type, major and minor of
+(`/dev/nvidia<minor>`, `/dev/nvidiactl`, `/dev/nvidia-uvm`, `/dev/nvidia-uvm-tools`) and fails the
+container when it is missing. By default it looks at the same path on the host. With a dev root
+(`--dev-root`, the host directory whose `dev/` holds the NVIDIA nodes, as NVIDIA's DRA driver and
+`nvidia-ctk --dev-root` mean it) those nodes get `hostPath: <dev root>/dev/<name>` and keep their
+container path `/dev/<name>`. The MIG capability nodes are fully specified, so the runtime never looks
+for them on the host, and they get no host path.
+
 Everything that depends on the device sits in the device's edits, none in the spec-wide edits: a
 container may use one request of a claim (`resources.claims[].request`), and then gets only that
 request's CDI devices, but the spec-wide edits of every spec it touches. Env from several CDI
@@ -44,7 +52,7 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePath, PurePosixPath
 from typing import Any, Literal
 
 import yaml
@@ -56,10 +64,10 @@ from gpudra.errors import ConfigError, GpudraError
 
 log = logging.getLogger(__name__)
 
-# Device names start with the claim UID, and a UUID may start with a digit: that needs 0.5.0. Nothing
-# here needs more (0.6.0 adds annotations and dots in the class, 0.7.0 additionalGids and intelRdt), and
-# a runtime rejects spec versions newer than the CDI library it was built with, so the lowest version
-# that admits the content loads on the most runtimes.
+# Device names start with the claim UID, and a UUID may start with a digit: that needs 0.5.0, as does a
+# device node's hostPath. Nothing here needs more (0.6.0 adds annotations and dots in the class, 0.7.0
+# additionalGids and intelRdt), and a runtime rejects spec versions newer than the CDI library it was
+# built with, so the lowest version that admits the content loads on the most runtimes.
 CDI_VERSION = "0.5.0"
 ANNOTATIONS_CDI_VERSION = "0.6.0"  # the first with annotations, written only when a spec has some
 # On a device prepared with admin access (it shares its GPU with another claim by design): without
@@ -68,6 +76,7 @@ ADMIN_ACCESS_ANNOTATION = "gpudra.io/admin-access"
 CLAIM_CLASS = "claim"
 TOOLKIT_KIND = "nvidia.com/gpu"
 CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+HOST_DEV_ROOT = PurePosixPath("/")  # the nodes are at their container paths on the host: no hostPath
 
 _VENDOR_OR_CLASS = re.compile(r"[A-Za-z]([A-Za-z0-9._-]*[A-Za-z0-9])?")
 _DEVICE_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._:-]*[A-Za-z0-9])?")
@@ -79,7 +88,8 @@ class _CdiModel(BaseModel):
 
 
 class DeviceNode(_CdiModel):
-    path: str
+    path: str  # in the container
+    host_path: str | None = None  # CDI 0.5.0+; where the runtime finds the node, when not at `path`
     type: Literal["c"] | None = None
     major: int | None = None
     minor: int | None = None
@@ -173,10 +183,17 @@ def claim_device_id(*, driver: str, claim_uid: str, device_name: str) -> str:
     return f"{claim_kind(driver)}={claim_uid}-{device_name}"
 
 
-def build_claim_spec(*, driver: str, claim_uid: str, devices: Sequence[ClaimDevice]) -> CdiSpec:
-    """The CDI spec of one claim. Pure."""
+def build_claim_spec(
+    *, driver: str, claim_uid: str, devices: Sequence[ClaimDevice], dev_root: PurePath = HOST_DEV_ROOT
+) -> CdiSpec:
+    """The CDI spec of one claim. Pure.
+
+    `dev_root` is the host directory whose `dev/` holds the NVIDIA device nodes; other than `/`, the
+    nodes the runtime looks up on the host get `hostPath: <dev_root>/dev/<name>` (see the module doc)."""
     kind = claim_kind(driver)
     _check_device_name(claim_uid, field="claim_uid")
+    if not dev_root.is_absolute():
+        raise ConfigError(f"{str(dev_root)!r} is not an absolute path", field="dev_root")
     if not devices:
         raise ConfigError("a claim spec needs at least one device", field="devices")
     names = [device.name for device in devices]
@@ -188,7 +205,7 @@ def build_claim_spec(*, driver: str, claim_uid: str, devices: Sequence[ClaimDevi
         CdiDevice(
             name=f"{claim_uid}-{device.name}",
             annotations={ADMIN_ACCESS_ANNOTATION: "true"} if device.admin_access else {},
-            container_edits=_device_edits(device),
+            container_edits=_device_edits(device, dev_root),
         )
         for device in devices
     )
@@ -196,8 +213,17 @@ def build_claim_spec(*, driver: str, claim_uid: str, devices: Sequence[ClaimDevi
         cdi_version=ANNOTATIONS_CDI_VERSION if any(d.annotations for d in cdi_devices) else CDI_VERSION,
         kind=kind,
         devices=cdi_devices,
-        container_edits=ContainerEdits(device_nodes=tuple(DeviceNode(path=path) for path in CONTROL_NODES)),
+        container_edits=ContainerEdits(
+            device_nodes=tuple(_host_node(path, dev_root) for path in CONTROL_NODES)
+        ),
     )
+
+
+def _host_node(path: str, dev_root: PurePath) -> DeviceNode:
+    """A node the runtime stats on the host: at `<dev_root><path>`, named in the spec only off `/`."""
+    if dev_root == HOST_DEV_ROOT:
+        return DeviceNode(path=path)
+    return DeviceNode(path=path, host_path=str(dev_root.joinpath(path.lstrip("/"))))
 
 
 def spec_path(cdi_root: Path, *, driver: str, claim_uid: str) -> Path:
@@ -352,8 +378,8 @@ def _toolkit_names(path: Path) -> frozenset[str]:
     )
 
 
-def _device_edits(device: ClaimDevice) -> ContainerEdits:
-    nodes = [DeviceNode(path=f"/dev/nvidia{device.gpu_minor}")]
+def _device_edits(device: ClaimDevice, dev_root: PurePath) -> ContainerEdits:
+    nodes = [_host_node(f"/dev/nvidia{device.gpu_minor}", dev_root)]
     if device.mig is not None:
         nodes += [
             DeviceNode(

@@ -274,37 +274,56 @@ def load(path: Path, *, boot_id: str) -> LoadedCheckpoint:
     caller decides whether to rebuild and replace it. Errors reading the file (permissions, I/O, a
     directory at `path`) raise CheckpointUnreadable: the file may be fine.
     """
+    return parse(read(path), source=path, boot_id=boot_id)
+
+
+def read(path: Path) -> bytes | None:
+    """The checkpoint file's bytes, None when there is none; CheckpointUnreadable as `load` says."""
     try:
-        content = path.read_bytes()
+        return path.read_bytes()
     except FileNotFoundError:
-        return LoadedCheckpoint(Checkpoint.empty(boot_id), {})
+        return None
     except OSError as err:
         raise CheckpointUnreadable(
             f"cannot read the checkpoint {path}: {err.strerror}; nothing was changed. Fix the path or "
             "its permissions and restart the plugin"
         ) from err
-    checkpoint = _decode(content, source=path)
+
+
+def parse(content: bytes | None, *, source: Path, boot_id: str) -> LoadedCheckpoint:
+    """`load` for the bytes `read` returned from `source`."""
+    if content is None:
+        return LoadedCheckpoint(Checkpoint.empty(boot_id), {})
+    checkpoint = _decode(content, source=source)
     if checkpoint.boot_id != boot_id:
         return LoadedCheckpoint(Checkpoint.empty(boot_id), checkpoint.claims)
     return LoadedCheckpoint(checkpoint, {})
 
 
-def save(path: Path, checkpoint: Checkpoint) -> None:
-    """Replace the checkpoint at `path` atomically and durably; the directory must exist.
+def encode(checkpoint: Checkpoint) -> bytes:
+    """The file's bytes for `checkpoint` (the same checkpoint always gives the same bytes)."""
+    data = checkpoint.model_dump(mode="json")
+    document = {"checksum": _checksum(data), "data": data}
+    return (json.dumps(document, indent=2, sort_keys=True) + "\n").encode()
+
+
+def save(path: Path, checkpoint: Checkpoint) -> bytes:
+    """Replace the checkpoint at `path` atomically and durably; the directory must exist. Returns the
+    bytes written (`encode`).
 
     A file-system error (a full disk, a read-only state directory) raises CheckpointNotSaved, a
     GpudraError naming the file and the cause, which the kubelet shows in the pod's events; the file
     is unchanged. CheckpointNotDurable says the file was replaced but its directory not synced."""
-    data = checkpoint.model_dump(mode="json")
-    document = {"checksum": _checksum(data), "data": data}
+    content = encode(checkpoint)
     try:
-        write_atomically(path, (json.dumps(document, indent=2, sort_keys=True) + "\n").encode(), mode=0o600)
+        write_atomically(path, content, mode=0o600)
     except NotDurable as err:
         raise CheckpointNotDurable(
             f"the checkpoint {path} was replaced, but syncing its directory failed: {err.strerror or err}"
         ) from err
     except OSError as err:
         raise CheckpointNotSaved(f"cannot save the checkpoint {path}: {err.strerror or err}") from err
+    return content
 
 
 def keep_copy(path: Path) -> Path | None:

@@ -25,6 +25,7 @@ def run(options: Options, *, stop: threading.Event) -> None:
         registry_dir=options.registry_dir,
         plugin_dir=options.plugin_dir,
         health_service=options.health_interval_seconds > 0,
+        instance_id=options.instance_id,
     )
     server.start()
     try:

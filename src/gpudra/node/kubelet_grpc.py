@@ -6,6 +6,14 @@ finds it, calls GetInfo, and connects to the DRA socket in the plugin directory.
 previous run are removed at start, and on stop each socket is removed only while it is still the one
 this instance bound (a newer instance of a rolling update may have replaced it).
 
+With an instance ID (the chart passes the pod's UID) both sockets are this instance's own,
+`<driver>-<id>-reg.sock` and `dra-<id>.sock` (a digest of the ID where the path would not fit a unix
+socket), and the registration names that DRA socket: a kubelet 1.33+ keeps the registrations of both
+pods of a rolling update (`maxSurge: 1`), sends new calls to the newest and falls back to the other
+when one goes away, so the node always has a plugin. Without one (the names every instance shares) a
+new instance replaces the old one's sockets, and the kubelet sees the plugin briefly go away and come
+back.
+
 The sockets open first, before the plugin has loaded its device state (`serve()` hands that over), so
 the kubelet registers the plugin within a fraction of a second of its start instead of after every
 import, NVML and the checkpoint. Nothing is promised early: a DRA call that arrives before `serve()`
@@ -23,6 +31,7 @@ cancels or the server stops; `stop()` ends open streams first, so they never hol
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import threading
@@ -61,6 +70,8 @@ HEALTH_SERVICE = "v1alpha1.DRAResourceHealth"
 _STREAM_CHECK_SECONDS = 0.25
 # How long a DRA call that arrives before serve() waits for it; the kubelet's own timeout is longer.
 STARTUP_WAIT_SECONDS = 30.0
+# A unix socket's path in bytes (sun_path holds 108, with the terminating NUL).
+MAX_SOCKET_PATH = 107
 # By gpudra.node.health.Health value (a StrEnum: its members are these strings).
 _HEALTH_STATUS = {
     "Healthy": dra_health_v1alpha1_pb2.HEALTHY,
@@ -197,6 +208,18 @@ def _servicer(pb: ModuleType, base: type, parts: _Parts, claims: futures.Executo
     return Servicer()
 
 
+def _socket(directory: Path, prefix: str, suffix: str, instance_id: str | None) -> Path:
+    """`<prefix><suffix>`, or with an instance ID `<prefix>-<id><suffix>`; when that path, with its
+    hidden name one byte longer, would not fit a unix socket, a digest of the ID replaces the ID (the
+    names need only be the instance's own, and the same in each of its containers)."""
+    if not instance_id:
+        return directory / f"{prefix}{suffix}"
+    socket = directory / f"{prefix}-{instance_id}{suffix}"
+    if len(os.fsencode(socket)) + 1 > MAX_SOCKET_PATH:
+        socket = directory / f"{prefix}-{hashlib.sha256(instance_id.encode()).hexdigest()[:12]}{suffix}"
+    return socket
+
+
 def _distinct(claims: Iterable[Any]) -> Iterator[Any]:
     """Each claim once: a claim named twice in one call is answered (and prepared) once."""
     seen: set[str] = set()
@@ -290,7 +313,8 @@ class _Registration(pluginregistration_v1_pb2_grpc.RegistrationServicer):  # typ
 class KubeletServer:
     """The two gRPC servers the kubelet talks to. The backend (and observer, and health source) come with
     the constructor or later through `serve()`; device health is offered when a `health` source is given
-    or `health_service` says one will be."""
+    or `health_service` says one will be. `instance_id` gives the sockets this instance's own names (see
+    the module docstring)."""
 
     def __init__(
         self,
@@ -303,10 +327,12 @@ class KubeletServer:
         health: HealthSource | None = None,
         health_service: bool | None = None,
         workers: int = 16,
+        instance_id: str | None = None,
     ) -> None:
         self.driver = driver
-        self.dra_socket = plugin_dir.absolute() / "dra.sock"
-        self.registration_socket = registry_dir.absolute() / f"{driver}-reg.sock"
+        self.instance_id = instance_id
+        self.dra_socket = _socket(plugin_dir.absolute(), "dra", ".sock", instance_id)
+        self.registration_socket = _socket(registry_dir.absolute(), driver, "-reg.sock", instance_id)
         self._stopping = threading.Event()
         self._parts = _Parts(self._stopping)
         if backend is not None:
@@ -341,13 +367,28 @@ class KubeletServer:
         return None if self._parts.ready.is_set() else "the device state is not loaded yet"
 
     def start(self) -> None:
+        # Bound under a hidden name (the kubelet's plugin watcher skips dot files), then renamed over
+        # the real one: a previous instance's socket is replaced atomically, and gRPC, which unlinks
+        # the path it bound when it stops, only ever removes the hidden name. Sockets of an instance's
+        # own need no process ID to tell the hidden names of two instances apart (two pods' processes
+        # may have the same one, each in its own PID namespace).
+        sockets = {
+            socket: socket.with_name(
+                f".{socket.name}" if self.instance_id else f".{socket.name}.{os.getpid()}"
+            )
+            for socket in (self.dra_socket, self.registration_socket)
+        }
+        for socket, bound in sockets.items():
+            if len(os.fsencode(bound)) > MAX_SOCKET_PATH:
+                raise ConfigError(
+                    f"the socket path {bound} (bound there, then renamed to {socket.name}) is "
+                    f"{len(os.fsencode(bound))} bytes; unix sockets allow {MAX_SOCKET_PATH}: shorten "
+                    "--registry-dir, --plugin-dir or --driver-name"
+                )
         self._started = True
         for server, socket in ((self._dra, self.dra_socket), (self._registration, self.registration_socket)):
             socket.parent.mkdir(parents=True, exist_ok=True)
-            # Bound under a hidden name (the kubelet's plugin watcher skips dot files), then renamed
-            # over the real one: a previous instance's socket is replaced atomically, and gRPC,
-            # which unlinks the path it bound when it stops, only ever removes the hidden name.
-            bound = socket.with_name(f".{socket.name}.{os.getpid()}")
+            bound = sockets[socket]
             bound.unlink(missing_ok=True)
             server.add_insecure_port(f"unix://{bound}")
             server.start()

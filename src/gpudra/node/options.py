@@ -28,3 +28,17 @@ class Options:
     health_interval_seconds: float  # 0: no health service
     usage_interval_seconds: float  # 0: no claim usage sampling
     driver_root: Path  # where the NVIDIA driver's files are (gpudra.gpu.driver_root)
+    # The host directory whose dev/ holds the NVIDIA device nodes, named as hostPath in claim specs
+    # (gpudra.node.cdi) unless it is /; with the simulator, also where its stand-in nodes are made.
+    dev_root: Path = Path("/")
+    # Names this instance's kubelet sockets (the pod's UID), so that two pods of a rolling update both
+    # stay registered (gpudra.node.kubelet_grpc); None: the names every instance shares.
+    instance_id: str | None = None
+
+    @property
+    def sim_dev_dir(self) -> Path | None:
+        """Where the simulator makes its device nodes: `<dev root>/dev` with --nvml sim:... and a dev
+        root other than / (never the node's own /dev)."""
+        if not self.nvml.startswith("sim:") or self.dev_root == Path("/"):
+            return None
+        return self.dev_root / "dev"

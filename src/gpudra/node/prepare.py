@@ -13,6 +13,12 @@ whichever step it stopped at; so does a repeated prepare that finds its own earl
 Claims that touch different devices prepare concurrently: a claim holds the locks of its own devices
 (taken in name order, so two claims never deadlock) and the checkpoint lock only while it edits and
 saves the checkpoint.
+
+Another instance of the plugin may share the node (a rolling update): every prepare, unprepare and
+recovery runs while this process holds the node lock (gpudra.node.instances.NodeLock), and when the
+process takes that lock it first catches up with the checkpoint file, which the other instance may have
+saved meanwhile. So each decision is made from the checkpoint as it is on disk, and nothing one instance
+did is undone or repeated by the other.
 """
 
 from __future__ import annotations
@@ -23,10 +29,10 @@ import re
 import shutil
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
 from fractions import Fraction
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 from gpudra.errors import ClaimError, ConfigError, GpudraError
@@ -37,6 +43,7 @@ from gpudra.model.inventory import Gpu, Inventory
 from gpudra.node import cdi, faults
 from gpudra.node import checkpoint as ckpt
 from gpudra.node.allocation import Allocated, ClaimRef, ClaimSource, DeviceType, Sharing
+from gpudra.node.instances import NodeLock
 from gpudra.node.mig import MigPartitions
 from gpudra.node.mps import CONTAINER_PIPE_DIR
 from gpudra.quantity import parse_quantity
@@ -71,9 +78,11 @@ class DeviceState:
         checkpoint_path: Path,
         boot_id: str,
         toolkit: cdi.ToolkitSpecs,
+        dev_root: PurePath = cdi.HOST_DEV_ROOT,
     ) -> None:
         self.driver = driver
         self.node_name = node_name
+        self.dev_root = dev_root  # where the runtime finds the device nodes the specs name (--dev-root)
         self.devices = dict(devices)
         self.gpus = {gpu.uuid: gpu for gpu in inventory.gpus}
         self.claims = claims
@@ -87,6 +96,12 @@ class DeviceState:
         self._checkpoint_lock = threading.Lock()
         self._device_locks: dict[str, threading.Lock] = {}
         self._refusal: str | None = "the checkpoint has not been loaded yet"
+        # Beside the checkpoint, in the directory every instance on the node shares.
+        self._node = NodeLock(checkpoint_path.with_name(f"{checkpoint_path.name}.lock"))
+        # The file's bytes as this instance last wrote or read them (None: no file yet), and the last
+        # file another instance saved, as `_latest` parsed it.
+        self._on_disk: bytes | None = None
+        self._read_by_readers: tuple[bytes, ckpt.Checkpoint] | None = None
 
     # --- start-up --------------------------------------------------------------------------------
 
@@ -101,9 +116,13 @@ class DeviceState:
         full or read-only disk). Then the state refuses: every prepare and unprepare fails with the
         reason (the kubelet retries them) until a later `recover()` succeeds, after the operator
         acted. `recover()` is idempotent: a crash or a failure anywhere in it is settled by the next.
+
+        It runs under the node lock: a call another instance has in flight finishes first, so no entry
+        recovery settles, and no spec or MPS daemon it removes, belongs to a call still running.
         """
         try:
-            return self._recover()
+            with self._node.held():
+                return self._recover()
         except (ckpt.CheckpointTooNew, ckpt.CheckpointUnreadable, ckpt.CheckpointNotSaved) as err:
             # A newer gpudra's file may record GPU state this one cannot undo, and an unreadable one
             # may be fine: touching either (or the CDI specs of the claims it holds) could break
@@ -298,22 +317,24 @@ class DeviceState:
 
     def prepare(self, ref: ClaimRef) -> tuple[ckpt.PreparedDevice, ...]:
         self._usable()
-        done = self._checkpoint.claims.get(ref.uid)
-        # An entry rebuilt from a CDI spec has no request names: prepare it again from the claim.
-        if (
-            done is not None
-            and done.state == "PrepareCompleted"
-            and _complete(done)
-            and not self._spec_lost(done)
-        ):
-            return done.devices
+        with self._exclusive():
+            done = self._checkpoint.claims.get(ref.uid)
+            # An entry rebuilt from a CDI spec has no request names: prepare it again from the claim.
+            if (
+                done is not None
+                and done.state == "PrepareCompleted"
+                and _complete(done)
+                and not self._spec_lost(done)
+            ):
+                return done.devices
+        # Read without the node lock: a slow API server must not hold up the other instance's calls.
         claim = self.claims.get(namespace=ref.namespace, name=ref.name, uid=ref.uid)
         allocated = self.allocated_devices(claim, ref)
         # The GPU's key too: a whole-GPU claim and a partition or share claim of one GPU must not both
         # pass _refuse_taken at once, and claims sharing a GPU must see each other's time-slice.
         keys = [a.device for a in allocated]
         keys += [f"GPU:{a.gpu.uuid}" for a in allocated if not a.admin_access]
-        with self._locked(keys):
+        with self._exclusive(), self._locked(keys):
             done = self._checkpoint.claims.get(ref.uid)
             if done is not None and done.state == "PrepareCompleted" and not self._spec_lost(done):
                 if _complete(done):
@@ -360,7 +381,9 @@ class DeviceState:
                     self._with_sharing(c, d, ref.uid)
                     for c, d in zip(claim_devices, entry.devices, strict=True)
                 ]
-                spec = cdi.build_claim_spec(driver=self.driver, claim_uid=ref.uid, devices=claim_devices)
+                spec = cdi.build_claim_spec(
+                    driver=self.driver, claim_uid=ref.uid, devices=claim_devices, dev_root=self.dev_root
+                )
                 cdi.write_spec(self.cdi_root, spec, claim_uid=ref.uid)
                 faults.reached("prepare-cdi-written")
                 # The toolkit's ID for the same GPU or MIG device (a MIG device created just now only has
@@ -483,15 +506,16 @@ class DeviceState:
     def unprepare(self, ref: ClaimRef) -> None:
         """Undo prepare for `ref`; a claim never prepared (or already unprepared) is fine."""
         self._usable()
-        entry = self._checkpoint.claims.get(ref.uid)
-        if entry is None:
-            cdi.delete_spec(self.cdi_root, driver=self.driver, claim_uid=ref.uid)
-            return
-        with self._locked(d.device for d in entry.devices):
+        with self._exclusive():
             entry = self._checkpoint.claims.get(ref.uid)
             if entry is None:
+                cdi.delete_spec(self.cdi_root, driver=self.driver, claim_uid=ref.uid)
                 return
-            self._teardown(entry)
+            with self._locked(d.device for d in entry.devices):
+                entry = self._checkpoint.claims.get(ref.uid)
+                if entry is None:
+                    return
+                self._teardown(entry)
 
     def _teardown(self, entry: ckpt.ClaimEntry) -> None:
         """Unprepare `entry` from whatever step it reached; safe to repeat after a crash."""
@@ -540,7 +564,7 @@ class DeviceState:
     # --- queries -------------------------------------------------------------------------------
 
     def prepared_claims(self) -> dict[str, ckpt.ClaimEntry]:
-        return dict(self._checkpoint.claims)
+        return dict(self._latest().claims)
 
     def mig_room(self) -> dict[str, tuple[str, int]]:
         """Per MIG-capable GPU (device name `gpu-<minor>`), the largest MIG profile that still fits
@@ -548,7 +572,7 @@ class DeviceState:
         prepared). Allocations the node has not been asked to prepare yet are not in it."""
         occupied: dict[str, list[placement.Instance]] = {}
         whole: set[str] = set()
-        for entry in self._checkpoint.claims.values():
+        for entry in self._latest().claims.values():
             for device in entry.devices:
                 if device.admin_access or not device.gpu_uuids or device.device not in self.devices:
                     continue
@@ -571,7 +595,8 @@ class DeviceState:
 
     def prepared_partitions(self) -> dict[str, str]:
         """Partition device -> MIG UUID, for each MIG device a prepared claim created (health checks)."""
-        return {name: live.uuid for entry, name, live in self._created() if entry.state == "PrepareCompleted"}
+        created = self._created(self._latest())
+        return {name: live.uuid for entry, name, live in created if entry.state == "PrepareCompleted"}
 
     # --- helpers -------------------------------------------------------------------------------
 
@@ -707,9 +732,12 @@ class DeviceState:
                 visible[device.device] = uuid
         return visible
 
-    def _created(self) -> Iterator[tuple[ckpt.ClaimEntry, str, ckpt.MigLive]]:
-        """(entry, partition device, live ids) for every MIG device the checkpoint says gpudra created."""
-        for entry in self._checkpoint.claims.values():
+    def _created(
+        self, checkpoint: ckpt.Checkpoint | None = None
+    ) -> Iterator[tuple[ckpt.ClaimEntry, str, ckpt.MigLive]]:
+        """(entry, partition device, live ids) for every MIG device the checkpoint (memory's, unless
+        given) says gpudra created."""
+        for entry in (self._checkpoint if checkpoint is None else checkpoint).claims.values():
             for d in entry.devices:
                 if d.mig is not None and d.mig.live is not None:
                     yield entry, d.device, d.mig.live
@@ -739,13 +767,78 @@ class DeviceState:
         """Make `checkpoint` durable, then current: a failed save (disk full) changes nothing, so
         memory never claims a state the file does not hold. Call with the checkpoint lock held."""
         try:
-            ckpt.save(self.checkpoint_path, checkpoint)
+            self._on_disk = ckpt.save(self.checkpoint_path, checkpoint)
         except ckpt.CheckpointNotDurable:
             # The file was replaced, only its directory sync failed: a restart reads the new file,
             # so memory follows it (else a rollback would skip what the file says was recorded).
-            self._checkpoint = checkpoint
+            self._checkpoint, self._on_disk = checkpoint, ckpt.encode(checkpoint)
             raise
         self._checkpoint = checkpoint
+
+    def _exclusive(self) -> AbstractContextManager[None]:
+        """The node lock for a call; the checkpoint file is caught up with as this process takes it."""
+        return self._node.held(self._catch_up)
+
+    def _catch_up(self) -> None:
+        """Load the checkpoint again if another instance saved it since this one last read or wrote it.
+
+        Runs as this process takes the node lock: none of its calls is in flight, and no other
+        instance can save until it gives the lock up, so memory is then right for every call in
+        between. The file's bytes are compared, not its inode, size and mtime: a file replaced by a
+        rename may get the inode number just freed, the same size and the same clock tick, and the
+        few kilobytes cost one read. A file that cannot be used fails the call (the kubelet retries):
+        nothing is decided from a memory that may be stale."""
+        content = ckpt.read(self.checkpoint_path)
+        if content == self._on_disk:
+            return
+        self._checkpoint, self._on_disk = self._saved_elsewhere(content), content
+        log.info(
+            "checkpoint saved by another instance of the plugin; loaded again",
+            extra={"prepared_claims": len(self._checkpoint.claims)},
+        )
+
+    def _saved_elsewhere(self, content: bytes | None) -> ckpt.Checkpoint:
+        """The checkpoint in `content`, which another process saved; ClaimError when it is unusable."""
+
+        def unusable(problem: str) -> ClaimError:
+            return ClaimError(
+                f"the checkpoint {self.checkpoint_path} changed behind this plugin instance and cannot "
+                f"be used: {problem}"
+            )
+
+        rebuild = "restart the plugin to rebuild it from the CDI specs"
+        if content is None:
+            raise unusable(f"it was deleted; {rebuild}")
+        try:
+            loaded = ckpt.parse(content, source=self.checkpoint_path, boot_id=self.boot_id)
+        except ckpt.CheckpointCorrupt as err:
+            raise unusable(f"{err}; {rebuild}") from err
+        except ckpt.CheckpointTooNew as err:  # a newer gpudra's instance took the node over
+            raise unusable(str(err)) from err
+        if loaded.stale_claims:
+            raise unusable(f"it was written under another boot; {rebuild}")
+        return loaded.checkpoint
+
+    def _latest(self) -> ckpt.Checkpoint:
+        """The checkpoint for readers outside the calls (metrics, health checks, claim usage): the file
+        when another instance saved it since this one last did (read without the node lock: a save
+        replaces it atomically), else memory. A file that cannot be used leaves memory the answer."""
+        try:
+            content = ckpt.read(self.checkpoint_path)
+        except ckpt.CheckpointUnreadable:
+            return self._checkpoint
+        if content is None or content == self._on_disk:
+            return self._checkpoint
+        known = self._read_by_readers
+        if known is None or known[0] != content:
+            try:
+                loaded = ckpt.parse(content, source=self.checkpoint_path, boot_id=self.boot_id)
+            except GpudraError:
+                return self._checkpoint
+            if loaded.stale_claims:
+                return self._checkpoint
+            known = self._read_by_readers = (content, loaded.checkpoint)
+        return known[1]
 
     @contextmanager
     def _locked(self, devices: Iterable[str]) -> Iterator[None]:

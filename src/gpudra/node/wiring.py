@@ -4,7 +4,9 @@ I/O: everything the plugin touches, wired here and nowhere else (the sockets are
 
 Start-up order matters: settle the checkpoint first (a crash may have left a prepare half done), then
 start the health monitor and the slice publishing, then hand the prepare state to the kubelet's server,
-whose calls waited until then. Every background part is a `service.Service` started by
+whose calls waited until then. While another instance runs on the node (a rolling update), recovery
+waits for its calls in flight, and the slice publishing and claim usage wait until it exits
+(gpudra.node.instances). Every background part is a `service.Service` started by
 `service.running`: a part that fails to start stops the ones already started. Stop (SIGTERM): health
 streams end, no new calls, calls in flight finish (the server stops first), then the loops stop.
 """
@@ -26,6 +28,7 @@ from gpudra.kube.slice_sync import SliceController
 from gpudra.model import devices
 from gpudra.node import cdi, checkpoint
 from gpudra.node.health import HealthMonitor
+from gpudra.node.instances import PublisherTurn
 from gpudra.node.kubelet_grpc import KubeletServer, Observer
 from gpudra.node.metrics import PluginMetrics
 from gpudra.node.mig import MigPartitions
@@ -54,6 +57,12 @@ def _tools(options: Options) -> GpuTools:
 
 def run(options: Options, server: KubeletServer, *, stop: threading.Event) -> None:
     """Build the plugin, hand it to `server` (started, its calls waiting), and run until `stop`."""
+    if options.sim_dev_dir is not None:
+        # Before the first claim: the runtime stats the nodes a spec names when it starts a container.
+        made = sim.write_device_nodes(options.nvml.removeprefix("sim:"), options.sim_dev_dir)
+        log.info(
+            "simulated device nodes ready", extra={"directory": str(options.sim_dev_dir), "nodes": len(made)}
+        )
     # One NVML session for the plugin's life: MIG prepare uses it from the gRPC threads (NVML is
     # thread-safe; opening it per call costs an init and handle lookups each time).
     with nvml.connect(options.nvml, driver_root=options.driver_root) as session:
@@ -81,6 +90,7 @@ def _run(options: Options, session: nvml.Nvml, server: KubeletServer, *, stop: t
         checkpoint_path=options.state_dir / "checkpoint.json",
         boot_id=checkpoint.current_boot_id(),
         toolkit=cdi.ToolkitSpecs(options.toolkit_cdi_dirs),
+        dev_root=options.dev_root,
     )
     _report_recovery(state.recover(), events, metrics)
     retry_checkpoint = service.Loop("checkpoint", lambda: _retry_recovery(state, events, metrics))
@@ -123,6 +133,15 @@ def _run(options: Options, session: nvml.Nvml, server: KubeletServer, *, stop: t
     loops = [*slices.loops, events.loop, retry_checkpoint] + ([health.loop] if health is not None else [])
     loops += [usage.loop] if usage is not None else []
     metrics.track_loops(loops)
+    # What it writes to the API server, one instance on the node at a time (gpudra.node.instances).
+    publishing = PublisherTurn(
+        options.state_dir / "publisher.lock", ([usage] if usage is not None else []) + [slices]
+    )
+
+    def slices_published() -> str | None:
+        # Standing by, the instance that publishes is alive: a rolling update must go on.
+        return None if slices.synced.is_set() or publishing.standing_by else "not published yet"
+
     services: list[service.Service] = []
     if options.metrics_port:
         services.append(
@@ -135,7 +154,7 @@ def _run(options: Options, session: nvml.Nvml, server: KubeletServer, *, stop: t
                     Check("checkpoint", lambda: state.refusal),
                     Check("kubelet-registration", server.registration_problem),
                     Check("kubelet-calls", server.serving),
-                    Check("resourceslices", lambda: None if slices.synced.is_set() else "not published yet"),
+                    Check("resourceslices", slices_published),
                     Check("cdi-root", writable_directory(options.cdi_root)),
                     Check("state-dir", writable_directory(options.state_dir)),
                 ],
@@ -144,9 +163,7 @@ def _run(options: Options, session: nvml.Nvml, server: KubeletServer, *, stop: t
     services += [events, retry_checkpoint]
     if health is not None:
         services.append(health)
-    if usage is not None:
-        services.append(usage)
-    services.append(slices)
+    services.append(publishing)
     with service.running(services, stop_timeout=STOP_TIMEOUT_SECONDS):
         # The kubelet's calls, waiting since the sockets opened, are answered from here on.
         server.serve(

@@ -1,10 +1,12 @@
-"""A simulated NVIDIA driver under pynvml, plus stand-ins for its tools. I/O: state file, sysfs, proc.
+"""A simulated NVIDIA driver under pynvml, plus stand-ins for its tools and device nodes. I/O: state
+file, sysfs, proc, device nodes.
 
 `install` puts a `SimulatedLibrary` where pynvml keeps the loaded libnvidia-ml (`nvmlLib`) and fills
 pynvml's function-pointer cache with its entry points, so every pynvml wrapper runs unchanged on top
 of simulated C functions, and writes the files of the driver that gpudra reads besides NVML: a sysfs
-tree (`sysfs`) and a proc tree (`procfs`). This package never imports pynvml: `gpudra.gpu.nvml` passes
-the module in.
+tree (`sysfs`) and a proc tree (`procfs`). `write_device_nodes` makes the driver's /dev entries
+(`devnodes`), for container runtimes to inject. This package never imports pynvml: `gpudra.gpu.nvml`
+passes the module in.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gpudra import errors
-from gpudra.sim import library, machines, procfs, state, sysfs
+from gpudra.sim import devnodes, library, machines, procfs, state, sysfs
 from gpudra.sim.hooks import attach_process, detach_process, set_gpu_lost, set_mig_mode, set_utilization
 from gpudra.sim.tools import write_tools
 
@@ -28,10 +30,28 @@ __all__ = [
     "set_mig_mode",
     "set_utilization",
     "uninstall",
+    "write_device_nodes",
     "write_tools",
 ]
 
 PROFILES = tuple(machines.MACHINES)
+
+
+def _machine(profile: str) -> machines.Machine:
+    machine = machines.MACHINES.get(profile)
+    if machine is None:
+        raise errors.ConfigError(
+            f"unknown simulated machine {profile!r}; allowed: {', '.join(PROFILES)}", field="--nvml"
+        )
+    return machine
+
+
+def write_device_nodes(profile: str, directory: Path) -> tuple[Path, ...]:
+    """Creates the device nodes of the simulated machine `profile` in `directory` (a /dev stand-in:
+    `nvidia<minor>`, `nvidiactl`, `nvidia-uvm`, ..., see `devnodes`); returns their paths.
+
+    Needs CAP_MKNOD; without it, or where `directory` cannot hold device nodes, a ConfigError says so."""
+    return devnodes.write(_machine(profile), directory)
 
 
 class PynvmlModule(Protocol):
@@ -54,11 +74,7 @@ def install(
     undoes one. Another machine while one is installed, or the simulator while this process uses real
     NVML, is refused, because pynvml holds one library per process.
     """
-    machine = machines.MACHINES.get(profile)
-    if machine is None:
-        raise errors.ConfigError(
-            f"unknown simulated machine {profile!r}; allowed: {', '.join(PROFILES)}", field="--nvml"
-        )
+    machine = _machine(profile)
     store = state.StateFile(state_file.absolute())
     store.create(machine)
     sysfs.write(machine, sysfs_root)

@@ -6,9 +6,13 @@ returned directory first on PATH and the same code drives the simulated machine 
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shlex
 import sys
 from pathlib import Path
+
+from gpudra.atomic_file import write_atomically
 
 _TOOLS = {"nvidia-smi": "gpudra.sim.nvidia_smi", "nvidia-cuda-mps-control": "gpudra.sim.mps_control"}
 
@@ -18,8 +22,11 @@ def write_tools(directory: Path, *, state_file: Path) -> Path:
     state = shlex.quote(str(state_file.absolute()))
     for name, module in _TOOLS.items():
         script = directory / name
-        script.write_text(
-            f'#!/bin/sh\nGPUDRA_SIM_STATE={state} exec {shlex.quote(sys.executable)} -m {module} "$@"\n'
-        )
-        script.chmod(0o755)
+        content = f'#!/bin/sh\nGPUDRA_SIM_STATE={state} exec {shlex.quote(sys.executable)} -m {module} "$@"\n'
+        # A second plugin instance (rolling update) starts while the first may be running these: an
+        # unchanged script is left alone, a changed one replaced whole, never rewritten in place.
+        with contextlib.suppress(OSError):
+            if script.read_text() == content and os.access(script, os.X_OK):
+                continue
+        write_atomically(script, content.encode(), mode=0o755, durable=False)
     return directory
