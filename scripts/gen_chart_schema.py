@@ -219,7 +219,9 @@ def _port(description: str) -> dict[str, Any]:
 
 def _scheduling() -> dict[str, Any]:
     return {
-        "affinity": {"type": "object"},
+        # null removes the default (Helm merges maps, so {} would keep it); `helm upgrade --reuse-values`
+        # validates the null as given.
+        "affinity": {"type": ["object", "null"]},
         "nodeSelector": {"type": "object", "additionalProperties": {"type": "string"}},
         "tolerations": {"type": "array", "items": {"type": "object"}},
         "resources": {"type": "object"},

@@ -1,6 +1,9 @@
-"""`python -m tests.localcluster up|down [--dir DIR] [--nodes N]`: the cluster behind make cluster-up/down.
+"""`python -m tests.localcluster up|down [--dir DIR] [--nodes N] [--runtime R] [--image ARCHIVE]`: the
+cluster behind make cluster-up/down.
 
 `up` leaves the cluster running in the background and prints the kubeconfig path as its last line.
+With `--runtime containerd` every node runs containerd (pods run for real) and each `--image` archive
+is imported into it; `make cluster-up RUNTIME=containerd` passes the newest `make image` build.
 """
 
 from __future__ import annotations
@@ -20,6 +23,10 @@ def main(argv: list[str] | None = None) -> int:
     default_dir = Path(os.environ.get("GPUDRA_CLUSTER_DIR", "/tmp/gpudra-cluster"))
     parser.add_argument("--dir", type=Path, default=default_dir, help=f"cluster directory ({default_dir})")
     parser.add_argument("--nodes", type=int, default=1, choices=[1, 2], help="number of kubelets")
+    parser.add_argument("--runtime", default="fakecri", choices=["fakecri", "containerd"])
+    parser.add_argument(
+        "--image", type=Path, action="append", default=[], help="image archive to import (containerd)"
+    )
     args = parser.parse_args(argv)
     try:
         if args.action == "down":
@@ -30,7 +37,12 @@ def main(argv: list[str] | None = None) -> int:
                 f"a cluster is already running in {args.dir}; run `make cluster-down` first", file=sys.stderr
             )
             return 1
-        cluster = LocalCluster(args.dir, nodes=tuple(f"node-{i + 1}" for i in range(args.nodes)))
+        cluster = LocalCluster(
+            args.dir,
+            nodes=tuple(f"node-{i + 1}" for i in range(args.nodes)),
+            runtime=args.runtime,
+            images=tuple(args.image),
+        )
         cluster.start()
     except GpudraError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -65,6 +65,12 @@ class NodePaths:
         return self.root / "cdi"
 
     @property
+    def driver_root(self) -> Path:
+        """With containerd: an empty stand-in for the NVIDIA driver root, a shared mount (see
+        containerd.share_mount) that the chart's HostToContainer mount accepts."""
+        return self.root / "driver-root"
+
+    @property
     def cri_socket(self) -> Path:
         return self.root / "cri.sock"
 
@@ -294,6 +300,8 @@ class LocalCluster:
             runtime_flags = [
                 "--disable-admission-plugins=TaintNodesByCondition",
                 "--enable-aggregator-routing=true",
+                # Logs and exec: the kubelet at the node's address (its name resolves nowhere).
+                "--kubelet-preferred-address-types=InternalIP",
             ]
         else:
             runtime_flags = [
@@ -411,7 +419,8 @@ class LocalCluster:
                 f"--config={config}",
                 f"--root-dir={node.kubelet_root}",
                 f"--hostname-override={node.name}",
-                "--node-ip=127.0.0.1",
+                # With containerd the host's address: the API server reaches the kubelet there (logs).
+                f"--node-ip={self._address}",
                 "--v=2",
             ],
         )
@@ -420,6 +429,7 @@ class LocalCluster:
     def _start_containerd(self, node: NodePaths) -> str:
         """Start the node's containerd, import the images; returns its CRI endpoint."""
         runtime = self.runtimes[node.name]
+        ctrd.share_mount(node.driver_root)
         runtime.write_config(sandbox_image=ctrd.pause_image(self.images[0]))
         runtime.socket.unlink(missing_ok=True)
         process = self._component(f"containerd-{node.name}", runtime.argv(self.runtime_bin))
@@ -450,7 +460,7 @@ class LocalCluster:
         return {
             "apiVersion": "kubelet.config.k8s.io/v1beta1",
             "kind": "KubeletConfiguration",
-            "address": "127.0.0.1",
+            "address": self._address,
             "port": port,
             "readOnlyPort": 0,
             "healthzBindAddress": "127.0.0.1",

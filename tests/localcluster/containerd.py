@@ -73,10 +73,13 @@ def host_address() -> str:
 def lock_runtime(directory: Path) -> int:
     """Hold the machine-wide lock for a cluster with real containers; returns the lock's descriptor."""
     fd = os.open(RUNTIME_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    holder = Path(RUNTIME_LOCK).read_text().strip()
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        # `make cluster-up` exits and leaves its cluster running: its state file says it still runs.
+        if holder and holder != str(directory) and (Path(holder) / "state.json").exists():
+            raise BlockingIOError
     except BlockingIOError:
-        holder = Path(RUNTIME_LOCK).read_text().strip()
         os.close(fd)
         raise ClusterError(
             f"another local cluster with RUNTIME=containerd is running ({holder}); kube-proxy's iptables "
@@ -226,6 +229,23 @@ def kube_proxy_config(*, kubeconfig: Path, node: str, healthz: int, metrics: int
         "conntrack": {"maxPerCore": 0, "min": 0},
         "iptables": {"localhostNodePorts": False},
     }
+
+
+def share_mount(directory: Path) -> None:
+    """Make `directory` a mount point of its own with shared propagation.
+
+    A container's mount with HostToContainer propagation (the chart mounts the driver root so) needs its
+    source on a shared or slave mount. Systemd makes / shared on a real node, and so does kind's node
+    image; this machine's / is private, and the cluster does not change the machine's root, so the
+    node's driver root is a shared bind mount of its own, taken away with the node's other mounts."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for argv in (
+        ["mount", "--bind", str(directory), str(directory)],
+        ["mount", "--make-rshared", str(directory)],
+    ):
+        result = subprocess.run(argv, capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise ClusterError(f"{' '.join(argv)} failed: {result.stderr.strip()}")
 
 
 # --- teardown -----------------------------------------------------------------------------------------

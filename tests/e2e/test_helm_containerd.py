@@ -1,0 +1,278 @@
+"""The chart, installed with Helm on a real kubelet with containerd, runs gpudra for real: the plugin in
+its container registers through the mounted plugins_registry and publishes slices; the controller's
+webhook, called by the API server through its Service, admits and refuses claims; a workload container
+gets its GPU by CDI (NVIDIA_VISIBLE_DEVICES and the device nodes, stand-ins made by the simulator); a
+rolling upgrade to another image keeps a plugin registered throughout and neither loses nor repeats a
+prepared claim; and stopping the cluster leaves no shim, container, mount or bridge behind.
+
+The tests run in file order and share one cluster and one release (tests/e2e/conftest.py).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client import ApiException
+
+from tests.integration.kube_helpers import Resources, pod_gone, pod_running, wait_for
+from tests.integration.procs import cluster_processes
+from tests.localcluster import LocalCluster
+from tests.localcluster import containerd as ctrd
+from tests.localcluster.cluster import mounts_under
+
+from .conftest import CHART, NAMESPACE, NODE, RELEASE, Image, helm, node_values
+
+pytestmark = pytest.mark.e2e
+
+DRIVER = "gpu.gpudra.io"
+WORKLOAD_NS = "e2e"
+PLUGIN_PODS = "app.kubernetes.io/component=kubelet-plugin"
+WHOLE_GPU = re.compile(r"gpu-[0-9]+")  # not the MIG partitions nor the shared GPUs
+# The workload runs the gpudra image's shell: what CDI gave the container, then it waits to be deleted.
+SHOW_GPU = (
+    'echo "NVIDIA_VISIBLE_DEVICES=$NVIDIA_VISIBLE_DEVICES"; '
+    "for d in /dev/nvidia*; do stat -c 'node %n %F %t:%T' \"$d\"; done; "
+    "echo shown; exec sleep 3600"
+)
+
+
+def plugin_dir(cluster: LocalCluster) -> Path:
+    return cluster.nodes[NODE].plugins_dir / DRIVER
+
+
+def claim_specs(cluster: LocalCluster) -> dict[str, tuple[int, int]]:
+    """The node's claim CDI specs: file name -> (inode, mtime): a rewritten spec changes both."""
+    return {
+        path.name: (path.stat().st_ino, path.stat().st_mtime_ns)
+        for path in cluster.nodes[NODE].cdi_root.glob(f"{DRIVER}-claim_*.json")
+    }
+
+
+def checkpoint_claims(cluster: LocalCluster) -> set[str]:
+    document = json.loads((plugin_dir(cluster) / "checkpoint.json").read_text())
+    return set(document["data"]["claims"])
+
+
+def registration_sockets(cluster: LocalCluster) -> list[str]:
+    return sorted(p.name for p in cluster.nodes[NODE].registry_dir.glob(f"{DRIVER}*-reg.sock"))
+
+
+def plugin_pods(core: client.CoreV1Api) -> list[client.V1Pod]:
+    return list(core.list_namespaced_pod(NAMESPACE, label_selector=PLUGIN_PODS).items)
+
+
+def ready(pod: client.V1Pod) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+
+
+def workload(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "show",
+                    "image": "localhost/gpudra:0.1.0",
+                    "imagePullPolicy": "Never",
+                    "command": ["/bin/sh", "-c", SHOW_GPU],
+                    "resources": {"claims": [{"name": "gpu"}]},
+                }
+            ],
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+        },
+    }
+
+
+def logs(core: client.CoreV1Api, name: str) -> str:
+    return str(core.read_namespaced_pod_log(name, WORKLOAD_NS))
+
+
+def start_workload(core: client.CoreV1Api, name: str) -> None:
+    core.create_namespaced_pod(WORKLOAD_NS, workload(name))
+
+
+def wait_shown(core: client.CoreV1Api, name: str, *, timeout: float = 120) -> str:
+    wait_for(f"pod {name} running", lambda: pod_running(core, name, WORKLOAD_NS), timeout=timeout)
+
+    def shown() -> str | None:
+        text = logs(core, name)
+        return text if "shown" in text else None
+
+    return wait_for(f"pod {name}'s output", shown)
+
+
+@pytest.fixture(scope="module")
+def core(api: client.ApiClient) -> client.CoreV1Api:
+    return client.CoreV1Api(api)
+
+
+def test_helm_install_runs_the_plugin_and_controller_in_containers(
+    installed: str, cluster: LocalCluster, core: client.CoreV1Api, api: client.ApiClient
+) -> None:
+    [plugin] = plugin_pods(core)
+    assert ready(plugin)
+    # The plugin registered with the kubelet through the mounted plugins_registry, under its pod's UID.
+    sockets = registration_sockets(cluster)
+    assert len(sockets) == 1, sockets
+    controllers = core.list_namespaced_pod(NAMESPACE, label_selector="app.kubernetes.io/component=controller")
+    assert [ready(pod) for pod in controllers.items] == [True]
+    # The simulated DGX H100's 8 GPUs are published for the node.
+    resources = Resources(api)
+
+    def gpus() -> list[str] | None:
+        slices = resources.list("resourceslices", field_selector=f"spec.nodeName={NODE}")
+        names = [
+            d["name"] for s in slices for d in s["spec"].get("devices", []) if WHOLE_GPU.fullmatch(d["name"])
+        ]
+        return names if len(names) == 8 else None
+
+    assert sorted(wait_for("8 GPUs published", gpus)) == [f"gpu-{i}" for i in range(8)]
+    # The stand-in device nodes the CDI specs will name, made by the plugin in its own directory.
+    assert (plugin_dir(cluster) / "sim" / "dev" / "nvidia0").is_char_device()
+
+
+def test_the_webhook_behind_its_service_refuses_a_bad_config(
+    installed: str, api: client.ApiClient, core: client.CoreV1Api
+) -> None:
+    core.create_namespace({"metadata": {"name": WORKLOAD_NS}})
+    resources = Resources(api)
+    bad = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "bad"},
+        "spec": {"spec": {"devices": {
+            "requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}],
+            "config": [{"opaque": {"driver": DRIVER, "parameters": {
+                "apiVersion": "resource.gpudra.io/v1beta1", "kind": "GpuConfig",
+                "sharing": {"strategy": "Sometimes"},
+            }}}],
+        }}},
+    }  # fmt: skip
+    with pytest.raises(ApiException) as refused:
+        resources.create("resourceclaimtemplates", bad, WORKLOAD_NS)
+    assert refused.value.status in (400, 422)
+    assert "sharing.strategy" in str(refused.value.body), refused.value.body
+    good = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "one-gpu"},
+        "spec": {
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}}
+        },
+    }
+    resources.create("resourceclaimtemplates", good, WORKLOAD_NS)
+
+
+def test_a_workload_container_gets_its_gpu_by_cdi_and_gives_it_back(
+    installed: str, cluster: LocalCluster, core: client.CoreV1Api
+) -> None:
+    start_workload(core, "show-gpu")
+    output = wait_shown(core, "show-gpu")
+    [visible] = [line for line in output.splitlines() if line.startswith("NVIDIA_VISIBLE_DEVICES=")]
+    assert visible.startswith("NVIDIA_VISIBLE_DEVICES=GPU-"), output
+    nodes = {line.split()[1]: line.split()[-1] for line in output.splitlines() if line.startswith("node ")}
+    # One GPU's node (major 0xc3 = 195) and the control nodes, character devices as on a real node.
+    gpu_nodes = [path for path in nodes if path.removeprefix("/dev/nvidia").isdigit()]
+    assert len(gpu_nodes) == 1, output
+    assert nodes[gpu_nodes[0]].startswith("c3:"), output
+    assert {"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"} <= set(nodes), output
+    assert "character special file" in output
+    assert len(claim_specs(cluster)) == 1
+    assert len(checkpoint_claims(cluster)) == 1
+
+    core.delete_namespaced_pod("show-gpu", WORKLOAD_NS)
+    wait_for("show-gpu deleted", lambda: pod_gone(core, "show-gpu", WORKLOAD_NS), timeout=90)
+    wait_for("its claim unprepared", lambda: not claim_specs(cluster) and not checkpoint_claims(cluster))
+
+
+def test_a_rolling_upgrade_keeps_the_plugin_registered_and_every_claim_prepared_once(
+    installed: str, cluster: LocalCluster, core: client.CoreV1Api, image: Image
+) -> None:
+    for name in ("before-1", "before-2"):
+        start_workload(core, name)
+    for name in ("before-1", "before-2"):
+        wait_shown(core, name)
+    before_specs = claim_specs(cluster)
+    before_claims = checkpoint_claims(cluster)
+    assert len(before_specs) == len(before_claims) == 2
+    [old_plugin] = plugin_pods(core)
+
+    # Watch the registration directory through the whole upgrade: it must never be empty.
+    fewest: list[int] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            fewest.append(len(registration_sockets(cluster)))
+            time.sleep(0.05)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        new_tag = next(tag for tag in image.tags if tag != "localhost/gpudra:0.1.0").rpartition(":")[2]
+        helm(
+            cluster,
+            "upgrade",
+            RELEASE,
+            str(CHART),
+            "--reuse-values",
+            "--set",
+            f"image.tag={new_tag}",
+            *node_values(cluster),
+        )
+        # A pod admitted while the rollout runs (both plugin pods exist: maxSurge 1).
+        wait_for("a second plugin pod", lambda: len(plugin_pods(core)) == 2, timeout=60)
+        start_workload(core, "during")
+
+        def rolled_out() -> bool:
+            pods = plugin_pods(core)
+            return (
+                len(pods) == 1
+                and pods[0].metadata.uid != old_plugin.metadata.uid
+                and ready(pods[0])
+                and pods[0].spec.containers[0].image.endswith(f":{new_tag}")
+            )
+
+        wait_for("the DaemonSet rolled out", rolled_out, timeout=180)
+        wait_shown(core, "during")
+    finally:
+        stop.set()
+        sampler.join()
+    assert fewest and min(fewest) >= 1, f"no registration socket at some point: {fewest}"
+    assert len(registration_sockets(cluster)) == 1
+
+    # The old claims are still prepared, by the same spec files (not prepared again), and known to the
+    # new plugin; the pod admitted during the rollout got its own.
+    after = claim_specs(cluster)
+    assert {name: after.get(name) for name in before_specs} == before_specs
+    assert before_claims < checkpoint_claims(cluster)
+    assert len(after) == len(checkpoint_claims(cluster)) == 3
+
+    # The new plugin gives back what the old one prepared.
+    for name in ("before-1", "before-2", "during"):
+        core.delete_namespaced_pod(name, WORKLOAD_NS)
+    for name in ("before-1", "before-2", "during"):
+        wait_for(f"{name} deleted", partial(pod_gone, core, name, WORKLOAD_NS), timeout=90)
+    wait_for("every claim unprepared", lambda: not claim_specs(cluster) and not checkpoint_claims(cluster))
+
+
+def test_stopping_the_cluster_leaves_nothing_behind(cluster: LocalCluster) -> None:
+    sockets = [runtime.socket for runtime in cluster.runtimes.values()]
+    bridges = [runtime.bridge for runtime in cluster.runtimes.values()]
+    assert any(ctrd.shim_pids(socket) for socket in sockets)  # the chart's pods are running
+    cluster.stop()
+    assert [ctrd.shim_pids(socket) for socket in sockets] == [[] for _ in sockets]
+    assert cluster_processes(str(cluster.directory)) == []
+    assert mounts_under(cluster.directory) == []
+    assert [ctrd.bridge_exists(bridge) for bridge in bridges] == [False for _ in bridges]
