@@ -21,21 +21,8 @@ need_root() {
   fi
 }
 
-# Installs the Debian packages named when missing; a fresh machine has none of them.
-ensure_packages() {
-  local missing=() pkg
-  for pkg in "$@"; do
-    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
-  done
-  [ ${#missing[@]} -eq 0 ] && return 0
-  local log=/tmp/gpudra-apt.log
-  echo "installing ${missing[*]} (log: $log)" >&2
-  { apt-get update && DEBIAN_FRONTEND=noninteractive \
-    apt-get install -y --no-install-recommends "${missing[@]}"; } >"$log" 2>&1 || {
-    tail -n 30 "$log" >&2
-    return 1
-  }
-}
+# ensure_packages: the Debian packages the scripts need, installed when missing.
+source "$(dirname "${BASH_SOURCE[0]}")/../packages.sh"
 
 # The storage driver, chosen once per machine. overlay stores each layer as a diff and mounts them stacked:
 # fast commits, little disk. It needs a kernel overlay mount on the cache's filesystem, which fails where

@@ -18,20 +18,7 @@ k8s_version=$(awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v/ {print $2}' go.mod)
 key=$(cat build-runtime.sh go.mod go.sum | sha256sum | cut -c1-12)
 out=$GPUDRA_CACHE/runtime-containerd-$containerd_version-$k8s_version-$key
 
-ensure_packages() {
-  local missing=() pkg
-  for pkg in "$@"; do
-    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
-  done
-  [ ${#missing[@]} -eq 0 ] && return 0
-  local log=/tmp/gpudra-apt.log
-  echo "installing ${missing[*]} (log: $log)" >&2
-  { apt-get update && DEBIAN_FRONTEND=noninteractive \
-    apt-get install -y --no-install-recommends "${missing[@]}"; } >"$log" 2>&1 || {
-    tail -n 30 "$log" >&2
-    return 1
-  }
-}
+source ../packages.sh
 ensure_packages runc containernetworking-plugins iptables
 
 if [ -f "$out/.complete" ]; then
