@@ -32,6 +32,7 @@ from pathlib import Path
 
 from gpudra.errors import ClusterError
 from tests.localcluster.binaries import repo_root
+from tests.localcluster.processes import live_processes
 
 CNI_BIN_DIR = Path("/usr/lib/cni")  # Debian's containernetworking-plugins
 RUNC = Path("/usr/sbin/runc")  # Debian's runc
@@ -253,17 +254,12 @@ def share_mount(directory: Path) -> None:
 
 def shim_pids(address: Path) -> list[int]:
     """containerd shims started by the containerd at `address` (they name its socket in their argv)."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if argv and argv[0].endswith(b"containerd-shim-runc-v2") and os.fsencode(str(address)) in argv:
-            pids.append(int(proc.name))
-    return pids
+    socket_arg = os.fsencode(str(address))
+    return [
+        pid
+        for pid, argv in live_processes()
+        if argv[0].endswith(b"containerd-shim-runc-v2") and socket_arg in argv
+    ]
 
 
 def _descendants(pid: int) -> list[int]:

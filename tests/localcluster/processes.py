@@ -16,7 +16,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,6 +86,20 @@ def group_alive(pgid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def live_processes() -> Iterator[tuple[int, list[bytes]]]:
+    """(pid, argv) of every process on the machine that is not a zombie (gone ones are skipped)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().split(")")[-1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            yield int(entry.name), argv
 
 
 def http_get(url: str, *, token: str | None = None, timeout: float = 2.0) -> tuple[int, bytes]:
