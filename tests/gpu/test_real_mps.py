@@ -1,0 +1,108 @@
+"""A real MPS control daemon started by gpudra, with a real CUDA client under its limits. Needs a GPU.
+
+Leaves the card's settings alone: no compute mode is set (the sharing layer sets EXCLUSIVE_PROCESS on a
+claim's GPU; here the daemon layer below it is driven directly). The daemon is a user-space process in
+a private pipe directory, stopped at the end of each test, and reaches no other process on the machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpudra.gpu import nvml
+from gpudra.gpu.tools import MPS_CONTROL, GpuTools
+from gpudra.node import mps
+
+pytestmark = pytest.mark.gpu
+
+MIB = 1024**2
+LIMIT_MIB = 1024
+THREAD_PERCENTAGE = 25
+
+
+def _client(*sizes_mib: int, env: dict[str, str] | None = None) -> dict[str, Any]:
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.gpu.cuda_client", *map(str, sizes_mib)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        env={**os.environ, **(env or {})},
+    )
+    answer: dict[str, Any] = json.loads(result.stdout)
+    return answer
+
+
+def _daemons_alive(root: Path) -> list[int]:
+    """Pids of MPS control daemons and servers whose environment names this test's pipe directory."""
+    found = []
+    marker = f"CUDA_MPS_PIPE_DIRECTORY={mps.pipe_dir(root)}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if marker in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.fixture
+def gpu() -> tuple[str, int, int]:
+    """The first GPU's UUID, multiprocessor count and memory in MiB, as gpudra's discovery reports them."""
+    with nvml.connect("real") as session:
+        first = session.inventory().gpus[0]
+    assert first.multiprocessors is not None
+    return first.uuid, first.multiprocessors, first.memory_bytes // MIB
+
+
+def test_discovery_agrees_with_what_a_cuda_context_sees(gpu: tuple[str, int, int]) -> None:
+    uuid, multiprocessors, memory_mib = gpu
+    seen = _client(env={"CUDA_VISIBLE_DEVICES": uuid})
+    assert seen["multiprocessors"] == multiprocessors
+    # NVML's total includes memory the driver reserves before any context exists.
+    assert 0.9 * memory_mib <= seen["total_mib"] <= memory_mib
+
+
+def test_mps_daemon_limits_its_clients_and_stops_clean(gpu: tuple[str, int, int], tmp_path: Path) -> None:
+    uuid, multiprocessors, _ = gpu
+    daemons = mps.MpsDaemons(GpuTools())
+    assert daemons.tools.command(MPS_CONTROL)  # the driver's MPS tool is installed on a GPU machine
+    root = mps.daemon_root(tmp_path, "claim-under-test")
+    limits = {uuid: LIMIT_MIB * MIB}
+    daemons.start(
+        root, visible=[uuid], active_thread_percentage=THREAD_PERCENTAGE, pinned_memory_limits=limits
+    )
+    try:
+        assert daemons.answers(root)
+        pid = int((mps.pipe_dir(root) / mps.PID_FILE).read_text())
+        # A second start (the plugin restarted mid-prepare) adopts the daemon instead of starting another.
+        daemons.start(
+            root, visible=[uuid], active_thread_percentage=THREAD_PERCENTAGE, pinned_memory_limits=limits
+        )
+        assert int((mps.pipe_dir(root) / mps.PID_FILE).read_text()) == pid
+
+        seen = _client(LIMIT_MIB // 2, LIMIT_MIB, env={"CUDA_MPS_PIPE_DIRECTORY": str(mps.pipe_dir(root))})
+        print("client under MPS:", seen)
+        first, second = seen["allocations"]
+        assert first["code"] == 0, first
+        # Half the limit fits; another whole limit on top of it does not.
+        assert second["error"] == "CUDA_ERROR_OUT_OF_MEMORY", second
+        # The context's free memory is what is left of the pinned limit, not of the card.
+        assert seen["free_mib"] <= LIMIT_MIB
+        # The SM share is granted in whole TPCs (2 SMs on Hopper and Ampere): 25% of an H100's 132 is 32.
+        assert abs(seen["multiprocessors"] - multiprocessors * THREAD_PERCENTAGE / 100) <= 2
+        server_list = daemons.tools.mps_control(["get_server_list"], pipe_dir=mps.pipe_dir(root))
+        assert server_list.split(), "the client's MPS server is listed"
+    finally:
+        daemons.stop(root)
+    assert not root.exists()
+    assert _daemons_alive(root) == []
