@@ -102,6 +102,28 @@ def test_mps_daemon_limits_its_clients_and_stops_clean(gpu: tuple[str, int, int]
         assert abs(seen["multiprocessors"] - multiprocessors * THREAD_PERCENTAGE / 100) <= 2
         server_list = daemons.tools.mps_control(["get_server_list"], pipe_dir=mps.pipe_dir(root))
         assert server_list.split(), "the client's MPS server is listed"
+        servers = {int(pid) for pid in server_list.split()}
+
+        # What the usage sampler reads while a client of the claim's daemon works: NVML lists both the
+        # MPS server and its client as compute processes of the GPU (seen on an H100, driver 580).
+        busy = subprocess.Popen(
+            [sys.executable, "-m", "tests.gpu.cuda_client", "--busy", str(LIMIT_MIB // 2)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(mps.pipe_dir(root))},
+        )
+        assert busy.stdin is not None and busy.stdout is not None
+        try:
+            assert json.loads(busy.stdout.readline())["allocations"][0]["code"] == 0
+            with nvml.connect("real") as session:
+                processes = set(session.device_usage(uuid=uuid).processes)
+            print("compute processes under MPS:", processes, "servers:", servers, "client:", busy.pid)
+            assert servers | {busy.pid} <= processes
+        finally:
+            busy.stdin.close()
+            assert busy.wait(timeout=30) == 0
+            busy.stdout.close()
     finally:
         daemons.stop(root)
     assert not root.exists()
