@@ -34,7 +34,14 @@ from gpudra.errors import GpudraError
 from tests.localcluster import binaries
 from tests.localcluster.api import DemoApi
 from tests.localcluster.cluster import LocalCluster
-from tests.localcluster.demo_installs import Gpudra, HelmReleases, HostProcesses, controller_status, image_of
+from tests.localcluster.demo_installs import (
+    Gpudra,
+    HelmReleases,
+    HostProcesses,
+    controller_status,
+    image_of,
+    table,
+)
 from tests.localcluster.node_plugin import DRIVER
 
 MACHINES = {"node-h100": "dgx-h100", "node-a100": "dgx-a100", "node-mixed": "mixed"}
@@ -51,11 +58,6 @@ def _wait(what: str, done: Callable[[], bool], timeout: float) -> None:
         if time.monotonic() > deadline:
             raise GpudraError(f"timed out waiting for {what}")
         time.sleep(0.2)
-
-
-def _table(rows: list[tuple[str, ...]]) -> str:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows)
 
 
 def run(root: Path, *, runtime: str = "fakecri", image: Path | None = None) -> None:
@@ -82,19 +84,8 @@ def run(root: Path, *, runtime: str = "fakecri", image: Path | None = None) -> N
 
 
 def _demo(api: DemoApi, gpudra: Gpudra, *, repo: Path) -> None:
-    if isinstance(gpudra, HelmReleases):
-        _step(
-            "installing gpudra with Helm (deploy/helm/gpudra, one release per node: its kubelet directory "
-            "and simulated machine), the controller and DeviceClasses with the first"
-        )
-    else:
-        _step(
-            "installing gpudra: DeviceClasses, the kubelet plugin on every node (simulated GPUs), "
-            "the controller"
-        )
+    _step(gpudra.install_step)
     gpudra.install(api)
-    if isinstance(gpudra, HelmReleases):
-        print(_table([("GPUDRA POD", "NODE", "READY"), *gpudra.pods(api)]))
     rows: list[tuple[str, ...]] = [
         ("NODE", "MACHINE", "RESOURCESLICES", "DEVICES", "WHOLE GPUS", "SHARED GPUS", "MIG PARTITIONS")
     ]
@@ -122,14 +113,11 @@ def _demo(api: DemoApi, gpudra: Gpudra, *, repo: Path) -> None:
                 str(kinds.count("mig")),
             )
         )
-    print(_table(rows))
+    print(table(rows))
 
     _step(f"applying examples/*.yaml in namespace {NAMESPACE}")
-    if isinstance(gpudra, HelmReleases):
-        print(
-            "  (every container runs the gpudra image's shell instead of its own image, which cannot be\n"
-            "   pulled here, and prints the GPU device nodes, NVIDIA_VISIBLE_DEVICES and MPS pipe it got)"
-        )
+    if gpudra.workload_note:
+        print(gpudra.workload_note)
     api.create_namespace(NAMESPACE)
     _admission(api)
     for example in sorted((repo / "examples").glob("*.yaml")):
@@ -160,9 +148,10 @@ def _demo(api: DemoApi, gpudra: Gpudra, *, repo: Path) -> None:
                     gpudra.received(pod, claim),
                 )
             )
-    print(_table(rows))
-    if isinstance(gpudra, HelmReleases):
-        print(gpudra.checks({n: (p, _claims_of(p, claims)) for n, p in pods.items()}))
+    print(table(rows))
+    checked = gpudra.checks({n: (p, _claims_of(p, claims)) for n, p in pods.items()})
+    if checked:
+        print(checked)
     nodes = gpudra.nodes.values()
     slices = {uuid: level for n in nodes for uuid, level in n.timeslices().items() if level}
     print(

@@ -37,6 +37,8 @@ class Gpudra(Protocol):
     """gpudra on the demo's cluster, and what the demo reads back from it."""
 
     nodes: Mapping[str, NodeFiles]
+    install_step: str  # the demo's heading for install()
+    workload_note: str  # what workload() changes in the examples' pods, for the person watching
     received_heading: str  # the pod table's last column
 
     def install(self, api: DemoApi) -> None:
@@ -44,6 +46,10 @@ class Gpudra(Protocol):
 
     def workload(self, pod: Obj) -> Obj:
         """An example's pod as this runtime can run it."""
+
+    def checks(self, pods: Mapping[str, tuple[Obj, list[Obj]]]) -> str:
+        """What the runtime's side shows about the running pods, checked against their claims; `pods`:
+        name -> (pod, its claims)."""
 
     def started(self, api: DemoApi, pod: Obj) -> bool:
         """Whether the pod's containers have started (and with containerd, said what they got)."""
@@ -57,6 +63,11 @@ class Gpudra(Protocol):
     def stop(self) -> None: ...
 
 
+def table(rows: list[tuple[str, ...]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows)
+
+
 def controller_status(url: str) -> dict[str, Any]:
     status, body = http_get(f"{url}/status")
     if status != 200:
@@ -68,6 +79,10 @@ def controller_status(url: str) -> dict[str, Any]:
 class HostProcesses:
     """The plugin and controller as processes on this machine beside a cluster with the fake CRI."""
 
+    install_step = (
+        "installing gpudra: DeviceClasses, the kubelet plugin on every node (simulated GPUs), the controller"
+    )
+    workload_note = ""
     received_heading = "CDI DEVICES THE RUNTIME GOT"
 
     def __init__(self, cluster: LocalCluster, machines: Mapping[str, str]) -> None:
@@ -90,6 +105,9 @@ class HostProcesses:
 
     def started(self, api: DemoApi, pod: Obj) -> bool:
         return bool(pod["status"].get("phase") == "Running")
+
+    def checks(self, pods: Mapping[str, tuple[Obj, list[Obj]]]) -> str:
+        return ""  # the table's CDI device IDs are all the fake CRI saw
 
     def received(self, pod: Obj, claim: Obj) -> str:
         """The CDI device IDs of the pod's CreateContainer calls, the claim's UID shown as <claim>."""
@@ -137,6 +155,14 @@ class HelmReleases:
     with the controller and the DeviceClasses, every release with a nodeSelector for its node, that
     node's paths and its machine (`kubeletPlugin.options.nvml`)."""
 
+    install_step = (
+        "installing gpudra with Helm (deploy/helm/gpudra, one release per node: its kubelet directory "
+        "and simulated machine), the controller and DeviceClasses with the first"
+    )
+    workload_note = (
+        "  (every container runs the gpudra image's shell instead of its own image, which cannot be\n"
+        "   pulled here, and prints the GPU device nodes, NVIDIA_VISIBLE_DEVICES and MPS pipe it got)"
+    )
     received_heading = "WHAT ITS CONTAINERS FOUND IN /dev (THEIR OWN OUTPUT)"
 
     def __init__(self, cluster: LocalCluster, machines: Mapping[str, str], *, image: str) -> None:
@@ -182,18 +208,16 @@ class HelmReleases:
         return found
 
     def install(self, api: DemoApi) -> None:
+        """Every release, each waited for (`--wait`), then gpudra's own pods: name, node, ready."""
         for args in self.releases():
             helm.helm(self.cluster.kubeconfig, *args, namespace=CONTROLLER_NAMESPACE)
             print(f"  helm install {args[1]}: deployed")
-
-    def pods(self, api: DemoApi) -> list[tuple[str, ...]]:
-        """gpudra's own pods: name, node, ready."""
-        rows = []
+        rows: list[tuple[str, ...]] = []
         for pod in api.list_pods(CONTROLLER_NAMESPACE):
             conditions = pod["status"].get("conditions") or []
             ready = any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
             rows.append((pod["metadata"]["name"], pod["spec"]["nodeName"], "yes" if ready else "no"))
-        return sorted(rows, key=lambda row: (row[1], row[0]))
+        print(table([("GPUDRA POD", "NODE", "READY"), *sorted(rows, key=lambda row: (row[1], row[0]))]))
 
     def workload(self, pod: Obj) -> Obj:
         """The example's pod with every container running the gpudra image's shell (nothing can be
@@ -245,8 +269,7 @@ class HelmReleases:
         return "; ".join(parts)
 
     def checks(self, pods: Mapping[str, tuple[Obj, list[Obj]]]) -> str:
-        """What every container showed, checked against the allocation; `pods`: name -> (pod, its
-        claims)."""
+        """What every container printed, checked against its claims' allocation and CDI specs."""
         containers = [(p, c["name"]) for p, _ in pods.values() for c in p["spec"]["containers"]]
         control = sum(
             1 for pod, c in containers if set(self._lines(pod, c, "control-node")) == set(CONTROL_NODES)
