@@ -60,6 +60,7 @@ def test_the_demo_with_containerd_runs_end_to_end_and_cleans_up(image: Image) ->
     root = Path(directory)
     assert cluster_processes(directory) == []
     assert mounts_under(root) == []
+    assert list(root.glob("nodes/*/containerd/root")) == []  # the nodes' copies of the image
     bridges = [
         ctrd.NodeRuntime(root / "nodes" / node, index=index, cdi_root=root, cluster_dir=root).bridge
         for index, node in enumerate(("node-h100", "node-a100", "node-mixed"))

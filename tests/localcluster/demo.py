@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -80,6 +81,10 @@ def run(root: Path, *, runtime: str = "fakecri", image: Path | None = None) -> N
             _demo(api, gpudra, repo=binaries.repo_root())
         finally:
             gpudra.stop()
+    # Each node's containerd holds a copy of the image, unpacked (about 700 MB a node): gone with the
+    # cluster, while the logs stay in `root` as with the fake CRI.
+    for runtime_of_node in cluster.runtimes.values():
+        shutil.rmtree(runtime_of_node.root / "root")
     print("\ncluster stopped; no process left running.")
 
 
