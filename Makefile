@@ -87,12 +87,17 @@ bench: $(STAMP) k8s
 	bash deploy/local/build-peer.sh >/dev/null
 	$(BIN)/python -m tests.bench
 
-# README's demo command: a real local cluster, simulated GPUs, gpudra installed, the examples prepared.
-demo: $(STAMP) k8s
-	$(BIN)/python -m tests.localcluster.demo
-
 # RUNTIME=containerd: real containers (containerd, runc, CNI bridge, kube-proxy), the image imported.
 RUNTIME ?= fakecri
+
+# README's demo command: a real local cluster, simulated GPUs, gpudra installed, the examples prepared.
+# RUNTIME=containerd: gpudra installed with Helm from the image, every example container run (root).
+demo: $(STAMP) k8s $(if $(filter containerd,$(RUNTIME)),image)
+	$(if $(filter containerd,$(RUNTIME)),bash deploy/local/build-runtime.sh >/dev/null)
+	$(if $(filter containerd,$(RUNTIME)),bash deploy/local/build-helm.sh >/dev/null)
+	$(BIN)/python -m tests.localcluster.demo --runtime $(RUNTIME) \
+	  $(if $(filter containerd,$(RUNTIME)),--image $$(bash deploy/image/archive.sh))
+
 cluster-up: $(STAMP) k8s $(if $(filter containerd,$(RUNTIME)),image)
 	@$(BIN)/python -m tests.localcluster up $(if $(NODES),--nodes $(NODES)) --runtime $(RUNTIME) \
 	  $(if $(filter containerd,$(RUNTIME)),--image $$(bash deploy/image/archive.sh))

@@ -4,9 +4,7 @@ user to use) plus the paths of this cluster's node."""
 
 from __future__ import annotations
 
-import json
 import subprocess
-import tarfile
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,9 +14,11 @@ import pytest
 from kubernetes import client, config
 
 from tests.localcluster import LocalCluster
+from tests.localcluster import containerd as ctrd
+from tests.localcluster import helm as localhelm
 
 REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "deploy" / "helm" / "gpudra"
+CHART = localhelm.chart()
 NODE = "node-1"
 NAMESPACE = "gpudra"
 RELEASE = "gpudra"
@@ -38,11 +38,7 @@ def image() -> Image:
     )
     assert built.returncode == 0, f"deploy/image/archive.sh failed (run make image):\n{built.stderr}"
     archive = Path(built.stdout.strip().splitlines()[-1])
-    with tarfile.open(archive) as tar:
-        member = tar.extractfile("manifest.json")
-        assert member is not None
-        tags = tuple(json.load(member)[0]["RepoTags"])
-    return Image(archive, tags)
+    return Image(archive, ctrd.archive_tags(archive))
 
 
 @pytest.fixture(scope="session")
@@ -61,39 +57,12 @@ def api(cluster: LocalCluster) -> client.ApiClient:
     return config.new_client_from_config(str(cluster.kubeconfig))
 
 
-def helm_binary() -> str:
-    built = subprocess.run(
-        ["bash", str(REPO / "deploy" / "local" / "build-helm.sh")], capture_output=True, text=True, check=True
-    )
-    return built.stdout.strip()
-
-
 def node_values(cluster: LocalCluster) -> list[str]:
-    """The chart's --set for this cluster's node: its kubelet root, CDI root and (empty, simulated GPUs)
-    driver root are under the cluster's directory, and the image is never pulled (it was imported)."""
-    node = cluster.nodes[NODE]
-    return [
-        "--set",
-        f"kubeletPlugin.driverRoot={node.driver_root}",
-        "--set",
-        f"kubeletPlugin.kubeletDir={node.kubelet_root}",
-        "--set",
-        f"kubeletPlugin.cdiDir={node.cdi_root}",
-        "--set",
-        "image.pullPolicy=Never",
-    ]
+    return localhelm.node_values(cluster.nodes[NODE])
 
 
 def helm(cluster: LocalCluster, *args: str, timeout: float = 300) -> str:
-    result = subprocess.run(
-        [helm_binary(), f"--kubeconfig={cluster.kubeconfig}", "--namespace", NAMESPACE, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    assert result.returncode == 0, f"helm {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
-    return result.stdout
+    return localhelm.helm(cluster.kubeconfig, *args, namespace=NAMESPACE, timeout=timeout)
 
 
 @pytest.fixture(scope="session")

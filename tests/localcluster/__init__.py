@@ -1,4 +1,5 @@
-"""A real local Kubernetes cluster (control plane + kubelet on a fake CRI) for tests and the demo."""
+"""A real local Kubernetes cluster (control plane + kubelets on a fake CRI or containerd) for the
+tests and the demo."""
 
 from tests.localcluster.cluster import TOKEN, LocalCluster, NodePaths, stop_cluster
 

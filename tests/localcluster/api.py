@@ -31,6 +31,13 @@ class DemoApi:
         pods = self._core.list_namespaced_pod(namespace)
         return [cast(Obj, self.api.sanitize_for_serialization(p)) for p in pods.items]
 
+    def pod_log(self, namespace: str, name: str, container: str) -> str:
+        return str(self._core.read_namespaced_pod_log(name, namespace, container=container))
+
+    def service(self, namespace: str, name: str) -> Obj:
+        found = self._core.read_namespaced_service(name, namespace)
+        return cast(Obj, self.api.sanitize_for_serialization(found))
+
     def delete_pod(self, namespace: str, name: str) -> None:
         self._core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
 

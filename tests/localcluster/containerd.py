@@ -27,6 +27,7 @@ import os
 import signal
 import socket
 import subprocess
+import tarfile
 import time
 from pathlib import Path
 
@@ -56,6 +57,15 @@ def ensure_runtime() -> tuple[Path, Path]:
 
 def pause_image(archive: Path) -> str:
     return (archive.parent / "pause.ref").read_text().strip()
+
+
+def archive_tags(archive: Path) -> tuple[str, ...]:
+    """The names a docker-archive gives its image (`ctr images import` registers them as they are)."""
+    with tarfile.open(archive) as tar:
+        member = tar.extractfile("manifest.json")
+        if member is None:
+            raise ClusterError(f"{archive} is not a docker-archive: it has no manifest.json")
+        return tuple(json.load(member)[0]["RepoTags"])
 
 
 def host_address() -> str:

@@ -1,17 +1,24 @@
 """`make demo`: gpudra end to end on a real local cluster with simulated GPUs, summarised for a person.
-I/O: a local cluster, gpudra plugin processes, the API server.
+I/O: a local cluster, gpudra (processes or pods), the API server.
 
 Three nodes (a DGX H100, a DGX A100 and a mixed L4/T4 box, all simulated) each run the real kubelet and
 gpudra's kubelet plugin; `gpudra controller` runs beside them. The demo applies gpudra's DeviceClasses
 and every manifest in examples/, shows the admission webhook refusing a bad config, waits for the pods
 to run, prints what was allocated, what the container runtime received and `gpudra status`, then
 deletes the pods and shows that everything was undone.
+
+`--runtime fakecri` (the default): the plugins and the controller run as processes here and the
+runtime is a fake CRI, whose record says what each container would have received.
+`--runtime containerd --image ARCHIVE` (`make demo RUNTIME=containerd`, root): the nodes run containerd,
+gpudra is installed with `helm install` from the image, and each example container runs and prints
+what it received (tests/localcluster/demo_installs.py has both).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,10 +34,16 @@ from kubernetes.client.exceptions import ApiException
 from gpudra.errors import GpudraError
 from tests.localcluster import binaries
 from tests.localcluster.api import DemoApi
-from tests.localcluster.cluster import LocalCluster, free_port
-from tests.localcluster.controller import NAMESPACE as CONTROLLER_NAMESPACE
-from tests.localcluster.controller import ControllerProcess
-from tests.localcluster.node_plugin import DRIVER, PluginProcess
+from tests.localcluster.cluster import LocalCluster
+from tests.localcluster.demo_installs import (
+    Gpudra,
+    HelmReleases,
+    HostProcesses,
+    controller_status,
+    image_of,
+    table,
+)
+from tests.localcluster.node_plugin import DRIVER
 
 MACHINES = {"node-h100": "dgx-h100", "node-a100": "dgx-a100", "node-mixed": "mixed"}
 NAMESPACE = "demo"
@@ -48,48 +61,36 @@ def _wait(what: str, done: Callable[[], bool], timeout: float) -> None:
         time.sleep(0.2)
 
 
-def _table(rows: list[tuple[str, ...]]) -> str:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows)
-
-
-def run(root: Path) -> None:
-    repo = binaries.repo_root()
-    _step("starting a real Kubernetes control plane and 3 kubelets (fake container runtime)")
+def run(root: Path, *, runtime: str = "fakecri", image: Path | None = None) -> None:
+    """The demo on a new cluster in `root`; with runtime "containerd", `image` is a `make image`
+    archive, imported into every node and installed with the chart."""
+    images = (image,) if image is not None else ()
+    with_runtime = "a fake container runtime" if runtime == "fakecri" else "containerd, runc and CNI"
+    _step(f"starting a real Kubernetes control plane and 3 kubelets ({with_runtime})")
     started = time.monotonic()
-    with LocalCluster(root, nodes=tuple(MACHINES)) as cluster:
+    with LocalCluster(root, nodes=tuple(MACHINES), runtime=runtime, images=images) as cluster:
         print(f"cluster ready in {time.monotonic() - started:.1f}s: {cluster.server}")
         print(f"kubeconfig: {cluster.kubeconfig}")
         api = DemoApi(config.new_client_from_config(str(cluster.kubeconfig)))
-        plugins = {n: PluginProcess(cluster, cluster.nodes[n], p) for n, p in MACHINES.items()}
-        controller = ControllerProcess(cluster, "demo", webhook_url_port=free_port())
+        gpudra: Gpudra
+        if image is not None:
+            gpudra = HelmReleases(cluster, MACHINES, image=image_of(image))
+        else:
+            gpudra = HostProcesses(cluster, MACHINES)
         try:
-            _demo(api, cluster, plugins, controller, repo)
+            _demo(api, gpudra, repo=binaries.repo_root())
         finally:
-            controller.stop()
-            for plugin in plugins.values():
-                plugin.stop()
+            gpudra.stop()
+    # Each node's containerd holds a copy of the image, unpacked (about 700 MB a node): gone with the
+    # cluster, while the logs stay in `root` as with the fake CRI.
+    for runtime_of_node in cluster.runtimes.values():
+        shutil.rmtree(runtime_of_node.root / "root")
     print("\ncluster stopped; no process left running.")
 
 
-def _demo(
-    api: DemoApi,
-    cluster: LocalCluster,
-    plugins: dict[str, PluginProcess],
-    controller: ControllerProcess,
-    repo: Path,
-) -> None:
-    _step(
-        "installing gpudra: DeviceClasses, the kubelet plugin on every node (simulated GPUs), the controller"
-    )
-    api.create(
-        list(yaml.safe_load_all((repo / "deploy/manifests/deviceclasses.yaml").read_text())),
-        namespace="default",
-    )
-    for plugin in plugins.values():
-        plugin.start()
-    api.create_namespace(CONTROLLER_NAMESPACE)
-    controller.start()
+def _demo(api: DemoApi, gpudra: Gpudra, *, repo: Path) -> None:
+    _step(gpudra.install_step)
+    gpudra.install(api)
     rows: list[tuple[str, ...]] = [
         ("NODE", "MACHINE", "RESOURCESLICES", "DEVICES", "WHOLE GPUS", "SHARED GPUS", "MIG PARTITIONS")
     ]
@@ -117,51 +118,56 @@ def _demo(
                 str(kinds.count("mig")),
             )
         )
-    print(_table(rows))
+    print(table(rows))
 
     _step(f"applying examples/*.yaml in namespace {NAMESPACE}")
+    if gpudra.workload_note:
+        print(gpudra.workload_note)
     api.create_namespace(NAMESPACE)
     _admission(api)
     for example in sorted((repo / "examples").glob("*.yaml")):
         print(f"  {example.name}")
-        api.create(list(yaml.safe_load_all(example.read_text())), namespace=NAMESPACE)
+        objects = list(yaml.safe_load_all(example.read_text()))
+        api.create([gpudra.workload(o) if o["kind"] == "Pod" else o for o in objects], namespace=NAMESPACE)
 
-    def all_running() -> bool:
+    def all_started() -> bool:
         pods = api.list_pods(NAMESPACE)
-        return bool(pods) and all(p["status"].get("phase") == "Running" for p in pods)
+        return bool(pods) and all(gpudra.started(api, p) for p in pods)
 
-    _wait("the example pods to run", all_running, 180)
+    _wait("the example pods to run", all_started, 180)
     _step("allocated by the real scheduler, prepared by gpudra through the real kubelet")
     pods = {p["metadata"]["name"]: p for p in api.list_pods(NAMESPACE)}
     claims = {c["metadata"]["name"]: c for c in api.list_claims(NAMESPACE)}
     products = _products(api)
-    rows = [("POD", "NODE", "DEVICES", "PRODUCT", "CDI DEVICES THE RUNTIME GOT")]  # a new table
+    rows = [("POD", "NODE", "DEVICES", "PRODUCT", gpudra.received_heading)]  # a new table
     for name, pod in sorted(pods.items()):
         node = pod["spec"]["nodeName"]
-        for status in pod["status"].get("resourceClaimStatuses", []):
-            claim = claims[status["resourceClaimName"]]
+        for claim in _claims_of(pod, claims):
             results = claim["status"]["allocation"]["devices"]["results"]
-            received = _runtime_devices(cluster, node, name)
             rows.append(
                 (
                     name,
                     node,
                     ",".join(r["device"] for r in results),
                     ",".join(sorted({products[(node, r["device"])] for r in results})),
-                    " ".join(i.replace(claim["metadata"]["uid"], "<claim>") for i in received),
+                    gpudra.received(pod, claim),
                 )
             )
-    print(_table(rows))
-    slices = {uuid: level for p in plugins.values() for uuid, level in p.timeslices().items() if level}
+    print(table(rows))
+    checked = gpudra.checks({n: (p, _claims_of(p, claims)) for n, p in pods.items()})
+    if checked:
+        print(checked)
+    nodes = gpudra.nodes.values()
+    slices = {uuid: level for n in nodes for uuid, level in n.timeslices().items() if level}
     print(
         f"\nGPU time-slice settings in effect: {slices or 'none'} (3 = Long from examples/time-slicing.yaml, "
         "2 = Medium from examples/time-slicing-shared.yaml)"
     )
-    prepared = sum(len(p.cdi_specs()) for p in plugins.values())
+    prepared = sum(len(n.cdi_specs()) for n in nodes)
     print(f"CDI spec files written: {prepared} (one per claim)")
-    made = sum(len(p.mig_devices()) for p in plugins.values())
+    made = sum(len(n.mig_devices()) for n in nodes)
     print(f"MIG devices created for the claims: {made}")
-    daemons = [d for p in plugins.values() for d in p.mps_daemons()]
+    daemons = [d for n in nodes for d in n.mps_daemons()]
     limits = sorted(
         f"{int(d['default_active_thread_percentage'])}%/{','.join(d['default_pinned_memory_limits'].values())}"
         for d in daemons
@@ -172,9 +178,10 @@ def _demo(
     )
 
     _step("gpudra status: the cluster's GPUs as the controller sees them")
-    _wait("the controller to see every allocation", lambda: _allocated_shown(controller, claims), 30)
+    url = gpudra.controller_url(api)
+    _wait("the controller to see every allocation", lambda: _allocated_shown(url, claims), 30)
     shown = subprocess.run(
-        [sys.executable, "-m", "gpudra", "status", "--output=wide", f"--controller-url={controller.url}"],
+        [sys.executable, "-m", "gpudra", "status", "--output=wide", f"--controller-url={url}"],
         capture_output=True,
         text=True,
         check=True,
@@ -184,13 +191,11 @@ def _demo(
     _step("deleting the pods: the kubelet unprepares every claim")
     for name in pods:
         api.delete_pod(NAMESPACE, name)
-    _wait(
-        "every claim to be unprepared", lambda: all(not p.checkpoint_claims() for p in plugins.values()), 120
-    )
-    left = sum(len(p.cdi_specs()) for p in plugins.values())
-    reset = all(level == 0 for p in plugins.values() for level in p.timeslices().values())
-    migs = sum(len(p.mig_devices()) for p in plugins.values())
-    mps = sum(len(p.mps_daemons()) for p in plugins.values())
+    _wait("every claim to be unprepared", lambda: all(not n.checkpoint_claims() for n in nodes), 120)
+    left = sum(len(n.cdi_specs()) for n in nodes)
+    reset = all(level == 0 for n in nodes for level in n.timeslices().values())
+    migs = sum(len(n.mig_devices()) for n in nodes)
+    mps = sum(len(n.mps_daemons()) for n in nodes)
     print(
         f"CDI spec files left: {left}; GPU settings back to default: {'yes' if reset else 'NO'}; "
         f"MIG devices left: {migs}; MPS daemons left: {mps}"
@@ -232,13 +237,24 @@ def _admission(api: DemoApi) -> None:
     raise GpudraError("the admission webhook admitted a claim with a bad gpudra config")
 
 
-def _allocated_shown(controller: ControllerProcess, claims: dict[str, Any]) -> bool:
+def _allocated_shown(url: str, claims: dict[str, Any]) -> bool:
     devices = {
         (r["pool"], r["device"].split("-mig-")[0].removesuffix("-shared"))
         for c in claims.values()
         for r in c["status"]["allocation"]["devices"]["results"]
     }
-    return sum(row["allocated"] for row in controller.status()["nodes"]) == len(devices)
+    try:
+        status = controller_status(url)
+    except OSError:
+        return False  # the controller not reachable yet
+    return sum(row["allocated"] for row in status["nodes"]) == len(devices)
+
+
+def _claims_of(pod: dict[str, Any], claims: dict[str, Any]) -> list[dict[str, Any]]:
+    """The pod's claims: named in its spec, or made from a template (named in its status)."""
+    made = {s["name"]: s.get("resourceClaimName") for s in pod["status"].get("resourceClaimStatuses", [])}
+    names = [c.get("resourceClaimName") or made.get(c["name"]) for c in pod["spec"].get("resourceClaims", [])]
+    return [claims[name] for name in names if name]
 
 
 def _products(api: DemoApi) -> dict[tuple[str, str], str]:
@@ -250,28 +266,28 @@ def _products(api: DemoApi) -> dict[tuple[str, str], str]:
     }
 
 
-def _runtime_devices(cluster: LocalCluster, node: str, pod: str) -> list[str]:
-    records: list[dict[str, Any]] = [
-        json.loads(line) for line in cluster.nodes[node].cri_record.read_text().splitlines()
-    ]
-    return sorted(
-        {
-            d
-            for r in records
-            if r["podNamespace"] == NAMESPACE and r["podName"] == pod
-            for d in r["cdiDevices"]
-        }
-    )
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.localcluster.demo", description=__doc__)
-    parser.parse_args(argv)
-    root = Path(tempfile.mkdtemp(prefix="gpudra-demo-", dir="/tmp"))
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.localcluster.demo",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--runtime", default="fakecri", choices=["fakecri", "containerd"])
+    parser.add_argument(
+        "--image", type=Path, help="with containerd: the `make image` archive (deploy/image/archive.sh)"
+    )
+    args = parser.parse_args(argv)
+    if (args.runtime == "containerd") != (args.image is not None):
+        parser.error("--image goes with --runtime containerd, and only with it")
+    # With containerd the plugin keeps its MPS pipes under the node's kubelet directory, inside the
+    # cluster's: a short root keeps their unix socket paths within 107 bytes.
+    prefix = "gpudra-demo-" if args.runtime == "fakecri" else "gd-"
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     try:
-        run(root)
+        run(root, runtime=args.runtime, image=args.image)
     except (GpudraError, ApiException) as err:
-        print(f"demo failed: {err}\nlogs: {root}/logs and {root}/nodes/*/gpudra-plugin.log", file=sys.stderr)
+        where = "nodes/*/gpudra-plugin.log" if args.image is None else "nodes/*/pod-logs"
+        print(f"demo failed: {err}\nlogs: {root}/logs and {root}/{where}", file=sys.stderr)
         return 1
     return 0
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -20,7 +21,72 @@ from tests.localcluster.processes import scrape, terminate
 DRIVER = "gpu.gpudra.io"
 
 
-class PluginProcess:
+class NodeFiles:
+    """What gpudra's plugin left on a node: CDI specs, its checkpoint, the simulated GPUs' settings.
+
+    The same reads serve a plugin run as a process here and one run in a container (the chart's
+    DaemonSet), whose hostPath directories are these files on the node."""
+
+    def __init__(self, *, cdi_root: Path, checkpoint: Path, sim_state: Path) -> None:
+        self.cdi_root = cdi_root
+        self.checkpoint = checkpoint
+        self.sim_state = sim_state
+
+    def cdi_specs(self) -> dict[str, dict[str, Any]]:
+        """Claim UID -> this driver's CDI spec on the node (a spec deleted while it is read is gone)."""
+        prefix = f"{DRIVER}-claim_"
+        specs = {}
+        for path in self.cdi_root.glob(f"{prefix}*.json"):
+            try:
+                specs[path.name[len(prefix) : -len(".json")]] = json.loads(path.read_text())
+            except FileNotFoundError:
+                continue
+        return specs
+
+    def checkpoint_claims(self) -> dict[str, Any]:
+        if not self.checkpoint.exists():
+            return {}
+        return dict(json.loads(self.checkpoint.read_text())["data"]["claims"])
+
+    def mig_devices(self) -> list[str]:
+        """The MIG UUIDs on the simulated card, every GPU."""
+        state = json.loads(self.sim_state.read_text())
+        return [
+            ci["uuid"]
+            for gpu in state["gpus"]
+            for gi in gpu.get("gpu_instances", [])
+            for ci in gi.get("compute_instances", [])
+        ]
+
+    def mps_daemons(self) -> list[dict[str, Any]]:
+        """The simulated card's MPS control daemons that answer on their control socket (a daemon's pid
+        in the state file is in its plugin's PID namespace, which a container's is not the node's)."""
+        state = json.loads(self.sim_state.read_text())
+        return [d for d in state.get("mps_daemons", []) if _answers(Path(d["pipe_directory"]) / "control")]
+
+    def timeslices(self) -> dict[str, int]:
+        """GPU UUID -> the simulated GPU's current time-slice setting."""
+        state = json.loads(self.sim_state.read_text())
+        return {gpu["uuid"]: int(gpu.get("timeslice", 0)) for gpu in state["gpus"]}
+
+
+def _answers(control: Path) -> bool:
+    """Whether an MPS control daemon answers `get_server_list` at this socket (its own protocol: one
+    command, then end of input; the reply ends when the daemon closes)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(5)
+        try:
+            conn.connect(str(control))
+            conn.sendall(b"get_server_list\n")
+            conn.shutdown(socket.SHUT_WR)
+            while conn.recv(4096):
+                pass
+        except OSError:
+            return False
+    return True
+
+
+class PluginProcess(NodeFiles):
     """One node's gpudra plugin on a simulated machine; restartable, with its log kept across runs."""
 
     def __init__(
@@ -33,14 +99,14 @@ class PluginProcess:
         self.profile = profile
         self.instance_id = instance_id
         self.state_dir = node.root / "gpudra"
-        self.sim_state = node.root / "sim" / f"{profile}.json"
+        super().__init__(
+            cdi_root=node.cdi_root,
+            checkpoint=self.state_dir / "checkpoint.json",
+            sim_state=node.root / "sim" / f"{profile}.json",
+        )
         self.log = node.root / (f"gpudra-plugin-{instance_id}.log" if instance_id else "gpudra-plugin.log")
         self.process: subprocess.Popen[bytes] | None = None
         self.metrics_port = 0
-
-    @property
-    def checkpoint(self) -> Path:
-        return self.state_dir / "checkpoint.json"
 
     def start(
         self,
@@ -134,49 +200,3 @@ class PluginProcess:
     def metrics(self) -> dict[str, float]:
         """The plugin's Prometheus samples, `name{labels}` -> value (started with a metrics_port)."""
         return scrape(f"http://127.0.0.1:{self.metrics_port}/metrics", f"the plugin on {self.node.name}")
-
-    # --- what the plugin left on the node -------------------------------------------------------
-
-    def cdi_specs(self) -> dict[str, dict[str, Any]]:
-        """Claim UID -> this driver's CDI spec on the node (a spec deleted while it is read is gone)."""
-        prefix = f"{DRIVER}-claim_"
-        specs = {}
-        for path in self.node.cdi_root.glob(f"{prefix}*.json"):
-            try:
-                specs[path.name[len(prefix) : -len(".json")]] = json.loads(path.read_text())
-            except FileNotFoundError:
-                continue
-        return specs
-
-    def checkpoint_claims(self) -> dict[str, Any]:
-        if not self.checkpoint.exists():
-            return {}
-        return dict(json.loads(self.checkpoint.read_text())["data"]["claims"])
-
-    def mig_devices(self) -> list[str]:
-        """The MIG UUIDs on the simulated card, every GPU."""
-        state = json.loads(self.sim_state.read_text())
-        return [
-            ci["uuid"]
-            for gpu in state["gpus"]
-            for gi in gpu.get("gpu_instances", [])
-            for ci in gi.get("compute_instances", [])
-        ]
-
-    def mps_daemons(self) -> list[dict[str, Any]]:
-        """The simulated card's MPS control daemons whose process is alive."""
-        state = json.loads(self.sim_state.read_text())
-        return [d for d in state.get("mps_daemons", []) if _alive(int(d["pid"]))]
-
-    def timeslices(self) -> dict[str, int]:
-        """GPU UUID -> the simulated GPU's current time-slice setting."""
-        state = json.loads(self.sim_state.read_text())
-        return {gpu["uuid"]: int(gpu.get("timeslice", 0)) for gpu in state["gpus"]}
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True

@@ -1,0 +1,331 @@
+"""How `make demo` runs gpudra on its cluster, one class per container runtime. I/O: processes, Helm,
+the API server, the nodes' files, container logs.
+
+- `HostProcesses` (the fake CRI, the default): DeviceClasses from deploy/manifests, `gpudra
+  kubelet-plugin` and `gpudra controller` as processes here; what the container runtime received is
+  the fake CRI's record of each CreateContainer call (the CDI device IDs the kubelet passed).
+- `HelmReleases` (containerd): `helm install` of deploy/helm/gpudra, the plugins and the controller in
+  pods; every example container runs for real, and what it received is what it prints about itself.
+
+Both read what the plugins left on each node from the same files (`NodeFiles`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+import yaml
+from kubernetes.client.exceptions import ApiException
+
+from gpudra.errors import ClusterError
+from tests.localcluster import containerd, helm
+from tests.localcluster.api import DemoApi
+from tests.localcluster.cluster import LocalCluster, free_port
+from tests.localcluster.controller import NAMESPACE as CONTROLLER_NAMESPACE
+from tests.localcluster.controller import ControllerProcess
+from tests.localcluster.node_plugin import DRIVER, NodeFiles, PluginProcess
+from tests.localcluster.processes import http_get
+
+Obj = dict[str, Any]
+
+
+class Gpudra(Protocol):
+    """gpudra on the demo's cluster, and what the demo reads back from it."""
+
+    nodes: Mapping[str, NodeFiles]
+    install_step: str  # the demo's heading for install()
+    workload_note: str  # what workload() changes in the examples' pods, for the person watching
+    received_heading: str  # the pod table's last column
+
+    def install(self, api: DemoApi) -> None:
+        """DeviceClasses, a kubelet plugin on every node, the controller; returns once they serve."""
+
+    def workload(self, pod: Obj) -> Obj:
+        """An example's pod as this runtime can run it."""
+
+    def checks(self, pods: Mapping[str, tuple[Obj, list[Obj]]]) -> str:
+        """What the runtime's side shows about the running pods, checked against their claims; `pods`:
+        name -> (pod, its claims)."""
+
+    def started(self, api: DemoApi, pod: Obj) -> bool:
+        """Whether the pod's containers have started (and with containerd, said what they got)."""
+
+    def received(self, pod: Obj, claim: Obj) -> str:
+        """What the container runtime gave the pod's containers for `claim`, for the pod table."""
+
+    def controller_url(self, api: DemoApi) -> str:
+        """Where the controller serves /status."""
+
+    def stop(self) -> None: ...
+
+
+def table(rows: list[tuple[str, ...]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows)
+
+
+def controller_status(url: str) -> dict[str, Any]:
+    status, body = http_get(f"{url}/status")
+    if status != 200:
+        raise ClusterError(f"the controller's /status at {url}: HTTP {status}")
+    document: dict[str, Any] = json.loads(body)
+    return document
+
+
+class HostProcesses:
+    """The plugin and controller as processes on this machine beside a cluster with the fake CRI."""
+
+    install_step = (
+        "installing gpudra: DeviceClasses, the kubelet plugin on every node (simulated GPUs), the controller"
+    )
+    workload_note = ""
+    received_heading = "CDI DEVICES THE RUNTIME GOT"
+
+    def __init__(self, cluster: LocalCluster, machines: Mapping[str, str]) -> None:
+        self.cluster = cluster
+        self.repo = helm.chart().parents[2]
+        self.plugins = {n: PluginProcess(cluster, cluster.nodes[n], p) for n, p in machines.items()}
+        self.nodes = self.plugins
+        self.controller = ControllerProcess(cluster, "demo", webhook_url_port=free_port())
+
+    def install(self, api: DemoApi) -> None:
+        classes = self.repo / "deploy" / "manifests" / "deviceclasses.yaml"
+        api.create(list(yaml.safe_load_all(classes.read_text())), namespace="default")
+        for plugin in self.plugins.values():
+            plugin.start()
+        api.create_namespace(CONTROLLER_NAMESPACE)
+        self.controller.start()
+
+    def workload(self, pod: Obj) -> Obj:
+        return pod  # the fake CRI pulls nothing and runs nothing
+
+    def started(self, api: DemoApi, pod: Obj) -> bool:
+        return bool(pod["status"].get("phase") == "Running")
+
+    def checks(self, pods: Mapping[str, tuple[Obj, list[Obj]]]) -> str:
+        return ""  # the table's CDI device IDs are all the fake CRI saw
+
+    def received(self, pod: Obj, claim: Obj) -> str:
+        """The CDI device IDs of the pod's CreateContainer calls, the claim's UID shown as <claim>."""
+        name, namespace = pod["metadata"]["name"], pod["metadata"]["namespace"]
+        record = self.cluster.nodes[pod["spec"]["nodeName"]].cri_record
+        lines = [json.loads(line) for line in record.read_text().splitlines()]
+        ids = {
+            d
+            for r in lines
+            if r["podNamespace"] == namespace and r["podName"] == name
+            for d in r["cdiDevices"]
+        }
+        return " ".join(sorted(i.replace(claim["metadata"]["uid"], "<claim>") for i in ids))
+
+    def controller_url(self, api: DemoApi) -> str:
+        return self.controller.url
+
+    def stop(self) -> None:
+        self.controller.stop()
+        for plugin in self.plugins.values():
+            plugin.stop()
+
+
+# Each example container's command with containerd: what CDI gave it, then it waits to be deleted.
+# `[ -c ]` keeps a pattern that matched nothing out; `-S` sees the MPS daemon's socket through the mount.
+SHOW = (
+    'for d in /dev/nvidia[0-9]* /dev/nvidia-caps/*; do [ -c "$d" ] && echo "gpu-node $d"; done; '
+    "for d in /dev/nvidiactl /dev/nvidia-uvm /dev/nvidia-uvm-tools; do "
+    '[ -c "$d" ] && echo "control-node $d"; done; '
+    'echo "visible $NVIDIA_VISIBLE_DEVICES"; '
+    '[ -S "$CUDA_MPS_PIPE_DIRECTORY/control" ] && echo "mps-pipe $CUDA_MPS_PIPE_DIRECTORY"; '
+    "echo shown; exec sleep 3600"
+)
+CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+RELEASE = "gpudra"
+GPU_MINOR = re.compile(r"gpu-([0-9]+)")
+
+
+class HelmReleases:
+    """deploy/helm/gpudra installed with Helm on the cluster with containerd, one release per node.
+
+    The chart's DaemonSet takes one kubelet directory and one simulated machine, and here every node
+    has its own of both (three kubelets on one host, a different machine each), so each node gets a
+    release of its own, as docs/install.md describes for nodes that differ: the first (`gpudra`)
+    with the controller and the DeviceClasses, every release with a nodeSelector for its node, that
+    node's paths and its machine (`kubeletPlugin.options.nvml`)."""
+
+    install_step = (
+        "installing gpudra with Helm (deploy/helm/gpudra, one release per node: its kubelet directory "
+        "and simulated machine), the controller and DeviceClasses with the first"
+    )
+    workload_note = (
+        "  (every container runs the gpudra image's shell instead of its own image, which cannot be\n"
+        "   pulled here, and prints the GPU device nodes, NVIDIA_VISIBLE_DEVICES and MPS pipe it got)"
+    )
+    received_heading = "WHAT ITS CONTAINERS FOUND IN /dev (THEIR OWN OUTPUT)"
+
+    def __init__(self, cluster: LocalCluster, machines: Mapping[str, str], *, image: str) -> None:
+        self.cluster = cluster
+        self.machines = machines
+        self.image = image
+        self.nodes = {
+            name: NodeFiles(
+                cdi_root=cluster.nodes[name].cdi_root,
+                checkpoint=cluster.nodes[name].plugins_dir / DRIVER / "checkpoint.json",
+                sim_state=cluster.nodes[name].plugins_dir / DRIVER / "sim" / f"{profile}.json",
+            )
+            for name, profile in machines.items()
+        }
+        self.outputs: dict[tuple[str, str], list[str]] = {}  # (pod, container) -> its output
+
+    def releases(self) -> list[list[str]]:
+        """`helm install` arguments per node, the controller's release first."""
+        chart = helm.chart()
+        plugin_only = ["--set", "controller.enabled=false"]
+        for kind in ("gpu", "shared", "mig"):
+            plugin_only += ["--set", f"deviceClasses.{kind}=false"]
+        found = []
+        for index, (node, profile) in enumerate(self.machines.items()):
+            first = index == 0
+            found.append(
+                [
+                    "install",
+                    RELEASE if first else f"{RELEASE}-{node}",
+                    str(chart),
+                    *(["--create-namespace"] if first else plugin_only),
+                    "-f",
+                    str(chart / "ci" / "sim-values.yaml"),
+                    "--set",
+                    f"kubeletPlugin.options.nvml=sim:{profile}",
+                    "--set",
+                    f"kubeletPlugin.nodeSelector.kubernetes\\.io/hostname={node}",
+                    *helm.node_values(self.cluster.nodes[node]),
+                    "--wait",
+                    "--timeout=240s",
+                ]
+            )
+        return found
+
+    def install(self, api: DemoApi) -> None:
+        """Every release, each waited for (`--wait`), then gpudra's own pods: name, node, ready."""
+        for args in self.releases():
+            helm.helm(self.cluster.kubeconfig, *args, namespace=CONTROLLER_NAMESPACE)
+            print(f"  helm install {args[1]}: deployed")
+        rows: list[tuple[str, ...]] = []
+        for pod in api.list_pods(CONTROLLER_NAMESPACE):
+            conditions = pod["status"].get("conditions") or []
+            ready = any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+            rows.append((pod["metadata"]["name"], pod["spec"]["nodeName"], "yes" if ready else "no"))
+        print(table([("GPUDRA POD", "NODE", "READY"), *sorted(rows, key=lambda row: (row[1], row[0]))]))
+
+    def workload(self, pod: Obj) -> Obj:
+        """The example's pod with every container running the gpudra image's shell (nothing can be
+        pulled here) to print what it got; its claims, requests and everything else unchanged."""
+        containers = []
+        for container in pod["spec"]["containers"]:
+            changed = {k: v for k, v in container.items() if k not in ("command", "args")}
+            changed |= {
+                "image": self.image,
+                "imagePullPolicy": "Never",
+                "command": ["/bin/sh", "-c", SHOW],
+            }
+            containers.append(changed)
+        return {
+            **pod,
+            "spec": {**pod["spec"], "containers": containers, "terminationGracePeriodSeconds": 1},
+        }
+
+    def started(self, api: DemoApi, pod: Obj) -> bool:
+        if pod["status"].get("phase") != "Running":
+            return False
+        name, namespace = pod["metadata"]["name"], pod["metadata"]["namespace"]
+        for container in pod["spec"]["containers"]:
+            key = (name, container["name"])
+            if key not in self.outputs:
+                try:
+                    output = api.pod_log(namespace, name, container["name"])
+                except ApiException:
+                    return False  # the container is starting again (its log is not there yet)
+                if "shown" not in output.splitlines():
+                    return False
+                self.outputs[key] = output.splitlines()
+        return True
+
+    def _lines(self, pod: Obj, container: str, kind: str) -> list[str]:
+        key = (pod["metadata"]["name"], container)
+        return [line.split(" ", 1)[1] for line in self.outputs[key] if line.startswith(f"{kind} ")]
+
+    def received(self, pod: Obj, claim: Obj) -> str:
+        """Per container: its GPU device nodes, its MIG capability nodes, and whether the MPS
+        daemon's pipe was there; the container's name first where the pod has several."""
+        parts = []
+        containers = [c["name"] for c in pod["spec"]["containers"]]
+        for container in containers:
+            nodes = [n.removeprefix("/dev/") for n in self._lines(pod, container, "gpu-node")]
+            mps = ["+ MPS pipe"] if self._lines(pod, container, "mps-pipe") else []
+            seen = " ".join([*nodes, *mps]) or "no GPU"
+            parts.append(f"{container}: {seen}" if len(containers) > 1 else seen)
+        return "; ".join(parts)
+
+    def checks(self, pods: Mapping[str, tuple[Obj, list[Obj]]]) -> str:
+        """What every container printed, checked against its claims' allocation and CDI specs."""
+        containers = [(p, c["name"]) for p, _ in pods.values() for c in p["spec"]["containers"]]
+        control = sum(
+            1 for pod, c in containers if set(self._lines(pod, c, "control-node")) == set(CONTROL_NODES)
+        )
+        visible = 0
+        matching = 0
+        for pod, claims in pods.values():
+            specs = self.nodes[pod["spec"]["nodeName"]].cdi_specs()
+            written = {
+                env.removeprefix("NVIDIA_VISIBLE_DEVICES=")
+                for c in claims
+                for device in specs[c["metadata"]["uid"]]["devices"]
+                for env in device["containerEdits"].get("env", [])
+                if env.startswith("NVIDIA_VISIBLE_DEVICES=")
+            }
+            visible += sum(
+                1 for c in pod["spec"]["containers"] if self._lines(pod, c["name"], "visible")[0] in written
+            )
+            allocated = {
+                _gpu_node(r["device"])
+                for c in claims
+                for r in c["status"]["allocation"]["devices"]["results"]
+            }
+            seen = {
+                n.removeprefix("/dev/")
+                for c in pod["spec"]["containers"]
+                for n in self._lines(pod, c["name"], "gpu-node")
+                if not n.startswith("/dev/nvidia-caps/")
+            }
+            matching += seen == allocated
+        of = f" of {len(containers)}"
+        return (
+            f"containers with /dev/nvidiactl, /dev/nvidia-uvm and /dev/nvidia-uvm-tools: {control}{of}\n"
+            f"containers whose NVIDIA_VISIBLE_DEVICES is a UUID in their claims' CDI specs: {visible}{of}\n"
+            f"pods whose /dev/nvidia<N> are exactly their claims' GPUs: {matching} of {len(pods)}"
+        )
+
+    def controller_url(self, api: DemoApi) -> str:
+        """The controller's Service (kube-proxy routes its ClusterIP on this machine, as on a node)."""
+        service = api.service(CONTROLLER_NAMESPACE, f"{RELEASE}-controller")
+        port = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "http")
+        return f"http://{service['spec']['clusterIP']}:{port}"
+
+    def stop(self) -> None:
+        """Nothing: stopping the cluster stops every container."""
+
+
+def _gpu_node(device: str) -> str:
+    """The GPU device node of a gpudra device: gpu-3, gpu-3-shared and gpu-3-mig-... are nvidia3's."""
+    found = GPU_MINOR.match(device)
+    if found is None:
+        raise ClusterError(f"{device!r} is not a gpudra device name")
+    return f"nvidia{found[1]}"
+
+
+def image_of(archive: Path) -> str:
+    """The chart's default image name in a `make image` archive: localhost/gpudra:<version>, the
+    shorter of its two names (the other is localhost/gpudra:<version>-<commit>)."""
+    return min(containerd.archive_tags(archive), key=len)
