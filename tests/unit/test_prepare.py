@@ -1000,6 +1000,65 @@ def test_the_same_claim_prepared_twice_at_once_is_prepared_once(
     assert len(sharing.applied) == 2
 
 
+def _threaded(node: Node) -> DeviceState:
+    """A state for claims prepared from several threads at once (the tests' MIG hardware opens the
+    simulator per call, which threads must not do at once; the plugin keeps one session)."""
+    gpus = {gpu.uuid: gpu for gpu in node.inventory.gpus}
+    return node.state(mig=MigPartitions(cast(MigHardware, MigModeOff()), gpus=gpus))
+
+
+def _held_first_save(
+    state: DeviceState, monkeypatch: pytest.MonkeyPatch, *, waiting: int, fails: bool = False
+) -> list[set[str]]:
+    """Make the first checkpoint save wait until `waiting` more edits queue behind it; every save's
+    claims are noted (a save that `fails` raises disk full instead, after noting them)."""
+    saves: list[set[str]] = []
+    real_save = ckpt.save
+
+    def held_save(path: Path, checkpoint: ckpt.Checkpoint) -> bytes:
+        if not saves:
+            deadline = time.monotonic() + 10
+            while len(state._waiting) < waiting and time.monotonic() < deadline:
+                time.sleep(0.001)
+        saves.append(set(checkpoint.claims))
+        if fails:
+            raise ckpt.CheckpointNotSaved(f"cannot save the checkpoint {path}: No space left on device")
+        return real_save(path, checkpoint)
+
+    monkeypatch.setattr(ckpt, "save", held_save)
+    return saves
+
+
+def test_claims_saved_while_a_save_runs_share_the_next_save(
+    h100: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node, state = h100, _threaded(h100)  # whole GPUs without config: one save per prepare
+    claims = [node.claims.add(whole_gpus(uid(n), f"gpu-{n}")) for n in range(8)]
+    saves = _held_first_save(state, monkeypatch, waiting=7)
+    answers = _all_at_once([lambda c=c: state.prepare(c) for c in claims])  # type: ignore[misc]
+    assert [a[0].device for a in answers] == [f"gpu-{n}" for n in range(8)]
+    # The first claim's save, then one save for the seven that queued meanwhile: each returned only
+    # once a save holding its entry was done.
+    assert len(saves) == 2
+    assert saves[1] == {uid(n) for n in range(8)}
+    assert set(node.entries()) == {uid(n) for n in range(8)}
+    assert set(state.prepared_claims()) == {uid(n) for n in range(8)}
+
+
+def test_a_failed_save_fails_every_claim_it_held(h100: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    node, state = h100, _threaded(h100)
+    claims = [node.claims.add(whole_gpus(uid(n), f"gpu-{n}")) for n in range(4)]
+    saves = _held_first_save(state, monkeypatch, waiting=3, fails=True)
+    outcomes = _all_at_once([lambda c=c: state.prepare(c) for c in claims])  # type: ignore[misc]
+    assert [type(outcome) for outcome in outcomes] == [ckpt.CheckpointNotSaved] * 4
+    assert all("No space left on device" in str(outcome) for outcome in outcomes)
+    assert len(saves) == 2  # the first claim's, then the other three's together
+    assert state.prepared_claims() == {}
+    assert cdi.list_claim_specs(node.cdi_root, driver=DRIVER) == {}  # each rolled its spec back
+    monkeypatch.undo()
+    assert [a[0].device for a in map(state.prepare, claims)] == [f"gpu-{n}" for n in range(4)]
+
+
 # --- the crash child -----------------------------------------------------------------------------
 
 

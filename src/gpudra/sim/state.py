@@ -101,6 +101,7 @@ class StateFile:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._parsed: tuple[bytes, MachineState] | None = None  # the last file `read` parsed
 
     def exists(self) -> bool:
         return self.path.exists()
@@ -121,8 +122,15 @@ class StateFile:
             )
 
     def read(self) -> MachineState:
+        """The state now, for reading only (changes go through `update`). While the file's bytes stay
+        the same the same object comes back: every simulated NVML call reads the state, and parsing it
+        each time would make the simulator cost what a driver call does not."""
         with locked(self.path, exclusive=False):
-            return self._read()
+            content = self.path.read_bytes()
+        parsed = self._parsed
+        if parsed is None or parsed[0] != content:
+            parsed = self._parsed = (content, MachineState.model_validate_json(content))
+        return parsed[1]
 
     @contextlib.contextmanager
     def update(self) -> Iterator[MachineState]:
