@@ -33,6 +33,9 @@ _INSTANCE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 _INSTANCE_ID_RULE = "1 to 63 letters, digits, '-', '_' and '.', starting with a letter or digit"
 
 
+SIM_MACHINES = ("dgx-a100", "dgx-h100", "mixed", "vm-h100", "vm-h200", "no-sharing")
+
+
 def _env(option: str, default: str | None = None) -> str | None:
     return os.environ.get("GPUDRA_" + option.upper().replace("-", "_"), default)
 
@@ -43,7 +46,9 @@ def _add(parser: argparse.ArgumentParser, option: str, *, default: str | None, h
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    _add(parser, "nvml", default="real", help="NVML to use: real, or sim:dgx-a100|dgx-h100|mixed")
+    # The simulated machines are listed by hand: importing gpudra.sim here would slow every command's
+    # start (tests/unit/test_sim_library.py checks the list against gpudra.sim.PROFILES).
+    _add(parser, "nvml", default="real", help=f"NVML to use: real, or sim:{'|'.join(SIM_MACHINES)}")
     _add(parser, "driver-name", default=DRIVER, help="DRA driver name")
     _add(
         parser,

@@ -86,7 +86,13 @@ def test_calls_before_init_are_uninitialized(state_file: Path) -> None:
 def test_unknown_profile_is_refused(state_file: Path) -> None:
     with pytest.raises(errors.ConfigError) as bad:
         _install("dgx-b200", state_file)
-    assert "dgx-a100, dgx-h100, mixed, vm-h100" in str(bad.value)
+    assert "dgx-a100, dgx-h100, mixed, vm-h100, vm-h200, no-sharing" in str(bad.value)
+
+
+def test_the_cli_names_every_simulated_machine() -> None:
+    from gpudra import cli  # noqa: PLC0415 - the CLI module is what is checked
+
+    assert cli.SIM_MACHINES == sim.PROFILES
 
 
 def test_symbols_the_simulator_lacks_are_function_not_found(mixed: Any) -> None:

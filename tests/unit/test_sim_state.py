@@ -18,6 +18,7 @@ BOOT_MIG_MODES = {
     "dgx-h100": [1] * 8,
     "mixed": [0] * 6,
     "vm-h100": [0],
+    "vm-h200": [0],
     "no-sharing": [0],
 }
 

@@ -181,6 +181,31 @@ H100_SXM5_80GB = GpuModel(
     ),
 )
 
+# Read from a real H200 through NVML (driver 580.159.04, in a VM): the profile table, PCI ids and memory.
+# The profile IDs, SM counts and placements are the H100's; each slice holds about 1.8x the memory.
+H200_SXM5_141GB = GpuModel(
+    name="NVIDIA H200",
+    brand=BRAND_NVIDIA,
+    architecture=ARCH_HOPPER,
+    compute_capability=(9, 0),
+    memory_mib=143771,
+    pci_device=0x2335,
+    pci_subsystem=0x18BF10DE,
+    nvlinks=18,
+    profiles_need_mig_mode=False,
+    mig_profiles=_profiles(
+        (
+            (PROFILE_1_SLICE, 19, "1g.18gb", 1, 7, _SEVEN, 1, 16, 1, 1, 1, 0, 16384),
+            (PROFILE_1_SLICE_REV1, 20, "1g.18gb+me", 1, 1, _SEVEN, 1, 16, 1, 1, 1, 1, 16384),
+            (PROFILE_1_SLICE_REV2, 15, "1g.35gb", 1, 4, (0, 2, 4, 6), 2, 26, 1, 1, 1, 0, 33280),
+            (PROFILE_2_SLICE, 14, "2g.35gb", 2, 3, (0, 2, 4), 2, 32, 2, 2, 2, 0, 33280),
+            (PROFILE_3_SLICE, 9, "3g.71gb", 3, 2, (0, 4), 4, 60, 3, 3, 3, 0, 71424),
+            (PROFILE_4_SLICE, 5, "4g.71gb", 4, 1, (0,), 4, 64, 4, 4, 4, 0, 71424),
+            (PROFILE_7_SLICE, 0, "7g.141gb", 7, 1, (0,), 8, 132, 8, 7, 7, 1, 143360),
+        )
+    ),
+)
+
 L4 = GpuModel(
     name="NVIDIA L4",
     brand=BRAND_NVIDIA,
@@ -303,6 +328,20 @@ VM_H100 = Machine(
     virtualization=VIRTUALIZATION_PASSTHROUGH,
 )
 
+# The same kind of VM with one H200 passed through, as this project's lent GPU machines are.
+VM_H200 = Machine(
+    name="vm-h200",
+    driver_version=DRIVER_VERSION,
+    cuda_driver_version=CUDA_DRIVER_VERSION,
+    mig_enabled=False,
+    gpus=(
+        GpuSlot(
+            model=H200_SXM5_141GB, bus=0x06, minor=0, numa_node=-1, pcie_root="pci0000:00", nvswitches=()
+        ),
+    ),
+    virtualization=VIRTUALIZATION_PASSTHROUGH,
+)
+
 # A test machine for refusals: one L4 whose driver offers neither time-slice settings nor MPS, so that
 # claims asking for either fail with the tools' reason and leave nothing behind.
 NO_SHARING = Machine(
@@ -314,4 +353,4 @@ NO_SHARING = Machine(
     sharing_supported=False,
 )
 
-MACHINES = {machine.name: machine for machine in (DGX_A100, DGX_H100, MIXED, VM_H100, NO_SHARING)}
+MACHINES = {machine.name: machine for machine in (DGX_A100, DGX_H100, MIXED, VM_H100, VM_H200, NO_SHARING)}
