@@ -146,6 +146,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add(plugin, "usage-interval-seconds", default="30", help="how often claims' GPU use is sampled (0: off)")
     _add(
         plugin,
+        "mps-check-interval-seconds",
+        default="5",
+        help="how often the MPS control daemons of prepared claims are checked; one that stopped (e.g. "
+        "with the plugin pod a rolling update replaced) is started again with its claim's limits (0: only "
+        "at plugin start)",
+    )
+    _add(
+        plugin,
         "driver-root",
         default="/",
         help="where the NVIDIA driver's files (libnvidia-ml.so.1, nvidia-smi, nvidia-cuda-mps-control) are: "
@@ -368,6 +376,9 @@ def _kubelet_plugin(args: argparse.Namespace) -> int:
         resync_seconds=float(args.resync_seconds),
         health_interval_seconds=_seconds_option(args.health_interval_seconds, "--health-interval-seconds"),
         usage_interval_seconds=_seconds_option(args.usage_interval_seconds, "--usage-interval-seconds"),
+        mps_check_interval_seconds=_seconds_option(
+            args.mps_check_interval_seconds, "--mps-check-interval-seconds"
+        ),
         driver_root=_absolute_path_option(args.driver_root, "--driver-root"),
         dev_root=_absolute_path_option(args.dev_root, "--dev-root"),
         instance_id=_instance_id_option(args.instance_id),

@@ -435,6 +435,9 @@ class FailingOn:
     def undo(self, entry: ckpt.ClaimEntry, *, others: Sequence[ckpt.ClaimEntry]) -> None:
         self.inner.undo(entry, others=others)
 
+    def answers(self, entry: ckpt.ClaimEntry) -> bool:
+        return self.inner.answers(entry)
+
     def adopt(
         self, entry: ckpt.ClaimEntry, *, visible: Mapping[str, str], others: Sequence[ckpt.ClaimEntry]
     ) -> bool:
@@ -891,6 +894,9 @@ class RecordingSharing:
 
     def undo(self, entry: ckpt.ClaimEntry, *, others: Sequence[ckpt.ClaimEntry]) -> None:
         self._touch(_touched(entry), self.undone)
+
+    def answers(self, entry: ckpt.ClaimEntry) -> bool:
+        return True
 
     def adopt(
         self, entry: ckpt.ClaimEntry, *, visible: Mapping[str, str], others: Sequence[ckpt.ClaimEntry]

@@ -153,6 +153,7 @@ def _options(nvml: str, dev_root: str) -> Options:
         resync_seconds=30,
         health_interval_seconds=0,
         usage_interval_seconds=0,
+        mps_check_interval_seconds=0,
         driver_root=Path("/"),
         dev_root=Path(dev_root),
     )

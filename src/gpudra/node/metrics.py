@@ -74,6 +74,15 @@ class PluginMetrics:
             "Damaged checkpoints copied aside and replaced, their claims rebuilt from the CDI specs on disk.",
             registry=self.registry,
         )
+        self.mps_daemon_restarts = Counter(
+            "gpudra_mps_daemon_restarts",
+            "MPS control daemons of prepared claims found stopped and started again with the claims' "
+            "limits (outcome started), and attempts that failed (outcome failed; retried).",
+            ["outcome"],
+            registry=self.registry,
+        )
+        for outcome in ("started", "failed"):
+            self.mps_daemon_restarts.labels(outcome)
 
     def observe_prepare(self, outcome: str, seconds: float) -> None:
         self.prepare_seconds.labels(outcome).observe(seconds)

@@ -27,6 +27,7 @@ class Options:
     resync_seconds: float
     health_interval_seconds: float  # 0: no health service
     usage_interval_seconds: float  # 0: no claim usage sampling
+    mps_check_interval_seconds: float  # 0: stopped MPS daemons are started again only at plugin start
     driver_root: Path  # where the NVIDIA driver's files are (gpudra.gpu.driver_root)
     # The host directory whose dev/ holds the NVIDIA device nodes, named as hostPath in claim specs
     # (gpudra.node.cdi) unless it is /; with the simulator, also where its stand-in nodes are made.

@@ -52,6 +52,14 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
+class DaemonCheck:
+    """What `DeviceState.restart_stopped_mps_daemons()` did."""
+
+    restarted: tuple[ckpt.ClaimEntry, ...] = ()  # claims whose daemon was started again
+    failed: tuple[tuple[ckpt.ClaimEntry, str], ...] = ()  # claims whose daemon could not be: why
+
+
+@dataclass(frozen=True)
 class Recovery:
     """What `DeviceState.recover()` found."""
 
@@ -228,6 +236,47 @@ class DeviceState:
             stopped = []
         for root in stopped:
             log.warning("stopped an MPS daemon no prepared claim uses", extra={"directory": str(root)})
+
+    # --- MPS daemons while claims run -------------------------------------------------------------
+
+    def restart_stopped_mps_daemons(self) -> DaemonCheck:
+        """Start again, with its recorded limits, the MPS daemon of each prepared claim that no longer
+        answers: it died, or it lived in the container of a plugin pod that is gone (a rolling update:
+        the new pod adopted it, then the old pod's processes died with its container).
+
+        Only claims with MPS records are checked, one tool run each; with none, no tool runs and no
+        lock is taken. The check only reads, so it runs without the node lock: a tool run per claim
+        must not hold up prepares. A restart runs under the node lock and the claim's own device locks
+        (those of this process's calls), from the checkpoint as it is then: a claim that either
+        instance unprepared meanwhile, one being prepared or unprepared, or one whose entry changed is
+        left alone (a changed one is looked at again next time). A claim that fails does not keep the
+        others from being started."""
+        if self._refusal is not None:
+            return DaemonCheck()  # the checkpoint loop settles the state first
+        candidates = [
+            e for e in self._latest().claims.values() if e.state == "PrepareCompleted" and _has_mps(e)
+        ]
+        restarted: list[ckpt.ClaimEntry] = []
+        failed: list[tuple[ckpt.ClaimEntry, str]] = []
+        for candidate in candidates:
+            if self.sharing.answers(candidate):
+                continue
+            try:
+                if self._restart_mps_daemon(candidate):
+                    restarted.append(candidate)
+            except (GpudraError, OSError) as err:
+                failed.append((candidate, str(err)))
+        return DaemonCheck(restarted=tuple(restarted), failed=tuple(failed))
+
+    def _restart_mps_daemon(self, seen: ckpt.ClaimEntry) -> bool:
+        """Start `seen`'s daemon again if the checkpoint still holds `seen` as it was, completed;
+        whether a daemon was started."""
+        keys = [d.device for d in seen.devices]
+        keys += [f"GPU:{d.gpu_uuids[0]}" for d in seen.devices if d.gpu_uuids and not d.admin_access]
+        with self._exclusive(), self._locked(keys):
+            if self._checkpoint.claims.get(seen.uid) != seen:
+                return False
+            return self.sharing.adopt(seen, visible=self._visible(seen), others=self._others(seen.uid))
 
     @property
     def refusal(self) -> str | None:

@@ -221,13 +221,19 @@ class GpuSharing:
             if interval != "Default":
                 raise
 
+    def answers(self, entry: ckpt.ClaimEntry) -> bool:
+        """Whether the entry's MPS daemon answers (True for an entry without one): one tool run per
+        daemon, nothing else changes."""
+        roots = {d.sharing.root for d in entry.devices if isinstance(d.sharing, ckpt.MpsRecord)}
+        return all(self.daemons.answers(root) for root in roots)
+
     def adopt(
         self, entry: ckpt.ClaimEntry, *, visible: Mapping[str, str], others: Sequence[ckpt.ClaimEntry]
     ) -> bool:
-        """After a plugin restart: False when the claim's MPS daemon answers (it was adopted as it is);
-        True when it had died and was started again with the recorded limits."""
-        roots = {d.sharing.root for d in entry.devices if isinstance(d.sharing, ckpt.MpsRecord)}
-        if all(self.daemons.answers(root) for root in roots):
+        """After a plugin restart, or when a check finds the daemon gone: False when the claim's MPS
+        daemon answers (it was adopted as it is); True when it had died and was started again with the
+        recorded limits."""
+        if self.answers(entry):
             return False
         self.apply(entry, visible=visible, others=others)
         return True

@@ -1,5 +1,5 @@
-"""Wires the kubelet plugin's parts: discovery, slices, claim reads, prepare state, device health, claim
-usage, metrics.
+"""Wires the kubelet plugin's parts: discovery, slices, claim reads, prepare state, MPS daemons, device
+health, claim usage, metrics.
 I/O: everything the plugin touches, wired here and nowhere else (the sockets are opened by `daemon`).
 
 Start-up order matters: settle the checkpoint first (a crash may have left a prepare half done), then
@@ -32,6 +32,7 @@ from gpudra.node.instances import PublisherTurn
 from gpudra.node.kubelet_grpc import KubeletServer, Observer
 from gpudra.node.metrics import PluginMetrics
 from gpudra.node.mig import MigPartitions
+from gpudra.node.mps_keeper import MpsKeeper
 from gpudra.node.options import Options
 from gpudra.node.prepare import DeviceState, Recovery
 from gpudra.node.sharing import GpuSharing
@@ -128,10 +129,16 @@ def _run(options: Options, session: nvml.Nvml, server: KubeletServer, *, stop: t
             interval=options.usage_interval_seconds,
         )
         metrics.track_claim_usage(usage.readings)
+    # Every instance on the node keeps daemons (not only the publishing one): after a rolling update
+    # the new one must start those that died with the old pod; restarts take the node lock.
+    keeper = None
+    if options.mps_check_interval_seconds:
+        keeper = MpsKeeper(state, interval=options.mps_check_interval_seconds, metrics=metrics, events=events)
     metrics.track_claim_reads(lambda: claims.gets)
     metrics.track_api_requests(client.request_counts)
     loops = [*slices.loops, events.loop, retry_checkpoint] + ([health.loop] if health is not None else [])
     loops += [usage.loop] if usage is not None else []
+    loops += [keeper.loop] if keeper is not None else []
     metrics.track_loops(loops)
     # What it writes to the API server, one instance on the node at a time (gpudra.node.instances).
     publishing = PublisherTurn(
@@ -163,6 +170,8 @@ def _run(options: Options, session: nvml.Nvml, server: KubeletServer, *, stop: t
     services += [events, retry_checkpoint]
     if health is not None:
         services.append(health)
+    if keeper is not None:
+        services.append(keeper)
     services.append(publishing)
     with service.running(services, stop_timeout=STOP_TIMEOUT_SECONDS):
         # The kubelet's calls, waiting since the sockets opened, are answered from here on.

@@ -1,0 +1,106 @@
+"""Keeps the MPS control daemons of prepared claims running. I/O: through DeviceState, from a thread.
+
+A claim's daemon detaches from the plugin, so a plugin restart leaves it running, but it can still
+stop while its claim runs: it lived in the container of a plugin pod that a rolling update deleted
+(`maxSurge: 1`: the new pod adopted the daemon, then the old pod's processes died with its container),
+or it crashed or was killed. Its clients then lose MPS until the claim is prepared again. So every
+`--mps-check-interval-seconds` the keeper asks `DeviceState` to start again each daemon that no longer
+answers, with the limits its claim's records hold (see `DeviceState.restart_stopped_mps_daemons` for
+the locking that keeps two instances on a node, and a claim mid-prepare or mid-unprepare, safe).
+
+Each restart is a warning in the log, `gpudra_mps_daemon_restarts_total{outcome="started"}` and a
+`MpsDaemonRestarted` Warning event on the Node, since the claim's pods lost their daemon for a while.
+A failed restart fails the step: the `Loop` logs it, counts it (`gpudra_background_failures`) and tries
+again after its backoff, which starts at the interval; the first failure of a claim in a row is a
+`MpsDaemonRestartFailed` Warning event.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Literal, Protocol
+
+from gpudra.errors import HardwareError
+from gpudra.node import checkpoint as ckpt
+from gpudra.node.metrics import PluginMetrics
+from gpudra.node.prepare import DeviceState
+from gpudra.service import Loop
+
+log = logging.getLogger(__name__)
+# A restart that keeps failing (e.g. the GPU's driver refuses MPS now) is tried at most this seldom.
+_MAX_BACKOFF_SECONDS = 60.0
+
+
+class EventPoster(Protocol):
+    """gpudra.kube.events.NodeEvents: queues an event on this node's Node, never blocks."""
+
+    def post(self, type_: Literal["Normal", "Warning"], reason: str, message: str) -> None: ...
+
+
+class MpsKeeper:
+    """A `service.Service`: checks the prepared claims' MPS daemons every `interval` seconds."""
+
+    def __init__(
+        self, state: DeviceState, *, interval: float, metrics: PluginMetrics, events: EventPoster
+    ) -> None:
+        self.state = state
+        self.interval = interval
+        self.metrics = metrics
+        self.events = events
+        self._failing: set[str] = set()  # claims whose last restart attempt failed
+        self.loop = Loop(
+            "mps-daemons",
+            self.step,
+            min_backoff=interval,
+            max_backoff=max(interval, _MAX_BACKOFF_SECONDS),
+        )
+
+    def start(self) -> None:
+        self.loop.start()
+
+    def stop(self, timeout: float) -> None:
+        self.loop.stop(timeout)
+
+    def step(self) -> float:
+        """One round; HardwareError naming each claim whose daemon could not be started again."""
+        check = self.state.restart_stopped_mps_daemons()
+        for entry in check.restarted:
+            self.metrics.mps_daemon_restarts.labels("started").inc()
+            log.warning(
+                "MPS daemon of a prepared claim had stopped; started again with its limits",
+                extra={"claim": entry.uid, "directory": str(_directory(entry))},
+            )
+            self.events.post(
+                "Warning",
+                "MpsDaemonRestarted",
+                f"the MPS control daemon of ResourceClaim {_claim(entry)} had stopped (its pods' MPS clients "
+                f"lost it); gpudra started it again with the claim's limits in {_directory(entry)}",
+            )
+        for entry, error in check.failed:
+            self.metrics.mps_daemon_restarts.labels("failed").inc()
+            if entry.uid not in self._failing:
+                self.events.post(
+                    "Warning",
+                    "MpsDaemonRestartFailed",
+                    f"the MPS control daemon of ResourceClaim {_claim(entry)} has stopped and cannot be "
+                    f"started again (gpudra keeps trying): {error}",
+                )
+        # Only this round's failures: a claim restarted, answering again or unprepared drops out.
+        self._failing = {entry.uid for entry, _ in check.failed}
+        if check.failed:
+            raise HardwareError(
+                "cannot start again the MPS daemon of "
+                + "; ".join(f"ResourceClaim {_claim(entry)}: {error}" for entry, error in check.failed)
+            )
+        return self.interval
+
+
+def _claim(entry: ckpt.ClaimEntry) -> str:
+    # An entry rebuilt from its CDI spec knows its UID only.
+    return f"{entry.namespace}/{entry.name} ({entry.uid})" if entry.name else entry.uid
+
+
+def _directory(entry: ckpt.ClaimEntry) -> str:
+    return ", ".join(
+        sorted({str(d.sharing.root) for d in entry.devices if isinstance(d.sharing, ckpt.MpsRecord)})
+    )

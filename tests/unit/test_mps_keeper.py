@@ -1,0 +1,286 @@
+"""MpsKeeper: the MPS daemons of prepared claims are started again while the plugin runs.
+
+On a simulated node whose stand-in `nvidia-cuda-mps-control` runs real daemon processes: a daemon is
+killed with SIGKILL (the pid in its pid file), as when the plugin pod it lived in is deleted by a rolling
+update, and the keeper's round must start it again with the claim's limits, and nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Literal
+
+import pytest
+
+from gpudra.errors import HardwareError
+from gpudra.gpu.tools import MPS_CONTROL, GpuTools
+from gpudra.node import checkpoint as ckpt
+from gpudra.node.allocation import ClaimRef
+from gpudra.node.metrics import PluginMetrics
+from gpudra.node.mps import PID_FILE
+from gpudra.node.mps_keeper import MpsKeeper
+from gpudra.node.prepare import DeviceState
+from gpudra.node.sharing import GpuSharing
+from tests.unit.claims import from_claim, time_slicing, whole_gpus
+from tests.unit.test_prepare import Node, _child, uid
+from tests.unit.test_prepare_mps import (
+    _kill_leftover_daemons,  # noqa: F401 (an autouse fixture: every test kills what it left)
+    alive,
+    assert_no_daemon,
+    daemons,
+    mps_claim,
+    mps_config,
+    mps_root,
+)
+
+INTERVAL = 5.0
+
+
+class Events:
+    """Records what would be posted on the Node (gpudra.kube.events.NodeEvents.post)."""
+
+    def __init__(self) -> None:
+        self.posted: list[tuple[str, str, str]] = []
+
+    def post(self, type_: Literal["Normal", "Warning"], reason: str, message: str) -> None:
+        self.posted.append((type_, reason, message))
+
+    def reasons(self) -> list[str]:
+        return [reason for _, reason, _ in self.posted]
+
+
+class CountingTools(GpuTools):
+    """The simulator's tools, counting every run; `refuse_start` makes `nvidia-cuda-mps-control -d`
+    fail as a driver that refuses MPS does."""
+
+    def __init__(self, search_path: str) -> None:
+        super().__init__(search_path=search_path)
+        self.runs: list[str] = []
+        self.refuse_start = False
+
+    def _run(
+        self,
+        tool: str,
+        args: Sequence[str],
+        *,
+        stdin: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> str:
+        self.runs.append(" ".join([tool, *args]))
+        if self.refuse_start and tool == MPS_CONTROL and list(args) == ["-d"]:
+            raise HardwareError(f"{MPS_CONTROL} -d failed (1): MPS control daemon: cannot start")
+        return super()._run(tool, args, stdin=stdin, env=env)
+
+
+def counting_tools(node: Node) -> CountingTools:
+    return CountingTools(node.tools.search_path)
+
+
+def keeper_for(
+    state: DeviceState, events: Events, interval: float = INTERVAL
+) -> tuple[MpsKeeper, PluginMetrics]:
+    metrics = PluginMetrics()
+    return MpsKeeper(state, interval=interval, metrics=metrics, events=events), metrics
+
+
+def restarts(metrics: PluginMetrics, outcome: str) -> float | None:
+    return metrics.registry.get_sample_value("gpudra_mps_daemon_restarts_total", {"outcome": outcome})
+
+
+def kill_daemon(node: Node, claim_uid: str) -> int:
+    """SIGKILL the claim's daemon, by the pid in its pid file, and wait until it is gone."""
+    pid = int((mps_root(node, claim_uid) / "pipe" / PID_FILE).read_text())
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while alive(pid):
+        assert time.monotonic() < deadline, f"daemon {pid} still alive after SIGKILL"
+        time.sleep(0.02)
+    return pid
+
+
+@pytest.fixture
+def h100(tmp_path: Path) -> Node:
+    return Node(tmp_path, "dgx-h100")
+
+
+def test_a_killed_daemon_runs_again_with_its_limits_after_one_round(h100: Node) -> None:
+    claim = h100.claims.add(whole_gpus(uid(1), "gpu-2", config=[from_claim(mps_config(40, "10Gi"))]))
+    other = h100.claims.add(mps_claim(uid(2), "gpu-3", threads=20))
+    state = h100.state()
+    state.prepare(claim)
+    state.prepare(other)
+    kept = next(d.pid for d in daemons(h100) if d.pipe_directory == str(mps_root(h100, uid(2)) / "pipe"))
+    killed = kill_daemon(h100, uid(1))
+    events = Events()
+    keeper, metrics = keeper_for(state, events)
+
+    assert keeper.step() == INTERVAL
+    gpu = h100.uuid(2)
+    [restarted] = [d for d in daemons(h100) if d.pipe_directory == str(mps_root(h100, uid(1)) / "pipe")]
+    assert restarted.pid != killed
+    assert restarted.visible_devices == gpu
+    assert restarted.default_active_thread_percentage == 40.0
+    assert restarted.default_pinned_memory_limits == {gpu: "10240M"}
+    assert kept in [d.pid for d in daemons(h100)]  # the claim whose daemon answered is left as it is
+    assert restarts(metrics, "started") == 1 and restarts(metrics, "failed") == 0
+    [(kind, reason, message)] = events.posted
+    assert (kind, reason) == ("Warning", "MpsDaemonRestarted")
+    assert f"ResourceClaim default/claim-{uid(1)} ({uid(1)})" in message
+    assert h100.entries()[uid(1)].state == "PrepareCompleted"
+
+    keeper.step()  # it answers now: nothing more
+    assert restarts(metrics, "started") == 1 and len(events.posted) == 1
+
+    state.unprepare(claim)  # stops exactly the restarted daemon
+    assert_no_daemon(h100, uid(1), [killed, restarted.pid])
+    h100.assert_nothing_left(uid(1))
+    state.unprepare(other)
+    assert_no_daemon(h100, uid(2), [kept])
+
+
+@pytest.mark.parametrize(
+    ("action", "step", "state"),
+    [
+        ("prepare", "prepare-mps-started", "PrepareStarted"),
+        ("unprepare", "unprepare-started", "UnprepareStarted"),
+    ],
+)
+def test_a_claim_being_prepared_or_unprepared_is_left_alone(
+    h100: Node, action: str, step: str, state: str
+) -> None:
+    """Another instance (a process here) stopped mid-call: its entry is not PrepareCompleted, so its
+    daemon is not this keeper's to start; that call's retry or a recovery settles it."""
+    claim = h100.claims.add(mps_claim(uid(1), "gpu-2"))
+    plugin = h100.state()
+    if action == "unprepare":
+        plugin.prepare(claim)
+    crashed = _child(h100, action, claim, step)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    assert h100.entries()[uid(1)].state == state
+    killed = kill_daemon(h100, uid(1))
+    tools = counting_tools(h100)
+    plugin.sharing = GpuSharing(tools, mps_root=h100.root / "mps")
+    events = Events()
+    keeper, metrics = keeper_for(plugin, events)
+
+    keeper.step()
+    assert tools.runs == []
+    assert [d.pid for d in daemons(h100) if alive(d.pid)] == []
+    assert events.posted == [] and restarts(metrics, "started") == 0
+    assert h100.entries()[uid(1)].state == state
+    h100.state()  # the restart settles it, with no daemon left
+    assert_no_daemon(h100, uid(1), [killed])
+
+
+class UnpreparedMeanwhile(GpuSharing):
+    """GpuSharing that, once armed, lets another instance unprepare the claim right after the keeper's
+    check found its daemon gone, before the keeper takes the node lock."""
+
+    def __init__(self, tools: GpuTools, *, mps_root: Path, node: Node) -> None:
+        super().__init__(tools, mps_root=mps_root)
+        self.node = node
+        self.armed: ClaimRef | None = None  # the claim to unprepare at the next check
+
+    def answers(self, entry: ckpt.ClaimEntry) -> bool:
+        answered = super().answers(entry)
+        if self.armed is not None:
+            claim, self.armed = self.armed, None
+            self.node.state().unprepare(claim)
+        return answered
+
+
+def test_a_claim_the_other_instance_unprepared_meanwhile_is_not_started_again(h100: Node) -> None:
+    sharing = UnpreparedMeanwhile(h100.tools, mps_root=h100.root / "mps", node=h100)
+    claim = h100.claims.add(mps_claim(uid(1), "gpu-2"))
+    state = h100.state(sharing=sharing)
+    state.prepare(claim)
+    killed = kill_daemon(h100, uid(1))
+    sharing.armed = claim
+    events = Events()
+    keeper, metrics = keeper_for(state, events)
+
+    keeper.step()
+    assert sharing.armed is None  # the other instance did unprepare in between
+    assert_no_daemon(h100, uid(1), [killed])
+    h100.assert_nothing_left(uid(1))
+    assert events.posted == [] and restarts(metrics, "started") == 0
+
+
+def test_no_claim_with_mps_runs_no_tool(h100: Node) -> None:
+    tools = counting_tools(h100)
+    state = h100.state(sharing=GpuSharing(tools, mps_root=h100.root / "mps"))
+    keeper, metrics = keeper_for(state, Events())
+    keeper.step()  # nothing prepared
+    state.prepare(h100.claims.add(whole_gpus(uid(1), "gpu-0")))
+    state.prepare(h100.claims.add(whole_gpus(uid(2), "gpu-1", config=[from_claim(time_slicing("Long"))])))
+    tools.runs.clear()
+
+    for _ in range(3):
+        assert keeper.step() == INTERVAL
+    assert tools.runs == []
+    assert restarts(metrics, "started") == 0
+
+
+def test_a_failed_restart_is_counted_reported_once_and_retried(h100: Node) -> None:
+    tools = counting_tools(h100)
+    state = h100.state(sharing=GpuSharing(tools, mps_root=h100.root / "mps"))
+    claim = h100.claims.add(mps_claim(uid(1), "gpu-2", threads=30))
+    state.prepare(claim)
+    killed = kill_daemon(h100, uid(1))
+    tools.refuse_start = True
+    events = Events()
+    keeper, metrics = keeper_for(state, events)
+
+    for attempt in (1, 2):
+        with pytest.raises(HardwareError) as raised:
+            keeper.step()
+        assert str(raised.value) == (
+            f"cannot start again the MPS daemon of ResourceClaim default/claim-{uid(1)} ({uid(1)}): "
+            f"{MPS_CONTROL} -d failed (1): MPS control daemon: cannot start"
+        )
+        assert restarts(metrics, "failed") == attempt
+    assert events.reasons() == ["MpsDaemonRestartFailed"]  # once per failing streak, not per attempt
+    assert h100.entries()[uid(1)].state == "PrepareCompleted"  # the claim stays prepared
+
+    tools.refuse_start = False
+    keeper.step()
+    [daemon] = daemons(h100)
+    assert daemon.pid != killed and daemon.default_active_thread_percentage == 30.0
+    assert restarts(metrics, "started") == 1
+    assert events.reasons() == ["MpsDaemonRestartFailed", "MpsDaemonRestarted"]
+    state.unprepare(claim)
+    assert_no_daemon(h100, uid(1), [killed, daemon.pid])
+
+
+def test_the_loop_logs_a_failed_restart_and_retries_until_the_daemon_runs(
+    h100: Node, caplog: pytest.LogCaptureFixture
+) -> None:
+    tools = counting_tools(h100)
+    state = h100.state(sharing=GpuSharing(tools, mps_root=h100.root / "mps"))
+    claim = h100.claims.add(mps_claim(uid(1), "gpu-2"))
+    state.prepare(claim)
+    kill_daemon(h100, uid(1))
+    tools.refuse_start = True
+    keeper, metrics = keeper_for(state, Events(), interval=0.05)
+    keeper.start()
+    try:
+        deadline = time.monotonic() + 30
+        while keeper.loop.failures < 2:
+            assert time.monotonic() < deadline, "the loop did not retry"
+            time.sleep(0.02)
+        tools.refuse_start = False
+        while restarts(metrics, "started") != 1:
+            assert time.monotonic() < deadline, "the daemon was not started again"
+            time.sleep(0.02)
+    finally:
+        keeper.stop(10)
+    assert keeper.loop.alive is False and keeper.loop.last_error is None
+    assert [r.getMessage() for r in caplog.records if r.name == "gpudra.service"][:1] == [
+        "background step failed; retrying"
+    ]
+    assert len(daemons(h100)) == 1
+    state.unprepare(claim)
