@@ -1,21 +1,26 @@
 """MPS and GPU shares on the real control plane: the real scheduler allocates shares of one GPU from its
 consumable capacity (KEP-5075), the real kubelet calls the plugin, and the simulated card's MPS daemons
-carry each claim's limits. MPS daemons outlive a SIGKILLed plugin and are adopted at its restart.
+carry each claim's limits. MPS daemons outlive a SIGKILLed plugin and are adopted at its restart; one
+that dies while its claim runs is started again by the running plugin.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import os
 import signal
 from collections.abc import Iterator
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client, utils
 
 from gpudra.node import faults
+from gpudra.node.mps import PID_FILE
+from tests.localcluster.cluster import free_port
 from tests.localcluster.node_plugin import DRIVER, PluginProcess
 
 from .kube_helpers import (
@@ -214,6 +219,90 @@ def test_mps_daemons_survive_a_plugin_sigkill_and_are_adopted(
     [left] = daemons(plugin)
     assert before[left["pid"]] == 25.0  # exactly the other claim's daemon is left
     _cleanup(core, ns, plugin)
+
+
+def _serving(plugin: PluginProcess) -> dict[str, dict[str, Any]]:
+    """Pipe directory -> the daemon that serves it now (the pid in its pid file): a daemon killed with
+    SIGKILL leaves its record in the simulated card's state, under the same directory."""
+    serving = {}
+    for daemon in daemons(plugin):
+        try:
+            pid = int((Path(daemon["pipe_directory"]) / PID_FILE).read_text())
+        except (OSError, ValueError):
+            continue
+        if pid == daemon["pid"]:
+            serving[daemon["pipe_directory"]] = daemon
+    return serving
+
+
+def _limits(daemon: dict[str, Any]) -> tuple[Any, ...]:
+    return (
+        daemon["visible_devices"],
+        daemon["default_active_thread_percentage"],
+        daemon["default_pinned_memory_limits"],
+    )
+
+
+def test_an_mps_daemon_killed_while_its_claim_runs_is_started_again_with_its_limits(
+    api: client.ApiClient, plugin: PluginProcess
+) -> None:
+    """What a rolling update does to the daemons the old plugin pod started (they die with its
+    container), and what a crashed daemon does: the running plugin notices and starts it again."""
+    core = client.CoreV1Api(api)
+    plugin.stop()
+    plugin.start(metrics_port=free_port(), mps_check_interval=0.5)
+    try:
+        ns = new_namespace(core, "mps-keep")
+        utils.create_from_yaml(
+            api,
+            yaml_objects=[
+                mps_template("half", 50),
+                share_template("share", 16, 25),
+                claim_pod("half", {"gpu": "half"}, node=NODE),
+                claim_pod("share", {"gpu": "share"}, node=NODE),
+            ],
+            namespace=ns,
+        )
+        for name in ("half", "share"):
+            wait_for(f"{name} Running", partial(pod_running, core, name, ns), timeout=120)
+        before = _serving(plugin)
+        [pipe] = [p for p, d in before.items() if d["default_active_thread_percentage"] == 50.0]
+        [other] = set(before) - {pipe}
+        killed = before[pipe]["pid"]
+        os.kill(killed, signal.SIGKILL)
+
+        # Counted once the daemon answers with its limits set (it registers, then gets them).
+        wait_for(
+            "the killed daemon counted as started again",
+            lambda: plugin.metrics()['gpudra_mps_daemon_restarts_total{outcome="started"}'] == 1,
+            timeout=60,
+        )
+        after = _serving(plugin)
+        assert after[pipe]["pid"] != killed
+        assert _limits(after[pipe]) == _limits(before[pipe])
+        assert after[other] == before[other]  # the claim whose daemon ran is left as it was
+        [event] = wait_for(
+            "a MpsDaemonRestarted event",
+            lambda: [
+                e for e in _node_events(api, "MpsDaemonRestarted") if f"ResourceClaim {ns}/" in e.message
+            ],
+        )
+        assert event.type == "Warning"
+        assert "MPS daemon of a prepared claim had stopped; started again" in plugin.tail(200)
+
+        core.delete_namespaced_pod("half", ns, grace_period_seconds=0)
+        wait_for("half's daemon stopped", lambda: list(_serving(plugin)) == [other], timeout=90)
+        _cleanup(core, ns, plugin)  # unprepared cleanly: no daemon, directory, CDI spec or entry left
+    finally:
+        plugin.stop()
+        plugin.start()
+
+
+def _node_events(api: client.ApiClient, reason: str) -> list[Any]:
+    events = client.CoreV1Api(api).list_namespaced_event(
+        "default", field_selector=f"involvedObject.kind=Node,involvedObject.name={NODE},reason={reason}"
+    )
+    return list(events.items)
 
 
 @pytest.mark.parametrize(

@@ -115,10 +115,12 @@ class PluginProcess(NodeFiles):
         metrics_port: int = 0,
         resync_seconds: float = 5,
         usage_interval: float = 0,
+        mps_check_interval: float | None = None,
         kubeconfig: Path | None = None,
     ) -> None:
         """Start the plugin and wait until it serves claims. `usage_interval` (seconds) turns claim usage
         reporting on; it is off by default, so that tests counting API requests see none of its own.
+        `mps_check_interval` (seconds) replaces the default --mps-check-interval-seconds.
         `kubeconfig` replaces the cluster's admin credentials (e.g. the chart's service account)."""
         env = {**os.environ, "GPUDRA_SIM_STATE": str(self.sim_state)}
         env.pop("GPUDRA_CRASH_AT", None)
@@ -143,6 +145,11 @@ class PluginProcess(NodeFiles):
                     "--toolkit-cdi-dirs=",
                     f"--resync-seconds={resync_seconds}",
                     f"--usage-interval-seconds={usage_interval}",
+                    *(
+                        [f"--mps-check-interval-seconds={mps_check_interval}"]
+                        if mps_check_interval is not None
+                        else []
+                    ),
                     f"--metrics-port={metrics_port}",
                     "--metrics-address=127.0.0.1",
                     *([f"--instance-id={self.instance_id}"] if self.instance_id else []),
