@@ -187,11 +187,10 @@ def test_a_whole_gpu_claim_waits_while_shares_hold_the_gpu(
     _cleanup(core, ns, plugin)
 
 
-def test_mps_daemons_survive_a_plugin_sigkill_and_are_adopted(
-    api: client.ApiClient, plugin: PluginProcess
-) -> None:
-    core = client.CoreV1Api(api)
-    ns = new_namespace(core, "mps-adopt")
+def _two_mps_pods_running(api: client.ApiClient, core: client.CoreV1Api, prefix: str) -> str:
+    """A new namespace with pods "half" (MPS, 50% of the threads) and "share" (a 16 GiB share at 25%),
+    both Running on NODE; the namespace's name."""
+    ns = new_namespace(core, prefix)
     utils.create_from_yaml(
         api,
         yaml_objects=[
@@ -204,6 +203,14 @@ def test_mps_daemons_survive_a_plugin_sigkill_and_are_adopted(
     )
     for name in ("half", "share"):
         wait_for(f"{name} Running", partial(pod_running, core, name, ns), timeout=120)
+    return ns
+
+
+def test_mps_daemons_survive_a_plugin_sigkill_and_are_adopted(
+    api: client.ApiClient, plugin: PluginProcess
+) -> None:
+    core = client.CoreV1Api(api)
+    ns = _two_mps_pods_running(api, core, "mps-adopt")
     before = {d["pid"]: d["default_active_thread_percentage"] for d in daemons(plugin)}
     assert sorted(before.values()) == [25.0, 50.0]
 
@@ -252,19 +259,7 @@ def test_an_mps_daemon_killed_while_its_claim_runs_is_started_again_with_its_lim
     plugin.stop()
     plugin.start(metrics_port=free_port(), mps_check_interval=0.5)
     try:
-        ns = new_namespace(core, "mps-keep")
-        utils.create_from_yaml(
-            api,
-            yaml_objects=[
-                mps_template("half", 50),
-                share_template("share", 16, 25),
-                claim_pod("half", {"gpu": "half"}, node=NODE),
-                claim_pod("share", {"gpu": "share"}, node=NODE),
-            ],
-            namespace=ns,
-        )
-        for name in ("half", "share"):
-            wait_for(f"{name} Running", partial(pod_running, core, name, ns), timeout=120)
+        ns = _two_mps_pods_running(api, core, "mps-keep")
         before = _serving(plugin)
         [pipe] = [p for p, d in before.items() if d["default_active_thread_percentage"] == 50.0]
         [other] = set(before) - {pipe}
