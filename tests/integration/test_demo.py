@@ -7,29 +7,39 @@ import sys
 
 from .procs import cluster_processes
 
+# What the demo prints with either runtime (tests/e2e/test_demo_containerd.py checks the containerd one).
+SUMMARY = (
+    "gpu-pair-nvlink  node-h100",
+    "l4-inference     node-mixed",
+    "mig-mixed        node-h100",
+    "mig-1g           node-h100",
+    "CDI spec files written: 13",
+    "MIG devices created for the claims: 5",
+    "MPS control daemons running for the claims: 4 "
+    "(SM share/memory limit: 15%/10240M 25%/20480M 50%/16384M 50%/40960M)",
+    "CDI spec files left: 0; GPU settings back to default: yes; MIG devices left: 0; MPS daemons left: 0",
+    "no process left running",
+)
 
-def test_demo_runs_end_to_end_and_cleans_up() -> None:
+
+def run_demo(*args: str, timeout: float, expected: tuple[str, ...] = ()) -> str:
+    """Run `python -m tests.localcluster.demo ARGS`; its output, once it exited 0, printed SUMMARY and
+    `expected` and warned of nothing."""
     result = subprocess.run(
-        [sys.executable, "-m", "tests.localcluster.demo"],
+        [sys.executable, "-m", "tests.localcluster.demo", *args],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=timeout,
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
-    for line in (
-        "gpu-pair-nvlink  node-h100",
-        "l4-inference     node-mixed",
-        "mig-mixed        node-h100",
-        "mig-1g           node-h100",
-        "CDI spec files written: 13",
-        "MIG devices created for the claims: 5",
-        "MPS control daemons running for the claims: 4 "
-        "(SM share/memory limit: 15%/10240M 25%/20480M 50%/16384M 50%/40960M)",
-        "CDI spec files left: 0; GPU settings back to default: yes; MIG devices left: 0; MPS daemons left: 0",
-        "no process left running",
-    ):
+    for line in (*SUMMARY, *expected):
         assert line in out, out
     assert "Warning" not in result.stderr, result.stderr
+    return out
+
+
+def test_demo_runs_end_to_end_and_cleans_up() -> None:
+    run_demo(timeout=600)
     assert cluster_processes("/tmp/gpudra-demo-") == []
