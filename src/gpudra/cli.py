@@ -22,6 +22,7 @@ from typing import Any
 
 from gpudra import logs
 from gpudra.errors import ConfigError, GpudraError
+from gpudra.model.publishing import Publishing
 
 # Each command imports what it needs when it runs: `gpudra kubelet-plugin` opens the kubelet's sockets
 # before the ~0.3 s of importing NVML, the API client and the models (see gpudra.node.daemon).
@@ -50,12 +51,31 @@ def _common(parser: argparse.ArgumentParser) -> None:
     # start (tests/unit/test_sim_library.py checks the list against gpudra.sim.PROFILES).
     _add(parser, "nvml", default="real", help=f"NVML to use: real, or sim:{'|'.join(SIM_MACHINES)}")
     _add(parser, "driver-name", default=DRIVER, help="DRA driver name")
+    # What a node publishes is what every scheduling cycle in the cluster pays for: the defaults are
+    # the layout that costs the scheduler no more than whole GPUs (docs/install.md, "What to publish").
     _add(
         parser,
         "mig-mode",
-        default="partitionable",
-        help="partitionable or static",
+        default="static",
+        help="static: whole GPUs with MIG off and the MIG devices that exist; partitionable: every MIG "
+        "profile x placement offered, created on demand (counter sets: Kubernetes 1.37+ for a fast "
+        "scheduler, see docs/install.md)",
         choices=["partitionable", "static"],
+    )
+    _add(
+        parser,
+        "mig-profiles",
+        default="",
+        help="with --mig-mode partitionable: the MIG profiles offered, comma-separated (e.g. "
+        "1g.10gb,3g.40gb); empty: every profile the GPUs have",
+    )
+    _add(
+        parser,
+        "shares",
+        default="off",
+        help="on: publish each whole GPU also as a shared device (MPS/time-slicing shares by memory and "
+        "compute; consumable capacity and counter sets: Kubernetes 1.37+ for a fast scheduler)",
+        choices=["off", "on"],
     )
 
 
@@ -267,7 +287,7 @@ def _inventory(args: argparse.Namespace) -> int:
 
     return inventory_view.show(
         nvml_name=args.nvml,
-        mig_mode=args.mig_mode,
+        publishing=_publishing_option(args),
         driver=args.driver_name,
         node_name=args.node_name,
         server_minor=args.server_minor,
@@ -364,7 +384,7 @@ def _kubelet_plugin(args: argparse.Namespace) -> int:
         node_name=args.node_name,
         driver=args.driver_name,
         nvml=args.nvml,
-        mig_mode=args.mig_mode,
+        publishing=_publishing_option(args),
         kubeconfig=args.kubeconfig,
         registry_dir=Path(args.registry_dir),
         plugin_dir=plugin_dir,
@@ -384,6 +404,16 @@ def _kubelet_plugin(args: argparse.Namespace) -> int:
         instance_id=_instance_id_option(args.instance_id),
     )
     return _run_daemon(args, lambda stop: daemon.run(options, stop=stop))
+
+
+def _publishing_option(args: argparse.Namespace) -> Publishing:
+    profiles = frozenset(p.strip() for p in args.mig_profiles.split(",") if p.strip())
+    if profiles and args.mig_mode != "partitionable":
+        raise ConfigError(
+            "names MIG profiles to offer on demand, which needs --mig-mode partitionable",
+            field="--mig-profiles",
+        )
+    return Publishing(mig_mode=args.mig_mode, shares=args.shares == "on", mig_profiles=profiles or None)
 
 
 def _instance_id_option(value: str | None) -> str | None:

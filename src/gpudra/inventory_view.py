@@ -11,24 +11,24 @@ import yaml
 
 from gpudra.gpu import nvml
 from gpudra.model import devices, placement, slices
-from gpudra.model.devices import MigMode
 from gpudra.model.inventory import Gpu, Inventory
+from gpudra.model.publishing import Publishing
 
 
 def show(
-    *, nvml_name: str, mig_mode: MigMode, driver: str, node_name: str, server_minor: int, output: str
+    *, nvml_name: str, publishing: Publishing, driver: str, node_name: str, server_minor: int, output: str
 ) -> int:
     """Print the node's GPUs (`output` table) or the ResourceSlices it would publish (json, yaml);
     the exit code: 1 when a slice would be refused."""
     with nvml.connect(nvml_name) as session:
         inventory = session.inventory()
-    model = devices.build_devices(inventory, mig_mode=mig_mode)
+    model = devices.publish(inventory, publishing)
     built = slices.build_slices(
         model, driver=driver, node_name=node_name, generation=1, server_minor=server_minor
     )
     problems = slices.validate_slices(built, server_minor=server_minor)
     if output == "table":
-        print(_table(inventory, model))
+        print(_table(inventory, model, publishing))
     else:
         listing = {"apiVersion": "v1", "kind": "List", "items": built}
         print(json.dumps(listing, indent=2) if output == "json" else yaml.safe_dump(listing, sort_keys=False))
@@ -37,7 +37,7 @@ def show(
     return 1 if problems else 0
 
 
-def _table(inventory: Inventory, model: devices.DeviceModel) -> str:
+def _table(inventory: Inventory, model: devices.DeviceModel, publishing: Publishing) -> str:
     lines = [
         f"driver {inventory.driver_version}, CUDA {inventory.cuda_driver_version}, "
         f"{len(inventory.gpus)} GPUs",
@@ -77,7 +77,13 @@ def _table(inventory: Inventory, model: devices.DeviceModel) -> str:
     lines += [
         "",
         f"{len(model.devices)} devices ({len(shared)} shared), {len(model.counter_sets)} counter sets",
+        f"publishing: {publishing.describe()}",
     ]
+    if model.counter_sets:
+        lines.append(
+            "counter sets cost every scheduling cycle in the cluster on Kubernetes before 1.37 "
+            "(docs/install.md, What to publish)"
+        )
     return "\n".join(lines)
 
 

@@ -25,6 +25,10 @@ def _inventory(
     return code, capsys.readouterr().out
 
 
+# Every form of every GPU: partitions on demand and shares (the default publishes neither).
+EVERYTHING = ("--mig-mode=partitionable", "--shares=on")
+
+
 @pytest.fixture(autouse=True)
 def _sim_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GPUDRA_SIM_STATE", str(tmp_path / "sim" / "state.json"))
@@ -44,7 +48,9 @@ def test_inventory_json_is_a_list_of_valid_slices(
     partitions: dict[str, int],
     server_minor: int,
 ) -> None:
-    code, out = _inventory(capsys, tmp_path, profile, "-o", "json", f"--server-minor={server_minor}")
+    code, out = _inventory(
+        capsys, tmp_path, profile, "-o", "json", f"--server-minor={server_minor}", *EVERYTHING
+    )
     assert code == 0
     listing = json.loads(out)
     assert (listing["apiVersion"], listing["kind"]) == ("v1", "List")
@@ -76,7 +82,7 @@ def test_inventory_yaml_matches_json(capsys: pytest.CaptureFixture[str], tmp_pat
 def test_inventory_table_lists_gpus_and_partitions(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    code, out = _inventory(capsys, tmp_path, "dgx-h100")
+    code, out = _inventory(capsys, tmp_path, "dgx-h100", *EVERYTHING)
     assert code == 0
     assert "NVIDIA H100 80GB HBM3" in out and "0000:18:00.0" in out
     assert "1g.10gb x7 @0,1,2,3,4,5,6" in out and "7g.80gb x1 @0" in out
@@ -128,6 +134,64 @@ def test_inventory_static_mode_publishes_existing_mig_devices_only(
     slices = json.loads(out)["items"]
     assert all("sharedCounters" not in s["spec"] for s in slices)
     assert [d for s in slices for d in s["spec"].get("devices", [])] == []  # MIG on, no instances yet
+
+
+@pytest.mark.parametrize("profile", ["mixed", "vm-h100"])
+def test_the_default_publishes_whole_gpus_and_no_counter_sets(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, profile: str
+) -> None:
+    """One form per GPU, so the scheduler pays for gpudra what it pays for whole GPUs (issue 26)."""
+    code, out = _inventory(capsys, tmp_path, profile, "-o", "json")
+    assert code == 0
+    slices = json.loads(out)["items"]
+    devices = [d for s in slices for d in s["spec"].get("devices", [])]
+    assert devices and all("sharedCounters" not in s["spec"] for s in slices)
+    assert not any("consumesCounters" in d or "allowMultipleAllocations" in d for d in devices)
+    uuids = [d["attributes"]["uuid"]["string"] for d in devices]
+    assert len(uuids) == len(set(uuids))  # no GPU published twice
+
+
+def test_mig_profiles_narrow_the_partitions_offered(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, out = _inventory(
+        capsys,
+        tmp_path,
+        "dgx-h100",
+        "-o",
+        "json",
+        "--mig-mode=partitionable",
+        "--mig-profiles=1g.10gb, 3g.40gb",
+    )
+    assert code == 0
+    devices = [d for s in json.loads(out)["items"] for d in s["spec"].get("devices", [])]
+    profiles = {
+        d["attributes"]["profile"]["string"] for d in devices if d["attributes"]["type"]["string"] == "mig"
+    }
+    assert profiles == {"1g.10gb", "3g.40gb"}
+    assert sum(d["attributes"]["type"]["string"] == "mig" for d in devices) == 8 * (7 + 2)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            ["--mig-profiles=1g.10gb"],
+            "--mig-profiles: names MIG profiles to offer on demand, which needs --mig-mode partitionable",
+        ),
+        (
+            ["--mig-mode=partitionable", "--mig-profiles=1g.5gb"],
+            "--mig-profiles: none of 1g.5gb is a MIG profile of this node's GPUs; they have: 1g.10gb, ",
+        ),
+    ],
+)
+def test_mig_profiles_refused_with_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, extra: list[str], message: str
+) -> None:
+    code = cli.main(["inventory", "--nvml=sim:dgx-h100", "--node-name=node-a", *extra])
+    err = capsys.readouterr().err
+    assert code == 1 and len(err.splitlines()) == 1
+    assert message in err
 
 
 def test_unknown_nvml_is_a_clear_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

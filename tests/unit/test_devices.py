@@ -613,7 +613,7 @@ def test_shared_h100_device() -> None:
     shared, whole = devices["gpu-3-shared"], devices["gpu-3"]
     assert shared == {
         "name": "gpu-3-shared",
-        "attributes": whole["attributes"],
+        "attributes": {**whole["attributes"], "shared": {"bool": True}},  # what the classes tell them by
         "capacity": {
             "memory": {
                 "value": "81559Mi",

@@ -26,6 +26,7 @@ from gpudra._proto import (
 from gpudra.gpu import nvml
 from gpudra.model import devices
 from gpudra.model.inventory import MigDevice
+from gpudra.model.publishing import MigMode
 from gpudra.node.allocation import ClaimRef
 from gpudra.node.health import (
     DeviceHealth,
@@ -170,7 +171,7 @@ def test_probe_error_classes(
 
 
 @pytest.mark.parametrize("mig_mode", ["partitionable", "static"])
-def test_every_device_maps_to_its_gpu(mig_mode: devices.MigMode) -> None:
+def test_every_device_maps_to_its_gpu(mig_mode: MigMode) -> None:
     inventory = inventories.node(
         inventories.h100(0),
         inventories.h100(1, mig_enabled=True, layout=[("1g.10gb", 0), ("3g.40gb", 4)]),

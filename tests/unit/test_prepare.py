@@ -29,6 +29,7 @@ from gpudra.gpu import nvml
 from gpudra.gpu.tools import GpuTools
 from gpudra.model import devices
 from gpudra.model.inventory import Inventory
+from gpudra.model.publishing import MigMode
 from gpudra.node import cdi, faults
 from gpudra.node import checkpoint as ckpt
 from gpudra.node.allocation import Allocated, ClaimRef, Sharing
@@ -120,7 +121,7 @@ class Node:
         sharing: Sharing | None = None,
         inventory: Inventory | None = None,
         recover: bool = True,
-        mig_mode: devices.MigMode = "partitionable",
+        mig_mode: MigMode = "partitionable",
         mig: MigPartitions | None = None,
     ) -> DeviceState:
         """A DeviceState as the plugin builds it at start-up (recover() included unless told)."""

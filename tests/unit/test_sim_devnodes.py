@@ -15,6 +15,7 @@ import pytest
 from gpudra import sim
 from gpudra.errors import ConfigError
 from gpudra.gpu import nvml
+from gpudra.model.publishing import Publishing
 from gpudra.node import cdi, wiring
 from gpudra.node.cdi import ClaimDevice, MigAccess
 from gpudra.node.options import Options
@@ -141,7 +142,7 @@ def _options(nvml: str, dev_root: str) -> Options:
         node_name="node-a",
         driver="gpu.gpudra.io",
         nvml=nvml,
-        mig_mode="partitionable",
+        publishing=Publishing(mig_mode="partitionable"),
         kubeconfig=None,
         registry_dir=Path("/r"),
         plugin_dir=Path("/p"),

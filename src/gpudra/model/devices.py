@@ -30,7 +30,8 @@ the first device that fits, so that order decides where first-fit puts each inst
 Each whole GPU is published twice (unless `shares=False`): `gpu-<minor>`, which one claim has to itself,
 and right after it `gpu-<minor>-shared`, which several claims can each get a share of (KEP-5075,
 consumable capacity: `allowMultipleAllocations`). The shared device carries the whole GPU's attributes,
-so a selector reads the same on both, and two capacities that a claim asks for in `capacity.requests`:
+so a selector reads the same on both, plus `shared: true` (what the DeviceClasses tell them apart by),
+and two capacities that a claim asks for in `capacity.requests`:
 
 - `memory`: the GPU's memory, requested in whole GiB, from 1Gi to the memory rounded down to whole GiB.
   A request that does not name it gets all of that: memory is what fails hard (an out-of-memory error
@@ -56,13 +57,12 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal, NotRequired, TypedDict, get_args
+from typing import NotRequired, TypedDict, get_args
 
 from gpudra.errors import ConfigError, HardwareError, NotSupported
 from gpudra.model.inventory import Gpu, Inventory, MigDevice, MigPlacement, MigProfile
 from gpudra.model.placement import packing_order
-
-MigMode = Literal["partitionable", "static"]
+from gpudra.model.publishing import MigMode, Publishing
 
 STANDARD_DOMAIN = "resource.kubernetes.io"
 PCI_BUS_ID = f"{STANDARD_DOMAIN}/pciBusID"
@@ -86,6 +86,10 @@ _BINARY_SUFFIXES = ("Ei", "Pi", "Ti", "Gi", "Mi", "Ki")
 
 _GIB = 1024**3
 SHARED_SUFFIX = "-shared"
+# Set (true) on shared devices only. The DeviceClasses tell a GPU from its shared device by it rather than
+# by `device.allowMultipleAllocations`, which the API server's CEL knows only where DRAConsumableCapacity
+# is on (1.36+ by default): a class naming that field is refused on 1.34 and 1.35.
+SHARED_ATTRIBUTE = "shared"
 # A shared device's compute capacity: percent of the GPU's SMs
 SHARED_COMPUTE = 100
 
@@ -161,10 +165,19 @@ class DeviceModel:
     counter_sets: list[CounterSet]
 
 
-def build_devices(inventory: Inventory, *, mig_mode: MigMode, shares: bool = True) -> DeviceModel:
+def build_devices(
+    inventory: Inventory,
+    *,
+    mig_mode: MigMode,
+    shares: bool = True,
+    mig_profiles: frozenset[str] | None = None,
+) -> DeviceModel:
     """The devices and counter sets that describe `inventory`, GPUs in minor order.
 
     With `shares`, each whole GPU published is followed by its shared device (`gpu-<minor>-shared`).
+    `mig_profiles` (partitionable mode): the MIG profiles offered on demand, by name; None offers every
+    profile. Fewer profiles mean fewer devices for the scheduler to look at on every node (BENCHMARKS.md,
+    cluster scale); the counters still cover the whole GPU, so any mix of the offered ones is exclusive.
     """
     if mig_mode not in get_args(MigMode):
         raise ConfigError(
@@ -180,7 +193,7 @@ def build_devices(inventory: Inventory, *, mig_mode: MigMode, shares: bool = Tru
             partition_counters = None
         else:
             whole = _offers_whole(gpu)
-            partitions = _possible_partitions(gpu) if _offers_partitions(gpu) else ()
+            partitions = _possible_partitions(gpu, mig_profiles) if _offers_partitions(gpu) else ()
             partition_counters = _counter_set(gpu, partitions) if partitions else None
         counters = partition_counters
         shared: Device | None = None
@@ -197,6 +210,26 @@ def build_devices(inventory: Inventory, *, mig_mode: MigMode, shares: bool = Tru
         devices.extend(_partition_device(gpu, p, versions, consumes=partition_counters) for p in partitions)
     _check_unique_names(devices)
     return DeviceModel(devices=devices, counter_sets=counter_sets)
+
+
+def publish(inventory: Inventory, publishing: Publishing) -> DeviceModel:
+    """What a node with `inventory` publishes when configured with `publishing`.
+
+    Raises ConfigError when `publishing` names MIG profiles none of the node's GPUs has (a typo would
+    otherwise publish no partitions at all, silently).
+    """
+    offered = publishing.mig_profiles
+    if offered is not None and publishing.mig_mode == "partitionable":
+        known = {p.name for gpu in inventory.gpus for p in gpu.mig_profiles}
+        if known and not offered & known:
+            raise ConfigError(
+                f"none of {', '.join(sorted(offered))} is a MIG profile of this node's GPUs; they have: "
+                f"{', '.join(sorted(known))}",
+                field="--mig-profiles",
+            )
+    return build_devices(
+        inventory, mig_mode=publishing.mig_mode, shares=publishing.shares, mig_profiles=offered
+    )
 
 
 def with_health_taints(model: DeviceModel, unhealthy: Mapping[str, str]) -> DeviceModel:
@@ -306,7 +339,7 @@ def _from_profile(profile: MigProfile, placement: MigPlacement, uuid: str | None
     )
 
 
-def _possible_partitions(gpu: Gpu) -> tuple[_Partition, ...]:
+def _possible_partitions(gpu: Gpu, offered: frozenset[str] | None) -> tuple[_Partition, ...]:
     """Every profile x placement, smaller profiles first, each profile's placements in packing order.
 
     The order is the allocation policy: the scheduler takes the first published device that matches a
@@ -315,7 +348,10 @@ def _possible_partitions(gpu: Gpu) -> tuple[_Partition, ...]:
     so first-fit packs each GPU from the end away from them and keeps its large profiles placeable longer
     (tests/unit/test_fragmentation.py measures by how much). Names carry the start, so they do not change.
     """
-    profiles = sorted(gpu.mig_profiles, key=lambda p: (p.memory_slices, p.name))
+    profiles = sorted(
+        (p for p in gpu.mig_profiles if offered is None or p.name in offered),
+        key=lambda p: (p.memory_slices, p.name),
+    )
     return tuple(_from_profile(p, placement, None) for p in profiles for placement in packing_order(gpu, p))
 
 
@@ -484,7 +520,7 @@ def _shared_gpu(gpu: Gpu, versions: dict[str, str], *, consumes: CounterSet) -> 
     }
     return {
         "name": f"gpu-{gpu.minor}{SHARED_SUFFIX}",
-        "attributes": _whole_attributes(gpu, versions),
+        "attributes": {**_whole_attributes(gpu, versions), SHARED_ATTRIBUTE: {"bool": True}},
         "capacity": capacity,
         "allowMultipleAllocations": True,
         "consumesCounters": _consumes_all(consumes),

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # a type only: the options are read before the device model is imported
-    from gpudra.model.devices import MigMode
+from gpudra.model.publishing import Publishing
 
 
 @dataclass(frozen=True)
@@ -15,7 +13,7 @@ class Options:
     node_name: str
     driver: str
     nvml: str
-    mig_mode: MigMode
+    publishing: Publishing  # what the node offers besides whole GPUs
     kubeconfig: str | None
     registry_dir: Path
     plugin_dir: Path

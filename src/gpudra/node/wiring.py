@@ -72,8 +72,16 @@ def run(options: Options, server: KubeletServer, *, stop: threading.Event) -> No
 
 def _run(options: Options, session: nvml.Nvml, server: KubeletServer, *, stop: threading.Event) -> None:
     inventory = session.inventory()
-    model = devices.build_devices(inventory, mig_mode=options.mig_mode)
-    log.info("discovered GPUs", extra={"gpus": len(inventory.gpus), "devices": len(model.devices)})
+    model = devices.publish(inventory, options.publishing)
+    log.info(
+        "discovered GPUs",
+        extra={
+            "gpus": len(inventory.gpus),
+            "devices": len(model.devices),
+            "counter_sets": len(model.counter_sets),
+            "publishing": options.publishing.describe(),
+        },
+    )
 
     client = kube.Kube(kube.connect(options.kubeconfig))
     events = NodeEvents(client, node_name=options.node_name)
