@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install lint test unit integration faults e2e k8s helm chart-lint chart-schema manifests render-manifests bench cluster-up cluster-down demo proto schemas clean
+.PHONY: install lint test unit integration faults e2e k8s helm chart-lint chart-schema manifests render-manifests bench bench-scale cluster-up cluster-down demo proto schemas clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -83,6 +83,15 @@ render-manifests:
 # Issue 15: gpudra's kubelet plugin side by side with dra-example-driver's (built from the Go module
 # proxy into ~/.cache/gpudra), interleaved rounds on the local control plane; prints the table and
 # rewrites its section of BENCHMARKS.md and docs/bench-latency.png. About 12 minutes on 2 cores.
+# The cluster-scale benchmark (issue 26): the real kube-scheduler of the pinned release and of 1.37
+# against 50, 200 and 500 fake DGX H100 nodes with each publishing layout, whole GPUs as the
+# reference in the same run; rewrites the "Cluster scale" section of BENCHMARKS.md. About 40 minutes on
+# 2 cores (the layouts with counter sets on 1.36 are the slow part); SCALE_ARGS narrows it, e.g.
+# SCALE_ARGS="--nodes 200 --releases pinned".
+SCALE_ARGS ?=
+bench-scale: $(STAMP) k8s
+	$(BIN)/python -m tests.scale --report BENCHMARKS.md $(SCALE_ARGS)
+
 bench: $(STAMP) k8s
 	bash deploy/local/build-peer.sh >/dev/null
 	$(BIN)/python -m tests.bench

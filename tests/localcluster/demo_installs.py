@@ -27,7 +27,7 @@ from tests.localcluster.api import DemoApi
 from tests.localcluster.cluster import LocalCluster, free_port
 from tests.localcluster.controller import NAMESPACE as CONTROLLER_NAMESPACE
 from tests.localcluster.controller import ControllerProcess
-from tests.localcluster.node_plugin import DRIVER, NodeFiles, PluginProcess
+from tests.localcluster.node_plugin import DRIVER, NodeFiles, PluginProcess, publishing_values
 from tests.localcluster.processes import http_get
 
 Obj = dict[str, Any]
@@ -198,6 +198,7 @@ class HelmReleases:
                     str(chart / "ci" / "sim-values.yaml"),
                     "--set",
                     f"kubeletPlugin.options.nvml=sim:{profile}",
+                    *publishing_values(profile),
                     "--set",
                     f"kubeletPlugin.nodeSelector.kubernetes\\.io/hostname={node}",
                     *helm.node_values(self.cluster.nodes[node]),

@@ -20,6 +20,30 @@ from tests.localcluster.processes import scrape, terminate
 
 DRIVER = "gpu.gpudra.io"
 
+# What each simulated machine's node group offers besides whole GPUs, as a platform team would set it
+# per group (docs/install.md, "What to publish"): the DGX H100s MIG partitions on demand and shares, the
+# DGX A100s (MIG on) partitions on demand, the L4/T4 box shares. A machine not named here publishes
+# gpudra's defaults: whole GPUs and existing MIG devices, no counter sets.
+NODE_GROUPS: dict[str, dict[str, str]] = {
+    "dgx-h100": {"mig-mode": "partitionable", "shares": "on"},
+    "dgx-a100": {"mig-mode": "partitionable"},
+    "mixed": {"shares": "on"},
+}
+
+
+def publishing_flags(profile: str) -> list[str]:
+    """The kubelet-plugin options of `profile`'s node group."""
+    return [f"--{option}={value}" for option, value in NODE_GROUPS.get(profile, {}).items()]
+
+
+def publishing_values(profile: str) -> list[str]:
+    """The same as the chart's --set arguments (kubeletPlugin.options are the CLI options, camelCase)."""
+    camel = {"mig-mode": "migMode", "shares": "shares", "mig-profiles": "migProfiles"}
+    found = []
+    for option, value in NODE_GROUPS.get(profile, {}).items():
+        found += ["--set-string", f"kubeletPlugin.options.{camel[option]}={value}"]
+    return found
+
 
 class NodeFiles:
     """What gpudra's plugin left on a node: CDI specs, its checkpoint, the simulated GPUs' settings.
@@ -138,6 +162,7 @@ class PluginProcess(NodeFiles):
                     f"--node-name={self.node.name}",
                     f"--kubeconfig={kubeconfig or self.cluster.kubeconfig}",
                     f"--nvml=sim:{self.profile}",
+                    *publishing_flags(self.profile),
                     f"--registry-dir={self.node.registry_dir}",
                     f"--plugin-dir={self.node.plugins_dir / DRIVER}",
                     f"--cdi-root={self.node.cdi_root}",
