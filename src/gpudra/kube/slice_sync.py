@@ -161,8 +161,11 @@ class SliceController:
         model: Callable[[], DeviceModel],
         resync_seconds: float = 30.0,
         on_publish: Callable[[str], None] = lambda op: None,
+        on_server_minor: Callable[[int], None] = lambda minor: None,
     ) -> None:
+        """`on_server_minor` is told the API server's minor version each time it is (re)read."""
         self.kube = kube
+        self.on_server_minor = on_server_minor
         self.driver = driver
         self.node_name = node_name
         self.model = model
@@ -196,6 +199,7 @@ class SliceController:
         """One reconcile: LIST this pool's slices, write what differs."""
         if self._server_minor is None:
             self._server_minor = self.kube.server_minor()
+            self.on_server_minor(self._server_minor)
         if self._node_uid is None:
             self._node_uid = self.kube.node_uid(self.node_name)
         model = self.model()
