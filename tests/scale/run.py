@@ -35,6 +35,7 @@ RESOURCE = ("resource.k8s.io", "v1")
 NAMESPACE = "scale"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 THREADS = 8
+UNSCHEDULABLE_PODS = 10
 
 
 class SchedulingPlane(LocalCluster):
@@ -291,7 +292,8 @@ def run_one(
         for workload in workloads:
             if not layouts.runs(shape, workload):
                 continue
-            count = 1 if workload == "unschedulable" else pods
+            # Ten pods that fit nowhere: one attempt's CPU is below /proc's 10 ms tick on small clusters.
+            count = UNSCHEDULABLE_PODS if workload == "unschedulable" else pods
             if profile_seconds and workload == "whole":
                 _profiled(cluster, plane, directory, profile_seconds, count, limit)
             run.batches.append(cluster.batch(workload, count, limit=limit, tag=workload))

@@ -353,12 +353,19 @@ class Kube:
             query["fieldSelector"] = field_selector
         return self.request(f"listing {resource}", "GET", path, query=query)
 
-    def create_slice(self, body: Obj) -> Obj:
+    def create_slice(self, body: Obj, *, dry_run: bool = False) -> Obj:
+        """The slice as the API server stored it, or with `dry_run` as it would store it."""
         self.count("create", "resourceslices")
-        with _api_errors(f"creating ResourceSlice {body['metadata'].get('name')}"):
+        name = body["metadata"].get("name")
+        with _api_errors(f"creating ResourceSlice {name}{' (dry run)' if dry_run else ''}"):
             return _obj(
                 self._custom.create_cluster_custom_object(
-                    GROUP, VERSION, "resourceslices", body, _request_timeout=REQUEST_TIMEOUT
+                    GROUP,
+                    VERSION,
+                    "resourceslices",
+                    body,
+                    dry_run="All" if dry_run else None,
+                    _request_timeout=REQUEST_TIMEOUT,
                 )
             )
 

@@ -255,6 +255,15 @@ def with_health_taints(model: DeviceModel, unhealthy: Mapping[str, str]) -> Devi
     return DeviceModel(devices=tainted, counter_sets=model.counter_sets)
 
 
+def without_gpus(model: DeviceModel, gpus: Mapping[str, str]) -> DeviceModel:
+    """`model` less every device of the GPUs in `gpus` (UUIDs): what to publish for unhealthy GPUs where
+    the API server drops device taints, so that the scheduler cannot hand them out."""
+    if not gpus:
+        return model
+    kept = [d for d in model.devices if gpu_uuid_of(d) not in gpus]
+    return DeviceModel(devices=kept, counter_sets=model.counter_sets)
+
+
 def gpu_uuid_of(device: Device) -> str:
     """The UUID of the GPU that `device` is, shares, or is a MIG partition of."""
     attributes = device["attributes"]

@@ -47,3 +47,71 @@ class Publishing:
 def counter_sets_slow_scheduler(server_minor: int) -> bool:
     """Whether a scheduler of this minor pays for counter sets on every node of the cluster."""
     return server_minor < FAST_COUNTERS_MINOR
+
+
+# The first minor whose scheduler counts the counters that a device allowing multiple allocations
+# consumes (a share device and its whole GPU stay exclusive): 1.34 and 1.35 do not, even with every gate.
+SHARES_MINOR = 36
+
+
+@dataclass(frozen=True)
+class ServerFields:
+    """Which of the DRA fields gpudra relies on the API server keeps (its feature gates), as a dry run
+    of a probe slice showed, and its minor version."""
+
+    minor: int
+    counters: bool  # sharedCounters, consumesCounters (DRAPartitionableDevices)
+    consumable_capacity: bool  # allowMultipleAllocations, capacity requestPolicy (DRAConsumableCapacity)
+    device_taints: bool  # device taints (DRADeviceTaints)
+
+
+@dataclass(frozen=True)
+class Withheld:
+    """A form of the node's GPUs left out because the cluster could not keep it exclusive."""
+
+    form: str  # "partitions" | "shares" | "health-taints": the metric label
+    why: str  # one line for the log, the Node event and the operator
+
+
+def fit_to_server(publishing: Publishing, fields: ServerFields) -> tuple[Publishing, list[Withheld]]:
+    """What of `publishing` this server can serve without a GPU ever going to two claims, and what is
+    withheld. Without counter sets the scheduler cannot keep a partition, a share and their GPU apart,
+    so they go (MIG then as static devices); shares also need consumable capacity and a scheduler that
+    counts their counters. Health taints are reported here and applied by the caller."""
+    withheld: list[Withheld] = []
+    mig_mode = publishing.mig_mode
+    shares = publishing.shares
+    if mig_mode == "partitionable" and not fields.counters:
+        mig_mode = "static"
+        withheld.append(
+            Withheld(
+                "partitions",
+                "the API server drops counter sets (feature gate DRAPartitionableDevices is off): MIG "
+                "partitions are not offered on demand, existing MIG devices are published instead",
+            )
+        )
+    if shares:
+        reason = None
+        if not fields.counters:
+            reason = "the API server drops counter sets (feature gate DRAPartitionableDevices is off)"
+        elif not fields.consumable_capacity:
+            reason = (
+                "the API server drops allowMultipleAllocations (feature gate DRAConsumableCapacity is off)"
+            )
+        elif fields.minor < SHARES_MINOR:
+            reason = (
+                f"the 1.{fields.minor} scheduler does not count the counters shares consume (fixed in "
+                f"1.{SHARES_MINOR}), so a share and its whole GPU could go to two claims"
+            )
+        if reason is not None:
+            shares = False
+            withheld.append(Withheld("shares", f"{reason}: GPU shares are not offered"))
+    if not fields.device_taints:
+        withheld.append(
+            Withheld(
+                "health-taints",
+                "the API server drops device taints (feature gate DRADeviceTaints is off): an unhealthy "
+                "GPU is left out of the slices instead of published tainted",
+            )
+        )
+    return Publishing(mig_mode=mig_mode, shares=shares, mig_profiles=publishing.mig_profiles), withheld

@@ -83,6 +83,16 @@ class PluginMetrics:
         )
         for outcome in ("started", "failed"):
             self.mps_daemon_restarts.labels(outcome)
+        self.publishing_withheld = Gauge(
+            "gpudra_publishing_withheld",
+            "1 for each form of this node's GPUs that its options offer but the cluster cannot keep "
+            "exclusive (the API server drops the fields, or its scheduler does not count them), so it is "
+            "not published; 0 otherwise.",
+            ["form"],
+            registry=self.registry,
+        )
+        for form in ("partitions", "shares", "health-taints"):
+            self.publishing_withheld.labels(form)
 
     def observe_prepare(self, outcome: str, seconds: float) -> None:
         self.prepare_seconds.labels(outcome).observe(seconds)

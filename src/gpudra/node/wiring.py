@@ -15,19 +15,18 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
 
 from gpudra import service, sim
 from gpudra.gpu import nvml
 from gpudra.gpu.tools import GpuTools
 from gpudra.http_endpoint import Check, HttpEndpoint, loops_alive, writable_directory
 from gpudra.kube import client as kube
+from gpudra.kube import field_probe
 from gpudra.kube.claim_status import ClaimStatus
 from gpudra.kube.claims import ClaimReader
 from gpudra.kube.events import NodeEvents
 from gpudra.kube.slice_sync import SliceController
 from gpudra.model import devices
-from gpudra.model.publishing import FAST_COUNTERS_MINOR, Publishing, counter_sets_slow_scheduler
 from gpudra.node import cdi, checkpoint
 from gpudra.node.health import HealthMonitor
 from gpudra.node.instances import PublisherTurn
@@ -37,6 +36,7 @@ from gpudra.node.mig import MigPartitions
 from gpudra.node.mps_keeper import MpsKeeper
 from gpudra.node.options import Options
 from gpudra.node.prepare import DeviceState, Recovery
+from gpudra.node.served_model import ServedModel
 from gpudra.node.sharing import GpuSharing
 from gpudra.node.usage import ClaimUsage
 
@@ -108,15 +108,24 @@ def _run(options: Options, session: nvml.Nvml, server: KubeletServer, *, stop: t
     metrics.track_prepared(lambda: _counts(state))
     metrics.track_checkpoint(lambda: state.refusal)
     metrics.track_mig_room(state.mig_room)
+    served = ServedModel(
+        inventory,
+        options.publishing,
+        probe=lambda minor: field_probe.probe(
+            client, driver=options.driver, node_name=options.node_name, minor=minor
+        ),
+        events=events,
+        withheld_gauge=lambda form, on: metrics.publishing_withheld.labels(form).set(1 if on else 0),
+    )
     slices = SliceController(
         client,
         driver=options.driver,
         node_name=options.node_name,
         # Unhealthy GPUs are published tainted; `health` is bound below, before anything starts.
-        model=lambda: devices.with_health_taints(model, health.unhealthy_gpus() if health else {}),
+        model=lambda: served.model(health.unhealthy_gpus() if health else {}),
         resync_seconds=options.resync_seconds,
         on_publish=lambda op: metrics.slice_writes.labels(op).inc(),
-        on_server_minor=_counter_cost_notice(model, options.publishing, events),
+        on_server_minor=served.on_server,
     )
     health = None
     if options.health_interval_seconds:
@@ -195,30 +204,6 @@ def _run(options: Options, session: nvml.Nvml, server: KubeletServer, *, stop: t
         stop.wait()
         log.info("stopping")
         server.stop(STOP_TIMEOUT_SECONDS)  # first: no new calls, those in flight finish, streams end
-
-
-def _counter_cost_notice(
-    model: devices.DeviceModel, publishing: Publishing, events: NodeEvents
-) -> Callable[[int], None]:
-    """Once per plugin start: a warning (log and Node event) when this node publishes counter sets to
-    a release whose scheduler pays for them on every node of the cluster (gpudra.model.publishing)."""
-    told = threading.Event()
-
-    def notice(minor: int) -> None:
-        if told.is_set() or not model.counter_sets or not counter_sets_slow_scheduler(minor):
-            return
-        told.set()
-        message = (
-            f"this node publishes {len(model.counter_sets)} counter set(s) ({publishing.describe()}); "
-            f"the Kubernetes 1.{minor} scheduler then checks every node's pool for each node of each pod "
-            f"with a ResourceClaim, whatever its driver: scheduling slows with the cluster's size "
-            f"(fixed in 1.{FAST_COUNTERS_MINOR}). Offer partitions and shares only on the node groups that "
-            f"need them (docs/install.md, What to publish)"
-        )
-        log.warning("counter sets slow this release's scheduler", extra={"server_minor": minor})
-        events.post("Warning", "CounterSetsSlowScheduler", message)
-
-    return notice
 
 
 def _counts(state: DeviceState) -> tuple[int, int]:

@@ -1,0 +1,111 @@
+"""The device model the node's slices publish: the options' publishing fitted to what the cluster can
+keep exclusive, with GPU health applied. I/O: none of its own (the probe, events and metrics are given).
+
+The plugin's options say what a node offers (gpudra.model.publishing); the API server and its scheduler
+decide what of it is safe. Each time the slice sync (re)reads the server's version (at start, and after
+any failed sync: a restarted API server with other feature gates fails the sync first), the server is
+probed (gpudra.kube.field_probe) and the model rebuilt for what it keeps. A form that would be dropped
+or miscounted is withheld, never published half: a share or partition whose counters the server drops
+would go to a second claim beside its GPU. Each change is logged, sent as a Node event and shown by
+`gpudra_publishing_withheld{form}`; readiness is not affected (a gate left off is a configuration, not
+a fault).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from typing import Literal, Protocol
+
+from gpudra.model import devices
+from gpudra.model.devices import DeviceModel
+from gpudra.model.inventory import Inventory
+from gpudra.model.publishing import (
+    FAST_COUNTERS_MINOR,
+    Publishing,
+    ServerFields,
+    Withheld,
+    counter_sets_slow_scheduler,
+    fit_to_server,
+)
+
+log = logging.getLogger(__name__)
+
+
+class Events(Protocol):
+    def post(self, type_: Literal["Normal", "Warning"], reason: str, message: str) -> None: ...
+
+
+class ServedModel:
+    def __init__(
+        self,
+        inventory: Inventory,
+        publishing: Publishing,
+        *,
+        probe: Callable[[int], ServerFields],
+        events: Events,
+        withheld_gauge: Callable[[str, bool], None] = lambda form, on: None,
+    ) -> None:
+        self.inventory = inventory
+        self.publishing = publishing
+        self.probe = probe
+        self.events = events
+        self.withheld_gauge = withheld_gauge
+        self._lock = threading.Lock()
+        self._fitted = publishing
+        self._model = devices.publish(inventory, publishing)
+        self._taints = True
+        self._withheld: dict[str, Withheld] = {}
+        self._cost_told = False
+
+    @property
+    def withheld(self) -> list[Withheld]:
+        with self._lock:
+            return list(self._withheld.values())
+
+    def model(self, unhealthy: Mapping[str, str]) -> DeviceModel:
+        """What to publish now; `unhealthy`: GPU UUID -> why, tainted or left out."""
+        with self._lock:
+            model, taints = self._model, self._taints
+        if taints:
+            return devices.with_health_taints(model, unhealthy)
+        return devices.without_gpus(model, unhealthy)
+
+    def on_server(self, minor: int) -> None:
+        """Probe the server and fit the model to it (the slice sync calls this before it builds)."""
+        fields = self.probe(minor)
+        fitted, withheld = fit_to_server(self.publishing, fields)
+        with self._lock:
+            if fitted != self._fitted:
+                self._model = devices.publish(self.inventory, fitted)
+                self._fitted = fitted
+            self._taints = fields.device_taints
+            before, self._withheld = self._withheld, {w.form: w for w in withheld}
+            model = self._model
+        for form in ("partitions", "shares", "health-taints"):
+            self.withheld_gauge(form, form in self._withheld)
+        for item in withheld:
+            if item.form not in before:
+                log.warning("not published", extra={"form": item.form, "why": item.why})
+                self.events.post("Warning", "PublishingWithheld", f"gpudra on this node: {item.why}")
+        for form in before.keys() - self._withheld.keys():
+            log.info("published again", extra={"form": form})
+            self.events.post("Normal", "PublishingRestored", f"gpudra on this node publishes {form} again")
+        self._counter_cost_notice(model, minor)
+
+    def _counter_cost_notice(self, model: DeviceModel, minor: int) -> None:
+        """Once per plugin start: a warning when this node publishes counter sets to a release whose
+        scheduler pays for them on every node of the cluster (gpudra.model.publishing)."""
+        if self._cost_told or not model.counter_sets or not counter_sets_slow_scheduler(minor):
+            return
+        self._cost_told = True
+        message = (
+            f"this node publishes {len(model.counter_sets)} counter set(s) ({self._fitted.describe()}); "
+            f"the Kubernetes 1.{minor} scheduler then checks every node's pool for each node of each pod "
+            f"with a ResourceClaim, whatever its driver: scheduling slows with the cluster's size "
+            f"(fixed in 1.{FAST_COUNTERS_MINOR}). Offer partitions and shares only on the node groups that "
+            f"need them (docs/install.md, What to publish)"
+        )
+        log.warning("counter sets slow this release's scheduler", extra={"server_minor": minor})
+        self.events.post("Warning", "CounterSetsSlowScheduler", message)
