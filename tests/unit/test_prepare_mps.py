@@ -397,3 +397,22 @@ def test_a_gpu_that_refuses_sharing_fails_the_claim_with_the_tools_reason_and_le
     assert_no_daemon(node, uid(1), [])
     assert compute_modes(node) == {node.uuid(0): 0}
     assert sim_state.StateFile(node.state_file).read().mps_daemons == []
+
+
+def test_a_shared_device_without_a_share_id_is_refused_beside_its_whole_gpu(h100: Node) -> None:
+    """Where the API server drops allowMultipleAllocations (1.34/1.35 with default gates), a scheduler
+    hands `gpu-0-shared` out as a plain device, with no share ID, while `gpu-0` is held: one GPU for two
+    claims. Prepare refuses the second, whichever comes first."""
+    state = h100.state()
+    whole = h100.claims.add(whole_gpus(uid(1), "gpu-0"))
+    state.prepare(whole)
+    plain = h100.claims.add(whole_gpus(uid(2), "gpu-0-shared"))
+    with pytest.raises(ClaimError, match=r"device gpu-0-shared \(its GPU is prepared as gpu-0\) is already"):
+        state.prepare(plain)
+    state.unprepare(whole)
+    state.prepare(plain)
+    again = h100.claims.add(whole_gpus(uid(3), "gpu-0"))
+    with pytest.raises(ClaimError, match=r"device gpu-0 \(its GPU is prepared as gpu-0-shared\) is already"):
+        state.prepare(again)
+    state.unprepare(plain)
+    h100.assert_nothing_left(uid(2))

@@ -683,7 +683,11 @@ class DeviceState:
                 for device, gpu, form in mine:
                     if device == held.device and not (form == held_form == "share"):
                         taken.add(device)
-                    elif device != held.device and held_gpu == (gpu,) and form != held_form:
+                    # Two devices of one GPU exclude each other unless both are MIG partitions (their
+                    # placements are checked when created). Not by form alone: where the API server drops
+                    # allowMultipleAllocations, the scheduler hands out a shared device without a share
+                    # ID, which looks like the whole GPU's form (Kubernetes 1.34/1.35, default gates).
+                    elif device != held.device and held_gpu == (gpu,) and not form == held_form == "mig":
                         taken.add(f"{device} (its GPU is prepared as {held.device})")
             if taken:
                 holder = (
