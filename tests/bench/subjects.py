@@ -10,6 +10,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.localcluster.node_plugin import publishing_flags
+
 GPUS = 8  # both simulate eight; device names are gpu-0 .. gpu-7 in both
 # The peer's client-go defaults are 5 QPS, burst 10: every prepare GETs its claim, so the throttle,
 # not the driver, sets its pace. Raised well above anything the benchmark asks for.
@@ -96,6 +98,7 @@ class Gpudra(Subject):
                 f"--node-name={dirs.node}",
                 f"--kubeconfig={kubeconfig}",
                 f"--nvml=sim:{self.profile}",
+                *publishing_flags(self.profile),
                 f"--registry-dir={dirs.registry}",
                 f"--plugin-dir={dirs.plugins / self.driver}",
                 f"--cdi-root={dirs.cdi_root}",

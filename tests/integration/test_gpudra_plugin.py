@@ -21,7 +21,7 @@ import yaml
 from kubernetes import client, utils
 
 from tests.localcluster import LocalCluster
-from tests.localcluster.node_plugin import DRIVER, PluginProcess
+from tests.localcluster.node_plugin import DRIVER, PluginProcess, publishing_flags
 
 from .conftest import MACHINES, REPO
 from .kube_helpers import Resources, claim_pod, claim_template, pod_events, pod_gone, pod_running, wait_for
@@ -71,6 +71,7 @@ def test_plugin_registers_and_publishes_valid_slices_for_every_machine(
                 "inventory",
                 f"--nvml=sim:{profile}",
                 f"--node-name={node}",
+                *publishing_flags(profile),
                 "-o",
                 "json",
             ],

@@ -96,6 +96,19 @@ class ClusterState:
     kube_proxy: str = ""
 
 
+def feature_gates_from_env() -> dict[str, bool]:
+    """GPUDRA_FEATURE_GATES, as `Gate=true,Other=false` (the components' own flag syntax)."""
+    gates = {}
+    for item in os.environ.get("GPUDRA_FEATURE_GATES", "").split(","):
+        if not item.strip():
+            continue
+        name, _, value = item.partition("=")
+        if value.strip().lower() not in ("true", "false") or not name.strip():
+            raise ClusterError(f"GPUDRA_FEATURE_GATES: {item!r} is not Gate=true or Gate=false")
+        gates[name.strip()] = value.strip().lower() == "true"
+    return gates
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -131,6 +144,10 @@ class LocalCluster:
         self.runtime_bin = Path()
         self._runtime_lock: int | None = None
         self._address = "127.0.0.1"
+        # The release comes from K8S (deploy/local/build.sh); the gates and API groups of a run from
+        # these, passed to every component that takes them (make compat).
+        self.feature_gates = feature_gates_from_env()
+        self.runtime_config = os.environ.get("GPUDRA_RUNTIME_CONFIG", "")
 
     def __enter__(self) -> LocalCluster:
         self.start()
@@ -318,6 +335,8 @@ class LocalCluster:
                 f"--bind-address={self._address}",
                 f"--advertise-address={self._address}",
                 f"--secure-port={self._ports['apiserver']}",
+                *self._gate_flags(),
+                *([f"--runtime-config={self.runtime_config}"] if self.runtime_config else []),
                 f"--cert-dir={pki}",
                 "--service-account-issuer=https://kubernetes.default.svc",
                 f"--service-account-key-file={pki / 'sa.key'}",
@@ -359,6 +378,7 @@ class LocalCluster:
             [
                 str(self.bin / "kube-scheduler"),
                 f"--config={config}",
+                *self._gate_flags(),
                 "--bind-address=127.0.0.1",
                 f"--secure-port={port}",
                 f"--authentication-kubeconfig={self.kubeconfig}",
@@ -377,6 +397,7 @@ class LocalCluster:
                 f"--authentication-kubeconfig={self.kubeconfig}",
                 f"--authorization-kubeconfig={self.kubeconfig}",
                 "--leader-elect=false",
+                *self._gate_flags(),
                 "--bind-address=127.0.0.1",
                 f"--secure-port={port}",
                 f"--service-account-private-key-file={self.directory / 'pki' / 'sa.key'}",
@@ -488,7 +509,13 @@ class LocalCluster:
             "imageGCLowThresholdPercent": 99,
             "evictionHard": {"memory.available": "1Mi"},
             "maxPods": 250,
+            **({"featureGates": dict(self.feature_gates)} if self.feature_gates else {}),
         }
+
+    def _gate_flags(self) -> list[str]:
+        if not self.feature_gates:
+            return []
+        return ["--feature-gates=" + ",".join(f"{k}={str(v).lower()}" for k, v in self.feature_gates.items())]
 
     def _wait_node_ready(self, node: NodePaths) -> None:
         kubelet = next(c for c in self.components if c.name == f"kubelet-{node.name}")

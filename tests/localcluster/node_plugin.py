@@ -21,12 +21,12 @@ from tests.localcluster.processes import scrape, terminate
 DRIVER = "gpu.gpudra.io"
 
 # What each simulated machine's node group offers besides whole GPUs, as a platform team would set it
-# per group (docs/install.md, "What to publish"): the DGX H100s MIG partitions on demand and shares, the
-# DGX A100s (MIG on) partitions on demand, the L4/T4 box shares. A machine not named here publishes
-# gpudra's defaults: whole GPUs and existing MIG devices, no counter sets.
+# per group (docs/install.md, "What to publish"): the DGX H100s and A100s MIG partitions on demand and
+# shares, the L4/T4 box shares. A machine not named here publishes gpudra's defaults: whole GPUs and
+# existing MIG devices, no counter sets.
 NODE_GROUPS: dict[str, dict[str, str]] = {
     "dgx-h100": {"mig-mode": "partitionable", "shares": "on"},
-    "dgx-a100": {"mig-mode": "partitionable"},
+    "dgx-a100": {"mig-mode": "partitionable", "shares": "on"},
     "mixed": {"shares": "on"},
 }
 
