@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install lint test unit integration faults e2e k8s helm chart-lint chart-schema manifests render-manifests bench bench-scale cluster-up cluster-down demo proto schemas clean
+.PHONY: install lint test unit integration faults e2e k8s helm chart-lint chart-schema manifests render-manifests bench bench-scale compat cluster-up cluster-down demo proto schemas clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -83,6 +83,26 @@ render-manifests:
 # Issue 15: gpudra's kubelet plugin side by side with dra-example-driver's (built from the Go module
 # proxy into ~/.cache/gpudra), interleaved rounds on the local control plane; prints the table and
 # rewrites its section of BENCHMARKS.md and docs/bench-latency.png. About 12 minutes on 2 cores.
+# Issue 27: gpudra on the Kubernetes releases people run. tests/compat (the support matrix, the chart's
+# server-side dry run) on each release with default gates, and on 1.34/1.35 with the DRA gates on; the
+# pinned release runs it in `make test`. Each release is built once into ~/.cache/gpudra (about 6
+# minutes cold on 2 cores each); about 2 minutes a release warm.
+COMPAT_RELEASES ?= v1.34.12 v1.35.8 v1.37.2
+GATED_RELEASES  ?= v1.34.12 v1.35.8
+DRA_GATES := DRAPartitionableDevices=true,DRAConsumableCapacity=true,DRADeviceTaints=true,DRAExtendedResource=true,ResourceHealthStatus=true
+compat: $(STAMP) helm
+	for r in $(COMPAT_RELEASES); do K8S=$$r bash deploy/local/build.sh >/dev/null || exit 1; done
+	for r in $(COMPAT_RELEASES); do \
+	  echo "== Kubernetes $$r, default feature gates"; \
+	  K8S=$$r $(BIN)/pytest tests/compat || exit 1; \
+	done
+	for r in $(GATED_RELEASES); do \
+	  echo "== Kubernetes $$r with $(DRA_GATES)"; \
+	  K8S=$$r GPUDRA_FEATURE_GATES=$(DRA_GATES) \
+	    GPUDRA_RUNTIME_CONFIG=$$(case $$r in v1.34.*) echo resource.k8s.io/v1alpha3=true;; esac) \
+	    $(BIN)/pytest tests/compat || exit 1; \
+	done
+
 # The cluster-scale benchmark (issue 26): the real kube-scheduler of the pinned release and of 1.37
 # against 50, 200 and 500 fake DGX H100 nodes with each publishing layout, whole GPUs as the
 # reference in the same run; rewrites the "Cluster scale" section of BENCHMARKS.md. About 40 minutes on

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import functools
 import uuid
+from pathlib import Path
 
 import pytest
 import yaml
 from kubernetes import client, utils
+from kubernetes.dynamic import DynamicClient
 
 from tests.integration.kube_helpers import pod_running, unschedulable, wait_for
+from tests.integration.test_chart import NAMESPACE, VALUES_EXAMPLES, render
+from tests.integration.test_chart import _apply as apply
 from tests.localcluster.cluster import feature_gates_from_env
 from tests.localcluster.node_plugin import PluginProcess
 from tests.localcluster.processes import http_get, scrape
@@ -152,3 +156,22 @@ def test_every_slice_is_stored_as_written(api: client.ApiClient, gpudra: dict[st
             assert device.get("allowMultipleAllocations") is True, device["name"]
         if "-mig-" in device["name"] and "uuid" not in device["attributes"]:  # on demand
             assert device.get("consumesCounters"), device["name"]
+
+
+@pytest.mark.parametrize(
+    "values", [None, *VALUES_EXAMPLES], ids=["defaults", *(p.stem for p in VALUES_EXAMPLES)]
+)
+def test_the_chart_passes_a_server_side_dry_run(api: client.ApiClient, values: Path | None) -> None:
+    """What Helm would install on this release is accepted by its API server (the DeviceClasses' CEL
+    compiles, every field is known), with the default values and each tested example."""
+    core = client.CoreV1Api(api)
+    if not any(n.metadata.name == NAMESPACE for n in core.list_namespace().items):
+        core.create_namespace({"metadata": {"name": NAMESPACE}})
+    dynamic = DynamicClient(api)
+    refused = []
+    for obj in render(*(["--values", str(values)] if values else [])):
+        try:
+            apply(dynamic, obj, dry_run=True)
+        except client.ApiException as err:
+            refused.append(f"{obj['kind']} {obj['metadata']['name']}: {err.status} {err.body}")
+    assert refused == []

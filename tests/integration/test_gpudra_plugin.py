@@ -159,8 +159,12 @@ def test_example_runs_and_cleans_up(
 
     core.delete_namespaced_pod(pod_name, ns, grace_period_seconds=0)
     wait_for("pod deleted", lambda: pod_gone(core, pod_name, ns), timeout=60)
-    wait_for("CDI spec removed", lambda: uid not in plugin.cdi_specs(), timeout=60)
-    assert uid not in plugin.checkpoint_claims()
+    # The CDI spec goes first, then the checkpoint's entry (its save is group-committed): done when both are.
+    wait_for(
+        "CDI spec and checkpoint entry removed",
+        lambda: uid not in plugin.cdi_specs() and uid not in plugin.checkpoint_claims(),
+        timeout=60,
+    )
     assert all(v == 0 for v in plugin.timeslices().values())
     core.delete_namespace(ns)
 

@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(table)
     if args.report:
-        report.rewrite_section(args.report, table, argv=sys.argv[1:])
+        report.rewrite_section(args.report, table, argv=sys.argv[1:], profiles=report.hot_paths(runs))
         print(f"\n{args.report}: the cluster-scale section rewritten")
     return 0
 

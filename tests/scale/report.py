@@ -91,7 +91,19 @@ def run_lines(run: Run) -> str:
     )
 
 
-def rewrite_section(path: Path, table_text: str, *, argv: list[str]) -> None:
+def hot_paths(runs: list[Run]) -> str:
+    """Each profiled run's top functions, under a heading naming the run."""
+    blocks = []
+    for run in runs:
+        if run.hot_path:
+            blocks.append(
+                f"Scheduler CPU profile, 1.{run.server_minor}, {run.nodes} nodes, `{run.layout}`, "
+                f"while it placed whole-GPU pods (flat time, top 12):\n\n```\n{run.hot_path}\n```"
+            )
+    return "\n\n".join(blocks)
+
+
+def rewrite_section(path: Path, table_text: str, *, argv: list[str], profiles: str = "") -> None:
     layouts = "\n".join(f"- `{layout.name}`: {layout.note}" for layout in LAYOUTS.values())
     section = "\n".join(
         [
@@ -102,6 +114,7 @@ def rewrite_section(path: Path, table_text: str, *, argv: list[str]) -> None:
             layouts,
             "",
             table_text,
+            *(["", profiles] if profiles else []),
             END,
         ]
     )

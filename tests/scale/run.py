@@ -17,6 +17,7 @@ import concurrent.futures
 import os
 import re
 import statistics
+import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -141,6 +142,7 @@ class Run:
     scheduler_rss_mib: float = 0.0
     apiserver_rss_mib: float = 0.0
     populate_seconds: float = 0.0
+    hot_path: str = ""  # `go tool pprof -top` of the scheduler while it placed a whole-GPU batch
 
 
 class Cluster:
@@ -295,7 +297,7 @@ def run_one(
             # Ten pods that fit nowhere: one attempt's CPU is below /proc's 10 ms tick on small clusters.
             count = UNSCHEDULABLE_PODS if workload == "unschedulable" else pods
             if profile_seconds and workload == "whole":
-                _profiled(cluster, plane, directory, profile_seconds, count, limit)
+                run.hot_path = _profiled(cluster, plane, directory, profile_seconds, count, limit)
             run.batches.append(cluster.batch(workload, count, limit=limit, tag=workload))
         run.scheduler_rss_mib = rss_mib(plane.pid("kube-scheduler"))
         run.apiserver_rss_mib = rss_mib(plane.pid("kube-apiserver"))
@@ -307,15 +309,29 @@ def run_one(
 
 def _profiled(
     cluster: Cluster, plane: SchedulingPlane, directory: Path, seconds: int, pods: int, limit: float
-) -> None:
-    """A CPU profile of the scheduler while it places a whole-GPU batch (not counted in the results)."""
+) -> str:
+    """A CPU profile of the scheduler while it places a whole-GPU batch (not counted in the results);
+    returns its top functions by flat time (Go profiles carry their symbols: the stripped binary
+    is not needed)."""
     out = directory / "scheduler.pprof"
     with concurrent.futures.ThreadPoolExecutor(1) as one:
         profile = one.submit(plane.scheduler_profile, seconds, out)
         time.sleep(0.5)
         cluster.batch("whole", pods, limit=min(limit, float(seconds)), tag="profiled")
         profile.result()
-    print(f"    scheduler CPU profile: {out} (go tool pprof -top {plane.bin / 'kube-scheduler'} {out})")
+    top = subprocess.run(
+        ["go", "tool", "pprof", "-top", "-nodecount=12", str(out)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "GOTOOLCHAIN": "local"},
+    )
+    print(f"    scheduler CPU profile: {out}")
+    lines = top.stdout.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.strip().startswith("flat")), 0)
+    return (
+        "\n".join(lines[start:]) if top.returncode == 0 else f"(go tool pprof failed: {top.stderr.strip()})"
+    )
 
 
 def median(values: list[float]) -> float | None:
