@@ -98,7 +98,8 @@ def hot_paths(runs: list[Run]) -> str:
         if run.hot_path:
             blocks.append(
                 f"Scheduler CPU profile, 1.{run.server_minor}, {run.nodes} nodes, `{run.layout}`, "
-                f"while it placed whole-GPU pods (flat time, top 12):\n\n```\n{run.hot_path}\n```"
+                "while it placed whole-GPU pods (cumulative time, Kubernetes frames):"
+                f"\n\n```\n{run.hot_path}\n```"
             )
     return "\n\n".join(blocks)
 

@@ -311,7 +311,7 @@ def _profiled(
     cluster: Cluster, plane: SchedulingPlane, directory: Path, seconds: int, pods: int, limit: float
 ) -> str:
     """A CPU profile of the scheduler while it places a whole-GPU batch (not counted in the results);
-    returns its top functions by flat time (Go profiles carry their symbols: the stripped binary
+    returns its hot path by cumulative time (Go profiles carry their symbols: the stripped binary
     is not needed)."""
     out = directory / "scheduler.pprof"
     with concurrent.futures.ThreadPoolExecutor(1) as one:
@@ -320,7 +320,7 @@ def _profiled(
         cluster.batch("whole", pods, limit=min(limit, float(seconds)), tag="profiled")
         profile.result()
     top = subprocess.run(
-        ["go", "tool", "pprof", "-top", "-nodecount=12", str(out)],
+        ["go", "tool", "pprof", "-top", "-cum", "-nodecount=40", str(out)],
         capture_output=True,
         text=True,
         check=False,
