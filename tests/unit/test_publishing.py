@@ -3,9 +3,12 @@ something is withheld or costs the cluster's scheduler."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from gpudra.kube.field_probe import read_fields
+from gpudra.model import devices
 from gpudra.model.publishing import Publishing, ServerFields, counter_sets_slow_scheduler, fit_to_server
 from gpudra.node.served_model import ServedModel
 from tests.unit import inventories as inv
@@ -151,3 +154,24 @@ def test_describe_names_what_is_offered() -> None:
     profiles = frozenset({"3g.40gb", "1g.10gb"})
     offered = Publishing(mig_mode="partitionable", shares=True, mig_profiles=profiles)
     assert offered.describe() == "whole GPUs, MIG partitions on demand (1g.10gb,3g.40gb), shares"
+
+
+def test_without_partitions_an_idle_mig_mode_hopper_is_offered_whole() -> None:
+    """Partitions asked but withheld: a Hopper in MIG mode without MIG devices would offer nothing at all;
+    it is offered whole (prepare switches MIG off), one form per GPU. An A100 in MIG mode cannot switch."""
+    node = inv.h100_node()
+    in_mig_mode = dataclasses.replace(
+        node, gpus=tuple(dataclasses.replace(g, mig_enabled=True, mig_devices=()) for g in node.gpus)
+    )
+    fitted, _ = fit_to_server(
+        EVERYTHING, ServerFields(minor=34, counters=False, consumable_capacity=False, device_taints=True)
+    )
+    assert fitted == Publishing(mig_mode="static", switch_idle_mig=True)
+    names = [d["name"] for d in devices.publish(in_mig_mode, fitted).devices]
+    assert names == [f"gpu-{g.minor}" for g in sorted(node.gpus, key=lambda g: g.minor)]
+    assert devices.publish(in_mig_mode, Publishing()).devices == []  # the plain default leaves MIG alone
+    a100 = inv.a100_node()
+    a100_in_mig = dataclasses.replace(
+        a100, gpus=tuple(dataclasses.replace(g, mig_enabled=True, mig_devices=()) for g in a100.gpus)
+    )
+    assert devices.publish(a100_in_mig, fitted).devices == []

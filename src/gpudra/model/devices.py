@@ -171,6 +171,7 @@ def build_devices(
     mig_mode: MigMode,
     shares: bool = True,
     mig_profiles: frozenset[str] | None = None,
+    switch_idle_mig: bool = False,
 ) -> DeviceModel:
     """The devices and counter sets that describe `inventory`, GPUs in minor order.
 
@@ -178,6 +179,7 @@ def build_devices(
     `mig_profiles` (partitionable mode): the MIG profiles offered on demand, by name; None offers every
     profile. Fewer profiles mean fewer devices for the scheduler to look at on every node (BENCHMARKS.md,
     cluster scale); the counters still cover the whole GPU, so any mix of the offered ones is exclusive.
+    `switch_idle_mig` (static mode): see `Publishing.switch_idle_mig`.
     """
     if mig_mode not in get_args(MigMode):
         raise ConfigError(
@@ -188,7 +190,9 @@ def build_devices(
     counter_sets: list[CounterSet] = []
     for gpu in sorted(inventory.gpus, key=lambda g: g.minor):
         if mig_mode == "static":
-            whole = not gpu.mig_enabled
+            whole = not gpu.mig_enabled or (
+                switch_idle_mig and gpu.mig_mode_switchable and not gpu.mig_devices
+            )
             partitions = tuple(_existing_partitions(gpu))
             partition_counters = None
         else:
@@ -228,7 +232,11 @@ def publish(inventory: Inventory, publishing: Publishing) -> DeviceModel:
                 field="--mig-profiles",
             )
     return build_devices(
-        inventory, mig_mode=publishing.mig_mode, shares=publishing.shares, mig_profiles=offered
+        inventory,
+        mig_mode=publishing.mig_mode,
+        shares=publishing.shares,
+        mig_profiles=offered,
+        switch_idle_mig=publishing.switch_idle_mig,
     )
 
 

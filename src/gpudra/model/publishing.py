@@ -26,6 +26,11 @@ class Publishing:
     shares: bool = False
     # partitionable mode: the MIG profiles offered, by name; None: every profile
     mig_profiles: frozenset[str] | None = None
+    # static mode: a GPU whose MIG mode switches without a reset (Hopper and newer, bare metal) that is in
+    # MIG mode without MIG devices is offered whole, MIG switched off when it is prepared. Set when
+    # partitions on demand were asked but the server cannot keep them (fit_to_server): the operator let
+    # gpudra manage MIG mode, and such a GPU would otherwise offer nothing at all.
+    switch_idle_mig: bool = False
 
     @property
     def may_use_counters(self) -> bool:
@@ -40,6 +45,8 @@ class Publishing:
             parts.append(f"MIG partitions on demand ({profiles})")
         else:
             parts.append("existing MIG devices")
+            if self.switch_idle_mig:
+                parts.append("idle MIG-mode GPUs whole")
         parts.append("shares" if self.shares else "no shares")
         return "whole GPUs, " + ", ".join(parts)
 
@@ -87,7 +94,8 @@ def fit_to_server(publishing: Publishing, fields: ServerFields) -> tuple[Publish
             Withheld(
                 "partitions",
                 "the API server drops counter sets (feature gate DRAPartitionableDevices is off): MIG "
-                "partitions are not offered on demand, existing MIG devices are published instead",
+                "partitions are not offered on demand; existing MIG devices are published instead, and a "
+                "GPU in MIG mode without any as a whole GPU where its mode switches without a reset",
             )
         )
     if shares:
@@ -114,4 +122,10 @@ def fit_to_server(publishing: Publishing, fields: ServerFields) -> tuple[Publish
                 "GPU is left out of the slices instead of published tainted",
             )
         )
-    return Publishing(mig_mode=mig_mode, shares=shares, mig_profiles=publishing.mig_profiles), withheld
+    fitted = Publishing(
+        mig_mode=mig_mode,
+        shares=shares,
+        mig_profiles=publishing.mig_profiles if mig_mode == "partitionable" else None,
+        switch_idle_mig=publishing.switch_idle_mig or mig_mode != publishing.mig_mode,
+    )
+    return fitted, withheld
