@@ -79,6 +79,15 @@ def _table(inventory: Inventory, model: devices.DeviceModel, publishing: Publish
         f"{len(model.devices)} devices ({len(shared)} shared), {len(model.counter_sets)} counter sets",
         f"publishing: {publishing.describe()}",
     ]
+    published = {devices.gpu_uuid_of(d) for d in model.devices}
+    idle = [
+        f"gpu-{g.minor}" for g in sorted(inventory.gpus, key=lambda g: g.minor) if g.uuid not in published
+    ]
+    if idle:
+        lines.append(
+            f"not published: {', '.join(idle)} (MIG mode on without MIG devices: create them, or offer "
+            "partitions on demand with --mig-mode partitionable)"
+        )
     if model.counter_sets:
         lines.append(
             "counter sets cost every scheduling cycle in the cluster on Kubernetes before 1.37 "
