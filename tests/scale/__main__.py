@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workloads", default=",".join(layouts.WORKLOADS), help="workloads (%(default)s)")
     parser.add_argument("--pods", type=int, default=100, help="pods per batch (%(default)s)")
     parser.add_argument(
-        "--limit", type=float, default=90.0, help="seconds a batch may take before it is cut (%(default)s)"
+        "--limit", type=float, default=60.0, help="seconds a batch may take before it is cut (%(default)s)"
     )
     parser.add_argument(
         "--profile-seconds",

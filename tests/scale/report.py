@@ -92,10 +92,12 @@ def run_lines(run: Run) -> str:
 
 
 def hot_paths(runs: list[Run]) -> str:
-    """Each profiled run's top functions, under a heading naming the run."""
+    """The profiled runs' hot paths at the largest node count, for the reference and the layouts with
+    partitions (the others lie between), each under a heading naming the run."""
     blocks = []
+    largest = max((run.nodes for run in runs), default=0)
     for run in runs:
-        if run.hot_path:
+        if run.hot_path and run.nodes == largest and run.layout in (REFERENCE, "mig-profiles", "everything"):
             blocks.append(
                 f"Scheduler CPU profile, 1.{run.server_minor}, {run.nodes} nodes, `{run.layout}`, "
                 "while it placed whole-GPU pods (cumulative time, Kubernetes frames):"

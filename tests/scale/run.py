@@ -251,6 +251,14 @@ class Cluster:
             except client.ApiException as err:
                 if err.status != 404:
                     raise
+        # Settled before the next batch, whose CPU window must not hold this one's deletions.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (
+            self.core.list_namespaced_pod(NAMESPACE).items
+            or self.custom.list_namespaced_custom_object(*RESOURCE, NAMESPACE, "resourceclaims")["items"]
+        ):
+            time.sleep(0.2)
+        time.sleep(1)
 
 
 def device_classes(repo: Path) -> list[dict[str, Any]]:
