@@ -27,7 +27,8 @@ import yaml
 from kubernetes import client, config
 
 from gpudra.errors import ClusterError
-from tests.localcluster import TOKEN, LocalCluster, binaries
+from tests.bench.control_plane import ControlPlane
+from tests.localcluster import TOKEN
 from tests.localcluster.cluster import free_port
 from tests.localcluster.processes import http_get
 from tests.scale import layouts
@@ -39,11 +40,11 @@ THREADS = 8
 UNSCHEDULABLE_PODS = 10
 
 
-class SchedulingPlane(LocalCluster):
+class SchedulingPlane(ControlPlane):
     """etcd, kube-apiserver and kube-scheduler of one release; nodes are API objects only."""
 
     def __init__(self, directory: Path, *, release: str | None) -> None:
-        super().__init__(directory, nodes=())
+        super().__init__(directory)
         self.release = release
 
     def start(self) -> None:
@@ -51,21 +52,14 @@ class SchedulingPlane(LocalCluster):
         if self.release:
             os.environ["K8S"] = self.release  # deploy/local/build.sh builds (once) and picks this release
         try:
-            self.bin = binaries.ensure_binaries()
+            super().start()
         finally:
             if previous is None:
                 os.environ.pop("K8S", None)
             else:
                 os.environ["K8S"] = previous
-        self.directory.mkdir(parents=True, exist_ok=True)
-        (self.directory / "logs").mkdir(exist_ok=True)
-        for name in ("etcd-client", "etcd-peer", "apiserver", "scheduler"):
-            self._ports[name] = free_port()
-        self.server = f"https://127.0.0.1:{self._ports['apiserver']}"
+        self._ports["scheduler"] = free_port()
         try:
-            self._write_credentials()
-            self._start_etcd()
-            self.start_apiserver()
             self._start_scheduler()
         except BaseException:
             self.stop()
@@ -248,6 +242,11 @@ class Cluster:
         for name in names:
             try:
                 self.custom.delete_namespaced_custom_object(*RESOURCE, NAMESPACE, "resourceclaims", name)
+                # The scheduler's delete protection, which the claim controller (not running here) lifts
+                # once no pod uses the claim: until then the claim keeps its devices allocated.
+                self.custom.patch_namespaced_custom_object(
+                    *RESOURCE, NAMESPACE, "resourceclaims", name, {"metadata": {"finalizers": None}}
+                )
             except client.ApiException as err:
                 if err.status != 404:
                     raise
