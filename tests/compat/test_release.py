@@ -17,6 +17,7 @@ import yaml
 from kubernetes import client, utils
 from kubernetes.dynamic import DynamicClient
 
+from gpudra.model.publishing import WITHHELD_FORMS
 from tests.integration.kube_helpers import pod_running, unschedulable, wait_for
 from tests.integration.test_chart import NAMESPACE, VALUES_EXAMPLES, render
 from tests.integration.test_chart import _apply as apply
@@ -127,7 +128,7 @@ def test_what_is_withheld_is_reported(
         samples = scrape(f"http://127.0.0.1:{plugin.metrics_port}/metrics", f"gpudra on {node}")
         withheld = {
             form
-            for form in ("partitions", "shares", "health-taints")
+            for form in WITHHELD_FORMS
             if samples.get(f'gpudra_publishing_withheld{{form="{form}"}}') == 1.0
         }
         assert withheld == expected, node

@@ -72,11 +72,15 @@ class ServerFields:
     device_taints: bool  # device taints (DRADeviceTaints)
 
 
+# What can be withheld, the label values of gpudra_publishing_withheld{form}.
+WITHHELD_FORMS = ("partitions", "shares", "health-taints")
+
+
 @dataclass(frozen=True)
 class Withheld:
     """A form of the node's GPUs left out because the cluster could not keep it exclusive."""
 
-    form: str  # "partitions" | "shares" | "health-taints": the metric label
+    form: str  # one of WITHHELD_FORMS
     why: str  # one line for the log, the Node event and the operator
 
 

@@ -13,6 +13,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gpudra.http_endpoint import ApiRequests
+from gpudra.model.publishing import WITHHELD_FORMS
 from gpudra.service import Loop
 
 _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -91,7 +92,7 @@ class PluginMetrics:
             ["form"],
             registry=self.registry,
         )
-        for form in ("partitions", "shares", "health-taints"):
+        for form in WITHHELD_FORMS:
             self.publishing_withheld.labels(form)
 
     def observe_prepare(self, outcome: str, seconds: float) -> None:

@@ -23,6 +23,7 @@ from gpudra.model.devices import DeviceModel
 from gpudra.model.inventory import Inventory
 from gpudra.model.publishing import (
     FAST_COUNTERS_MINOR,
+    WITHHELD_FORMS,
     Publishing,
     ServerFields,
     Withheld,
@@ -81,15 +82,16 @@ class ServedModel:
                 self._model = devices.publish(self.inventory, fitted)
                 self._fitted = fitted
             self._taints = fields.device_taints
-            before, self._withheld = self._withheld, {w.form: w for w in withheld}
+            now = {w.form: w for w in withheld}
+            before, self._withheld = self._withheld, now
             model = self._model
-        for form in ("partitions", "shares", "health-taints"):
-            self.withheld_gauge(form, form in self._withheld)
+        for form in WITHHELD_FORMS:
+            self.withheld_gauge(form, form in now)
         for item in withheld:
             if item.form not in before:
                 log.warning("not published", extra={"form": item.form, "why": item.why})
                 self.events.post("Warning", "PublishingWithheld", f"gpudra on this node: {item.why}")
-        for form in before.keys() - self._withheld.keys():
+        for form in sorted(before.keys() - now.keys()):
             log.info("published again", extra={"form": form})
             self.events.post("Normal", "PublishingRestored", f"gpudra on this node publishes {form} again")
         self._counter_cost_notice(model, minor)
