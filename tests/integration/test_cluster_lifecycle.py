@@ -26,7 +26,8 @@ def test_two_node_cluster_starts_and_stops_without_leftovers() -> None:
         bring_up = time.monotonic() - started
         status, body = http_get(f"{cluster.server}/version", token=TOKEN)
         assert status == 200
-        assert json.loads(body)["gitVersion"] == _pinned_version()
+        # K8S runs the suite on another release (deploy/local/build.sh)
+        assert json.loads(body)["gitVersion"] == (os.environ.get("K8S") or _pinned_version())
         status, body = http_get(f"{cluster.server}/api/v1/nodes", token=TOKEN)
         names = sorted(item["metadata"]["name"] for item in json.loads(body)["items"])
         assert names == ["node-a", "node-b"]
