@@ -16,7 +16,6 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import re
-import statistics
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -339,7 +338,3 @@ def _profiled(
     return (
         "\n".join(lines[start:]) if top.returncode == 0 else f"(go tool pprof failed: {top.stderr.strip()})"
     )
-
-
-def median(values: list[float]) -> float | None:
-    return statistics.median(values) if values else None

@@ -35,7 +35,13 @@ def test_which_releases_pay_for_counter_sets(minor: int, slow: bool) -> None:
 
 def served(publishing: Publishing, fields: ServerFields) -> tuple[ServedModel, Events]:
     events = Events()
-    return ServedModel(inv.h100_node(), publishing, probe=lambda minor: fields, events=events), events
+    return ServedModel(
+        inv.h100_node(),
+        publishing,
+        model=devices.publish(inv.h100_node(), publishing),
+        probe=lambda minor: fields,
+        events=events,
+    ), events
 
 
 def test_counter_sets_on_a_slow_release_are_reported_once() -> None:
@@ -107,7 +113,13 @@ def test_a_server_without_the_gates_gets_one_form_per_gpu_and_no_counters() -> N
 def test_a_server_that_gains_the_gates_gets_the_forms_back() -> None:
     fields = [ServerFields(minor=36, counters=False, consumable_capacity=False, device_taints=True)]
     events = Events()
-    model = ServedModel(inv.h100_node(), EVERYTHING, probe=lambda minor: fields[0], events=events)
+    model = ServedModel(
+        inv.h100_node(),
+        EVERYTHING,
+        model=devices.publish(inv.h100_node(), EVERYTHING),
+        probe=lambda minor: fields[0],
+        events=events,
+    )
     model.on_server(36)
     assert not model.model({}).counter_sets
     fields[0] = ServerFields(minor=36, **ALL_KEPT)

@@ -32,11 +32,6 @@ class Publishing:
     # gpudra manage MIG mode, and such a GPU would otherwise offer nothing at all.
     switch_idle_mig: bool = False
 
-    @property
-    def may_use_counters(self) -> bool:
-        """Whether this publishing can carry counter sets (partitions on demand or shares)."""
-        return self.shares or self.mig_mode == "partitionable"
-
     def describe(self) -> str:
         """One line for logs, events and `gpudra inventory`: what is offered besides whole GPUs."""
         parts = []

@@ -44,6 +44,7 @@ class ServedModel:
         inventory: Inventory,
         publishing: Publishing,
         *,
+        model: DeviceModel,
         probe: Callable[[int], ServerFields],
         events: Events,
         withheld_gauge: Callable[[str, bool], None] = lambda form, on: None,
@@ -55,7 +56,7 @@ class ServedModel:
         self.withheld_gauge = withheld_gauge
         self._lock = threading.Lock()
         self._fitted = publishing
-        self._model = devices.publish(inventory, publishing)
+        self._model = model  # devices.publish(inventory, publishing), built once by the caller
         self._taints = True
         self._withheld: dict[str, Withheld] = {}
         self._cost_told = False

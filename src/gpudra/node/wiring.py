@@ -111,6 +111,7 @@ def _run(options: Options, session: nvml.Nvml, server: KubeletServer, *, stop: t
     served = ServedModel(
         inventory,
         options.publishing,
+        model=model,
         probe=lambda minor: field_probe.probe(
             client, driver=options.driver, node_name=options.node_name, minor=minor
         ),
