@@ -296,14 +296,15 @@ def _slice(node: str | None) -> dict[str, Any]:
     }
 
 
-def _refusal(resources: Resources, body: dict[str, Any]) -> str | None:
-    """The API server's refusal of creating `body`, or None when created (then deleted again)."""
+def _refusal(resources: Resources, body: dict[str, Any], *, admin: Resources) -> str | None:
+    """The API server's refusal of creating `body`, or None when created (then deleted again by `admin`:
+    a slice created before the policy took effect may be one the same token can no longer delete)."""
     try:
         created = resources.create("resourceslices", body)
     except ApiException as err:
         assert err.status == 403, err.body
         return str(json.loads(err.body)["message"])
-    resources.delete("resourceslices", created["metadata"]["name"])
+    admin.delete("resourceslices", created["metadata"]["name"])
     return None
 
 
@@ -312,13 +313,16 @@ def test_a_node_bound_plugin_token_writes_only_its_own_nodes_slices(
 ) -> None:
     node_a, node_b = "node-h100", "node-a100"
     as_a = Resources(_as(api, _token(api, PLUGIN_SA, node=node_a)))
+    admin = Resources(api)
     # A new policy takes effect once the API server has compiled it (about a second).
-    refused = wait_for("the policy to take effect", lambda: _refusal(as_a, _slice(node_b)), timeout=30)
+    refused = wait_for(
+        "the policy to take effect", lambda: _refusal(as_a, _slice(node_b), admin=admin), timeout=30
+    )
     assert (
         f"on node {node_a} may only write ResourceSlices with spec.nodeName {node_a}, not {node_b}" in refused
     )
-    assert "without spec.nodeName" in (_refusal(as_a, _slice(None)) or "")
-    assert _refusal(as_a, _slice(node_a)) is None
+    assert "without spec.nodeName" in (_refusal(as_a, _slice(None), admin=admin) or "")
+    assert _refusal(as_a, _slice(node_a), admin=admin) is None
 
     # Node B's own slice: node A's token can neither change nor delete it.
     mine_b = Resources(_as(api, _token(api, PLUGIN_SA, node=node_b))).create("resourceslices", _slice(node_b))
@@ -332,7 +336,7 @@ def test_a_node_bound_plugin_token_writes_only_its_own_nodes_slices(
 
     # A token bound to no node (not a pod's) writes nothing.
     unbound = Resources(_as(api, _token(api, PLUGIN_SA)))
-    assert "bound to its node" in (_refusal(unbound, _slice(node_a)) or "")
+    assert "bound to its node" in (_refusal(unbound, _slice(node_a), admin=admin) or "")
 
 
 def test_the_plugin_runs_on_its_service_accounts_node_bound_token(
