@@ -18,7 +18,7 @@ import pytest
 
 from gpudra.gpu import nvml
 from gpudra.gpu.tools import MPS_CONTROL, GpuTools
-from gpudra.node import mps
+from gpudra.node.sharing import mps_daemons as mps
 
 pytestmark = pytest.mark.gpu
 

@@ -19,7 +19,7 @@ import pytest
 from kubernetes import client, utils
 
 from gpudra.node import faults
-from gpudra.node.mps import PID_FILE
+from gpudra.node.sharing.mps_daemons import PID_FILE
 from tests.localcluster.cluster import free_port
 from tests.localcluster.node_plugin import DRIVER, PluginProcess
 

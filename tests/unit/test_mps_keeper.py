@@ -21,10 +21,10 @@ from gpudra.gpu.tools import MPS_CONTROL, GpuTools
 from gpudra.node import checkpoint as ckpt
 from gpudra.node.allocation import ClaimRef
 from gpudra.node.metrics import PluginMetrics
-from gpudra.node.mps import PID_FILE
 from gpudra.node.mps_keeper import MpsKeeper
 from gpudra.node.prepare import DeviceState
 from gpudra.node.sharing import GpuSharing
+from gpudra.node.sharing.mps_daemons import PID_FILE
 from tests.unit.claims import from_claim, time_slicing, whole_gpus
 from tests.unit.test_prepare import Node, _child, uid
 from tests.unit.test_prepare_mps import (

@@ -45,7 +45,7 @@ from gpudra.node import checkpoint as ckpt
 from gpudra.node.allocation import Allocated, ClaimRef, ClaimSource, DeviceType, Sharing
 from gpudra.node.instances import NodeLock
 from gpudra.node.mig import MigPartitions
-from gpudra.node.mps import CONTAINER_PIPE_DIR
+from gpudra.node.sharing.mps_daemons import CONTAINER_PIPE_DIR
 from gpudra.quantity import parse_quantity
 
 log = logging.getLogger(__name__)

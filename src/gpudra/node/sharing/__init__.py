@@ -39,7 +39,7 @@ from gpudra.model.devices import bytes_quantity
 from gpudra.node import checkpoint as ckpt
 from gpudra.node.allocation import Allocated
 from gpudra.node.cdi import Mount
-from gpudra.node.mps import CONTAINER_PIPE_DIR, MpsDaemons, daemon_root, pipe_dir, shm_dir
+from gpudra.node.sharing.mps_daemons import CONTAINER_PIPE_DIR, MpsDaemons, daemon_root, pipe_dir, shm_dir
 
 EXCLUSIVE_PROCESS = COMPUTE_MODES["Exclusive_Process"]
 _MOUNT_OPTIONS = ("rw", "nosuid", "nodev", "bind")
