@@ -26,9 +26,11 @@ from gpudra.errors import ClaimError, HardwareError
 from gpudra.gpu import nvml
 from gpudra.gpu.tools import GpuTools
 from gpudra.model import devices
+from gpudra.model.claim import Claim, read_claim
 from gpudra.model.inventory import Inventory
 from gpudra.node import cdi
 from gpudra.node import checkpoint as ckpt
+from gpudra.node import recovery as node_recovery
 from gpudra.node.allocation import ClaimRef
 from gpudra.node.prepare import DeviceState
 from gpudra.node.sharing import GpuSharing
@@ -101,11 +103,11 @@ class ClaimFile:
     def write(self, claims: Sequence[Mapping[str, Any]]) -> None:
         self.path.write_text(json.dumps(list(claims)))
 
-    def get(self, *, namespace: str, name: str, uid: str) -> dict[str, Any]:
+    def get(self, *, namespace: str, name: str, uid: str) -> Claim:
         for claim in json.loads(self.path.read_text()):
             meta = claim["metadata"]
             if (meta["namespace"], meta["name"]) == (namespace, name):
-                return dict(claim)
+                return read_claim(claim)
         raise ClaimError(f"ResourceClaim {namespace}/{name} not found")
 
 
@@ -192,7 +194,7 @@ class SimNode:
             toolkit=cdi.ToolkitSpecs([self.root / "toolkit"]),
         )
         if recover:
-            device_state.recover()
+            node_recovery.recover(device_state)
         return device_state
 
     def copy(self, root: Path) -> SimNode:

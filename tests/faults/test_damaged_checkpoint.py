@@ -28,6 +28,7 @@ import pytest
 from gpudra.errors import ClaimError, GpudraError
 from gpudra.node import checkpoint as ckpt
 from gpudra.node.prepare import DeviceState
+from gpudra.node.recovery import recover
 from tests.faults.auditor import audit
 from tests.faults.node import REFS, SimNode, uid
 
@@ -156,7 +157,7 @@ def _refuses(node: SimNode, why: str) -> None:
     specs, files = node.specs(), sorted(node.state_dir.iterdir())
     state = node.state(recover=False)
     try:
-        state.recover()
+        recover(state)
     except GpudraError as err:  # refusing to start at all is a refusal too
         assert why in str(err)
     else:

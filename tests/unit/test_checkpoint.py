@@ -25,6 +25,7 @@ from gpudra.node.checkpoint import (
     PreparedDevice,
     TimeSlicingRecord,
 )
+from gpudra.node.recovery import recover
 from tests.unit.claims import from_claim, time_slicing, whole_gpus
 from tests.unit.test_prepare import Node, uid
 
@@ -1154,7 +1155,7 @@ def test_recover_refuses_a_too_new_checkpoint_and_touches_nothing(tmp_path: Path
     }
 
     restarted = node.state(recover=False)
-    refused = restarted.recover().refused
+    refused = recover(restarted).refused
 
     assert refused is not None
     assert str(node.checkpoint_path) in refused

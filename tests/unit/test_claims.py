@@ -7,6 +7,7 @@ import pytest
 from gpudra.errors import ClaimError, ClusterError
 from gpudra.kube.claims import ClaimReader
 from gpudra.kube.client import NotFound, Obj
+from gpudra.model.claim import read_claim
 from tests.unit.claims import whole_gpus
 
 HERE = whole_gpus("u-here", "gpu-0", name="here")
@@ -32,7 +33,7 @@ def test_every_read_goes_to_the_api_server_and_is_counted() -> None:
     kube = FakeKube({("default", "here"): HERE})
     reader = ClaimReader(kube)
     for _ in range(3):
-        assert reader.get(namespace="default", name="here", uid="u-here") is HERE
+        assert reader.get(namespace="default", name="here", uid="u-here") == read_claim(HERE)
     assert kube.gets == [("default", "here")] * 3
     assert reader.gets == 3
 

@@ -8,6 +8,7 @@ import pytest
 
 from gpudra.api import API_VERSION, GpuConfig, MigDeviceConfig, decode_config
 from gpudra.errors import ClaimError, ConfigError
+from gpudra.model.claim import read_allocation
 from gpudra.model.claim_config import DeviceType, ResolvedConfig, resolve_configs
 
 DRIVER = "gpu.gpudra.io"
@@ -61,7 +62,7 @@ def allocation(config: list[dict[str, Any]], results: list[dict[str, Any]]) -> d
 
 
 def resolve(config: list[dict[str, Any]], results: list[dict[str, Any]]) -> list[ResolvedConfig]:
-    return resolve_configs(allocation(config, results), driver=DRIVER, device_types=TYPES)
+    return resolve_configs(read_allocation(allocation(config, results)), driver=DRIVER, device_types=TYPES)
 
 
 # Each case: config entries, results, and per resolved result (device, index of the winning entry or None).
@@ -198,7 +199,7 @@ def test_winning_config_is_normalized() -> None:
 
 
 def test_empty_allocation() -> None:
-    assert resolve_configs({}, driver=DRIVER, device_types=TYPES) == []
+    assert resolve_configs(read_allocation({}), driver=DRIVER, device_types=TYPES) == []
 
 
 KIND = "status.allocation.devices.config[{}].opaque.parameters.kind"

@@ -27,7 +27,7 @@ from gpudra.node import checkpoint as ckpt
 from gpudra.node import daemon
 from gpudra.node.instances import NodeLock, PublisherTurn
 from gpudra.node.options import Options
-from gpudra.node.prepare import Recovery
+from gpudra.node.recovery import Recovery, recover
 from gpudra.node.sharing import GpuSharing
 from tests.unit.claims import from_claim, time_slicing, whole_gpus
 from tests.unit.test_prepare import Node, uid
@@ -178,7 +178,7 @@ def test_a_new_instance_s_recovery_waits_for_the_old_one_s_prepare_in_flight(h10
         preparing = pool.submit(old.prepare, claim)
         assert held.entered.wait(10)
         assert h100.entries()[uid(1)].state == "PrepareStarted"
-        recovering = pool.submit(new.recover)
+        recovering = pool.submit(recover, new)
         time.sleep(0.3)
         assert not recovering.done()
         held.release.set()

@@ -28,13 +28,16 @@ from gpudra.errors import ClaimError, ConfigError, GpudraError, HardwareError
 from gpudra.gpu import nvml
 from gpudra.gpu.tools import GpuTools
 from gpudra.model import devices
+from gpudra.model.claim import Claim, read_claim
 from gpudra.model.inventory import Inventory
 from gpudra.model.publishing import MigMode
 from gpudra.node import cdi, faults
 from gpudra.node import checkpoint as ckpt
+from gpudra.node import recovery as node_recovery
 from gpudra.node.allocation import Allocated, ClaimRef, Sharing
 from gpudra.node.mig import MigHardware, MigPartitions
 from gpudra.node.prepare import DeviceState
+from gpudra.node.recovery import recover
 from gpudra.node.sharing import GpuSharing
 from gpudra.sim import state as sim_state
 from tests.sim_nvml import mig_partitions
@@ -85,9 +88,9 @@ class Claims:
         self.objects.clear()
         self._save()
 
-    def get(self, *, namespace: str, name: str, uid: str) -> dict[str, Any]:
+    def get(self, *, namespace: str, name: str, uid: str) -> Claim:
         try:
-            return self.objects[(namespace, name)]
+            return read_claim(self.objects[(namespace, name)])
         except KeyError:
             raise ClaimError(f"ResourceClaim {namespace}/{name} not found") from None
 
@@ -141,7 +144,7 @@ class Node:
             toolkit=cdi.ToolkitSpecs([self.toolkit_dir]),
         )
         if recover:
-            device_state.recover()
+            node_recovery.recover(device_state)
         return device_state
 
     def timeslices(self) -> dict[str, int]:
@@ -444,14 +447,23 @@ class FailingOn:
     ) -> bool:
         return self.inner.adopt(entry, visible=visible, others=others)
 
-    def stop_others(self, known: set[Path]) -> list[Path]:
-        return self.inner.stop_others(known)
+    def runs_process(self, entry: ckpt.ClaimEntry) -> bool:
+        return self.inner.runs_process(entry)
 
-    def reset_time_slices(self, gpu_uuids: Sequence[str]) -> None:
-        self.inner.reset_time_slices(gpu_uuids)
+    def discard(self, entry: ckpt.ClaimEntry) -> None:
+        self.inner.discard(entry)
+
+    def reset(self, gpu_uuids: Sequence[str]) -> None:
+        self.inner.reset(gpu_uuids)
+
+    def stop_unrecorded(self, claims: Sequence[ckpt.ClaimEntry]) -> list[Path]:
+        return self.inner.stop_unrecorded(claims)
 
     def container_edits(self, device: ckpt.PreparedDevice) -> tuple[dict[str, str], tuple[cdi.Mount, ...]]:
         return self.inner.container_edits(device)
+
+    def rebuild(self, cdi_device: cdi.CdiDevice, *, whole_alone: bool) -> ckpt.SharingRecord | None:
+        return self.inner.rebuild(cdi_device, whole_alone=whole_alone)
 
 
 def test_a_failing_apply_rolls_back_the_devices_already_applied(h100: Node) -> None:
@@ -805,7 +817,7 @@ def test_an_unreadable_checkpoint_refuses_claims_until_it_is_fixed(h100: Node) -
     h100.checkpoint_path.mkdir()  # e.g. a hostPath mount gone wrong
 
     state = h100.state(recover=False)
-    recovery = state.recover()
+    recovery = recover(state)
 
     assert recovery.refused is not None
     assert re.search(r"cannot read the checkpoint .*checkpoint.json: Is a directory", recovery.refused)
@@ -821,7 +833,7 @@ def test_an_unreadable_checkpoint_refuses_claims_until_it_is_fixed(h100: Node) -
     # the operator puts the file back; the next recover() (the plugin retries it) serves again
     h100.checkpoint_path.rmdir()
     h100.checkpoint_path.write_bytes(saved)
-    assert state.recover().refused is None
+    assert recover(state).refused is None
     assert state.refusal is None
     state.unprepare(running)
     assert not h100.spec_path(uid(1)).exists()
@@ -904,11 +916,20 @@ class RecordingSharing:
     ) -> bool:
         return False
 
-    def stop_others(self, known: set[Path]) -> list[Path]:
+    def runs_process(self, entry: ckpt.ClaimEntry) -> bool:
+        return False
+
+    def discard(self, entry: ckpt.ClaimEntry) -> None:
+        pass
+
+    def reset(self, gpu_uuids: Sequence[str]) -> None:
+        pass
+
+    def stop_unrecorded(self, claims: Sequence[ckpt.ClaimEntry]) -> list[Path]:
         return []
 
-    def reset_time_slices(self, gpu_uuids: Sequence[str]) -> None:
-        pass
+    def rebuild(self, cdi_device: cdi.CdiDevice, *, whole_alone: bool) -> ckpt.SharingRecord | None:
+        return None
 
     def container_edits(self, device: ckpt.PreparedDevice) -> tuple[dict[str, str], tuple[cdi.Mount, ...]]:
         return {}, ()
@@ -1025,7 +1046,7 @@ def _held_first_save(
     def held_save(path: Path, checkpoint: ckpt.Checkpoint) -> bytes:
         if not saves:
             deadline = time.monotonic() + 10
-            while len(state._waiting) < waiting and time.monotonic() < deadline:
+            while len(state.store._waiting) < waiting and time.monotonic() < deadline:
                 time.sleep(0.001)
         saves.append(set(checkpoint.claims))
         if fails:
@@ -1093,7 +1114,7 @@ def test_a_missing_checkpoint_with_claim_specs_on_disk_rebuilds_instead_of_delet
     h100.checkpoint_path.unlink()
 
     state = h100.state(recover=False)
-    recovery = state.recover()
+    recovery = recover(state)
 
     assert recovery.damage is not None and "missing but 1 claim spec(s)" in recovery.damage
     assert recovery.rebuilt == 1 and recovery.copied_to is None
@@ -1140,7 +1161,7 @@ def test_a_crash_between_copying_and_replacing_a_damaged_checkpoint_rebuilds_aga
 
     monkeypatch.setattr(ckpt, "save", disk_full)  # the save of the rebuilt checkpoint fails
     state = h100.state(recover=False)
-    recovery = state.recover()
+    recovery = recover(state)
     assert recovery.refused is not None and "No space left on device" in recovery.refused
     assert h100.checkpoint_path.read_bytes() == b"garbage"  # still in place: the next start sees it
     assert h100.spec_path(uid(1)).exists()
@@ -1148,7 +1169,7 @@ def test_a_crash_between_copying_and_replacing_a_damaged_checkpoint_rebuilds_aga
         state.prepare(h100.claims.add(whole_gpus(uid(2), "gpu-1")))
 
     monkeypatch.undo()
-    recovery = state.recover()  # what the plugin's retry loop does
+    recovery = recover(state)  # what the plugin's retry loop does
     assert recovery.refused is None and recovery.rebuilt == 1
     assert set(h100.entries()) == {uid(1)} and h100.spec_path(uid(1)).exists()
     assert len(list(h100.checkpoint_path.parent.glob("checkpoint.json.corrupt-*"))) == 2

@@ -213,7 +213,7 @@ def test_reset_time_slices_runs_the_tool_whatever_the_records_say(
     gpus, tools, store = machine
     sharing = sharing_of(tools, tmp_path)
     sharing.apply(entry("a", (gpus[2], record("Medium"))), visible={}, others=[])
-    sharing.reset_time_slices([gpus[2].uuid])
+    sharing.reset([gpus[2].uuid])
     assert timeslices(store) == [0] * 8
 
 
@@ -393,13 +393,13 @@ def test_a_dead_daemon_is_started_again_on_adoption_and_others_are_stopped(
     assert sharing.adopt(claim, visible=visible, others=[]) is False  # alive: kept as it is
     [daemon] = store.read().mps_daemons
     os.kill(daemon.pid, signal.SIGKILL)
-    wait_for(lambda: not sharing.daemons.answers(planned.root))
+    wait_for(lambda: not sharing.mps.daemons.answers(planned.root))
     assert sharing.adopt(claim, visible=visible, others=[]) is True
     [again] = [d for d in store.read().mps_daemons if d.pid != daemon.pid and _alive(d.pid)]
     assert again.default_active_thread_percentage == 30.0
 
-    assert sharing.stop_others({planned.root}) == []
-    assert sharing.stop_others(set()) == [planned.root]
+    assert sharing.stop_unrecorded([claim]) == []
+    assert sharing.stop_unrecorded([]) == [planned.root]
     assert not planned.root.exists()
     assert not any(_alive(d.pid) for d in store.read().mps_daemons)
 

@@ -11,7 +11,8 @@ node's API load to its own claims, whatever the size of the cluster, and holds n
 from __future__ import annotations
 
 from gpudra.errors import ClaimError
-from gpudra.kube.client import Kube, NotFound, Obj
+from gpudra.kube.client import Kube, NotFound
+from gpudra.model.claim import Claim, read_claim
 
 
 class ClaimReader:
@@ -19,10 +20,10 @@ class ClaimReader:
         self.kube = kube
         self.gets = 0  # for the metrics
 
-    def get(self, *, namespace: str, name: str, uid: str) -> Obj:
+    def get(self, *, namespace: str, name: str, uid: str) -> Claim:
         """The claim as the API server has it now; prepare checks that its UID is `uid`."""
         self.gets += 1
         try:
-            return self.kube.get_claim(namespace, name)
+            return read_claim(self.kube.get_claim(namespace, name))
         except NotFound as err:
             raise ClaimError(f"ResourceClaim {namespace}/{name} not found") from err

@@ -11,13 +11,14 @@ applies to gets its kind's default config. These are the rules of NVIDIA's and t
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from gpudra.api import DeviceConfig, GpuConfig, MigDeviceConfig, decode_config
 from gpudra.api.decode import combined
 from gpudra.errors import ClaimError, ConfigError
+from gpudra.model.claim import Allocation, ConfigEntry
 
 DeviceType = Literal["gpu", "mig"]
 Source = Literal["FromClass", "FromClaim"]
@@ -53,7 +54,7 @@ class _Entry:
 
 
 def resolve_configs(
-    allocation: Mapping[str, Any], *, driver: str, device_types: Mapping[str, DeviceType]
+    allocation: Allocation, *, driver: str, device_types: Mapping[str, DeviceType]
 ) -> list[ResolvedConfig]:
     """The config of every result of `driver` in a claim's `status.allocation`, in result order.
 
@@ -62,27 +63,26 @@ def resolve_configs(
     `gpudra validate` would) or every entry whose kind does not fit a device it names; ClaimError
     when a result names a device that `device_types` does not know.
     """
-    devices = allocation.get("devices") or {}
-    entries = _entries(devices.get("config") or [], driver)
+    entries = _entries(allocation.config, driver)
     resolved, problems = [], []
-    for position, result in enumerate(devices.get("results") or []):
-        if result.get("driver") != driver:
+    for position, result in enumerate(allocation.results):
+        if result.driver != driver:
             continue
-        device = result["device"]
+        device = result.device
         if device not in device_types:
             raise ClaimError(
                 f"status.allocation.devices.results[{position}].device: {device} is not a device of "
                 f"this node's {driver} pool"
             )
         device_type = device_types[device]
-        winner = _winner(entries, request=result["request"], device=device, device_type=device_type)
+        winner = _winner(entries, request=result.request, device=device, device_type=device_type)
         if isinstance(winner, ConfigError):
             problems.append(winner)
             continue
         resolved.append(
             ResolvedConfig(
-                request=result["request"],
-                pool=result["pool"],
+                request=result.request,
+                pool=result.pool,
                 device=device,
                 config=_KIND_FOR[device_type]() if winner is None else winner.config,
                 source=None if winner is None else winner.source,
@@ -94,25 +94,24 @@ def resolve_configs(
     return resolved
 
 
-def _entries(config: list[Mapping[str, Any]], driver: str) -> list[_Entry]:
+def _entries(config: Sequence[ConfigEntry], driver: str) -> list[_Entry]:
     """This driver's entries, decoded, class entries first; ConfigError listing every bad one."""
     entries, problems = [], []
-    for index, item in enumerate(config):
-        field = f"status.allocation.devices.config[{index}]"
+    for item in config:
+        field = f"status.allocation.devices.config[{item.index}]"
         # Only opaque configs name a driver; any other kind of entry cannot be gpudra's.
-        opaque = item.get("opaque")
-        if opaque is None or opaque.get("driver") != driver:
+        if item.driver != driver:
             continue
-        source = item.get("source")
-        if source not in ("FromClass", "FromClaim"):
+        source: Source = "FromClass" if item.source == "FromClass" else "FromClaim"
+        if item.source != source:
             problems.append(ConfigError("must be one of: FromClass, FromClaim", field=f"{field}.source"))
             continue
         try:
-            decoded = decode_config(opaque.get("parameters"), field_prefix=f"{field}.opaque.parameters")
+            decoded = decode_config(item.parameters, field_prefix=f"{field}.opaque.parameters")
         except ConfigError as err:
             problems.append(err)
             continue
-        entries.append(_Entry(index, source, frozenset(item.get("requests") or ()), decoded))
+        entries.append(_Entry(item.index, source, item.requests, decoded))
     if problems:
         raise combined(problems)
     return sorted(entries, key=lambda entry: entry.source != "FromClass")

@@ -11,10 +11,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 if TYPE_CHECKING:  # types only: the kubelet's gRPC server imports ClaimRef before anything heavy loads
     from gpudra.api import GpuConfig, MigDeviceConfig
+    from gpudra.model.claim import Claim
     from gpudra.model.inventory import Gpu
     from gpudra.node import cdi
     from gpudra.node import checkpoint as ckpt
@@ -35,7 +36,7 @@ class ClaimRef:
 
 
 class ClaimSource(Protocol):
-    def get(self, *, namespace: str, name: str, uid: str) -> dict[str, Any]: ...
+    def get(self, *, namespace: str, name: str, uid: str) -> Claim: ...
 
 
 @dataclass(frozen=True)
@@ -92,10 +93,16 @@ class Sharing(Protocol):
         self, entry: ckpt.ClaimEntry, *, visible: Mapping[str, str], others: Sequence[ckpt.ClaimEntry]
     ) -> bool: ...
 
-    def reset_time_slices(self, gpu_uuids: Sequence[str]) -> None: ...
+    def runs_process(self, entry: ckpt.ClaimEntry) -> bool: ...
 
-    def stop_others(self, known: set[Path]) -> list[Path]: ...
+    def discard(self, entry: ckpt.ClaimEntry) -> None: ...
+
+    def reset(self, gpu_uuids: Sequence[str]) -> None: ...
+
+    def stop_unrecorded(self, claims: Sequence[ckpt.ClaimEntry]) -> list[Path]: ...
 
     def container_edits(
         self, device: ckpt.PreparedDevice
     ) -> tuple[dict[str, str], tuple[cdi.Mount, ...]]: ...
+
+    def rebuild(self, cdi_device: cdi.CdiDevice, *, whole_alone: bool) -> ckpt.SharingRecord | None: ...

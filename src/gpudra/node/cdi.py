@@ -178,6 +178,21 @@ def claim_kind(driver: str) -> str:
     return f"{driver}/{CLAIM_CLASS}"
 
 
+def device_name(device: str, share_id: str | None) -> str:
+    """A claim's CDI device name after its UID: the device, and the share's ID for a share (a claim may
+    hold two shares of one device, through two requests)."""
+    return device if share_id is None else f"{device}-{share_id}"
+
+
+_SHARE_SUFFIX = re.compile(r"-([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})$")
+
+
+def split_device_name(name: str) -> tuple[str, str | None]:
+    """A CDI device name after the claim UID, split into the device and the share's ID (or None)."""
+    match = _SHARE_SUFFIX.search(name)
+    return (name[: match.start()], match.group(1)) if match else (name, None)
+
+
 def claim_device_id(*, driver: str, claim_uid: str, device_name: str) -> str:
     """The qualified CDI device ID the plugin returns for one device of a claim."""
     _check_device_name(claim_uid, field="claim_uid")

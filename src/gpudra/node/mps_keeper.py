@@ -4,8 +4,8 @@ A claim's daemon detaches from the plugin, so a plugin restart leaves it running
 stop while its claim runs: it lived in the container of a plugin pod that a rolling update deleted
 (`maxSurge: 1`: the new pod adopted the daemon, then the old pod's processes died with its container),
 or it crashed or was killed. Its clients then lose MPS until the claim is prepared again. So every
-`--mps-check-interval-seconds` the keeper asks `DeviceState` to start again each daemon that no longer
-answers, with the limits its claim's records hold (see `DeviceState.restart_stopped_mps_daemons` for
+`--mps-check-interval-seconds` the keeper has recovery start again each daemon that no longer
+answers, with the limits its claim's records hold (see `gpudra.node.recovery.restart_stopped_daemons` for
 the locking that keeps two instances on a node, and a claim mid-prepare or mid-unprepare, safe).
 
 Each restart is a warning in the log, `gpudra_mps_daemon_restarts_total{outcome="started"}` and a
@@ -24,6 +24,8 @@ from gpudra.errors import HardwareError
 from gpudra.node import checkpoint as ckpt
 from gpudra.node.metrics import PluginMetrics
 from gpudra.node.prepare import DeviceState
+from gpudra.node.recovery import restart_stopped_daemons
+from gpudra.node.sharing.mps import daemon_roots
 from gpudra.service import Loop
 
 log = logging.getLogger(__name__)
@@ -63,7 +65,7 @@ class MpsKeeper:
 
     def step(self) -> float:
         """One round; HardwareError naming each claim whose daemon could not be started again."""
-        check = self.state.restart_stopped_mps_daemons()
+        check = restart_stopped_daemons(self.state)
         for entry in check.restarted:
             self.metrics.mps_daemon_restarts.labels("started").inc()
             log.warning(
@@ -101,6 +103,4 @@ def _claim(entry: ckpt.ClaimEntry) -> str:
 
 
 def _directory(entry: ckpt.ClaimEntry) -> str:
-    return ", ".join(
-        sorted({str(d.sharing.root) for d in entry.devices if isinstance(d.sharing, ckpt.MpsRecord)})
-    )
+    return ", ".join(str(root) for root in daemon_roots(entry))

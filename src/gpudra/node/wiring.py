@@ -35,7 +35,8 @@ from gpudra.node.metrics import PluginMetrics
 from gpudra.node.mig import MigPartitions
 from gpudra.node.mps_keeper import MpsKeeper
 from gpudra.node.options import Options
-from gpudra.node.prepare import DeviceState, Recovery
+from gpudra.node.prepare import DeviceState
+from gpudra.node.recovery import Recovery, recover
 from gpudra.node.served_model import ServedModel
 from gpudra.node.sharing import GpuSharing
 from gpudra.node.usage import ClaimUsage
@@ -103,7 +104,7 @@ def _run(options: Options, session: nvml.Nvml, server: KubeletServer, *, stop: t
         toolkit=cdi.ToolkitSpecs(options.toolkit_cdi_dirs),
         dev_root=options.dev_root,
     )
-    _report_recovery(state.recover(), events, metrics)
+    _report_recovery(recover(state), events, metrics)
     retry_checkpoint = service.Loop("checkpoint", lambda: _retry_recovery(state, events, metrics))
     metrics.track_prepared(lambda: _counts(state))
     metrics.track_checkpoint(lambda: state.refusal)
@@ -234,7 +235,7 @@ def _retry_recovery(state: DeviceState, events: NodeEvents, metrics: PluginMetri
     newer gpudra's file away, fixing a mount or permissions) takes effect without a restart."""
     if state.refusal is None:
         return IDLE_SECONDS
-    recovery = state.recover()
+    recovery = recover(state)
     if recovery.refused is not None:
         return CHECKPOINT_RETRY_SECONDS
     _report_recovery(recovery, events, metrics)
