@@ -1,6 +1,6 @@
 """Checks of the gpudra configs in claim, template and class manifests. Pure.
 
-`validate_documents` judges parsed objects (`gpudra.manifest_files` reads them from files for
+`validate_documents` judges parsed objects (`gpudra.cli.manifest_files` reads them from files for
 `gpudra validate FILE...`): each config entry whose `opaque.driver` is gpudra's must carry a
 valid GpuConfig or MigDeviceConfig of at most 10 KiB, and in claims its `requests` must name requests of
 the claim. Other drivers' entries and other kinds of objects are left alone.

@@ -283,9 +283,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _inventory(args: argparse.Namespace) -> int:
-    from gpudra import inventory_view  # noqa: PLC0415 (see the imports above)
+    from gpudra.cli import inventory  # noqa: PLC0415 (see the imports above)
 
-    return inventory_view.show(
+    return inventory.show(
         nvml_name=args.nvml,
         publishing=_publishing_option(args),
         driver=args.driver_name,
@@ -299,7 +299,7 @@ def _inventory(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from gpudra import manifest_files  # noqa: PLC0415 (see the imports above)
+    from gpudra.cli import manifest_files  # noqa: PLC0415 (see the imports above)
 
     problems = manifest_files.validate_files(args.files, driver=args.driver_name)
     for problem in problems:
@@ -313,24 +313,24 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from gpudra import explain_cmd  # noqa: PLC0415 (see the imports above)
+    from gpudra.cli import explain  # noqa: PLC0415 (see the imports above)
 
-    return explain_cmd.run(args)
+    return explain.run(args)
 
 
 # --- status --------------------------------------------------------------------------------------
 
 
 def _status(args: argparse.Namespace) -> int:
-    from gpudra import status_cmd  # noqa: PLC0415 (see the imports above)
+    from gpudra.cli import status  # noqa: PLC0415 (see the imports above)
 
-    view = status_cmd.fetch(
+    view = status.fetch(
         kubeconfig=args.kubeconfig,
         driver=args.driver_name,
         idle_after_seconds=_seconds_option(args.idle_after_seconds, "--idle-after-seconds"),
         controller_url=args.controller_url,
     )
-    sys.stdout.write(status_cmd.show(view, output=args.output))
+    sys.stdout.write(status.show(view, output=args.output))
     return 0
 
 

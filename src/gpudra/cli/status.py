@@ -16,11 +16,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from gpudra.cli.status_text import render
 from gpudra.errors import ClusterError
 from gpudra.kube import client as kube
 from gpudra.model import cluster_view
 from gpudra.model.cluster_view import ClusterView
-from gpudra.model.cluster_view_text import render
 
 URL_TIMEOUT_SECONDS = 10.0
 
