@@ -12,7 +12,7 @@ Online (no `--slices`): slices, classes and every claim's allocation come from t
 `claim/NAME` or `pod/NAME` names the object there; FILE then asks whether claims not yet created would fit.
 
 Files are read with `gpudra.cli.manifest_files` (bounded: size, aliases, depth); the judging is
-`gpudra.model.explain`.
+`gpudra.scheduling.explain`.
 """
 
 from __future__ import annotations
@@ -28,14 +28,14 @@ from typing import TYPE_CHECKING, Any
 from gpudra.cli.explain_text import render_text
 from gpudra.cli.manifest_files import read_documents
 from gpudra.errors import ConfigError
-from gpudra.model.explain import (
+from gpudra.scheduling.explain import (
     ClaimToExplain,
     Explanation,
     claims_to_explain,
     device_classes,
     explain,
 )
-from gpudra.model.resource_pools import Inventory
+from gpudra.scheduling.pools import Inventory
 
 if TYPE_CHECKING:
     from gpudra.kube.client import Kube
