@@ -299,14 +299,9 @@ def _inventory(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from gpudra.cli import manifest_files  # noqa: PLC0415 (see the imports above)
+    from gpudra.cli import validate  # noqa: PLC0415 (see the imports above)
 
-    problems = manifest_files.validate_files(args.files, driver=args.driver_name)
-    for problem in problems:
-        print(problem)
-    if not problems:
-        print(f"{len(args.files)} file(s) valid")
-    return 1 if problems else 0
+    return validate.run(args.files, driver=args.driver_name)
 
 
 # --- explain -------------------------------------------------------------------------------------

@@ -13,9 +13,9 @@ one at a time for each request on each node:
 3. when every request alone has devices enough, the search is repeated without each constraint, then
    without counters, to name the constraint or the counter sets that make a fitting set impossible.
 
-The first line of `render_text` is the verdict ("fits on node-h100: gpu-3" / "cannot fit: no device has
-productName == "NVIDIA H200" ..."), the node that came closest deciding the reason; details follow. The
-result is a pydantic model, so tools get the same as JSON.
+The first line of the text (`gpudra.cli.explain_text`) is the verdict ("fits on node-h100: gpu-3" /
+"cannot fit: no device has productName == "NVIDIA H200" ..."), the node that came closest deciding the
+reason; details follow. The result is a pydantic model, so tools get the same as JSON.
 
 A claim being explained never counts against itself: its own allocation is ignored, as if it were
 pending.
