@@ -22,13 +22,13 @@ from typing import Any
 
 from gpudra import logs
 from gpudra.errors import ConfigError, GpudraError
+from gpudra.model.kube_api import NEWEST_MINOR
 from gpudra.model.publishing import Publishing
 
 # Each command imports what it needs when it runs: `gpudra kubelet-plugin` opens the kubelet's sockets
 # before the ~0.3 s of importing NVML, the API client and the models (see gpudra.node.daemon).
 
 DRIVER = "gpu.gpudra.io"
-NEWEST_MINOR = 36
 # --instance-id goes into socket file names: no '/', no leading dot (the kubelet skips dot files).
 _INSTANCE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 _INSTANCE_ID_RULE = "1 to 63 letters, digits, '-', '_' and '.', starting with a letter or digit"

@@ -14,8 +14,9 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from gpudra.kube.client import GROUP, VERSION, Kube
+from gpudra.kube.client import Kube
 from gpudra.kube.informer import Informer
+from gpudra.model.kube_api import GROUP, VERSION
 from gpudra.scheduling import cluster_view
 from gpudra.scheduling.explain import device_classes
 from gpudra.scheduling.pools import Inventory
