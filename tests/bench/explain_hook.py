@@ -18,11 +18,11 @@ from pathlib import Path
 import yaml
 
 from gpudra.gpu import nvml
-from gpudra.model import cel
 from gpudra.model.devices import build_devices
-from gpudra.model.explain import ClaimToExplain, device_classes, explain
-from gpudra.model.resource_pools import Inventory
 from gpudra.model.slices import build_slices
+from gpudra.scheduling import cel
+from gpudra.scheduling.explain import ClaimToExplain, device_classes, explain
+from gpudra.scheduling.pools import Inventory
 
 REPO = Path(__file__).resolve().parents[2]
 NODES = 1000

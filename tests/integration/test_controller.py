@@ -227,7 +227,7 @@ def test_the_certificate_is_made_once_trusted_and_survives_a_restart(
 def _hand_count(resources: Resources) -> dict[str, dict[str, int]]:
     """Per node: physical GPUs (gpu-N, whatever devices of it are published), those some claim holds,
     those held by more than one claim or pod, and the free ones. Counted here from the API's objects,
-    independently of gpudra.model.cluster_view."""
+    independently of gpudra.scheduling.cluster_view."""
     gpus: dict[str, set[str]] = defaultdict(set)
     for piece in resources.list("resourceslices"):
         if piece["spec"]["driver"] == DRIVER:

@@ -22,8 +22,8 @@ import pytest
 from kubernetes import client
 
 from gpudra.kube.client import Kube
-from gpudra.model.explain import ClaimToExplain, Explanation, device_classes, explain
-from gpudra.model.resource_pools import Inventory
+from gpudra.scheduling.explain import ClaimToExplain, Explanation, device_classes, explain
+from gpudra.scheduling.pools import Inventory
 from tests.localcluster import LocalCluster
 from tests.localcluster.node_plugin import DRIVER, PluginProcess
 

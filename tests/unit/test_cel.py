@@ -1,4 +1,4 @@
-"""The DRA selector CEL environment (gpudra.model.cel): Kubernetes' fields, functions and error words."""
+"""The DRA selector CEL environment (gpudra.scheduling.cel): Kubernetes' fields, functions and error words."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpudra.model import cel
-from gpudra.model.cel import (
+from gpudra.scheduling import cel
+from gpudra.scheduling.cel import (
     CelCompileError,
     CelRuntimeError,
     CelUnsupported,

@@ -1,5 +1,6 @@
-"""The controller's cluster view (gpudra.model.cluster_view, .cluster_view_text, .request_reach) and its
-housekeeping rule, on slices gpudra's own device model publishes for hand-built nodes."""
+"""The controller's cluster view (gpudra.scheduling.cluster_view, .reach; its text,
+gpudra.cli.status_text) and its housekeeping rule, on slices gpudra's own device model publishes for
+hand-built nodes."""
 
 from __future__ import annotations
 
@@ -9,15 +10,15 @@ from typing import Any
 
 import yaml
 
+from gpudra.cli.status_text import render
 from gpudra.controller.housekeeping import stale_reports
 from gpudra.model import claim_usage
-from gpudra.model.cluster_view import ClusterView, build, driver_classes
-from gpudra.model.cluster_view_text import render
 from gpudra.model.devices import build_devices
-from gpudra.model.explain import device_classes
-from gpudra.model.request_reach import Reach
-from gpudra.model.resource_pools import Inventory
 from gpudra.model.slices import build_slices
+from gpudra.scheduling.cluster_view import ClusterView, build, driver_classes
+from gpudra.scheduling.explain import device_classes
+from gpudra.scheduling.pools import Inventory
+from gpudra.scheduling.reach import Reach
 from tests.unit import inventories as inv
 
 DRIVER = "gpu.gpudra.io"

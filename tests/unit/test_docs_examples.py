@@ -2,7 +2,7 @@
 
 Every ```yaml block of a page that holds gpudra objects (claims, templates and DeviceClasses naming
 gpudra's classes or driver, bare `resource.gpudra.io` configs, and the pods that use them) passes
-`gpudra validate` (gpudra.manifest_files.validate_files, the function behind it) and each of its
+`gpudra validate` (gpudra.cli.validate.validate_files, the function behind it) and each of its
 claims, templates and pods fits a simulated DGX H100 or DGX A100 node by `gpudra explain --slices`
 (gpudra.cli, in-process). A pod without claims that asks for an extended resource (`nvidia.com/gpu: 1`)
 is explained as the scheduler treats it under KEP-5004 when a DeviceClass of the page maps that name:
@@ -31,8 +31,8 @@ import yaml
 
 from gpudra import cli
 from gpudra.api import config_problems
+from gpudra.cli.validate import validate_files
 from gpudra.gpu import nvml
-from gpudra.manifest_files import validate_files
 from gpudra.model.devices import build_devices
 from gpudra.model.manifests import validate_documents
 from gpudra.model.slices import build_slices

@@ -1,5 +1,5 @@
-"""gpudra explain (gpudra.model.explain, .allocator, .explain_text): the scheduler's allocation rules and the
-reasons given, on slices gpudra's own device model publishes for hand-built nodes."""
+"""gpudra explain (gpudra.scheduling.explain, .allocator; its text, gpudra.cli.explain_text): the scheduler's
+allocation rules and the reasons given, on slices gpudra's own device model publishes for hand-built nodes."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 import yaml
 
+from gpudra.cli.explain_text import render_text
 from gpudra.errors import ConfigError
 from gpudra.model.devices import build_devices
-from gpudra.model.explain import ClaimToExplain, Explanation, claims_to_explain, device_classes, explain
-from gpudra.model.explain_text import render_text
-from gpudra.model.resource_pools import Inventory
 from gpudra.model.slices import build_slices
+from gpudra.scheduling.explain import ClaimToExplain, Explanation, claims_to_explain, device_classes, explain
+from gpudra.scheduling.pools import Inventory
 from tests.unit import inventories as inv
 
 DRIVER = "gpu.gpudra.io"

@@ -1,13 +1,16 @@
-"""Code rules no linter checks: log context keys, the pinned config API. (Import rules: .importlinter.)"""
+"""Code rules no linter checks: log context keys, the pinned config API, a layer for every top-level module
+(import rules: .importlinter)."""
 
 from __future__ import annotations
 
 import ast
+import configparser
 from pathlib import Path
 
 import gpudra.api
 
-SRC = Path(__file__).resolve().parents[2] / "src" / "gpudra"
+REPO = Path(__file__).resolve().parents[2]
+SRC = REPO / "src" / "gpudra"
 
 
 def _module_name(path: Path) -> str:
@@ -54,3 +57,24 @@ def test_log_context_keys_never_collide_with_logrecord_attributes() -> None:
                 keys = {str(k.value) for k in value.keys if isinstance(k, ast.Constant)}
                 clashes += [f"{_module_name(path)}:{value.lineno}: {k}" for k in keys & _RESERVED]
     assert clashes == []
+
+
+def test_every_top_level_module_has_a_layer() -> None:
+    """import-linter checks only the modules its layers name: a new folder or module left out of
+    .importlinter's `layers` contract could import anything."""
+    config = configparser.ConfigParser()
+    config.read(REPO / ".importlinter")
+    named = {
+        name.strip()
+        for line in config["importlinter:contract:layers"]["layers"].split("\n")
+        for name in line.split("|")
+        if name.strip()
+    }
+    top_level = {
+        f"gpudra.{p.stem}"
+        for p in SRC.iterdir()
+        if (p.suffix == ".py" or (p / "__init__.py").exists())
+        and p.stem not in ("__init__", "__main__", "_proto")
+    }
+    assert top_level - named == set()
+    assert named - top_level == set()

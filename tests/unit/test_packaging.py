@@ -33,7 +33,7 @@ def test_the_wheel_holds_no_harness_and_no_tests(tmp_path: Path) -> None:
     assert not [n for n in names if "localcluster" in n or "/tests/" in n or n.startswith("tests/")]
     # the product is all there: both boundaries, the node plugin, the simulator
     for module in (
-        "gpudra/cli.py",
+        "gpudra/cli/__init__.py",
         "gpudra/node/daemon.py",
         "gpudra/kube/client.py",
         "gpudra/gpu/nvml.py",

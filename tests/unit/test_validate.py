@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpudra.manifest_files import validate_files
+from gpudra.cli.validate import validate_files
 from gpudra.model.manifests import Problem, validate_documents
 
 DRIVER = "gpu.gpudra.io"

@@ -2,7 +2,7 @@
 ResourceClaim, every DeviceClass. I/O: the API server, through `gpudra.kube.informer`.
 
 Every replica keeps it (a follower answers `gpudra status` and admission warnings as well as the
-leader). `view()` builds `gpudra.model.cluster_view` from it, again only when a watch saw a change or
+leader). `view()` builds `gpudra.scheduling.cluster_view` from it, again only when a watch saw a change or
 VIEW_SECONDS passed (idle times grow with the clock); `reach()` holds requests against the published
 devices for the admission warnings, rebuilt when slices or classes changed.
 """
@@ -14,12 +14,13 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from gpudra.kube.client import GROUP, VERSION, Kube
+from gpudra.kube.client import Kube
 from gpudra.kube.informer import Informer
-from gpudra.model import cluster_view
-from gpudra.model.explain import device_classes
-from gpudra.model.request_reach import Reach
-from gpudra.model.resource_pools import Inventory
+from gpudra.model.kube_api import GROUP, VERSION
+from gpudra.scheduling import cluster_view
+from gpudra.scheduling.explain import device_classes
+from gpudra.scheduling.pools import Inventory
+from gpudra.scheduling.reach import Reach
 
 # A scrape every few seconds must not rebuild a thousand nodes' view each time.
 VIEW_SECONDS = 5.0

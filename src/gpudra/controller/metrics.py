@@ -15,7 +15,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gpudra.http_endpoint import ApiRequests
-from gpudra.model.cluster_view import ClusterView
+from gpudra.scheduling.cluster_view import ClusterView
 
 
 class ControllerMetrics:

@@ -41,12 +41,12 @@ from prometheus_client import CollectorRegistry, Counter
 from gpudra.controller.certs import Material, read_certificates
 from gpudra.controller.options import Options
 from gpudra.errors import ConfigError
+from gpudra.model.kube_api import GROUP, VERSION
 from gpudra.model.manifests import Problem, validate_documents
 
 log = logging.getLogger(__name__)
 
 PATH = "/validate"
-GROUP = "resource.k8s.io"
 JUDGED_KINDS = ("ResourceClaim", "ResourceClaimTemplate", "DeviceClass")
 WARNED_KINDS = ("ResourceClaim", "ResourceClaimTemplate")
 _RESOURCES = {"ResourceClaim": "resourceclaims", "ResourceClaimTemplate": "resourceclaimtemplates"}
@@ -225,7 +225,7 @@ def _webhook(
         "rules": [
             {
                 "apiGroups": [GROUP],
-                "apiVersions": ["v1"],
+                "apiVersions": [VERSION],
                 "operations": ["CREATE", "UPDATE"],
                 "resources": resources,
                 "scope": "*",

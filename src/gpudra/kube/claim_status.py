@@ -15,7 +15,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
-from gpudra.kube.client import GROUP, VERSION, Kube, Obj
+from gpudra.kube.client import Kube, Obj
+from gpudra.model.kube_api import GROUP, VERSION
 
 
 def field_manager(node_name: str) -> str:

@@ -30,8 +30,8 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
 from gpudra.errors import ClusterError
+from gpudra.model.kube_api import GROUP, VERSION
 
-GROUP, VERSION = "resource.k8s.io", "v1"
 # (connect, read) seconds for every call: a hung API server fails a call instead of holding it forever.
 REQUEST_TIMEOUT = (5.0, 30.0)
 Obj = dict[str, Any]

@@ -1,6 +1,6 @@
 """Checks of the gpudra configs in claim, template and class manifests. Pure.
 
-`validate_documents` judges parsed objects (`gpudra.manifest_files` reads them from files for
+`validate_documents` judges parsed objects (`gpudra.cli.manifest_files` reads them from files for
 `gpudra validate FILE...`): each config entry whose `opaque.driver` is gpudra's must carry a
 valid GpuConfig or MigDeviceConfig of at most 10 KiB, and in claims its `requests` must name requests of
 the claim. Other drivers' entries and other kinds of objects are left alone.
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpudra.api import config_problems
+from gpudra.model.kube_api import GROUP
 
 # Kubernetes' limit on opaque parameters (resource/v1 OpaqueParametersMaxLength).
 MAX_PARAMETERS_BYTES = 10 * 1024
@@ -59,9 +60,7 @@ def _check_object(
                 )
         return
     api_version = obj.get("apiVersion")
-    if not (
-        isinstance(api_version, str) and api_version.startswith("resource.k8s.io/") and kind in _DEVICES_AT
-    ):
+    if not (isinstance(api_version, str) and api_version.startswith(f"{GROUP}/") and kind in _DEVICES_AT):
         return
     keys = _DEVICES_AT[kind]
     devices = _at(obj, keys)

@@ -14,10 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-MigMode = Literal["partitionable", "static"]
+from gpudra.model.kube_api import FAST_COUNTERS_MINOR, SHARES_MINOR
 
-# The first minor whose scheduler gathers only the pools relevant to a node, counter sets or not.
-FAST_COUNTERS_MINOR = 37
+MigMode = Literal["partitionable", "static"]
 
 
 @dataclass(frozen=True)
@@ -49,11 +48,6 @@ class Publishing:
 def counter_sets_slow_scheduler(server_minor: int) -> bool:
     """Whether a scheduler of this minor pays for counter sets on every node of the cluster."""
     return server_minor < FAST_COUNTERS_MINOR
-
-
-# The first minor whose scheduler counts the counters that a device allowing multiple allocations
-# consumes (a share device and its whole GPU stay exclusive): 1.34 and 1.35 do not, even with every gate.
-SHARES_MINOR = 36
 
 
 @dataclass(frozen=True)

@@ -29,10 +29,8 @@ from typing import NotRequired, TypedDict
 
 from gpudra.errors import ClusterError, ConfigError, NotSupported
 from gpudra.model.devices import CounterSet, Device, DeviceModel
+from gpudra.model.kube_api import API_VERSION, OLDEST_MINOR
 from gpudra.quantity import QUANTITY_PATTERN, parse_quantity
-
-API_VERSION = "resource.k8s.io/v1"
-OLDEST_MINOR = 34
 
 MAX_DEVICES = 128
 MAX_DEVICES_WITH_COUNTERS_OR_TAINTS = 64  # 1.35+

@@ -21,8 +21,8 @@ from typing import Literal, Protocol
 from gpudra.model import devices
 from gpudra.model.devices import DeviceModel
 from gpudra.model.inventory import Inventory
+from gpudra.model.kube_api import FAST_COUNTERS_MINOR
 from gpudra.model.publishing import (
-    FAST_COUNTERS_MINOR,
     WITHHELD_FORMS,
     Publishing,
     ServerFields,

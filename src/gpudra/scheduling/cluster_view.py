@@ -32,10 +32,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
-from gpudra.model.allocator import counters_left, lookup_attribute
-from gpudra.model.claim_requests import Allocations
 from gpudra.model.claim_usage import idle_since
-from gpudra.model.resource_pools import Amount, Device, Inventory, Pool
+from gpudra.scheduling.allocator import counters_left, lookup_attribute
+from gpudra.scheduling.claims import Allocations
+from gpudra.scheduling.pools import Amount, Device, Inventory, Pool
 
 
 class _Model(BaseModel):

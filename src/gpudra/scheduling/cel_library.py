@@ -4,7 +4,7 @@ string extensions, and cel-go's runtime equality. Pure.
 
 Each function takes cel-python values and returns one, or a CELEvalError worded as cel-go words it
 ("no such overload", blang/semver's parse errors, apimachinery's quantity format error); `FUNCTIONS` is
-what `gpudra.model.cel` hands cel-python. Semver and Quantity have no `<`: cel-go has none for them.
+what `gpudra.scheduling.cel` hands cel-python. Semver and Quantity have no `<`: cel-go has none for them.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ module does the same over cel-python's parse tree and words what it finds as cel
 reference to 'x' (in container '')", "undefined field 'x'", "found no matching overload for '_>=_'
 applied to '(kubernetes.Quantity, kubernetes.Quantity)'", each with its line, column and caret, then
 "must evaluate to bool or the unknown type, not string"). Overloads are those of the functions
-`gpudra.model.cel_library` implements; what the Kubernetes environment has beyond them is collected as
+`gpudra.scheduling.cel_library` implements; what the Kubernetes environment has beyond them is collected as
 `unsupported` rather than called an error.
 
 While typing, it follows every use of `device` and records the fields read

@@ -1,7 +1,7 @@
 """`gpudra status`: the cluster's GPU picture. I/O: the API server, or one HTTP GET to the controller.
 
 With a kubeconfig (the default) the command lists this driver's ResourceSlices, the ResourceClaims and
-the DeviceClasses and builds the view with the controller's own code (`gpudra.model.cluster_view`):
+the DeviceClasses and builds the view with the controller's own code (`gpudra.scheduling.cluster_view`):
 it needs no network path to the controller and works while none runs, with the user's own
 permissions. With `--controller-url` it reads the view the controller serves at `/status` instead.
 """
@@ -16,11 +16,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from gpudra.cli.status_text import render
 from gpudra.errors import ClusterError
 from gpudra.kube import client as kube
-from gpudra.model import cluster_view
-from gpudra.model.cluster_view import ClusterView
-from gpudra.model.cluster_view_text import render
+from gpudra.scheduling import cluster_view
+from gpudra.scheduling.cluster_view import ClusterView
 
 URL_TIMEOUT_SECONDS = 10.0
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gpudra.model.cluster_view import ClusterView
+from gpudra.scheduling.cluster_view import ClusterView
 
 _GIB = 1024**3
 

@@ -1,4 +1,4 @@
-"""`gpudra explain` offline (gpudra.explain_cmd through gpudra.cli): files in, verdict and exit status out."""
+"""`gpudra explain` offline (gpudra.cli.explain through gpudra.cli): files in, verdict and exit status out."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ names of the others, so that the answer stays readable on a large cluster.
 
 from __future__ import annotations
 
-from gpudra.model.explain import AllocatedDevice, Explanation, NodeReport, RequestReport, shorten
+from gpudra.scheduling.explain import AllocatedDevice, Explanation, NodeReport, RequestReport, shorten
 
 _EXAMPLES = 3
 _NODE = "\x00"  # where the node's name goes in a block

@@ -8,7 +8,7 @@ gives an empty map, an unknown name in a domain is a runtime error ("no such key
 int, bool, string or `kubernetes.Semver` (version attributes); capacities are `kubernetes.Quantity`.
 
 On top of the CEL core that cel-python evaluates, selectors get what the Kubernetes base environment
-offers and gpudra users reach for (`gpudra.model.cel_library`): the semver and quantity libraries
+offers and gpudra users reach for (`gpudra.scheduling.cel_library`): the semver and quantity libraries
 (`semver()`, `isSemver()`, `quantity()`, `isQuantity()`, `sign()`, `.isGreaterThan()`, `.isLessThan()`,
 `.compareTo()`, `.major()`, `.minor()`, `.patch()`, `.asInteger()`, `.isInteger()`,
 `.asApproximateFloat()`, `.add()`, `.sub()`), the string extensions (`.lowerAscii()`, `.upperAscii()`,
@@ -16,7 +16,7 @@ offers and gpudra users reach for (`gpudra.model.cel_library`): the semver and q
 `.join()`), `cel.bind()` (here), and with DRAListTypeAttributes (off by default in 1.36) `.includes()`.
 
 cel-python parses but does not type-check, so `compile_selector` first checks the expression the way the
-API server does (`gpudra.model.cel_check`) and raises its words as CelCompileError. What Kubernetes
+API server does (`gpudra.scheduling.cel_check`) and raises its words as CelCompileError. What Kubernetes
 offers but this evaluator lacks (URL, IP and CIDR functions, regex `find`, list and set extensions,
 optional types, two-variable comprehensions, timestamps) raises `CelUnsupported` instead of evaluating
 wrongly.
@@ -42,8 +42,8 @@ from celpy import celtypes
 from celpy.evaluation import CELEvalError, Evaluator, Result
 
 from gpudra.errors import GpudraError
-from gpudra.model.cel_check import Reference, arguments, check, ident_name, is_ident
-from gpudra.model.cel_library import FUNCTIONS, Quantity, Semver, runtime_type
+from gpudra.scheduling.cel_check import Reference, arguments, check, ident_name, is_ident
+from gpudra.scheduling.cel_library import FUNCTIONS, Quantity, Semver, runtime_type
 
 __all__ = [
     "CelCompileError",

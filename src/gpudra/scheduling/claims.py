@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpudra.errors import ConfigError
-from gpudra.model.resource_pools import Amount, DeviceID, quantity
+from gpudra.scheduling.pools import Amount, DeviceID, quantity
 
 __all__ = ["Allocations", "Claim", "Constraint", "Request", "claim_from_spec"]
 

@@ -16,8 +16,8 @@ node: the first allocation of every request of every claim, found the way the sc
   consumable capacity is added up instead, and its counters are taken when the first share is). An
   admin-access request may take a device others hold, but not one whose counters they used up.
 
-What other claims hold is `gpudra.model.claim_requests.Allocations`; the devices and pools come from
-`gpudra.model.resource_pools`. Quirks of the Go code are kept on purpose (a distinctAttribute constraint
+What other claims hold is `gpudra.scheduling.claims.Allocations`; the devices and pools come from
+`gpudra.scheduling.pools`. Quirks of the Go code are kept on purpose (a distinctAttribute constraint
 remembers one device per request; counters overdrawn anywhere in a pool block all of its devices that
 consume counters); the search is as exhaustive as the scheduler's, so `budget` bounds the steps a node
 may take.
@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpudra.errors import GpudraError
-from gpudra.model.cel import CelRuntimeError, Reference, Selector, compile_selector, reference_getter
-from gpudra.model.claim_requests import Allocations, Claim, Constraint, Request
-from gpudra.model.resource_pools import Amount, Device, DeviceID, Inventory, Pool, quantity
+from gpudra.scheduling.cel import CelRuntimeError, Reference, Selector, compile_selector, reference_getter
+from gpudra.scheduling.claims import Allocations, Claim, Constraint, Request
+from gpudra.scheduling.pools import Amount, Device, DeviceID, Inventory, Pool, quantity
 
 MAX_RESULTS = 32  # resource/v1 AllocationResultsMaxSize: devices one claim may get
 DEFAULT_BUDGET = 100_000  # search steps per node before the answer is "undecided"

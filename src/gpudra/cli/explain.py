@@ -11,8 +11,8 @@ allocates them), and may add DeviceClasses and ResourceSlices of its own.
 Online (no `--slices`): slices, classes and every claim's allocation come from the cluster, and
 `claim/NAME` or `pod/NAME` names the object there; FILE then asks whether claims not yet created would fit.
 
-Files are read with `gpudra.manifest_files` (bounded: size, aliases, depth); the judging is
-`gpudra.model.explain`.
+Files are read with `gpudra.cli.manifest_files` (bounded: size, aliases, depth); the judging is
+`gpudra.scheduling.explain`.
 """
 
 from __future__ import annotations
@@ -25,23 +25,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpudra.cli.explain_text import render_text
+from gpudra.cli.manifest_files import read_documents
 from gpudra.errors import ConfigError
-from gpudra.manifest_files import read_documents
-from gpudra.model.explain import (
+from gpudra.scheduling.explain import (
     ClaimToExplain,
     Explanation,
     claims_to_explain,
     device_classes,
     explain,
 )
-from gpudra.model.explain_text import render_text
-from gpudra.model.resource_pools import Inventory
+from gpudra.scheduling.pools import Inventory
 
 if TYPE_CHECKING:
     from gpudra.kube.client import Kube
 
 # gpudra's DeviceClasses in a source checkout; installed elsewhere, pass --classes.
-DEFAULT_CLASSES = Path(__file__).resolve().parents[2] / "deploy" / "manifests" / "deviceclasses.yaml"
+DEFAULT_CLASSES = Path(__file__).resolve().parents[3] / "deploy" / "manifests" / "deviceclasses.yaml"
 
 
 @dataclass

@@ -2,7 +2,7 @@
 a request no node could ever satisfy (a product no node has, a typo in an attribute name). Pure.
 
 Only requests for this driver's DeviceClasses are looked at, against the driver's devices on every
-node, by the class's and the request's CEL selectors (the scheduler's rules, `gpudra.model.allocator`);
+node, by the class's and the request's CEL selectors (the scheduler's rules, `gpudra.scheduling.allocator`);
 availability is not: a device held by another claim still counts, since it may be freed. A request with
 `firstAvailable` is reported only when none of its subrequests matches. A selector that fails on a
 device counts as no match. These are warnings, not rejections: a node with the right GPUs may join
@@ -15,10 +15,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpudra.errors import ConfigError
-from gpudra.model.allocator import Matcher
-from gpudra.model.cel import CelError
-from gpudra.model.claim_requests import Request, claim_from_spec
-from gpudra.model.resource_pools import Device
+from gpudra.scheduling.allocator import Matcher
+from gpudra.scheduling.cel import CelError
+from gpudra.scheduling.claims import Request, claim_from_spec
+from gpudra.scheduling.pools import Device
 
 
 class Reach:

@@ -1,11 +1,12 @@
-"""Reads the manifests `gpudra validate FILE...` checks, within bounds. I/O: the files named.
+"""Reads the manifests `gpudra validate FILE...` checks and `gpudra explain` explains, within bounds. I/O:
+the files named.
 
 A file may come from anyone (a pull request, a tenant), so reading it is bounded before anything is
 judged: only regular files (a FIFO would block forever, /dev/zero would never end), at most
 MAX_FILE_BYTES, YAML aliases counted as the nodes they expand to (a kilobyte "billion laughs" file
 would otherwise become gigabytes once walked), at most MAX_NODES expanded nodes and MAX_DEPTH levels
-of nesting per file. Each breach is one line naming the file and the limit. Judging the parsed
-objects is `gpudra.model.manifests`.
+of nesting per file. Each breach is one line naming the file and the limit (a ValueError the command
+turns into its message).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import stat
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,37 +22,9 @@ from yaml.composer import ComposerError
 from yaml.events import AliasEvent
 from yaml.nodes import Node
 
-from gpudra.model.manifests import Problem, validate_documents
-
 MAX_FILE_BYTES = 8 * 1024 * 1024
 MAX_NODES = 1_000_000
 MAX_DEPTH = 100
-
-
-def validate_files(paths: Sequence[Path], *, driver: str) -> list[Problem]:
-    """Every problem in the YAML (multi-document) or JSON files; an unreadable file is a Problem too."""
-    problems = []
-    for path in paths:
-        file = str(path)
-        try:
-            documents = read_documents(path)
-        except ValueError as err:
-            problems.append(Problem(file, "", "", str(err)))
-            continue
-        objects = []
-        for number, document in enumerate(documents, start=1):
-            if document is None:
-                continue
-            if isinstance(document, Mapping) and "kind" in document and "apiVersion" in document:
-                objects.append((file, document))
-            else:
-                problems.append(
-                    Problem(
-                        file, f"document {number}", "", "is not a Kubernetes object (no apiVersion and kind)"
-                    )
-                )
-        problems.extend(validate_documents(objects, driver=driver))
-    return problems
 
 
 def read_documents(path: Path) -> list[Any]:

@@ -3,7 +3,7 @@
 `explain` takes DeviceClasses, ResourceSlices, the claims to explain (a ResourceClaim, a
 ResourceClaimTemplate, or the claims of one pod, which the scheduler allocates together) and the
 ResourceClaims that hold devices already, and answers per node what the scheduler would: the devices it
-would allocate (`gpudra.model.allocator.Search`), or why none. The why comes from walking the same rules
+would allocate (`gpudra.scheduling.allocator.Search`), or why none. The why comes from walking the same rules
 one at a time for each request on each node:
 
 1. selectors: which devices pass the class's selectors and the request's, and which selector (class or
@@ -13,9 +13,9 @@ one at a time for each request on each node:
 3. when every request alone has devices enough, the search is repeated without each constraint, then
    without counters, to name the constraint or the counter sets that make a fitting set impossible.
 
-The first line of `render_text` is the verdict ("fits on node-h100: gpu-3" / "cannot fit: no device has
-productName == "NVIDIA H200" ..."), the node that came closest deciding the reason; details follow. The
-result is a pydantic model, so tools get the same as JSON.
+The first line of the text (`gpudra.cli.explain_text`) is the verdict ("fits on node-h100: gpu-3" /
+"cannot fit: no device has productName == "NVIDIA H200" ..."), the node that came closest deciding the
+reason; details follow. The result is a pydantic model, so tools get the same as JSON.
 
 A claim being explained never counts against itself: its own allocation is ignored, as if it were
 pending.
@@ -23,7 +23,7 @@ pending.
 The whole of it, as a benchmark or another tool calls it (slices as `gpudra inventory -o yaml` prints
 them, or as the API server lists them):
 
-    inventory = Inventory(slices)          # gpudra.model.resource_pools; reusable across claims
+    inventory = Inventory(slices)          # gpudra.scheduling.pools; reusable across claims
     answer = explain([ClaimToExplain("ns/name", claim_spec)], classes=device_classes(class_objects),
                      inventory=inventory, allocated=claim_objects)
     answer.verdict, answer.fits, answer.model_dump_json()
@@ -38,7 +38,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from gpudra.model.allocator import (
+from gpudra.scheduling.allocator import (
     DEFAULT_BUDGET,
     AllocationError,
     Found,
@@ -52,9 +52,9 @@ from gpudra.model.allocator import (
     format_amount,
     lookup_attribute,
 )
-from gpudra.model.cel import CelCompileError, CelError, CelRuntimeError, CelUnsupported, compile_selector
-from gpudra.model.claim_requests import Allocations, Claim, Request, claim_from_spec
-from gpudra.model.resource_pools import Amount, Device, Inventory, Pool, collector_paused
+from gpudra.scheduling.cel import CelCompileError, CelError, CelRuntimeError, CelUnsupported, compile_selector
+from gpudra.scheduling.claims import Allocations, Claim, Request, claim_from_spec
+from gpudra.scheduling.pools import Amount, Device, Inventory, Pool, collector_paused
 
 __all__ = [
     "AllocatedDevice",

@@ -22,13 +22,13 @@ from typing import Any
 
 from gpudra import logs
 from gpudra.errors import ConfigError, GpudraError
+from gpudra.model.kube_api import NEWEST_MINOR
 from gpudra.model.publishing import Publishing
 
 # Each command imports what it needs when it runs: `gpudra kubelet-plugin` opens the kubelet's sockets
 # before the ~0.3 s of importing NVML, the API client and the models (see gpudra.node.daemon).
 
 DRIVER = "gpu.gpudra.io"
-NEWEST_MINOR = 36
 # --instance-id goes into socket file names: no '/', no leading dot (the kubelet skips dot files).
 _INSTANCE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 _INSTANCE_ID_RULE = "1 to 63 letters, digits, '-', '_' and '.', starting with a letter or digit"
@@ -283,9 +283,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _inventory(args: argparse.Namespace) -> int:
-    from gpudra import inventory_view  # noqa: PLC0415 (see the imports above)
+    from gpudra.cli import inventory  # noqa: PLC0415 (see the imports above)
 
-    return inventory_view.show(
+    return inventory.show(
         nvml_name=args.nvml,
         publishing=_publishing_option(args),
         driver=args.driver_name,
@@ -299,38 +299,33 @@ def _inventory(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from gpudra import manifest_files  # noqa: PLC0415 (see the imports above)
+    from gpudra.cli import validate  # noqa: PLC0415 (see the imports above)
 
-    problems = manifest_files.validate_files(args.files, driver=args.driver_name)
-    for problem in problems:
-        print(problem)
-    if not problems:
-        print(f"{len(args.files)} file(s) valid")
-    return 1 if problems else 0
+    return validate.run(args.files, driver=args.driver_name)
 
 
 # --- explain -------------------------------------------------------------------------------------
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from gpudra import explain_cmd  # noqa: PLC0415 (see the imports above)
+    from gpudra.cli import explain  # noqa: PLC0415 (see the imports above)
 
-    return explain_cmd.run(args)
+    return explain.run(args)
 
 
 # --- status --------------------------------------------------------------------------------------
 
 
 def _status(args: argparse.Namespace) -> int:
-    from gpudra import status_cmd  # noqa: PLC0415 (see the imports above)
+    from gpudra.cli import status  # noqa: PLC0415 (see the imports above)
 
-    view = status_cmd.fetch(
+    view = status.fetch(
         kubeconfig=args.kubeconfig,
         driver=args.driver_name,
         idle_after_seconds=_seconds_option(args.idle_after_seconds, "--idle-after-seconds"),
         controller_url=args.controller_url,
     )
-    sys.stdout.write(status_cmd.show(view, output=args.output))
+    sys.stdout.write(status.show(view, output=args.output))
     return 0
 
 
