@@ -1,12 +1,14 @@
 """Typed access to the Kubernetes API for gpudra. I/O: the API server (the only importer of `kubernetes`).
 
-resource.k8s.io/v1 objects travel as plain JSON dicts (what the API server sends), read through
-CustomObjectsApi, so the pure modules (device model, slices, config resolution) work on the same shapes
-the tests build by hand. API failures become `ClusterError` with the HTTP status.
+Objects travel as plain JSON dicts (what the API server sends), so the pure modules (device model,
+slices, config resolution) work on the same shapes the tests build by hand. API failures become
+`ClusterError` with the HTTP status.
 
-The few core-group calls (server version, node, events) go through the client's generic request path,
-also as JSON dicts: an instance of the generated CoreV1Api costs the process about 20 MiB (its hundreds
-of validated methods), more than everything else the plugin holds.
+Every call goes through the client's generic request path (`Kube.request`, `Kube.watch`), never the
+generated APIs: an instance of the generated CoreV1Api costs the process about 20 MiB (its hundreds of
+validated methods), more than everything else the plugin holds; a generated method's argument
+validation and serializer cost a sixth more CPU per call; and its JSON decoder fails with RecursionError
+on an object nested thousands of levels deep (`_decoded`).
 """
 
 from __future__ import annotations
@@ -165,8 +167,20 @@ def _decoded(what: str, body: bytes | str) -> Obj:
     return _obj(value)
 
 
+_SLICES = f"/apis/{GROUP}/{VERSION}/resourceslices"
+
+
+def _slice(name: str) -> str:
+    return f"{_SLICES}/{quote(name, safe='')}"
+
+
 def _slice_selector(driver: str, node_name: str) -> str:
     return f"spec.driver={driver},spec.nodeName={node_name}"
+
+
+def _dry_run(dry_run: bool) -> Obj:
+    """The query of a write that, with `dry_run`, the API server checks and answers but does not store."""
+    return {"dryRun": "All"} if dry_run else {}
 
 
 class Watch:
@@ -211,7 +225,6 @@ class Kube:
 
     def __init__(self, api: client.ApiClient) -> None:
         self.api = api
-        self._custom = client.CustomObjectsApi(api)
         self._requests: collections.Counter[tuple[str, str]] = collections.Counter()
         self._requests_lock = threading.Lock()  # calls come from the gRPC workers and every loop
 
@@ -272,16 +285,12 @@ class Kube:
     def list_slices(self, *, driver: str, node_name: str) -> tuple[list[Obj], str]:
         """The slices of `driver` on `node_name`, and the list's resourceVersion (where a watch resumes)."""
         self.count("list", "resourceslices")
-        with _api_errors("listing ResourceSlices"):
-            result = _obj(
-                self._custom.list_cluster_custom_object(
-                    GROUP,
-                    VERSION,
-                    "resourceslices",
-                    field_selector=_slice_selector(driver, node_name),
-                    _request_timeout=REQUEST_TIMEOUT,
-                )
-            )
+        result = self.request(
+            "listing ResourceSlices",
+            "GET",
+            _SLICES,
+            query={"fieldSelector": _slice_selector(driver, node_name)},
+        )
         return list(result["items"]), str(result["metadata"]["resourceVersion"])
 
     def watch_slices(
@@ -291,7 +300,7 @@ class Kube:
         `timeout_seconds`."""
         return self.watch(
             "resourceslices",
-            f"/apis/{GROUP}/{VERSION}/resourceslices",
+            _SLICES,
             field_selector=_slice_selector(driver, node_name),
             resource_version=resource_version,
             timeout_seconds=timeout_seconds,
@@ -357,53 +366,26 @@ class Kube:
         """The slice as the API server stored it, or with `dry_run` as it would store it."""
         self.count("create", "resourceslices")
         name = body["metadata"].get("name")
-        with _api_errors(f"creating ResourceSlice {name}{' (dry run)' if dry_run else ''}"):
-            return _obj(
-                self._custom.create_cluster_custom_object(
-                    GROUP,
-                    VERSION,
-                    "resourceslices",
-                    body,
-                    dry_run="All" if dry_run else None,
-                    _request_timeout=REQUEST_TIMEOUT,
-                )
-            )
+        what = f"creating ResourceSlice {name}{' (dry run)' if dry_run else ''}"
+        return self.request(what, "POST", _SLICES, query=_dry_run(dry_run), body=body)
 
     def replace_slice(self, body: Obj, *, dry_run: bool = False) -> Obj:
         """The slice as the API server stored it, or with `dry_run` as it would store it (defaults
         filled in, quantities normalized), changing nothing."""
         self.count("update", "resourceslices")
         name = body["metadata"]["name"]
-        with _api_errors(f"updating ResourceSlice {name}{' (dry run)' if dry_run else ''}"):
-            return _obj(
-                self._custom.replace_cluster_custom_object(
-                    GROUP,
-                    VERSION,
-                    "resourceslices",
-                    name,
-                    body,
-                    dry_run="All" if dry_run else None,
-                    _request_timeout=REQUEST_TIMEOUT,
-                )
-            )
+        what = f"updating ResourceSlice {name}{' (dry run)' if dry_run else ''}"
+        return self.request(what, "PUT", _slice(name), query=_dry_run(dry_run), body=body)
 
     def delete_slice(self, name: str) -> None:
         self.count("delete", "resourceslices")
-        try:
-            with _api_errors(f"deleting ResourceSlice {name}"):
-                self._custom.delete_cluster_custom_object(
-                    GROUP, VERSION, "resourceslices", name, _request_timeout=REQUEST_TIMEOUT
-                )
-        except NotFound:
-            pass
+        with suppress(NotFound):  # gone already: what was asked
+            self.request(f"deleting ResourceSlice {name}", "DELETE", _slice(name))
 
     # --- ResourceClaims ------------------------------------------------------------------------
 
     def get_claim(self, namespace: str, name: str) -> Obj:
-        """The claim, decoded here rather than by the client: any tenant can nest a claim's opaque
-        parameters thousands of levels deep, which Python's JSON decoder refuses with RecursionError.
-        Through the generic request path: the generated method (pydantic validation of its arguments,
-        its own serializer) costs a sixth more CPU per GET, and every prepare makes one."""
+        """The claim (every prepare reads one: see the module docstring for why through `request`)."""
         self.count("get", "resourceclaims")
         path = (
             f"/apis/{GROUP}/{VERSION}/namespaces/{quote(namespace, safe='')}/resourceclaims/"
@@ -447,7 +429,7 @@ class Kube:
 
     def list_all_slices(self) -> list[Obj]:
         """Every ResourceSlice of every driver and node."""
-        return self._list_all("resourceslices", f"/apis/{GROUP}/{VERSION}/resourceslices")
+        return self._list_all("resourceslices", _SLICES)
 
     def list_all_claims(self) -> list[Obj]:
         """Every ResourceClaim in every namespace (their allocations hold devices)."""
