@@ -1,5 +1,5 @@
-"""Prometheus metrics of the controller: the cluster's GPU picture, the leader, the API load. Pure but for
-the callbacks it reads at each scrape.
+"""Prometheus metrics of the controller: the cluster's GPU picture, the leader (and, from gpudra.metrics,
+the API load and the background loops). Pure but for the callbacks it reads at each scrape.
 
 The cluster series are built from the view at each scrape, so a node, claim or profile that is gone
 leaves no stale series behind. Every replica exports them (each keeps the view); `gpudra_controller_leader`
@@ -8,28 +8,18 @@ tells which one writes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
-
-from gpudra.http_endpoint import ApiRequests
+from gpudra.metrics import Collector, DaemonMetrics, GaugeMetricFamily, Metric
 from gpudra.model.cluster_view import ClusterView
 
 
-class ControllerMetrics:
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-
+class ControllerMetrics(DaemonMetrics):
     def track_view(self, view: Callable[[], ClusterView]) -> None:
         self.registry.register(_View(view))
 
     def track_leader(self, leading: Callable[[], bool], transitions: Callable[[], int]) -> None:
         self.registry.register(_Leader(leading, transitions))
-
-    def track_api_requests(self, requests: Callable[[], Mapping[tuple[str, str], int]]) -> None:
-        self.registry.register(ApiRequests(requests))
 
 
 class _View(Collector):

@@ -36,11 +36,10 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit
 
-from prometheus_client import CollectorRegistry, Counter
-
 from gpudra.controller.certs import Material, read_certificates
 from gpudra.controller.options import Options
 from gpudra.errors import ConfigError
+from gpudra.metrics import CollectorRegistry, Counter
 from gpudra.model.manifests import Problem, validate_documents
 
 log = logging.getLogger(__name__)
