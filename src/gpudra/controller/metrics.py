@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from gpudra.metrics import Collector, DaemonMetrics, GaugeMetricFamily, Metric
+from gpudra.metrics import Collector, Counter, DaemonMetrics, GaugeMetricFamily, Metric
 from gpudra.model.cluster_view import ClusterView
 
 
@@ -20,6 +20,18 @@ class ControllerMetrics(DaemonMetrics):
 
     def track_leader(self, leading: Callable[[], bool], transitions: Callable[[], int]) -> None:
         self.registry.register(_Leader(leading, transitions))
+
+    def admission_reviews(self) -> Callable[[str, str], None]:
+        """The webhook's answers (only a controller that serves the webhook exports them): call the
+        result with the review's kind and result."""
+        reviews = Counter(
+            "gpudra_admission_reviews",
+            "Admission reviews answered, by the kind of object and the result: allowed, denied (a bad "
+            "gpudra config), error (a malformed review or a failure of the webhook).",
+            ["kind", "result"],
+            registry=self.registry,
+        )
+        return lambda kind, result: reviews.labels(kind, result).inc()
 
 
 class _View(Collector):
