@@ -49,7 +49,8 @@ class DaemonMetrics:
         self.registry.register(_ApiRequests(requests))
 
     def track_loops(self, loops: Sequence[Loop]) -> None:
-        """Each background loop's failed steps since start, and whether its last step succeeded."""
+        """Each background loop's failed steps since start, whether its last step succeeded, and when a
+        step last succeeded, read at scrape time (`loop` label: the loop's name)."""
         failures = Gauge(
             "gpudra_background_failures",
             "Failed steps of a background loop since start, by loop; each is logged and retried.",
@@ -62,9 +63,17 @@ class DaemonMetrics:
             ["loop"],
             registry=self.registry,
         )
+        last_success = Gauge(
+            "gpudra_background_last_success_timestamp_seconds",
+            "Unix time at which the loop's last successful step ended (0: none yet). A watch loop's "
+            "step lasts as long as its watch (up to 5 minutes).",
+            ["loop"],
+            registry=self.registry,
+        )
         for loop in loops:
             failures.labels(loop.name).set_function(_failures_of(loop))
             healthy.labels(loop.name).set_function(_healthy_of(loop))
+            last_success.labels(loop.name).set_function(_last_success_of(loop))
 
 
 class _ApiRequests(Collector):
@@ -90,3 +99,7 @@ def _failures_of(loop: Loop) -> Callable[[], float]:
 
 def _healthy_of(loop: Loop) -> Callable[[], float]:
     return lambda: float(loop.last_error is None)
+
+
+def _last_success_of(loop: Loop) -> Callable[[], float]:
+    return lambda: loop.last_success or 0.0

@@ -77,6 +77,7 @@ def run(options: Options, *, stop: threading.Event) -> None:
         readiness.append(Check("webhook", webhook.problem))
         services += [webhook, keeper]
     services.append(housekeeping)
+    metrics.track_loops(loops)
     if options.metrics_port:
         endpoint = HttpEndpoint(
             metrics.registry,
