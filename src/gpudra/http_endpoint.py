@@ -16,16 +16,13 @@ import socket
 import socketserver
 import tempfile
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
-from prometheus_client.core import CounterMetricFamily, Metric
-from prometheus_client.registry import Collector
-
+from gpudra.metrics import CollectorRegistry, wsgi_app
 from gpudra.service import Loop
 
 # A probe answers "why not" (a short reason) or None when the check passes.
@@ -88,7 +85,7 @@ class HttpEndpoint:
         self.liveness = list(liveness)
         self.readiness = list(readiness)
         self.documents = dict(documents or {})
-        self._metrics = make_wsgi_app(registry)
+        self._metrics = wsgi_app(registry)
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -148,20 +145,3 @@ def writable_directory(path: Path) -> Probe:
         return None
 
     return probe
-
-
-class ApiRequests(Collector):
-    """`gpudra_api_requests` from a daemon's `Kube.request_counts`: the load it puts on the API server."""
-
-    def __init__(self, requests: Callable[[], Mapping[tuple[str, str], int]]) -> None:
-        self.requests = requests
-
-    def collect(self) -> Iterator[Metric]:
-        family = CounterMetricFamily(
-            "gpudra_api_requests",
-            "Requests to the API server since start, by verb and resource (failed ones included).",
-            labels=["verb", "resource"],
-        )
-        for (verb, resource), count in sorted(self.requests().items()):
-            family.add_metric([verb, resource], count)
-        yield family

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Protocol
@@ -47,7 +48,10 @@ class Loop:
 
     `step` returns the seconds to wait before the next call (0: at once). `wake()` ends a wait early.
     `on_error(err)` runs after each failed step (e.g. to forget cached facts or count the failure).
-    `failures` counts failed steps since start; `last_error` is None after a successful step.
+    `failures` counts failed steps since start; `last_error` is None after a successful step;
+    `last_success` is the wall-clock time (`time.time()`) the last successful step ended, None before one.
+    A step that handles an error itself, to keep its own pace, calls `step_failed(err)` so that the step
+    counts as failed all the same (it logs the error itself; the wait is the one it returns).
     """
 
     def __init__(
@@ -69,12 +73,18 @@ class Loop:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.failures = 0
         self.last_error: str | None = None
+        self.last_success: float | None = None
+        self._handled: BaseException | None = None  # what the current step reported by step_failed()
 
     def start(self) -> None:
         self._thread.start()
 
     def wake(self) -> None:
         self._wake.set()
+
+    def step_failed(self, err: BaseException) -> None:
+        """Called by the step running now: it failed with `err`, which it handled (logged) itself."""
+        self._handled = err
 
     def stop(self, timeout: float) -> None:
         self.stopping.set()
@@ -97,6 +107,7 @@ class Loop:
         backoff = self._min_backoff
         while not self.stopping.is_set():
             self._wake.clear()  # a wake() during the step ends the wait that follows it
+            self._handled = None
             try:
                 wait = self._step()
             except Exception as err:
@@ -115,8 +126,14 @@ class Loop:
                 self._call_on_error(err)
                 wait, backoff = backoff, min(backoff * 2, self._max_backoff)
             else:
-                self.last_error = None
-                backoff = self._min_backoff
+                if self._handled is not None:
+                    self.failures += 1
+                    self.last_error = str(self._handled) or type(self._handled).__name__
+                    self._call_on_error(self._handled)
+                else:
+                    self.last_error = None
+                    self.last_success = time.time()
+                    backoff = self._min_backoff
             if wait > 0:
                 self._wake.wait(wait)
 

@@ -414,6 +414,33 @@ def test_two_replicas_one_leads_and_a_killed_leader_hands_over_within_the_lease_
     wait_for("the first replica to lead again", controller.leading, timeout=2 * LEASE_SECONDS)
 
 
+# --- metrics -------------------------------------------------------------------------------------
+
+CONTROLLER_LOOPS = (
+    "watch-resourceslices",
+    "watch-resourceclaims",
+    "watch-deviceclasses",
+    "leader-election",
+    "housekeeping",
+    "webhook-certificates",
+)
+
+
+def test_the_controller_exports_its_loops_health_and_its_api_requests(controller: ControllerProcess) -> None:
+    """Every background loop of the controller has its health series, each has got through at least once,
+    and the requests it made are counted under the API server's verbs and resources."""
+    wait_for("the controller to lead", controller.leading, timeout=2 * LEASE_SECONDS)
+    metrics = controller.metrics()
+    for loop in CONTROLLER_LOOPS:
+        assert metrics[f'gpudra_background_healthy{{loop="{loop}"}}'] == 1, loop
+        assert f'gpudra_background_failures{{loop="{loop}"}}' in metrics, loop
+        last_success = metrics[f'gpudra_background_last_success_timestamp_seconds{{loop="{loop}"}}']
+        assert 0 < last_success <= time.time(), loop
+    for verb, resource in (("get", "leases"), ("list", "resourceclaims"), ("watch", "resourceclaims")):
+        requests = f'gpudra_api_requests_total{{resource="{resource}",verb="{verb}"}}'
+        assert metrics.get(requests, 0) >= 1, requests
+
+
 # --- housekeeping --------------------------------------------------------------------------------
 
 

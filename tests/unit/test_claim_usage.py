@@ -12,7 +12,7 @@ import pytest
 from gpudra.errors import ClusterError, HardwareError
 from gpudra.gpu.nvml import DeviceUsage
 from gpudra.kube.claim_status import ClaimStatus
-from gpudra.kube.client import Conflict, NotFound
+from gpudra.kube.client import Conflict, NotFound, request_kind
 from gpudra.model import claim_usage
 from gpudra.node import checkpoint as ckpt
 from gpudra.node.metrics import PluginMetrics
@@ -524,11 +524,12 @@ def test_the_metrics_show_each_claim_device_with_its_pods(node: Node) -> None:
 
 class RecordingKube:
     def __init__(self) -> None:
-        self.counted: list[tuple[str, str]] = []
         self.requests: list[tuple[str, str, dict[str, Any]]] = []
 
-    def count(self, verb: str, resource: str) -> None:
-        self.counted.append((verb, resource))
+    @property
+    def counted(self) -> list[tuple[str, str]]:
+        """What Kube counted the requests as (gpudra_api_requests_total's verb and resource)."""
+        return [request_kind(method, path) for method, path, _ in self.requests]
 
     def request(self, what: str, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         self.requests.append((method, path, kwargs))

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from gpudra.controller.leader import Election, LeaderElector, Timing
 from gpudra.errors import ClusterError, ConfigError
-from gpudra.kube.client import Conflict, NotFound
+from gpudra.kube.client import Conflict, NotFound, request_kind
 from gpudra.kube.lease import LeaseRecord, Leases, format_micro_time
 
 NS, NAME = "gpudra", "gpudra-controller"
@@ -602,10 +602,11 @@ class FakeKube:
     def __init__(self, *replies: dict[str, Any] | Exception) -> None:
         self.replies = list(replies)
         self.calls: list[dict[str, Any]] = []
-        self.counts: list[tuple[str, str]] = []
 
-    def count(self, verb: str, resource: str) -> None:
-        self.counts.append((verb, resource))
+    @property
+    def counts(self) -> list[tuple[str, str]]:
+        """What Kube counted the requests as (gpudra_api_requests_total's verb and resource)."""
+        return [request_kind(call["method"], call["path"]) for call in self.calls]
 
     def request(self, what: str, method: str, path: str, *, body: dict[str, Any] | None = None) -> Any:
         self.calls.append({"what": what, "method": method, "path": path, "body": body})

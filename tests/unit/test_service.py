@@ -55,6 +55,50 @@ def test_a_loop_survives_any_exception_with_backoff_and_resets_after_success(
     assert [r.exc_info is not None for r in records] == [False, True, True]
 
 
+def test_the_last_success_is_the_time_the_last_good_step_ended_and_a_failure_keeps_it() -> None:
+    outcomes: list[Exception | None] = [None, ClusterError("listing: connection refused")]
+    calls: list[float] = []
+
+    def step() -> float:
+        calls.append(time.time())
+        outcome = outcomes.pop(0) if outcomes else None
+        if outcome is not None:
+            raise outcome
+        return 0.01 if outcomes else 60.0
+
+    loop = Loop("test", step, min_backoff=0.01)
+    assert loop.last_success is None
+    loop.start()
+    wait_for(lambda: len(calls) == 3)
+    wait_for(lambda: loop.last_success is not None and loop.last_success >= calls[2])
+    loop.stop(2)
+    assert loop.failures == 1 and loop.last_error is None
+    assert loop.last_success is not None and calls[2] <= loop.last_success <= time.time()
+
+
+def test_a_failure_the_step_handled_itself_counts_and_keeps_the_steps_wait() -> None:
+    """The leader election catches its Lease errors to keep its own pace, and reports them."""
+    errors: list[BaseException] = []
+    times: list[float] = []
+    loop: Loop
+
+    def step() -> float:
+        times.append(time.monotonic())
+        if len(times) <= 2:
+            loop.step_failed(ClusterError("reading Lease: timed out"))
+        return 0.01 if len(times) == 1 else 60  # the step's own wait, not the backoff (10 s)
+
+    loop = Loop("test", step, min_backoff=10, max_backoff=10, on_error=errors.append)
+    loop.start()
+    wait_for(lambda: loop.failures == 2)
+    assert times[1] - times[0] < 5
+    assert loop.last_error == "reading Lease: timed out" and loop.last_success is None and len(errors) == 2
+    loop.wake()
+    wait_for(lambda: loop.last_success is not None)
+    loop.stop(2)
+    assert loop.failures == 2 and loop.last_error is None
+
+
 def test_wake_ends_a_wait_and_stop_ends_the_thread_at_once() -> None:
     calls: list[float] = []
 

@@ -16,10 +16,10 @@ from typing import Any
 
 import celpy
 import pytest
-from prometheus_client import CollectorRegistry
 
 from gpudra.controller import certs
 from gpudra.controller.certs import Material, read_certificates
+from gpudra.controller.metrics import ControllerMetrics
 from gpudra.controller.options import Options
 from gpudra.controller.webhook import (
     MAX_WARNING_CHARS,
@@ -377,22 +377,28 @@ def post(
     return response.status, response.read(), response.getheader("Content-Type", "")
 
 
-def counted(registry: CollectorRegistry) -> dict[tuple[str, str], float]:
+def counted(metrics: ControllerMetrics) -> dict[tuple[str, str], float]:
     """gpudra_admission_reviews_total, by (kind, result)."""
-    (family,) = [m for m in registry.collect() if m.name == "gpudra_admission_reviews"]
+    (family,) = [m for m in metrics.registry.collect() if m.name == "gpudra_admission_reviews"]
     return {
         (s.labels["kind"], s.labels["result"]): s.value for s in family.samples if s.name.endswith("_total")
     }
 
 
 @pytest.fixture
-def registry() -> CollectorRegistry:
-    return CollectorRegistry()
+def metrics() -> ControllerMetrics:
+    return ControllerMetrics()
 
 
 @pytest.fixture
-def server(registry: CollectorRegistry) -> Any:
-    webhook = WebhookServer("127.0.0.1", 0, DRIVER, warnings=lambda obj: ["mind the gap"], registry=registry)
+def server(metrics: ControllerMetrics) -> Any:
+    webhook = WebhookServer(
+        "127.0.0.1",
+        0,
+        DRIVER,
+        warnings=lambda obj: ["mind the gap"],
+        count_review=metrics.admission_reviews(),
+    )
     assert webhook.problem() == "the webhook server is not listening"
     webhook.start()
     yield webhook
@@ -412,7 +418,7 @@ def test_the_server_answers_nothing_before_it_has_a_certificate(server: WebhookS
     assert server.problem() is None
 
 
-def test_the_server_reviews_over_https(server: WebhookServer, registry: CollectorRegistry) -> None:
+def test_the_server_reviews_over_https(server: WebhookServer, metrics: ControllerMetrics) -> None:
     material = material_for()
     server.use(material)
     connection = http.client.HTTPSConnection(
@@ -440,7 +446,7 @@ def test_the_server_reviews_over_https(server: WebhookServer, registry: Collecto
         assert post(connection, json.dumps(admission_review(pod)).encode())[0] == 200  # a new connection
     finally:
         connection.close()
-    assert counted(registry) == {
+    assert counted(metrics) == {
         ("ResourceClaim", "denied"): 1,
         ("ResourceClaim", "allowed"): 1,
         ("other", "allowed"): 2,  # kinds that are not ours make no series of their own
@@ -449,7 +455,7 @@ def test_the_server_reviews_over_https(server: WebhookServer, registry: Collecto
 
 
 def test_a_bug_in_the_review_is_a_500_not_a_dead_server(
-    server: WebhookServer, registry: CollectorRegistry, monkeypatch: pytest.MonkeyPatch
+    server: WebhookServer, metrics: ControllerMetrics, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def broken(*args: Any, **kwargs: Any) -> dict[str, Any]:
         raise KeyError("bug")
@@ -457,7 +463,7 @@ def test_a_bug_in_the_review_is_a_500_not_a_dead_server(
     monkeypatch.setattr("gpudra.controller.webhook.review", broken)
     status, body, _ = server.answer(json.dumps(admission_review(claim())).encode())
     assert (status, body) == (500, b"internal error; see the controller's log")
-    assert counted(registry) == {("ResourceClaim", "error"): 1}
+    assert counted(metrics) == {("ResourceClaim", "error"): 1}
 
 
 def test_the_server_refuses_a_body_over_its_limit_unread(server: WebhookServer) -> None:
@@ -508,7 +514,7 @@ def test_a_new_certificate_serves_new_connections_on_the_same_socket(server: Web
 
 def test_a_certificate_that_cannot_be_loaded_is_refused() -> None:
     good = material_for()
-    webhook = WebhookServer("127.0.0.1", 0, DRIVER, warnings=no_warnings, registry=CollectorRegistry())
+    webhook = WebhookServer("127.0.0.1", 0, DRIVER, warnings=no_warnings)
     with pytest.raises(ConfigError, match=r"tls\.crt, tls\.key: cannot be loaded"):
         webhook.use(Material(good.tls_crt, material_for().tls_key, good.ca_crt, good.ca_key))
     assert webhook.context() is None
@@ -581,7 +587,7 @@ class FakeAdmission:
 
 
 def keeper(api: FakeAdmission, *, leader: bool = True) -> tuple[CertificateKeeper, WebhookServer]:
-    webhook = WebhookServer("127.0.0.1", 0, DRIVER, warnings=no_warnings, registry=CollectorRegistry())
+    webhook = WebhookServer("127.0.0.1", 0, DRIVER, warnings=no_warnings)
     return CertificateKeeper(api, OPTIONS, webhook, is_leader=lambda: leader), webhook
 
 

@@ -261,6 +261,7 @@ class LeaderElector:
             log.debug("another replica wrote the Lease first", extra={"lease": self._lease})
         except ClusterError as err:
             self.failures += 1
+            self.loop.step_failed(err)  # counted as the loop's failure; the wait stays the election's
             log.warning(
                 "Lease call failed; retrying",
                 extra={"lease": self._lease, "identity": self.identity, "error": str(err)},

@@ -1,5 +1,5 @@
-"""Prometheus metrics of the controller: the cluster's GPU picture, the leader, the API load. Pure but for
-the callbacks it reads at each scrape.
+"""Prometheus metrics of the controller: the cluster's GPU picture, the leader (and, from gpudra.metrics,
+the API load and the background loops). Pure but for the callbacks it reads at each scrape.
 
 The cluster series are built from the view at each scrape, so a node, claim or profile that is gone
 leaves no stale series behind. Every replica exports them (each keeps the view); `gpudra_controller_leader`
@@ -8,28 +8,30 @@ tells which one writes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
-
-from gpudra.http_endpoint import ApiRequests
+from gpudra.metrics import Collector, Counter, DaemonMetrics, GaugeMetricFamily, Metric
 from gpudra.scheduling.cluster_view import ClusterView
 
 
-class ControllerMetrics:
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-
+class ControllerMetrics(DaemonMetrics):
     def track_view(self, view: Callable[[], ClusterView]) -> None:
         self.registry.register(_View(view))
 
     def track_leader(self, leading: Callable[[], bool], transitions: Callable[[], int]) -> None:
         self.registry.register(_Leader(leading, transitions))
 
-    def track_api_requests(self, requests: Callable[[], Mapping[tuple[str, str], int]]) -> None:
-        self.registry.register(ApiRequests(requests))
+    def admission_reviews(self) -> Callable[[str, str], None]:
+        """The webhook's answers (only a controller that serves the webhook exports them): call the
+        result with the review's kind and result."""
+        reviews = Counter(
+            "gpudra_admission_reviews",
+            "Admission reviews answered, by the kind of object and the result: allowed, denied (a bad "
+            "gpudra config), error (a malformed review or a failure of the webhook).",
+            ["kind", "result"],
+            registry=self.registry,
+        )
+        return lambda kind, result: reviews.labels(kind, result).inc()
 
 
 class _View(Collector):

@@ -36,8 +36,6 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit
 
-from prometheus_client import CollectorRegistry, Counter
-
 from gpudra.controller.certs import Material, read_certificates
 from gpudra.controller.options import Options
 from gpudra.errors import ConfigError
@@ -279,10 +277,16 @@ class WebhookServer:
     after `start`), as a `service.Service`. It answers no connection before `use` gave it a
     certificate (they are closed at once, so the API server applies the failurePolicy without waiting);
     `use` again swaps the certificate for new connections without closing the listening socket.
-    Answers are counted in `registry` as gpudra_admission_reviews_total{kind, result}."""
+    Each answer is counted by `count_review(kind, result)` (gpudra_admission_reviews_total)."""
 
     def __init__(
-        self, address: str, port: int, driver: str, *, warnings: Warnings, registry: CollectorRegistry
+        self,
+        address: str,
+        port: int,
+        driver: str,
+        *,
+        warnings: Warnings,
+        count_review: Callable[[str, str], None] = lambda kind, result: None,
     ) -> None:
         self.address = address
         self.port = port
@@ -291,13 +295,7 @@ class WebhookServer:
         self._context: ssl.SSLContext | None = None
         self._listener: _Listener | None = None
         self._thread: threading.Thread | None = None
-        self._reviews = Counter(
-            "gpudra_admission_reviews",
-            "Admission reviews answered, by the kind of object and the result: allowed, denied (a bad "
-            "gpudra config), error (a malformed review or a failure of the webhook).",
-            ["kind", "result"],
-            registry=registry,
-        )
+        self._count_review = count_review
 
     def use(self, material: Material) -> None:
         """Serve `material`'s certificate from now on; ConfigError when it cannot be loaded."""
@@ -349,10 +347,10 @@ class WebhookServer:
             status, text = 500, "internal error; see the controller's log"
         else:
             result = "allowed" if response["response"]["allowed"] else "denied"
-            self._reviews.labels(kind, result).inc()
+            self._count_review(kind, result)
             return 200, json.dumps(response).encode(), "application/json"
         log.warning("admission review refused", extra={"status": status, "error": text})
-        self._reviews.labels(kind, result).inc()
+        self._count_review(kind, result)
         return status, text.encode(), "text/plain; charset=utf-8"
 
 

@@ -68,7 +68,7 @@ def run(options: Options, *, stop: threading.Event) -> None:
             port=options.webhook_port,
             driver=options.driver,
             warnings=cluster.warnings,
-            registry=metrics.registry,
+            count_review=metrics.admission_reviews(),
         )
         keeper = CertificateKeeper(
             AdmissionObjects(client, owners=owners), options, webhook, is_leader=elector.is_leader
@@ -77,6 +77,7 @@ def run(options: Options, *, stop: threading.Event) -> None:
         readiness.append(Check("webhook", webhook.problem))
         services += [webhook, keeper]
     services.append(housekeeping)
+    metrics.track_loops(loops)
     if options.metrics_port:
         endpoint = HttpEndpoint(
             metrics.registry,

@@ -37,7 +37,6 @@ class AdmissionObjects:
 
     def get_secret(self, namespace: str, name: str) -> Obj | None:
         """The Secret as stored now, or None when there is none."""
-        self.kube.count("get", "secrets")
         try:
             return self.kube.request(
                 f"reading Secret {namespace}/{name}", "GET", _named(_secrets(namespace), name)
@@ -46,14 +45,12 @@ class AdmissionObjects:
             return None
 
     def create_secret(self, namespace: str, secret: Obj) -> Obj:
-        self.kube.count("create", "secrets")
         name = secret["metadata"]["name"]
         return self.kube.request(
             f"creating Secret {namespace}/{name}", "POST", _secrets(namespace), body=self._owned(secret)
         )
 
     def replace_secret(self, namespace: str, secret: Obj) -> Obj:
-        self.kube.count("update", "secrets")
         name = secret["metadata"]["name"]
         return self.kube.request(
             f"updating Secret {namespace}/{name}", "PUT", _named(_secrets(namespace), name), body=secret
@@ -61,7 +58,6 @@ class AdmissionObjects:
 
     def get_webhook_configuration(self, name: str) -> Obj | None:
         """The configuration as stored now, or None when there is none."""
-        self.kube.count("get", "validatingwebhookconfigurations")
         try:
             return self.kube.request(
                 f"reading ValidatingWebhookConfiguration {name}", "GET", _named(_WEBHOOKS, name)
@@ -70,7 +66,6 @@ class AdmissionObjects:
             return None
 
     def create_webhook_configuration(self, configuration: Obj) -> Obj:
-        self.kube.count("create", "validatingwebhookconfigurations")
         name = configuration["metadata"]["name"]
         return self.kube.request(
             f"creating ValidatingWebhookConfiguration {name}",
@@ -80,7 +75,6 @@ class AdmissionObjects:
         )
 
     def replace_webhook_configuration(self, configuration: Obj) -> Obj:
-        self.kube.count("update", "validatingwebhookconfigurations")
         name = configuration["metadata"]["name"]
         return self.kube.request(
             f"updating ValidatingWebhookConfiguration {name}",
@@ -99,7 +93,6 @@ def cluster_role_owner(kube: Kube, name: str) -> Obj:
     """An ownerReference to the ClusterRole `name` (the chart makes the controller's role the owner of
     what the controller creates, so `helm uninstall` leaves none of it: a cluster-scoped owner may own
     both cluster-scoped and namespaced objects)."""
-    kube.count("get", "clusterroles")
     path = f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{quote(name, safe='')}"
     role = kube.request(f"reading ClusterRole {name} (--owner-cluster-role)", "GET", path)
     return {

@@ -36,7 +36,6 @@ class ClaimStatus:
     ) -> None:
         """Make `devices` the entries of node `node_name` in the claim's `status.devices` (NotFound:
         the claim is gone; Conflict: it is another claim now)."""
-        self.kube.count("patch", "resourceclaims/status")
         body = {
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": "ResourceClaim",
@@ -57,7 +56,6 @@ class ClaimStatus:
         (its resourceVersion is the precondition: Conflict when it changed since, NotFound when gone)."""
         meta = claim["metadata"]
         namespace, name = str(meta["namespace"]), str(meta["name"])
-        self.kube.count("update", "resourceclaims/status")
         body = {
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": "ResourceClaim",

@@ -1,12 +1,15 @@
 """Typed access to the Kubernetes API for gpudra. I/O: the API server (the only importer of `kubernetes`).
 
-resource.k8s.io/v1 objects travel as plain JSON dicts (what the API server sends), read through
-CustomObjectsApi, so the pure modules (device model, slices, config resolution) work on the same shapes
-the tests build by hand. API failures become `ClusterError` with the HTTP status.
+Objects travel as plain JSON dicts (what the API server sends), so the pure modules (device model,
+slices, config resolution) work on the same shapes the tests build by hand. API failures become
+`ClusterError` with the HTTP status.
 
-The few core-group calls (server version, node, events) go through the client's generic request path,
-also as JSON dicts: an instance of the generated CoreV1Api costs the process about 20 MiB (its hundreds
-of validated methods), more than everything else the plugin holds.
+Every call goes through the client's generic request path (`Kube.request`, `Kube.watch`), never the
+generated APIs: an instance of the generated CoreV1Api costs the process about 20 MiB (its hundreds of
+validated methods), more than everything else the plugin holds; a generated method's argument
+validation and serializer cost a sixth more CPU per call; and its JSON decoder fails with RecursionError
+on an object nested thousands of levels deep (`_decoded`). Both send through `Kube._send`, which counts
+every request by its method and path (`request_kind`): no caller counts by hand, none can forget to.
 """
 
 from __future__ import annotations
@@ -165,8 +168,45 @@ def _decoded(what: str, body: bytes | str) -> Obj:
     return _obj(value)
 
 
+def request_kind(method: str, path: str, *, watch: bool = False) -> tuple[str, str]:
+    """The (verb, resource) a request is counted under (gpudra_api_requests_total), named as the API
+    server names them: the verb from the method (a GET is `get` of one object, `list` of a collection,
+    `watch` with `watch=true`); the resource is the path's plural with its subresource
+    (`resourceclaims/status`), namespace and name left out; a path outside /api and /apis names itself
+    (`/version`: `version`)."""
+    parts = [part for part in path.split("?", 1)[0].split("/") if part]
+    if parts[:1] == ["api"]:
+        rest = parts[2:]  # /api/v1/...
+    elif parts[:1] == ["apis"]:
+        rest = parts[3:]  # /apis/<group>/<version>/...
+    else:
+        return method.lower(), "/".join(parts)
+    if len(rest) >= 3 and rest[0] == "namespaces":
+        rest = rest[2:]  # namespaces/<ns>/<resource>...; /api/v1/namespaces/<ns> is the namespace itself
+    resource = "/".join(rest[:1] + rest[2:3])
+    named = len(rest) >= 2
+    verb = {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method.upper())
+    if verb is None and method.upper() == "GET":
+        verb = "watch" if watch else "get" if named else "list"
+    elif verb is None and method.upper() == "DELETE":
+        verb = "delete" if named else "deletecollection"
+    return verb or method.lower(), resource
+
+
+_SLICES = f"/apis/{GROUP}/{VERSION}/resourceslices"
+
+
+def _slice(name: str) -> str:
+    return f"{_SLICES}/{quote(name, safe='')}"
+
+
 def _slice_selector(driver: str, node_name: str) -> str:
     return f"spec.driver={driver},spec.nodeName={node_name}"
+
+
+def _dry_run(dry_run: bool) -> Obj:
+    """The query of a write that, with `dry_run`, the API server checks and answers but does not store."""
+    return {"dryRun": "All"} if dry_run else {}
 
 
 class Watch:
@@ -206,12 +246,12 @@ class Watch:
 
 
 class Kube:
-    """The API calls gpudra makes; `request_counts()` counts them by (verb, resource), failed ones included,
-    so the API load a node puts on the cluster can be watched (gpudra_api_requests_total)."""
+    """The API calls gpudra makes. `request_counts()` counts every request sent, by `request_kind`'s
+    (verb, resource), failed ones included, so the API load a daemon puts on the cluster can be watched
+    (gpudra_api_requests_total)."""
 
     def __init__(self, api: client.ApiClient) -> None:
         self.api = api
-        self._custom = client.CustomObjectsApi(api)
         self._requests: collections.Counter[tuple[str, str]] = collections.Counter()
         self._requests_lock = threading.Lock()  # calls come from the gRPC workers and every loop
 
@@ -219,9 +259,31 @@ class Kube:
         with self._requests_lock:
             return dict(self._requests)
 
-    def count(self, verb: str, resource: str) -> None:
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: list[tuple[str, Any]],
+        body: Obj | None = None,
+        content_type: str = "application/json",
+        timeout: tuple[float, float] = REQUEST_TIMEOUT,
+    ) -> Any:
+        """Send one request and count it (before it goes: a failed one counts too); the response as
+        the client returns it. Callers wrap it in `_api_errors`."""
+        kind = request_kind(method, path, watch=("watch", "true") in query)
         with self._requests_lock:
-            self._requests[(verb, resource)] += 1
+            self._requests[kind] += 1
+        headers = {"Accept": "application/json"} | ({"Content-Type": content_type} if body else {})
+        request = self.api.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=query,
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        return self.api.call_api(*request, _request_timeout=timeout)
 
     def request(
         self,
@@ -236,31 +298,21 @@ class Kube:
         """One call to `path` (under the API server's address) with JSON in and out, as the generated
         APIs make it: the configured credentials, REQUEST_TIMEOUT, errors as `_api_errors` words them.
         `content_type` names a patch's kind (e.g. application/apply-patch+yaml for server-side apply,
-        whose body JSON also is). The other modules of gpudra.kube build their calls on this one; the
-        caller counts its request (`count`)."""
-        headers = {"Accept": "application/json"} | ({"Content-Type": content_type} if body else {})
+        whose body JSON also is). The other modules of gpudra.kube build their calls on this one; it
+        counts the request (`request_kind`)."""
         with _api_errors(what):
-            request = self.api.param_serialize(
-                method=method,
-                resource_path=path,
-                query_params=list((query or {}).items()),
-                header_params=headers,
-                body=body,
-                auth_settings=["BearerToken"],
-            )
-            response = self.api.call_api(*request, _request_timeout=REQUEST_TIMEOUT)
+            query_params = list((query or {}).items())
+            response = self._send(method, path, query=query_params, body=body, content_type=content_type)
             data = response.read()
         if not 200 <= int(response.status) <= 299:
             raise _http_error(what, response.status, response.reason)
         return _decoded(what, data)
 
     def server_minor(self) -> int:
-        self.count("get", "version")
         info = self.request("reading the server version", "GET", "/version")
         return int("".join(ch for ch in str(info.get("minor", "")) if ch.isdigit()))
 
     def node_uid(self, name: str) -> str:
-        self.count("get", "nodes")
         node = self.request(f"reading node {name}", "GET", f"/api/v1/nodes/{quote(name, safe='')}")
         uid = (node.get("metadata") or {}).get("uid")
         if not uid:
@@ -271,17 +323,12 @@ class Kube:
 
     def list_slices(self, *, driver: str, node_name: str) -> tuple[list[Obj], str]:
         """The slices of `driver` on `node_name`, and the list's resourceVersion (where a watch resumes)."""
-        self.count("list", "resourceslices")
-        with _api_errors("listing ResourceSlices"):
-            result = _obj(
-                self._custom.list_cluster_custom_object(
-                    GROUP,
-                    VERSION,
-                    "resourceslices",
-                    field_selector=_slice_selector(driver, node_name),
-                    _request_timeout=REQUEST_TIMEOUT,
-                )
-            )
+        result = self.request(
+            "listing ResourceSlices",
+            "GET",
+            _SLICES,
+            query={"fieldSelector": _slice_selector(driver, node_name)},
+        )
         return list(result["items"]), str(result["metadata"]["resourceVersion"])
 
     def watch_slices(
@@ -291,7 +338,7 @@ class Kube:
         `timeout_seconds`."""
         return self.watch(
             "resourceslices",
-            f"/apis/{GROUP}/{VERSION}/resourceslices",
+            _SLICES,
             field_selector=_slice_selector(driver, node_name),
             resource_version=resource_version,
             timeout_seconds=timeout_seconds,
@@ -311,7 +358,6 @@ class Kube:
         this version" keeps the version a quiet collection's next watch resumes from recent enough to
         serve."""
         what = f"watching {resource}"
-        self.count("watch", resource)
         query: list[tuple[str, Any]] = [
             ("watch", "true"),
             ("resourceVersion", resource_version),
@@ -320,18 +366,10 @@ class Kube:
         ]
         if field_selector:
             query.append(("fieldSelector", field_selector))
+        # The server ends the watch after timeout_seconds, so no read waits longer unless it hung.
+        timeout = (REQUEST_TIMEOUT[0], timeout_seconds + REQUEST_TIMEOUT[1])
         with _api_errors(what):
-            request = self.api.param_serialize(
-                method="GET",
-                resource_path=path,
-                query_params=query,
-                header_params={"Accept": "application/json"},
-                auth_settings=["BearerToken"],
-            )
-            # The server ends the watch after timeout_seconds, so no read waits longer unless it hung.
-            response: Any = self.api.call_api(
-                *request, _request_timeout=(REQUEST_TIMEOUT[0], timeout_seconds + REQUEST_TIMEOUT[1])
-            ).response
+            response: Any = self._send("GET", path, query=query, timeout=timeout).response
         if not 200 <= int(response.status) <= 299:
             response.close()
             raise _http_error(what, int(response.status), response.reason)
@@ -347,7 +385,6 @@ class Kube:
         field_selector: str | None = None,
     ) -> Obj:
         """One page of the collection at `path` (its `metadata.continue` names the next)."""
-        self.count("list", resource)
         query: Obj = {"limit": limit} | ({"continue": cont} if cont else {})
         if field_selector:
             query["fieldSelector"] = field_selector
@@ -355,56 +392,25 @@ class Kube:
 
     def create_slice(self, body: Obj, *, dry_run: bool = False) -> Obj:
         """The slice as the API server stored it, or with `dry_run` as it would store it."""
-        self.count("create", "resourceslices")
         name = body["metadata"].get("name")
-        with _api_errors(f"creating ResourceSlice {name}{' (dry run)' if dry_run else ''}"):
-            return _obj(
-                self._custom.create_cluster_custom_object(
-                    GROUP,
-                    VERSION,
-                    "resourceslices",
-                    body,
-                    dry_run="All" if dry_run else None,
-                    _request_timeout=REQUEST_TIMEOUT,
-                )
-            )
+        what = f"creating ResourceSlice {name}{' (dry run)' if dry_run else ''}"
+        return self.request(what, "POST", _SLICES, query=_dry_run(dry_run), body=body)
 
     def replace_slice(self, body: Obj, *, dry_run: bool = False) -> Obj:
         """The slice as the API server stored it, or with `dry_run` as it would store it (defaults
         filled in, quantities normalized), changing nothing."""
-        self.count("update", "resourceslices")
         name = body["metadata"]["name"]
-        with _api_errors(f"updating ResourceSlice {name}{' (dry run)' if dry_run else ''}"):
-            return _obj(
-                self._custom.replace_cluster_custom_object(
-                    GROUP,
-                    VERSION,
-                    "resourceslices",
-                    name,
-                    body,
-                    dry_run="All" if dry_run else None,
-                    _request_timeout=REQUEST_TIMEOUT,
-                )
-            )
+        what = f"updating ResourceSlice {name}{' (dry run)' if dry_run else ''}"
+        return self.request(what, "PUT", _slice(name), query=_dry_run(dry_run), body=body)
 
     def delete_slice(self, name: str) -> None:
-        self.count("delete", "resourceslices")
-        try:
-            with _api_errors(f"deleting ResourceSlice {name}"):
-                self._custom.delete_cluster_custom_object(
-                    GROUP, VERSION, "resourceslices", name, _request_timeout=REQUEST_TIMEOUT
-                )
-        except NotFound:
-            pass
+        with suppress(NotFound):  # gone already: what was asked
+            self.request(f"deleting ResourceSlice {name}", "DELETE", _slice(name))
 
     # --- ResourceClaims ------------------------------------------------------------------------
 
     def get_claim(self, namespace: str, name: str) -> Obj:
-        """The claim, decoded here rather than by the client: any tenant can nest a claim's opaque
-        parameters thousands of levels deep, which Python's JSON decoder refuses with RecursionError.
-        Through the generic request path: the generated method (pydantic validation of its arguments,
-        its own serializer) costs a sixth more CPU per GET, and every prepare makes one."""
-        self.count("get", "resourceclaims")
+        """The claim (every prepare reads one: see the module docstring for why through `request`)."""
         path = (
             f"/apis/{GROUP}/{VERSION}/namespaces/{quote(namespace, safe='')}/resourceclaims/"
             f"{quote(name, safe='')}"
@@ -416,7 +422,6 @@ class Kube:
     def create_node_event(self, *, node_name: str, node_uid: str, event: Obj) -> None:
         """A core/v1 Event about a Node (in `default`, where the kubelet puts its own node events, so
         `kubectl describe node` shows it). `event` holds reason, message, type, timestamps."""
-        self.count("create", "events")
         body = {
             "apiVersion": "v1",
             "kind": "Event",
@@ -431,7 +436,6 @@ class Kube:
     def list_node_events(self, node_name: str) -> list[Obj]:
         """Events about a Node, as JSON dicts (for tools and tests)."""
         selector = f"involvedObject.kind=Node,involvedObject.name={node_name}"
-        self.count("list", "events")
         result = self.request(
             f"listing Events of node {node_name}",
             "GET",
@@ -447,21 +451,19 @@ class Kube:
 
     def list_all_slices(self) -> list[Obj]:
         """Every ResourceSlice of every driver and node."""
-        return self._list_all("resourceslices", f"/apis/{GROUP}/{VERSION}/resourceslices")
+        return self._list_all("resourceslices", _SLICES)
 
     def list_all_claims(self) -> list[Obj]:
         """Every ResourceClaim in every namespace (their allocations hold devices)."""
         return self._list_all("resourceclaims", f"/apis/{GROUP}/{VERSION}/resourceclaims")
 
     def get_claim_template(self, namespace: str, name: str) -> Obj:
-        self.count("get", "resourceclaimtemplates")
         path = f"/apis/{GROUP}/{VERSION}/namespaces/{quote(namespace, safe='')}/resourceclaimtemplates"
         return self.request(
             f"reading ResourceClaimTemplate {namespace}/{name}", "GET", f"{path}/{quote(name, safe='')}"
         )
 
     def get_pod(self, namespace: str, name: str) -> Obj:
-        self.count("get", "pods")
         path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}"
         return self.request(f"reading Pod {namespace}/{name}", "GET", path)
 
@@ -473,7 +475,6 @@ class Kube:
         items: list[Obj] = []
         query: Obj = {"limit": 500}
         while True:
-            self.count("list", resource)
             page = self.request(f"listing {resource}", "GET", path, query=query)
             kind = str(page.get("kind", "")).removesuffix("List")
             items.extend(

@@ -86,7 +86,6 @@ class Leases:
 
     def get(self, namespace: str, name: str) -> LeaseRecord | None:
         """The Lease as stored now, or None when there is none."""
-        self.kube.count("get", "leases")
         try:
             lease = self.kube.request(f"reading Lease {namespace}/{name}", "GET", _path(namespace, name))
         except NotFound:
@@ -95,7 +94,6 @@ class Leases:
 
     def create(self, namespace: str, name: str, record: LeaseRecord) -> LeaseRecord:
         """The Lease as stored; `Conflict` when one of that name exists."""
-        self.kube.count("create", "leases")
         body = _body(namespace, name, record, self.owners)
         return _record(
             self.kube.request(f"creating Lease {namespace}/{name}", "POST", _path(namespace), body=body)
@@ -104,7 +102,6 @@ class Leases:
     def replace(self, namespace: str, name: str, record: LeaseRecord) -> LeaseRecord:
         """The Lease as stored; `Conflict` when it changed since `record.resource_version` was read.
         The whole object is replaced: the Lease is gpudra's own, nothing else labels or annotates it."""
-        self.kube.count("update", "leases")
         body = _body(namespace, name, record, self.owners)
         what = f"updating Lease {namespace}/{name}"
         return _record(self.kube.request(what, "PUT", _path(namespace, name), body=body))

@@ -1,20 +1,25 @@
 """Prometheus metrics of the kubelet plugin (served by gpudra.http_endpoint). Pure but for reading clocks.
 
-Names are prefixed `gpudra_`; every series is created up front so dashboards see zeros, not gaps.
+Names are prefixed `gpudra_`; every series is created up front so dashboards see zeros, not gaps. The
+series both daemons export (API requests, background loops) come from gpudra.metrics.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
-
-from gpudra.http_endpoint import ApiRequests
+from gpudra.metrics import (
+    Collector,
+    CollectorRegistry,
+    Counter,
+    DaemonMetrics,
+    Gauge,
+    GaugeMetricFamily,
+    Histogram,
+    Metric,
+)
 from gpudra.model.publishing import WITHHELD_FORMS
-from gpudra.service import Loop
 
 _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
@@ -33,9 +38,9 @@ class ClaimDeviceUsage:
     idle_seconds: float | None  # 0 while active; None while unknown
 
 
-class PluginMetrics:
+class PluginMetrics(DaemonMetrics):
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or CollectorRegistry()
+        super().__init__(registry)
         self.prepare_seconds = Histogram(
             "gpudra_prepare_seconds",
             "Time to prepare one claim.",
@@ -105,10 +110,6 @@ class PluginMetrics:
         if outcome != "ok":
             self.errors.labels("unprepare", outcome).inc()
 
-    def track_api_requests(self, requests: Callable[[], Mapping[tuple[str, str], int]]) -> None:
-        """API requests this plugin made since start, by verb and resource, read at scrape time."""
-        self.registry.register(ApiRequests(requests))
-
     def track_claim_reads(self, gets: Callable[[], int]) -> None:
         """ResourceClaim reads from the API server since start (one GET per claim prepared)."""
         Gauge(
@@ -116,24 +117,6 @@ class PluginMetrics:
             "ResourceClaims read from the API server since start: one GET per claim prepared.",
             registry=self.registry,
         ).set_function(gets)
-
-    def track_loops(self, loops: Sequence[Loop]) -> None:
-        """Each background loop's failed steps since start, and whether its last step succeeded."""
-        failures = Gauge(
-            "gpudra_background_failures",
-            "Failed steps of a background loop since start, by loop; each is logged and retried.",
-            ["loop"],
-            registry=self.registry,
-        )
-        healthy = Gauge(
-            "gpudra_background_healthy",
-            "1 when the loop's last step succeeded (or it has not failed yet), 0 while it is failing.",
-            ["loop"],
-            registry=self.registry,
-        )
-        for loop in loops:
-            failures.labels(loop.name).set_function(_failures_of(loop))
-            healthy.labels(loop.name).set_function(_healthy_of(loop))
 
     def track_checkpoint(self, refusal: Callable[[], str | None]) -> None:
         """Whether the checkpoint is usable (0: the plugin refuses every claim; /readyz says why), and
@@ -209,11 +192,3 @@ class _MigRoom(Collector):
         for gpu, (profile, slices) in sorted(self.room().items()):
             family.add_metric([gpu, profile], slices)
         yield family
-
-
-def _failures_of(loop: Loop) -> Callable[[], float]:
-    return lambda: float(loop.failures)
-
-
-def _healthy_of(loop: Loop) -> Callable[[], float]:
-    return lambda: float(loop.last_error is None)
