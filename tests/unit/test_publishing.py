@@ -7,9 +7,16 @@ import dataclasses
 
 import pytest
 
+from gpudra.errors import ConfigError
 from gpudra.kube.field_probe import read_fields
 from gpudra.model import devices
-from gpudra.model.publishing import Publishing, ServerFields, counter_sets_slow_scheduler, fit_to_server
+from gpudra.model.publishing import (
+    Publishing,
+    ServerFields,
+    counter_sets_slow_scheduler,
+    fit_to_server,
+    parse_feature_gates,
+)
 from gpudra.node.served_model import ServedModel
 from tests.unit import inventories as inv
 
@@ -187,3 +194,80 @@ def test_without_partitions_an_idle_mig_mode_hopper_is_offered_whole() -> None:
         a100, gpus=tuple(dataclasses.replace(g, mig_enabled=True, mig_devices=()) for g in a100.gpus)
     )
     assert devices.publish(a100_in_mig, fitted).devices == []
+
+
+@pytest.mark.parametrize(
+    ("minor", "gates", "expected"),
+    [
+        (34, {}, (False, False, False)),
+        (35, {}, (False, False, False)),
+        (35, {"DRAPartitionableDevices": True, "DRADeviceTaints": True}, (True, False, True)),
+        (36, {}, (True, True, True)),
+        (37, {"DRAConsumableCapacity": False}, (True, False, True)),
+    ],
+)
+def test_a_release_keeps_what_its_gates_turn_on(
+    minor: int, gates: dict[str, bool], expected: tuple[bool, bool, bool]
+) -> None:
+    fields = ServerFields.of_release(minor, gates)
+    assert (fields.minor, fields.counters, fields.consumable_capacity, fields.device_taints) == (
+        minor,
+        *expected,
+    )
+
+
+# (release, gates on) -> form -> what would serve it: the release table of docs/install.md
+PARTITIONS = "MIG partitions on demand need feature gate DRAPartitionableDevices (on by default from 1.36)"
+SHARES = "GPU shares are not available before Kubernetes 1.36"
+SHARES_GATES = (
+    f"{SHARES} (feature gates DRAPartitionableDevices and DRAConsumableCapacity on by default there)"
+)
+TAINTS = "taints on unhealthy GPUs need feature gate DRADeviceTaints (on by default from 1.36)"
+NEEDS = {
+    (34, False): {
+        "partitions": PARTITIONS,
+        "shares": SHARES_GATES,
+        "health-taints": f"{TAINTS}; on 1.34 also --runtime-config=resource.k8s.io/v1alpha3=true",
+    },
+    (35, False): {"partitions": PARTITIONS, "shares": SHARES_GATES, "health-taints": TAINTS},
+    (34, True): {"shares": SHARES},
+    (35, True): {"shares": SHARES},
+    (36, False): {},
+    (37, False): {},
+}
+
+
+@pytest.mark.parametrize(
+    ("minor", "gated"), list(NEEDS), ids=[f"1.{m}{'-gates' if g else ''}" for m, g in NEEDS]
+)
+def test_each_withheld_form_says_which_gate_or_release_serves_it(minor: int, gated: bool) -> None:
+    gates = dict.fromkeys(("DRAPartitionableDevices", "DRAConsumableCapacity", "DRADeviceTaints"), gated)
+    _, withheld = fit_to_server(EVERYTHING, ServerFields.of_release(minor, gates if gated else {}))
+    assert {w.form: w.needs for w in withheld} == NEEDS[(minor, gated)]
+    for item in withheld:
+        assert item.why.startswith(item.cause)  # the Node event's line begins with the same cause
+
+
+def test_the_node_event_still_names_the_gate_that_is_off() -> None:
+    _, withheld = fit_to_server(EVERYTHING, ServerFields.of_release(35))
+    assert [w.why.split(":")[0] for w in withheld] == [
+        "the API server drops counter sets (feature gate DRAPartitionableDevices is off)",
+        "the API server drops counter sets (feature gate DRAPartitionableDevices is off)",
+        "the API server drops device taints (feature gate DRADeviceTaints is off)",
+    ]
+    assert [w.gates for w in withheld] == [
+        ("DRAPartitionableDevices",),
+        ("DRAPartitionableDevices", "DRAConsumableCapacity"),
+        ("DRADeviceTaints",),
+    ]
+
+
+def test_feature_gates_are_read_as_the_components_take_them() -> None:
+    assert parse_feature_gates("DRAPartitionableDevices=true, DRADeviceTaints=False,") == {
+        "DRAPartitionableDevices": True,
+        "DRADeviceTaints": False,
+    }
+    with pytest.raises(
+        ConfigError, match="--feature-gates: 'DRADeviceTaints' is not Gate=true or Gate=false"
+    ):
+        parse_feature_gates("DRADeviceTaints")

@@ -27,3 +27,10 @@ NEWEST_MINOR: Final = 36
 SHARES_MINOR: Final = 36
 # The first minor whose scheduler gathers only the pools relevant to a node, counter sets or not.
 FAST_COUNTERS_MINOR: Final = 37
+# The first minor whose API server and scheduler have the DRA feature gates gpudra's forms rely on
+# (DRAPartitionableDevices, DRAConsumableCapacity, DRADeviceTaints) on by default: beta there, alpha
+# and off in 1.34 and 1.35.
+DRA_GATES_MINOR: Final = 36
+# The minor whose scheduler with DRADeviceTaints on schedules nothing unless the API server also serves
+# resource.k8s.io/v1alpha3 (DeviceTaintRules): `--runtime-config=resource.k8s.io/v1alpha3=true`.
+TAINTS_ALPHA_API_MINOR: Final = 34

@@ -11,10 +11,12 @@ are wanted (docs/install.md, "What to publish"; BENCHMARKS.md, "Cluster scale").
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from gpudra.model.kube_api import FAST_COUNTERS_MINOR, SHARES_MINOR
+from gpudra.errors import ConfigError
+from gpudra.model.kube_api import DRA_GATES_MINOR, FAST_COUNTERS_MINOR, SHARES_MINOR, TAINTS_ALPHA_API_MINOR
 
 MigMode = Literal["partitionable", "static"]
 
@@ -50,6 +52,13 @@ def counter_sets_slow_scheduler(server_minor: int) -> bool:
     return server_minor < FAST_COUNTERS_MINOR
 
 
+# The feature gates each field depends on (kube-apiserver --feature-gates names).
+PARTITIONABLE_GATE = "DRAPartitionableDevices"  # sharedCounters, consumesCounters
+CONSUMABLE_GATE = "DRAConsumableCapacity"  # allowMultipleAllocations, capacity requestPolicy
+TAINTS_GATE = "DRADeviceTaints"  # device taints
+DRA_GATES = (PARTITIONABLE_GATE, CONSUMABLE_GATE, TAINTS_GATE)
+
+
 @dataclass(frozen=True)
 class ServerFields:
     """Which of the DRA fields gpudra relies on the API server keeps (its feature gates), as a dry run
@@ -60,9 +69,60 @@ class ServerFields:
     consumable_capacity: bool  # allowMultipleAllocations, capacity requestPolicy (DRAConsumableCapacity)
     device_taints: bool  # device taints (DRADeviceTaints)
 
+    @classmethod
+    def of_release(cls, minor: int, gates: Mapping[str, bool] | None = None) -> ServerFields:
+        """What an API server of 1.`minor` keeps with the feature `gates` given set and the others at
+        that release's defaults: what a probe of such a server finds, for when none can be probed
+        (`gpudra inventory`, `gpudra explain` offline)."""
+        gates = gates or {}
+
+        def on(gate: str) -> bool:
+            return gates.get(gate, minor >= DRA_GATES_MINOR)
+
+        return cls(
+            minor=minor,
+            counters=on(PARTITIONABLE_GATE),
+            consumable_capacity=on(CONSUMABLE_GATE),
+            device_taints=on(TAINTS_GATE),
+        )
+
+    def describe(self) -> str:
+        """One line: the release and the fields it drops, e.g. `Kubernetes 1.35 (drops counter sets,
+        allowMultipleAllocations, device taints)`."""
+        dropped = [
+            name
+            for name, kept in (
+                ("counter sets", self.counters),
+                ("allowMultipleAllocations", self.consumable_capacity),
+                ("device taints", self.device_taints),
+            )
+            if not kept
+        ]
+        return f"Kubernetes 1.{self.minor}" + (f" (drops {', '.join(dropped)})" if dropped else "")
+
+
+def parse_feature_gates(text: str, *, field: str = "--feature-gates") -> dict[str, bool]:
+    """`Gate=true,Other=false`, the Kubernetes components' own syntax, as a map; ConfigError naming
+    `field` for an entry of another shape."""
+    gates = {}
+    for item in text.split(","):
+        if not item.strip():
+            continue
+        name, _, value = item.partition("=")
+        if not name.strip() or value.strip().lower() not in ("true", "false"):
+            raise ConfigError(f"{item.strip()!r} is not Gate=true or Gate=false", field=field)
+        gates[name.strip()] = value.strip().lower() == "true"
+    return gates
+
 
 # What can be withheld, the label values of gpudra_publishing_withheld{form}.
 WITHHELD_FORMS = ("partitions", "shares", "health-taints")
+# Each form as people call it (plural: "... need feature gate X").
+FORM_NAMES = {
+    "partitions": "MIG partitions on demand",
+    "shares": "GPU shares",
+    "health-taints": "taints on unhealthy GPUs",
+}
 
 
 @dataclass(frozen=True)
@@ -71,6 +131,11 @@ class Withheld:
 
     form: str  # one of WITHHELD_FORMS
     why: str  # one line for the log, the Node event and the operator
+    # What would serve it, one line: "MIG partitions on demand need feature gate DRAPartitionableDevices
+    # (on by default from 1.36)", or "GPU shares are not available before Kubernetes 1.36 (...)"
+    needs: str = ""
+    gates: tuple[str, ...] = ()  # the feature gates it needs that are off
+    cause: str = ""  # what the server does that rules it out, e.g. "the API server drops counter sets"
 
 
 def fit_to_server(publishing: Publishing, fields: ServerFields) -> tuple[Publishing, list[Withheld]]:
@@ -84,35 +149,46 @@ def fit_to_server(publishing: Publishing, fields: ServerFields) -> tuple[Publish
     if mig_mode == "partitionable" and not fields.counters:
         mig_mode = "static"
         withheld.append(
-            Withheld(
+            _withheld(
                 "partitions",
-                "the API server drops counter sets (feature gate DRAPartitionableDevices is off): MIG "
-                "partitions are not offered on demand; existing MIG devices are published instead, and a "
-                "GPU in MIG mode without any as a whole GPU where its mode switches without a reset",
+                ("the API server drops counter sets", PARTITIONABLE_GATE),
+                "MIG partitions are not offered on demand; existing MIG devices are published instead, and "
+                "a GPU in MIG mode without any as a whole GPU where its mode switches without a reset",
+                fields,
+                (PARTITIONABLE_GATE,),
             )
         )
     if shares:
-        reason = None
+        off = tuple(
+            gate
+            for gate, kept in (
+                (PARTITIONABLE_GATE, fields.counters),
+                (CONSUMABLE_GATE, fields.consumable_capacity),
+            )
+            if not kept
+        )
+        cause: tuple[str, str | None] | None = None
         if not fields.counters:
-            reason = "the API server drops counter sets (feature gate DRAPartitionableDevices is off)"
+            cause = ("the API server drops counter sets", PARTITIONABLE_GATE)
         elif not fields.consumable_capacity:
-            reason = (
-                "the API server drops allowMultipleAllocations (feature gate DRAConsumableCapacity is off)"
-            )
+            cause = ("the API server drops allowMultipleAllocations", CONSUMABLE_GATE)
         elif fields.minor < SHARES_MINOR:
-            reason = (
+            cause = (
                 f"the 1.{fields.minor} scheduler does not count the counters shares consume (fixed in "
-                f"1.{SHARES_MINOR}), so a share and its whole GPU could go to two claims"
+                f"1.{SHARES_MINOR}), so a share and its whole GPU could go to two claims",
+                None,
             )
-        if reason is not None:
+        if cause is not None:
             shares = False
-            withheld.append(Withheld("shares", f"{reason}: GPU shares are not offered"))
+            withheld.append(_withheld("shares", cause, "GPU shares are not offered", fields, off))
     if not fields.device_taints:
         withheld.append(
-            Withheld(
+            _withheld(
                 "health-taints",
-                "the API server drops device taints (feature gate DRADeviceTaints is off): an unhealthy "
-                "GPU is left out of the slices instead of published tainted",
+                ("the API server drops device taints", TAINTS_GATE),
+                "an unhealthy GPU is left out of the slices instead of published tainted",
+                fields,
+                (TAINTS_GATE,),
             )
         )
     fitted = Publishing(
@@ -122,3 +198,38 @@ def fit_to_server(publishing: Publishing, fields: ServerFields) -> tuple[Publish
         switch_idle_mig=publishing.switch_idle_mig or mig_mode != publishing.mig_mode,
     )
     return fitted, withheld
+
+
+def _withheld(
+    form: str,
+    cause: tuple[str, str | None],
+    effect: str,
+    fields: ServerFields,
+    gates: tuple[str, ...],
+) -> Withheld:
+    """`cause`: what the server does, and the feature gate that is off for it (None: none is)."""
+    text, gate = cause
+    why = f"{text} (feature gate {gate} is off): {effect}" if gate else f"{text}: {effect}"
+    return Withheld(form, why, _needs(form, fields, gates), gates, text)
+
+
+def _needs(form: str, fields: ServerFields, gates: tuple[str, ...]) -> str:
+    """What would serve `form` on a cluster like this one, one line."""
+    name = FORM_NAMES[form]
+    listed = _gates(gates)
+    if form == "shares" and fields.minor < SHARES_MINOR:
+        return f"{name} are not available before Kubernetes 1.{SHARES_MINOR}" + (
+            f" ({listed} on by default there)" if gates else ""
+        )
+    text = f"{name} need {listed} (on by default from 1.{DRA_GATES_MINOR})"
+    if form == "health-taints" and fields.minor == TAINTS_ALPHA_API_MINOR:
+        text += f"; on 1.{fields.minor} also --runtime-config=resource.k8s.io/v1alpha3=true"
+    return text
+
+
+def _gates(gates: tuple[str, ...]) -> str:
+    if not gates:
+        return "no feature gate"
+    if len(gates) == 1:
+        return f"feature gate {gates[0]}"
+    return f"feature gates {', '.join(gates[:-1])} and {gates[-1]}"
