@@ -48,8 +48,10 @@ def test_inventory_json_is_a_list_of_valid_slices(
     partitions: dict[str, int],
     server_minor: int,
 ) -> None:
+    # 1.34 with the gates that keep counter sets: its own way of splitting them into slices
+    gates = "--feature-gates=DRAPartitionableDevices=true,DRAConsumableCapacity=true"
     code, out = _inventory(
-        capsys, tmp_path, profile, "-o", "json", f"--server-minor={server_minor}", *EVERYTHING
+        capsys, tmp_path, profile, "-o", "json", f"--server-minor={server_minor}", gates, *EVERYTHING
     )
     assert code == 0
     listing = json.loads(out)
@@ -90,6 +92,78 @@ def test_inventory_table_lists_gpus_and_partitions(
     header, first = out.splitlines()[2:4]
     assert header.split("  ")[-1] == "LARGEST PLACEABLE" and first.endswith("  7g.80gb")
     assert first.split()[-2] == "gpu-0-shared"  # the SHARED column
+
+
+def test_inventory_names_each_form_withheld_on_the_server_and_what_would_serve_it(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The plugin's own rule (fit_to_server): on 1.35 with default gates partitions and shares are left
+    out, and each withheld form gets a line saying which gate or release it needs and why."""
+    code, out = _inventory(capsys, tmp_path, "dgx-h100", "--server-minor=35", *EVERYTHING)
+    assert code == 0
+    tail = out.splitlines()[-5:]
+    assert tail == [
+        "publishing: whole GPUs, existing MIG devices, idle MIG-mode GPUs whole, no shares",
+        "for: Kubernetes 1.35 (drops counter sets, allowMultipleAllocations, device taints)",
+        "withheld partitions: MIG partitions on demand need feature gate DRAPartitionableDevices (on by "
+        "default from 1.36): the API server drops counter sets",
+        "withheld shares: GPU shares are not available before Kubernetes 1.36 (feature gates "
+        "DRAPartitionableDevices and DRAConsumableCapacity on by default there): the API server drops "
+        "counter sets",
+        "withheld health-taints: taints on unhealthy GPUs need feature gate DRADeviceTaints (on by default "
+        "from 1.36): the API server drops device taints",
+    ]
+    assert "8 devices (0 shared), 0 counter sets" in out
+
+
+def test_inventory_with_the_gates_on_withholds_only_what_the_release_cannot_serve(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    gates = "--feature-gates=DRAPartitionableDevices=true,DRAConsumableCapacity=true,DRADeviceTaints=true"
+    code = cli.main(
+        [
+            "inventory",
+            "--nvml=sim:dgx-h100",
+            "--node-name=n",
+            "--server-minor=34",
+            gates,
+            "-o",
+            "json",
+            *EVERYTHING,
+        ]
+    )
+    captured = capsys.readouterr()
+    assert code == 0
+    devices = [d for s in json.loads(captured.out)["items"] for d in s["spec"].get("devices", [])]
+    assert any("-mig-" in d["name"] for d in devices)  # partitions on demand: the gate keeps their counters
+    assert not any(d.get("allowMultipleAllocations") for d in devices)  # no shares before 1.36
+    assert captured.err.splitlines() == [
+        "withheld shares: GPU shares are not available before Kubernetes 1.36: the 1.34 scheduler does not "
+        "count the counters shares consume (fixed in 1.36), so a share and its whole GPU could go to two "
+        "claims"
+    ]
+
+
+def test_inventory_on_the_newest_release_withholds_nothing(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, out = _inventory(capsys, tmp_path, "dgx-h100", *EVERYTHING)
+    assert code == 0
+    assert "for: Kubernetes 1.36\n" in out and "withheld" not in out
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ("--feature-gates=DRADeviceTaints=yes", "--feature-gates: 'DRADeviceTaints=yes' is not Gate=true"),
+        ("--server-minor=30", "--server-minor: 1.30 is older than 1.34"),
+    ],
+)
+def test_inventory_refuses_a_bad_release_option(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, option: str, message: str
+) -> None:
+    code = cli.main(["inventory", "--nvml=sim:dgx-h100", "--node-name=n", option])
+    assert code == 1 and message in capsys.readouterr().err
 
 
 def test_inventory_table_shows_the_largest_profile_the_existing_instances_leave_room_for(

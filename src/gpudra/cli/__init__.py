@@ -22,8 +22,8 @@ from typing import Any
 
 from gpudra import logs
 from gpudra.errors import ConfigError, GpudraError
-from gpudra.model.kube_api import NEWEST_MINOR
-from gpudra.model.publishing import Publishing
+from gpudra.model.kube_api import NEWEST_MINOR, OLDEST_MINOR
+from gpudra.model.publishing import Publishing, ServerFields, parse_feature_gates
 
 # Each command imports what it needs when it runs: `gpudra kubelet-plugin` opens the kubelet's sockets
 # before the ~0.3 s of importing NVML, the API client and the models (see gpudra.node.daemon).
@@ -91,8 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--server-minor",
         type=int,
         default=NEWEST_MINOR,
-        help=f"Kubernetes 1.x minor to split slices for (default {NEWEST_MINOR})",
+        help=f"Kubernetes 1.x minor to publish for: what its API server keeps, how slices are split "
+        f"(default {NEWEST_MINOR})",
     )
+    _feature_gates(inv, "the API server's")
 
     val = commands.add_parser("validate", help="check gpudra configs in ResourceClaims, templates, classes")
     val.add_argument("files", nargs="+", type=Path)
@@ -113,6 +115,15 @@ def build_parser() -> argparse.ArgumentParser:
     why.add_argument("--classes", type=Path, default=None, help="DeviceClasses (offline default: gpudra's)")
     why.add_argument("-o", "--output", choices=["text", "json"], default="text")
     why.add_argument("-v", "--verbose", action="store_true", help="list every device in the text output")
+    why.add_argument(
+        "--server-minor",
+        type=int,
+        default=None,
+        help="the cluster's Kubernetes 1.x minor, for what its API server keeps (offline default "
+        f"{NEWEST_MINOR}; online the server's, its fields found by a dry-run probe slice)",
+    )
+    _feature_gates(why, "the cluster's")
+    why.add_argument("--driver-name", default=DRIVER, help="DRA driver name whose forms are judged")
 
     status = commands.add_parser(
         "status", help="the cluster's GPUs: allocated, shared, free, idle; MIG room; claims waiting"
@@ -245,6 +256,15 @@ def _controller_parser(ctl: argparse.ArgumentParser) -> None:
     _logging(ctl)
 
 
+def _feature_gates(parser: argparse.ArgumentParser, whose: str) -> None:
+    parser.add_argument(
+        "--feature-gates",
+        default="",
+        help=f"{whose} feature gates that differ from the release's defaults, as the components take them "
+        "(DRAPartitionableDevices=true,DRAConsumableCapacity=true,DRADeviceTaints=true)",
+    )
+
+
 def _logging(daemon: argparse.ArgumentParser) -> None:
     _add(daemon, "log-format", default="text", help="text or json", choices=["text", "json"])
     _add(daemon, "log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
@@ -290,9 +310,18 @@ def _inventory(args: argparse.Namespace) -> int:
         publishing=_publishing_option(args),
         driver=args.driver_name,
         node_name=args.node_name,
-        server_minor=args.server_minor,
+        fields=_server_fields(args.server_minor, args.feature_gates),
         output=args.output,
     )
+
+
+def _server_fields(minor: int, gates: str) -> ServerFields:
+    """What an API server of 1.`minor` with `gates` (--feature-gates) keeps."""
+    if minor < OLDEST_MINOR:
+        raise ConfigError(
+            f"1.{minor} is older than 1.{OLDEST_MINOR}, the oldest gpudra supports", field="--server-minor"
+        )
+    return ServerFields.of_release(minor, parse_feature_gates(gates))
 
 
 # --- validate ------------------------------------------------------------------------------------

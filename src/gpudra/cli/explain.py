@@ -11,6 +11,13 @@ allocates them), and may add DeviceClasses and ResourceSlices of its own.
 Online (no `--slices`): slices, classes and every claim's allocation come from the cluster, and
 `claim/NAME` or `pod/NAME` names the object there; FILE then asks whether claims not yet created would fit.
 
+What the API server keeps decides which forms of a GPU nodes can publish there (shares, MIG partitions
+on demand: `gpudra.model.publishing.fit_to_server`, the kubelet plugin's own rule), so a request for a
+form that none can is answered "needs feature gate X" or "not available before Kubernetes 1.N".
+Online, the server is asked as the plugin asks it, by a server-side dry run of a probe ResourceSlice
+(`gpudra.kube.field_probe`; nothing is stored); offline, `--server-minor` and `--feature-gates` say
+(default: the newest supported release, its default gates).
+
 Files are read with `gpudra.cli.manifest_files` (bounded: size, aliases, depth); the judging is
 `gpudra.scheduling.explain`.
 """
@@ -27,7 +34,9 @@ from typing import TYPE_CHECKING, Any
 
 from gpudra.cli.explain_text import render_text
 from gpudra.cli.manifest_files import read_documents
-from gpudra.errors import ConfigError
+from gpudra.errors import ConfigError, GpudraError
+from gpudra.model.kube_api import NEWEST_MINOR, OLDEST_MINOR
+from gpudra.model.publishing import ServerFields, parse_feature_gates
 from gpudra.scheduling.explain import (
     ClaimToExplain,
     Explanation,
@@ -40,6 +49,8 @@ from gpudra.scheduling.pools import Inventory
 if TYPE_CHECKING:
     from gpudra.kube.client import Kube
 
+# The node the probe slice names (a dry run: nothing is stored, no node need exist).
+PROBE_NODE = "gpudra-explain-probe"
 # gpudra's DeviceClasses in a source checkout; installed elsewhere, pass --classes.
 DEFAULT_CLASSES = Path(__file__).resolve().parents[3] / "deploy" / "manifests" / "deviceclasses.yaml"
 
@@ -52,6 +63,8 @@ class Inputs:
     slices: list[Mapping[str, Any]] = field(default_factory=list)
     allocated: list[Mapping[str, Any]] = field(default_factory=list)
     targets: list[list[ClaimToExplain]] = field(default_factory=list)  # each explained on its own
+    fields: ServerFields | None = None  # what the API server keeps
+    notes: list[str] = field(default_factory=list)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -61,10 +74,20 @@ def run(args: argparse.Namespace) -> int:
     if not inputs.targets:
         raise ConfigError("holds no ResourceClaim, ResourceClaimTemplate or Pod", field=args.target)
     inventory = Inventory(inputs.slices)
+    fields = inputs.fields or ServerFields.of_release(NEWEST_MINOR)
     results = [
-        explain(target, classes=inputs.classes, inventory=inventory, allocated=inputs.allocated)
+        explain(
+            target,
+            classes=inputs.classes,
+            inventory=inventory,
+            allocated=inputs.allocated,
+            server=fields,
+            driver=args.driver_name,
+        )
         for target in inputs.targets
     ]
+    for result in results:
+        result.notes += inputs.notes
     _print(results, args)
     return 0 if all(r.fits for r in results) else 1
 
@@ -100,7 +123,18 @@ def _offline(args: argparse.Namespace) -> Inputs:
         )
     inputs.classes = device_classes(_objects(classes_file))
     _targets(inputs, _objects(Path(args.target)), cluster=None, namespace=args.namespace)
+    minor = NEWEST_MINOR if args.server_minor is None else args.server_minor
+    inputs.fields = ServerFields.of_release(minor, _gates(args))
     return inputs
+
+
+def _gates(args: argparse.Namespace) -> dict[str, bool]:
+    if args.server_minor is not None and args.server_minor < OLDEST_MINOR:
+        raise ConfigError(
+            f"1.{args.server_minor} is older than 1.{OLDEST_MINOR}, the oldest gpudra supports",
+            field="--server-minor",
+        )
+    return parse_feature_gates(args.feature_gates)
 
 
 def _objects(path: Path) -> list[Mapping[str, Any]]:
@@ -221,6 +255,7 @@ def _online(args: argparse.Namespace) -> Inputs:
 
     cluster = Kube(connect(_kubeconfig(args.kubeconfig)))
     inputs = Inputs(classes=device_classes(cluster.list_device_classes()))
+    _server(inputs, cluster, args)
     inputs.slices.extend(cluster.list_all_slices())
     inputs.allocated.extend(cluster.list_all_claims())
     if args.classes is not None:
@@ -235,6 +270,26 @@ def _online(args: argparse.Namespace) -> Inputs:
     else:
         _targets(inputs, _objects(Path(args.target)), cluster=cluster, namespace=namespace)
     return inputs
+
+
+def _server(inputs: Inputs, cluster: Kube, args: argparse.Namespace) -> None:
+    """What the cluster's API server keeps: what --server-minor and --feature-gates say when given,
+    else what a server-side dry run of a probe slice shows (the kubelet plugin's own probe)."""
+    from gpudra.kube import field_probe  # noqa: PLC0415 (offline runs need no API client)
+
+    gates = _gates(args)
+    minor = cluster.server_minor() if args.server_minor is None else args.server_minor
+    if args.server_minor is not None or gates:
+        inputs.fields = ServerFields.of_release(minor, gates)
+        return
+    try:
+        inputs.fields = field_probe.probe(cluster, driver=args.driver_name, node_name=PROBE_NODE, minor=minor)
+    except GpudraError as err:
+        inputs.fields = ServerFields.of_release(minor)
+        inputs.notes.append(
+            f"what the API server keeps is assumed from Kubernetes 1.{minor}'s default feature gates: a "
+            f"dry run of a probe ResourceSlice failed ({err}); --feature-gates says otherwise"
+        )
 
 
 def _kubeconfig(given: str | None) -> str | None:

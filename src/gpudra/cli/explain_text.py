@@ -13,10 +13,12 @@ _NODE = "\x00"  # where the node's name goes in a block
 
 
 def render_text(explanation: Explanation, *, verbose: bool = False) -> str:
-    """The verdict line first, then errors and notes, then the nodes. `verbose` lists every device."""
+    """The verdict line first, then what the cluster's feature gates or release keep from fitting,
+    errors and notes, then the nodes. `verbose` lists every device."""
     lines = [explanation.verdict]
+    lines += [f"needs: {n}" for n in explanation.needs if n not in explanation.verdict]
     lines += [f"error: {e}" for e in explanation.errors if e not in explanation.verdict]
-    lines += [f"note: {n}" for n in explanation.notes]
+    lines += [f"note: {n}" for n in [*explanation.release, *explanation.notes]]
     groups: dict[str, list[str]] = {}
     for report in explanation.nodes:
         groups.setdefault(_node_text(report, verbose=verbose), []).append(report.node)

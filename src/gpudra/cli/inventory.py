@@ -12,32 +12,47 @@ import yaml
 from gpudra.gpu import nvml
 from gpudra.model import devices, placement, slices
 from gpudra.model.inventory import Gpu, Inventory
-from gpudra.model.publishing import Publishing
+from gpudra.model.publishing import Publishing, ServerFields, Withheld, fit_to_server
 
 
 def show(
-    *, nvml_name: str, publishing: Publishing, driver: str, node_name: str, server_minor: int, output: str
+    *, nvml_name: str, publishing: Publishing, driver: str, node_name: str, fields: ServerFields, output: str
 ) -> int:
-    """Print the node's GPUs (`output` table) or the ResourceSlices it would publish (json, yaml);
-    the exit code: 1 when a slice would be refused."""
+    """Print the node's GPUs (`output` table) or the ResourceSlices it would publish (json, yaml) to an
+    API server that keeps `fields`: what the plugin would withhold there is left out and named, with
+    the plugin's own rule (`fit_to_server`); the exit code: 1 when a slice would be refused."""
     with nvml.connect(nvml_name) as session:
         inventory = session.inventory()
-    model = devices.publish(inventory, publishing)
+    model = devices.publish(inventory, publishing)  # the options checked as the plugin checks them
+    fitted, withheld = fit_to_server(publishing, fields)
+    if fitted != publishing:
+        model = devices.publish(inventory, fitted)
     built = slices.build_slices(
-        model, driver=driver, node_name=node_name, generation=1, server_minor=server_minor
+        model, driver=driver, node_name=node_name, generation=1, server_minor=fields.minor
     )
-    problems = slices.validate_slices(built, server_minor=server_minor)
+    problems = slices.validate_slices(built, server_minor=fields.minor)
     if output == "table":
-        print(_table(inventory, model, publishing))
+        print(_table(inventory, model, fitted, withheld_lines(fields, withheld)))
     else:
         listing = {"apiVersion": "v1", "kind": "List", "items": built}
         print(json.dumps(listing, indent=2) if output == "json" else yaml.safe_dump(listing, sort_keys=False))
+        for line in withheld_lines(fields, withheld)[1:]:
+            print(line, file=sys.stderr)
     for problem in problems:
         print(f"invalid slice: {problem}", file=sys.stderr)
     return 1 if problems else 0
 
 
-def _table(inventory: Inventory, model: devices.DeviceModel, publishing: Publishing) -> str:
+def withheld_lines(fields: ServerFields, withheld: list[Withheld]) -> list[str]:
+    """The server published for, then one line per form withheld there: what would serve it, and why."""
+    lines = [f"for: {fields.describe()}"]
+    lines += [f"withheld {w.form}: {w.needs}: {w.cause}" for w in withheld]
+    return lines
+
+
+def _table(
+    inventory: Inventory, model: devices.DeviceModel, publishing: Publishing, release: list[str]
+) -> str:
     lines = [
         f"driver {inventory.driver_version}, CUDA {inventory.cuda_driver_version}, "
         f"{len(inventory.gpus)} GPUs",
@@ -78,6 +93,7 @@ def _table(inventory: Inventory, model: devices.DeviceModel, publishing: Publish
         "",
         f"{len(model.devices)} devices ({len(shared)} shared), {len(model.counter_sets)} counter sets",
         f"publishing: {publishing.describe()}",
+        *release,
     ]
     published = {devices.gpu_uuid_of(d) for d in model.devices}
     idle = [

@@ -38,6 +38,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from gpudra.model.publishing import ServerFields, Withheld
+from gpudra.scheduling import forms
 from gpudra.scheduling.allocator import (
     DEFAULT_BUDGET,
     AllocationError,
@@ -133,6 +135,11 @@ class Explanation(BaseModel):
     nodes: list[NodeReport]
     errors: list[str]
     notes: list[str]
+    # one line per request that can only fit with what the API server does not keep: a feature gate
+    # or a later release (gpudra.scheduling.forms)
+    needs: list[str] = []
+    # what this Kubernetes release's scheduler may do otherwise than the rules explain follows
+    release: list[str] = []
 
 
 # --- input ---------------------------------------------------------------------------------------
@@ -196,6 +203,8 @@ def explain(
     classes: Mapping[str, Sequence[str]],
     inventory: Inventory,
     allocated: Iterable[Mapping[str, Any]] = (),
+    server: ServerFields | None = None,
+    driver: str = "",
     list_type_attributes: bool = False,
     budget: int = DEFAULT_BUDGET,
 ) -> Explanation:
@@ -203,7 +212,11 @@ def explain(
 
     `classes` maps DeviceClass names to their selector expressions (`device_classes`), `inventory` holds
     the ResourceSlices (`Inventory(slices)`), `allocated` the ResourceClaims that may hold devices (the
-    explained claims among them are ignored). ConfigError when a claim spec is malformed.
+    explained claims among them are ignored). `server`: what the API server keeps, which decides what
+    `driver`'s nodes can publish (`gpudra.scheduling.forms`): a request for a form none can and that gets
+    no devices anywhere is reported as needing the feature gate or release that would serve it, and
+    what the release's scheduler does otherwise than these rules is noted. ConfigError when a claim
+    spec is malformed.
     """
     names = [c.name for c in claims]
     parsed = [claim_from_spec(c.name, c.spec, path=c.path) for c in claims]
@@ -229,14 +242,67 @@ def explain(
         return Explanation(
             claims=names, fits=False, verdict=verdict, nodes=reports, errors=fatal, notes=notes
         )
+    fits = any(r.fits for r in reports)
+    gated: list[str] = []
+    release: list[str] = []
+    if server is not None and driver:
+        if not fits:
+            gated = _gated(parsed, classes, forms.withheld_on(server), reports, driver=driver)
+        release = forms.release_limits(parsed, classes, server, driver=driver)
+    verdict = _verdict(reports, whys, parsed)
+    if gated:
+        more = f" (and {len(gated) - 1} more below)" if len(gated) > 1 else ""
+        verdict = f"cannot fit: {gated[0]}{more}"
     return Explanation(
         claims=names,
-        fits=any(r.fits for r in reports),
-        verdict=_verdict(reports, whys, parsed),
+        fits=fits,
+        verdict=verdict,
         nodes=reports,
         errors=[],
         notes=notes,
+        needs=gated,
+        release=release,
     )
+
+
+def _gated(
+    claims: Sequence[Claim],
+    classes: Mapping[str, Sequence[str]],
+    withheld: Sequence[Withheld],
+    reports: Sequence[NodeReport],
+    *,
+    driver: str,
+) -> list[str]:
+    """One line per request that asks for a form this server cannot keep and that no node can serve
+    (with all of a `firstAvailable` request's choices short)."""
+    short: dict[tuple[str, str], bool] = {}
+    for claim in claims:
+        for entry in claim.requests:
+            for request in entry:
+                short[(claim.name, request.name)] = True
+    for report in reports:
+        for request_report in report.requests:
+            key = (request_report.claim, request_report.request)
+            if key in short and _enough(request_report, claims):
+                short[key] = False
+    lines: list[str] = []
+    for found in forms.needs(claims, classes, withheld, driver=driver):
+        claim = next(c for c in claims if c.name == found.claim)
+        entry = next(e for e in claim.requests if found.request in e)
+        line = f"claim {claim.name}: {found.line}" if len(claims) > 1 else found.line
+        if all(short[(claim.name, r.name)] for r in entry) and line not in lines:
+            lines.append(line)
+    return lines
+
+
+def _enough(report: RequestReport, claims: Sequence[Claim]) -> bool:
+    """Whether the node has devices enough for the request alone."""
+    request = next(
+        r for c in claims if c.name == report.claim for e in c.requests for r in e if r.name == report.request
+    )
+    if request.all_devices:
+        return bool(report.matching) and len(report.usable) == len(report.matching)
+    return len(report.usable) >= request.count
 
 
 def _static_problem(

@@ -1,0 +1,278 @@
+"""`gpudra explain` on a cluster whose API server cannot keep a form of the GPUs (shares, MIG partitions on
+demand): the requests for that form are told the feature gate or release they need, by the rule the
+kubelet plugin publishes by (gpudra.model.publishing.fit_to_server), one line per reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpudra import cli
+from gpudra.model import devices
+from gpudra.model.devices import build_devices
+from gpudra.model.publishing import DRA_GATES, Publishing, ServerFields, fit_to_server
+from gpudra.model.slices import build_slices
+from gpudra.scheduling.explain import ClaimToExplain, Explanation, device_classes, explain
+from gpudra.scheduling.forms import class_forms
+from gpudra.scheduling.pools import Inventory
+from tests.unit import inventories as inv
+
+DRIVER = "gpu.gpudra.io"
+A = f'device.attributes["{DRIVER}"]'
+REPO = Path(__file__).resolve().parents[2]
+CLASS_OBJECTS = list(yaml.safe_load_all((REPO / "deploy" / "manifests" / "deviceclasses.yaml").read_text()))
+CLASSES = device_classes(CLASS_OBJECTS)
+EVERYTHING = Publishing(mig_mode="partitionable", shares=True)
+ALL_GATES = dict.fromkeys(DRA_GATES, True)
+
+PARTITIONS_GATE = (
+    "MIG partitions on demand need feature gate DRAPartitionableDevices (on by default from 1.36): "
+    "the API server drops counter sets"
+)
+SHARES_1_36 = (
+    "GPU shares are not available before Kubernetes 1.36 (feature gates DRAPartitionableDevices and "
+    "DRAConsumableCapacity on by default there): the API server drops counter sets"
+)
+
+
+def published(fields: ServerFields, inventory: Any = None, node: str = "node-h100") -> list[dict[str, Any]]:
+    """The slices a node offering partitions and shares publishes to a server that keeps `fields`."""
+    fitted, _ = fit_to_server(EVERYTHING, fields)
+    model = devices.publish(inventory or inv.node(inv.h100(0), inv.h100(1)), fitted)
+    return [
+        dict(s)
+        for s in build_slices(model, driver=DRIVER, node_name=node, generation=1, server_minor=fields.minor)
+    ]
+
+
+def request(name: str, device_class: str, *selectors: str, **extra: Any) -> dict[str, Any]:
+    exactly = {"deviceClassName": device_class, "selectors": [{"cel": {"expression": s}} for s in selectors]}
+    return {"name": name, "exactly": {**exactly, **extra}}
+
+
+SHARE = request("gpu", "gpu-shared.gpudra.io", capacity={"requests": {"memory": "10Gi"}})
+MIG_1G = request("mig", "mig.gpudra.io", f'{A}.profile == "1g.10gb"')
+WHOLE = request("whole", "gpu.gpudra.io")
+
+
+def run(
+    fields: ServerFields, *requests: dict[str, Any], slices: list[dict[str, Any]] | None = None
+) -> Explanation:
+    claim = ClaimToExplain("ns/c", {"devices": {"requests": list(requests)}})
+    return explain(
+        [claim],
+        classes=CLASSES,
+        inventory=Inventory(published(fields) if slices is None else slices),
+        server=fields,
+        driver=DRIVER,
+    )
+
+
+def test_the_form_a_class_asks_for_is_read_from_its_selectors() -> None:
+    assert class_forms(CLASSES["gpu.gpudra.io"], driver=DRIVER) == {"whole"}
+    assert class_forms(CLASSES["gpu-shared.gpudra.io"], driver=DRIVER) == {"shares"}
+    assert class_forms(CLASSES["mig.gpudra.io"], driver=DRIVER) == {"partitions", "mig-devices"}
+    assert class_forms(CLASSES["gpu.gpudra.io"], driver="other.example.com") == frozenset()
+    assert class_forms(
+        ['device.driver == "gpu.gpudra.io" && device.allowMultipleAllocations'], driver=DRIVER
+    ) == {"shares"}
+
+
+@pytest.mark.parametrize(
+    ("fields", "line"),
+    [
+        (ServerFields.of_release(35), f"request gpu (class gpu-shared.gpudra.io): {SHARES_1_36}"),
+        (ServerFields.of_release(34), f"request gpu (class gpu-shared.gpudra.io): {SHARES_1_36}"),
+        (
+            ServerFields.of_release(35, ALL_GATES),
+            "request gpu (class gpu-shared.gpudra.io): GPU shares are not available before Kubernetes 1.36: "
+            "the 1.35 scheduler does not count the counters shares consume (fixed in 1.36), so a share and "
+            "its whole GPU could go to two claims",
+        ),
+        (
+            ServerFields.of_release(37, {"DRAConsumableCapacity": False}),
+            "request gpu (class gpu-shared.gpudra.io): GPU shares need feature gate DRAConsumableCapacity "
+            "(on by default from 1.36): the API server drops allowMultipleAllocations",
+        ),
+    ],
+    ids=["1.35", "1.34", "1.35-gates-on", "1.37-consumable-capacity-off"],
+)
+def test_a_share_on_a_server_that_cannot_keep_shares_needs_the_gate_or_release(
+    fields: ServerFields, line: str
+) -> None:
+    answer = run(fields, SHARE)
+    assert not answer.fits
+    assert answer.needs == [line]
+    assert answer.verdict == f"cannot fit: {line}"
+
+
+def test_a_mig_partition_without_counter_sets_needs_partitionable_devices() -> None:
+    answer = run(ServerFields.of_release(35), MIG_1G)
+    assert answer.verdict == f"cannot fit: request mig (class mig.gpudra.io): {PARTITIONS_GATE}"
+    gated = ServerFields.of_release(35, ALL_GATES)
+    assert run(gated, MIG_1G).fits  # the gate on: partitions published and allocated
+    assert run(gated, MIG_1G).needs == []
+
+
+def test_a_mig_device_that_exists_is_served_without_the_gate() -> None:
+    """Partitions withheld: the MIG devices an administrator made are published (static), and a request
+    they satisfy fits with no word of gates."""
+    node = inv.node(inv.h100(0, mig_enabled=True, layout=[("1g.10gb", 0)]), inv.h100(1))
+    fields = ServerFields.of_release(35)
+    answer = run(fields, MIG_1G, slices=published(fields, node))
+    assert answer.fits and answer.needs == []
+    two = request("mig", "mig.gpudra.io", f'{A}.profile == "1g.10gb"', count=2)
+    answer = run(fields, two, slices=published(fields, node))  # one exists; a second needs partitions
+    assert answer.needs == [f"request mig (class mig.gpudra.io): {PARTITIONS_GATE}"]
+
+
+def test_whole_gpus_are_served_everywhere_and_what_else_stops_them_is_said_as_before() -> None:
+    fields = ServerFields.of_release(34)
+    assert run(fields, WHOLE).fits
+    lacking = request("gpu", "gpu.gpudra.io", f'{A}.productName == "NVIDIA H200"')
+    answer = run(fields, lacking)
+    assert answer.needs == []
+    assert answer.verdict.startswith('cannot fit: no device has productName == "NVIDIA H200"')
+
+
+def test_each_request_that_needs_a_gate_gets_a_line_of_its_own() -> None:
+    fields = ServerFields.of_release(35)
+    answer = run(fields, SHARE, MIG_1G, WHOLE)
+    assert answer.needs == [
+        f"request gpu (class gpu-shared.gpudra.io): {SHARES_1_36}",
+        f"request mig (class mig.gpudra.io): {PARTITIONS_GATE}",
+    ]
+    assert answer.verdict == f"cannot fit: {answer.needs[0]} (and 1 more below)"
+
+
+def test_a_first_available_choice_that_is_served_keeps_the_request_from_needing_the_gate() -> None:
+    share = {"name": "share", "deviceClassName": "gpu-shared.gpudra.io"}
+    whole = {"name": "whole", "deviceClassName": "gpu.gpudra.io"}
+    fields = ServerFields.of_release(35)
+    assert run(fields, {"name": "gpu", "firstAvailable": [share, whole]}).fits
+    three = {"name": "gpu", "firstAvailable": [share, {**whole, "count": 3}]}
+    answer = run(fields, three)  # two GPUs: neither choice can be had
+    assert answer.needs == [f"request gpu/share (class gpu-shared.gpudra.io): {SHARES_1_36}"]
+
+
+def test_a_server_that_keeps_everything_adds_nothing() -> None:
+    fields = ServerFields.of_release(36)
+    taken = request("gpu", "gpu-shared.gpudra.io", capacity={"requests": {"memory": "100Gi"}})
+    answer = run(fields, taken)
+    assert not answer.fits and answer.needs == []
+
+
+# --- the command ---------------------------------------------------------------------------------
+
+
+def write(path: Path, *objects: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump_all(objects))
+    return path
+
+
+def template(name: str, *requests: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {"spec": {"devices": {"requests": list(requests)}}},
+    }
+
+
+def test_explain_offline_takes_the_server_minor_and_gates(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fields = ServerFields.of_release(35)
+    nodes = write(tmp_path / "node.yaml", {"apiVersion": "v1", "kind": "List", "items": published(fields)})
+    claims = write(tmp_path / "claims.yaml", template("share", SHARE), template("mig", MIG_1G))
+    assert cli.main(["explain", str(claims), "--slices", str(nodes), "--server-minor=35"]) == 1
+    out = capsys.readouterr().out
+    assert (
+        f"== template default/share ==\ncannot fit: request gpu (class gpu-shared.gpudra.io): {SHARES_1_36}\n"
+        in out
+    )
+    assert (
+        f"== template default/mig ==\ncannot fit: request mig (class mig.gpudra.io): {PARTITIONS_GATE}\n"
+        in out
+    )
+    # the same slices, asked about a 1.35 whose DRAPartitionableDevices is on: shares still wait for 1.36
+    gates = "--feature-gates=DRAPartitionableDevices=true,DRAConsumableCapacity=true"
+    assert (
+        cli.main(["explain", str(claims), "--slices", str(nodes), "--server-minor=35", gates, "-o", "json"])
+        == 1
+    )
+    lines = [yaml.safe_load(line) for line in capsys.readouterr().out.splitlines()]
+    assert lines[0]["needs"] == [
+        "request gpu (class gpu-shared.gpudra.io): GPU shares are not available before Kubernetes 1.36: the "
+        "1.35 scheduler does not count the counters shares consume (fixed in 1.36), so a share and its whole "
+        "GPU could go to two claims"
+    ]
+    assert lines[1]["needs"] == []  # partitions are kept: these slices simply have none (a static node)
+
+
+def test_explain_offline_defaults_to_the_newest_release(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = build_devices(inv.node(inv.h100(0)), mig_mode="static", shares=False)
+    items = build_slices(model, driver=DRIVER, node_name="n", generation=1, server_minor=36)
+    nodes = write(tmp_path / "node.yaml", {"apiVersion": "v1", "kind": "List", "items": items})
+    claims = write(tmp_path / "claims.yaml", template("share", SHARE))
+    assert cli.main(["explain", str(claims), "--slices", str(nodes)]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("cannot fit: request gpu: no device of class gpu-shared.gpudra.io on this node")
+    assert "needs:" not in out and "feature gate" not in out
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (
+            "--feature-gates=DRAPartitionableDevices",
+            "--feature-gates: 'DRAPartitionableDevices' is not Gate=true",
+        ),
+        ("--server-minor=33", "--server-minor: 1.33 is older than 1.34"),
+    ],
+)
+def test_explain_refuses_a_bad_release_option(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str, message: str
+) -> None:
+    nodes = write(tmp_path / "node.yaml", {"apiVersion": "v1", "kind": "List", "items": []})
+    claims = write(tmp_path / "claims.yaml", template("share", SHARE))
+    assert cli.main(["explain", str(claims), "--slices", str(nodes), option]) == 1
+    assert message in capsys.readouterr().err
+
+
+MIG_PAIR = {
+    "requests": [
+        request("a", "mig.gpudra.io", f'{A}.profile == "2g.20gb"'),
+        request("b", "mig.gpudra.io", f'{A}.profile == "2g.20gb"'),
+    ],
+    "constraints": [{"matchAttribute": "gpu.gpudra.io/parentUUID"}],
+}
+
+
+def test_on_1_34_a_constraint_over_partitions_is_noted_as_the_scheduler_may_never_allocate_it() -> None:
+    """Observed on 1.34.12 with the gates on (make compat): two 2g.20gb partitions of one H100 under
+    matchAttribute parentUUID stay pending for good, while gpudra's rules (and 1.35) allocate them."""
+    fields = ServerFields.of_release(34, ALL_GATES)
+    claim = ClaimToExplain("ns/c", {"devices": MIG_PAIR})
+    answer = explain(
+        [claim], classes=CLASSES, inventory=Inventory(published(fields)), server=fields, driver=DRIVER
+    )
+    assert answer.fits and answer.needs == []
+    assert answer.release == [
+        "the Kubernetes 1.34 scheduler may never allocate requests a, b together: they take MIG partitions "
+        "under constraint matchAttribute gpu.gpudra.io/parentUUID over all requests, and it keeps the "
+        "counters of a partition the constraint turned down reserved (kubernetes#140436); 1.35 allocates "
+        "them"
+    ]
+    for other in (ServerFields.of_release(35, ALL_GATES), ServerFields.of_release(36)):
+        assert (
+            explain(
+                [claim], classes=CLASSES, inventory=Inventory(published(other)), server=other, driver=DRIVER
+            ).release
+            == []
+        )
