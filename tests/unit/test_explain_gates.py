@@ -11,13 +11,17 @@ import pytest
 import yaml
 
 from gpudra import cli
+from gpudra.cli import explain as explain_cli
+from gpudra.errors import ClusterError
 from gpudra.model import devices
 from gpudra.model.devices import build_devices
 from gpudra.model.publishing import DRA_GATES, Publishing, ServerFields, fit_to_server
 from gpudra.model.slices import build_slices
+from gpudra.scheduling.cluster_view import driver_classes
 from gpudra.scheduling.explain import ClaimToExplain, Explanation, device_classes, explain
-from gpudra.scheduling.forms import class_forms
+from gpudra.scheduling.forms import class_forms, fields_seen, withheld_on
 from gpudra.scheduling.pools import Inventory
+from gpudra.scheduling.reach import Reach
 from tests.unit import inventories as inv
 
 DRIVER = "gpu.gpudra.io"
@@ -276,3 +280,111 @@ def test_on_1_34_a_constraint_over_partitions_is_noted_as_the_scheduler_may_neve
             ).release
             == []
         )
+
+
+# --- the controller's admission warnings -----------------------------------------------------------
+
+
+def reach_on(fields: ServerFields, slices: list[dict[str, Any]]) -> Reach:
+    inventory = Inventory(slices)
+    return Reach(
+        [d for p in inventory.pools.values() for d in p.devices],
+        CLASSES,
+        driver_classes(CLASS_OBJECTS, driver=DRIVER),
+        withheld=withheld_on(fields_seen(fields.minor, slices)),
+        driver=DRIVER,
+    )
+
+
+def test_the_admission_warning_names_the_gate_a_share_or_partition_needs() -> None:
+    fields = ServerFields.of_release(35)
+    reach = reach_on(fields, published(fields))
+    share = {"kind": "ResourceClaim", "spec": {"devices": {"requests": [SHARE]}}}
+    assert reach.warnings(share) == [
+        "spec.devices.requests[0] (gpu): no GPU published by any node matches class gpu-shared.gpudra.io; "
+        "2 devices checked",
+        f"spec.devices.requests[0] (gpu): {SHARES_1_36.split(': the API', maxsplit=1)[0]}",
+    ]
+    mig = {"kind": "ResourceClaimTemplate", "spec": {"spec": {"devices": {"requests": [MIG_1G]}}}}
+    assert (
+        reach.warnings(mig)[1]
+        == f"spec.spec.devices.requests[0] (mig): {PARTITIONS_GATE.split(': the API', maxsplit=1)[0]}"
+    )
+    whole = {"kind": "ResourceClaim", "spec": {"devices": {"requests": [WHOLE]}}}
+    assert reach.warnings(whole) == []
+
+
+def test_the_controller_sees_a_gate_turned_on_in_the_slices_the_nodes_stored() -> None:
+    """No probe (its role may not create slices): the release's defaults, and what the slices carry."""
+    gated = ServerFields.of_release(35, ALL_GATES)
+    slices = published(gated)
+    assert fields_seen(35, slices) == ServerFields(
+        minor=35, counters=True, consumable_capacity=False, device_taints=False
+    )
+    assert fields_seen(35, []) == ServerFields.of_release(35)
+    assert fields_seen(37, []) == ServerFields.of_release(37)
+    reach = reach_on(gated, slices)
+    mig = {"kind": "ResourceClaim", "spec": {"devices": {"requests": [MIG_1G]}}}
+    assert reach.warnings(mig) == []  # partitions published and kept: nothing to warn of
+    share = {"kind": "ResourceClaim", "spec": {"devices": {"requests": [SHARE]}}}
+    assert (
+        reach.warnings(share)[1]
+        == "spec.devices.requests[0] (gpu): GPU shares are not available before Kubernetes 1.36 (feature "
+        "gate DRAConsumableCapacity on by default there)"
+    )
+
+
+# --- online: what the cluster's API server keeps ---------------------------------------------------
+
+
+class Cluster:
+    """The two calls explain makes to learn what the API server keeps: its version and a dry run."""
+
+    def __init__(self, minor: int, *, refuse: bool = False) -> None:
+        self.minor = minor
+        self.refuse = refuse
+        self.dry_runs: list[dict[str, Any]] = []
+
+    def server_minor(self) -> int:
+        return self.minor
+
+    def create_slice(self, body: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
+        assert dry_run, "explain never stores a slice"
+        if self.refuse:
+            raise ClusterError("creating ResourceSlice: HTTP 403 Forbidden")
+        self.dry_runs.append(body)
+        return {"spec": {"devices": [{"name": "probe-0"}]}}  # a 1.35 without the gates: every field dropped
+
+
+def server_of(cluster: Cluster, *options: str) -> tuple[ServerFields | None, list[str]]:
+    args = cli.build_parser().parse_args(["explain", "x.yaml", *options])
+    inputs = explain_cli.Inputs()
+    explain_cli._server(inputs, cluster, args)  # the two calls a Kube makes
+    return inputs.fields, inputs.notes
+
+
+def test_online_the_server_is_probed_with_a_dry_run_as_the_plugin_probes_it() -> None:
+    cluster = Cluster(35)
+    assert server_of(cluster) == (
+        ServerFields(minor=35, counters=False, consumable_capacity=False, device_taints=False),
+        [],
+    )
+    assert cluster.dry_runs and cluster.dry_runs[0]["spec"]["nodeName"] == explain_cli.PROBE_NODE
+
+
+def test_online_a_refused_probe_falls_back_to_the_release_defaults_and_says_so() -> None:
+    fields, notes = server_of(Cluster(35, refuse=True))
+    assert fields == ServerFields.of_release(35)
+    assert notes == [
+        "what the API server keeps is assumed from Kubernetes 1.35's default feature gates: a dry run of a "
+        "probe ResourceSlice failed (creating ResourceSlice: HTTP 403 Forbidden); --feature-gates says "
+        "otherwise"
+    ]
+
+
+def test_online_the_options_say_instead_of_a_probe() -> None:
+    cluster = Cluster(35)
+    gates = "--feature-gates=DRAPartitionableDevices=true"
+    assert server_of(cluster, gates)[0] == ServerFields.of_release(35, {"DRAPartitionableDevices": True})
+    assert server_of(cluster, "--server-minor=37")[0] == ServerFields.of_release(37)
+    assert cluster.dry_runs == []

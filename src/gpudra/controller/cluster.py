@@ -4,23 +4,32 @@ ResourceClaim, every DeviceClass. I/O: the API server, through `gpudra.kube.info
 Every replica keeps it (a follower answers `gpudra status` and admission warnings as well as the
 leader). `view()` builds `gpudra.scheduling.cluster_view` from it, again only when a watch saw a change or
 VIEW_SECONDS passed (idle times grow with the clock); `reach()` holds requests against the published
-devices for the admission warnings, rebuilt when slices or classes changed.
+devices for the admission warnings, rebuilt when slices or classes changed. The warnings also name the
+feature gate or release a request's form of the GPUs needs where no node can publish it
+(`gpudra.scheduling.forms`): the server's fields are taken from its release's default gates and what
+the stored slices show, not probed, since the controller's role may not create ResourceSlices, not even
+in a dry run.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from gpudra.errors import GpudraError
 from gpudra.kube.client import Kube
 from gpudra.kube.informer import Informer
 from gpudra.model.kube_api import GROUP, VERSION
 from gpudra.scheduling import cluster_view
 from gpudra.scheduling.explain import device_classes
+from gpudra.scheduling.forms import fields_seen, withheld_on
 from gpudra.scheduling.pools import Inventory
 from gpudra.scheduling.reach import Reach
+
+log = logging.getLogger(__name__)
 
 # A scrape every few seconds must not rebuild a thousand nodes' view each time.
 VIEW_SECONDS = 5.0
@@ -36,8 +45,13 @@ class ClusterWatch:
         driver: str,
         idle_after_seconds: float,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        server_minor: Callable[[], int] | None = None,
     ) -> None:
+        """`server_minor`: the API server's minor version, read once when first needed, for the forms
+        of the GPUs no node can publish there (the admission warnings)."""
         self.driver = driver
+        self.server_minor = server_minor
+        self._minor: int | None = None
         self.idle_after_seconds = idle_after_seconds
         self.clock = clock
         base = f"/apis/{GROUP}/{VERSION}"
@@ -108,16 +122,29 @@ class ClusterWatch:
         if cached is not None and cached[0] == changes:
             return cached[1]
         classes = self.classes.objects()
-        inventory = Inventory(self.slices.objects())
+        slices = self.slices.objects()
+        inventory = Inventory(slices)
         devices = [device for pool in inventory.pools.values() for device in pool.devices]
+        minor = self._read_minor()
         reach = Reach(
             devices,
             device_classes(classes),
             cluster_view.driver_classes(classes, driver=self.driver),
+            withheld=withheld_on(fields_seen(minor, slices)) if minor is not None else (),
+            driver=self.driver,
         )
         with self._lock:
             self._reach = (changes, reach)
         return reach
+
+    def _read_minor(self) -> int | None:
+        """The API server's minor, None while it cannot be read (the warnings then name no gates)."""
+        if self._minor is None and self.server_minor is not None:
+            try:
+                self._minor = self.server_minor()
+            except GpudraError:
+                log.warning("cannot read the API server's version", exc_info=True)
+        return self._minor
 
     def warnings(self, obj: Mapping[str, Any]) -> list[str]:
         """The admission warnings for a claim or template (none until the watches have listed)."""

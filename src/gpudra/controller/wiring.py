@@ -37,7 +37,12 @@ def run(options: Options, *, stop: threading.Event) -> None:
     client = kube.Kube(kube.connect(options.kubeconfig))
     role = options.owner_cluster_role
     owners = [cluster_role_owner(client, role)] if role else []
-    cluster = ClusterWatch(client, driver=options.driver, idle_after_seconds=options.idle_after_seconds)
+    cluster = ClusterWatch(
+        client,
+        driver=options.driver,
+        idle_after_seconds=options.idle_after_seconds,
+        server_minor=client.server_minor,
+    )
     elector = LeaderElector(
         Leases(client, owners=owners),
         namespace=options.namespace,

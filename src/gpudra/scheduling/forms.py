@@ -12,7 +12,7 @@ request's selectors are not (they may name products or profiles the exemplars la
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +22,7 @@ from gpudra.scheduling.cel import CelError, compile_selector
 from gpudra.scheduling.claims import Claim, Request
 from gpudra.scheduling.pools import Device
 
-__all__ = ["FORMS", "Needs", "class_forms", "needs", "release_limits", "withheld_on"]
+__all__ = ["FORMS", "Needs", "class_forms", "fields_seen", "needs", "release_limits", "withheld_on"]
 
 # Everything a node can publish: what is left of it on a server is what any node can publish there.
 _EVERYTHING = Publishing(mig_mode="partitionable", shares=True)
@@ -177,3 +177,25 @@ def release_limits(
                 "partition the constraint turned down reserved (kubernetes#140436); 1.35 allocates them"
             )
     return found
+
+
+def fields_seen(minor: int, slices: Iterable[Mapping[str, Any]]) -> ServerFields:
+    """What an API server of 1.`minor` keeps, without a probe: its release's default gates, and each
+    gated field kept where a stored slice carries it (a gate turned on). For the controller, whose
+    role may not create slices even in a dry run; a gate turned off on a release that has it on by
+    default goes unseen."""
+    counters = consumable = taints = False
+    for piece in slices:
+        spec = piece.get("spec") or {}
+        counters = counters or bool(spec.get("sharedCounters"))
+        for device in spec.get("devices") or ():
+            counters = counters or bool(device.get("consumesCounters"))
+            consumable = consumable or device.get("allowMultipleAllocations") is True
+            taints = taints or bool(device.get("taints"))
+    default = ServerFields.of_release(minor)
+    return ServerFields(
+        minor=minor,
+        counters=default.counters or counters,
+        consumable_capacity=default.consumable_capacity or consumable,
+        device_taints=default.device_taints or taints,
+    )

@@ -7,6 +7,10 @@ availability is not: a device held by another claim still counts, since it may b
 `firstAvailable` is reported only when none of its subrequests matches. A selector that fails on a
 device counts as no match. These are warnings, not rejections: a node with the right GPUs may join
 later.
+
+A request whose class selects a form of the GPUs that no node can publish on this cluster (shares, MIG
+partitions on demand: `gpudra.scheduling.forms`, the kubelet plugin's own rule) gets a second warning
+saying which feature gate or release would serve it.
 """
 
 from __future__ import annotations
@@ -15,9 +19,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpudra.errors import ConfigError
+from gpudra.model.publishing import Withheld
 from gpudra.scheduling.allocator import Matcher
 from gpudra.scheduling.cel import CelError
 from gpudra.scheduling.claims import Request, claim_from_spec
+from gpudra.scheduling.forms import needs
 from gpudra.scheduling.pools import Device
 
 
@@ -25,11 +31,21 @@ class Reach:
     """The devices and classes requests are held against; build once per change of either."""
 
     def __init__(
-        self, devices: Sequence[Device], classes: Mapping[str, Sequence[str]], driver_classes: set[str]
+        self,
+        devices: Sequence[Device],
+        classes: Mapping[str, Sequence[str]],
+        driver_classes: set[str],
+        *,
+        withheld: Sequence[Withheld] = (),
+        driver: str = "",
     ) -> None:
+        """`withheld`: what `driver`'s nodes cannot publish on this cluster (`forms.withheld_on`)."""
         self.devices = devices
+        self.classes = classes
         self.driver_classes = driver_classes
         self.matcher = Matcher(classes)
+        self.withheld = withheld
+        self.driver = driver
 
     def warnings(self, obj: Mapping[str, Any]) -> list[str]:
         """One line per request of a ResourceClaim or ResourceClaimTemplate that no device matches."""
@@ -57,6 +73,10 @@ class Reach:
                 + (" and the request's selectors" if any(r.selectors for r in alternatives) else "")
                 + f"; {len(self.devices)} devices checked"
             )
+            if self.withheld and self.driver:
+                gated = needs([claim], self.classes, self.withheld, driver=self.driver)
+                lines = {f"{where} ({first.base}): {n.withheld.needs}" for n in gated if n.request in ours}
+                found += sorted(lines)
         return found
 
     def _matches(self, request: Request) -> bool:
