@@ -17,6 +17,7 @@ from gpudra.model.publishing import (
     fit_to_server,
     parse_feature_gates,
 )
+from gpudra.node.claim_reader import NodeDevices
 from gpudra.node.served_model import ServedModel
 from tests.unit import inventories as inv
 
@@ -271,3 +272,35 @@ def test_feature_gates_are_read_as_the_components_take_them() -> None:
         ConfigError, match="--feature-gates: 'DRADeviceTaints' is not Gate=true or Gate=false"
     ):
         parse_feature_gates("DRADeviceTaints")
+
+
+def test_prepare_is_told_the_devices_of_the_model_fitted_to_the_server() -> None:
+    """Partitions withheld: a MIG device that exists is published with its uuid (static), and prepare
+    must read it so, or it would try to create the partition an administrator already made."""
+    node = inv.node(inv.h100(0, mig_enabled=True, layout=[("3g.40gb", 4)]), inv.h100(1))
+    told: list[devices.DeviceModel] = []
+    model = ServedModel(
+        node,
+        EVERYTHING,
+        model=devices.publish(node, EVERYTHING),
+        probe=ServerFields.of_release,
+        events=Events(),
+        on_model=told.append,
+    )
+    model.on_server(35)
+    [fitted] = told
+    existing = [d for d in fitted.devices if "-mig-" in d["name"]]
+    assert [d["name"] for d in existing] == ["gpu-0-mig-3g40gb-4"] and "uuid" in existing[0]["attributes"]
+    model.on_server(35)
+    assert len(told) == 1  # the same server: the same model, nothing new to tell
+
+
+def test_prepare_reads_the_devices_published_now_and_keeps_those_published_before() -> None:
+    node = inv.node(inv.h100(0, mig_enabled=True, layout=[("3g.40gb", 4)]), inv.h100(1))
+    before = {d["name"]: d for d in devices.publish(node, EVERYTHING).devices}
+    published = NodeDevices(node, before)
+    assert published.published_uuid("gpu-0-mig-3g40gb-4") is None  # a partition to be made on demand
+    fitted, _ = fit_to_server(EVERYTHING, ServerFields.of_release(35))
+    published.update({d["name"]: d for d in devices.publish(node, fitted).devices})
+    assert published.published_uuid("gpu-0-mig-3g40gb-4") == node.gpus[0].mig_devices[0].uuid
+    assert "gpu-1-mig-1g10gb-6" in published  # published before: a claim holding it still unprepares

@@ -27,6 +27,11 @@ class NodeDevices:
         self.devices = dict(devices)
         self.gpus = {gpu.uuid: gpu for gpu in inventory.gpus}
 
+    def update(self, devices: Mapping[str, Device]) -> None:
+        """Devices as the node publishes them now (its model fitted to another server), in place and
+        without dropping one: a claim prepared with a device published before still unprepares."""
+        self.devices.update(devices)
+
     def __contains__(self, device: object) -> bool:
         return device in self.devices
 

@@ -48,8 +48,13 @@ class ServedModel:
         probe: Callable[[int], ServerFields],
         events: Events,
         withheld_gauge: Callable[[str, bool], None] = lambda form, on: None,
+        on_model: Callable[[DeviceModel], None] = lambda model: None,
     ) -> None:
+        """`on_model` is told each model fitted to a server that differs from the one before, before
+        it is published: prepare must read the devices as the slices show them (a MIG device that
+        exists is published with its uuid where partitions are withheld)."""
         self.inventory = inventory
+        self.on_model = on_model
         self.publishing = publishing
         self.probe = probe
         self.events = events
@@ -78,9 +83,13 @@ class ServedModel:
         """Probe the server and fit the model to it (the slice sync calls this before it builds)."""
         fields = self.probe(minor)
         fitted, withheld = fit_to_server(self.publishing, fields)
+        changed = None
+        if fitted != self._fitted:  # only the slice sync calls this: no other writer
+            changed = devices.publish(self.inventory, fitted)
+            self.on_model(changed)  # prepare knows the devices before the slices show them
         with self._lock:
-            if fitted != self._fitted:
-                self._model = devices.publish(self.inventory, fitted)
+            if changed is not None:
+                self._model = changed
                 self._fitted = fitted
             self._taints = fields.device_taints
             now = {w.form: w for w in withheld}

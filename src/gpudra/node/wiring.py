@@ -118,6 +118,7 @@ def _run(options: Options, session: nvml.Nvml, server: KubeletServer, *, stop: t
         ),
         events=events,
         withheld_gauge=lambda form, on: metrics.publishing_withheld.labels(form).set(1 if on else 0),
+        on_model=lambda fitted: state.published.update({d["name"]: d for d in fitted.devices}),
     )
     slices = SliceController(
         client,
