@@ -45,6 +45,12 @@ class DemoApi:
         result = self._custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "resourceclaims")
         return list(cast(Obj, result)["items"])
 
+    def node_events(self, node: str, reason: str) -> list[Obj]:
+        """The Events about Node `node` with this reason (gpudra's plugin posts them in `default`)."""
+        selector = f"involvedObject.kind=Node,involvedObject.name={node},reason={reason}"
+        found = self._core.list_namespaced_event("default", field_selector=selector)
+        return [cast(Obj, self.api.sanitize_for_serialization(e)) for e in found.items]
+
     def list_slices(self, *, driver: str, node_name: str) -> list[Obj]:
         selector = f"spec.driver={driver},spec.nodeName={node_name}"
         result = self._custom.list_cluster_custom_object(

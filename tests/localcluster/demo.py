@@ -2,10 +2,14 @@
 I/O: a local cluster, gpudra (processes or pods), the API server.
 
 Three nodes (a DGX H100, a DGX A100 and a mixed L4/T4 box, all simulated) each run the real kubelet and
-gpudra's kubelet plugin; `gpudra controller` runs beside them. The demo applies gpudra's DeviceClasses
-and every manifest in examples/, shows the admission webhook refusing a bad config, waits for the pods
-to run, prints what was allocated, what the container runtime received and `gpudra status`, then
-deletes the pods and shows that everything was undone.
+gpudra's kubelet plugin; `gpudra controller` runs beside them. The demo applies gpudra's DeviceClasses,
+asks `gpudra explain` of every manifest in examples/ whether this cluster can serve it (on a release or
+with feature gates that cannot keep shares or MIG partitions on demand, explain says which gate or
+release they need, and the nodes' PublishingWithheld events say what they left out), applies them all,
+shows the admission webhook refusing a bad config, waits for the pods it can serve to run and finds the
+others left unscheduled, prints what was allocated, what the container runtime received and `gpudra
+status`, then deletes the pods and shows that everything was undone. The release is the local
+cluster's: `K8S=v1.35.8 make demo` (and GPUDRA_FEATURE_GATES) runs it on another (`make compat`).
 
 `--runtime fakecri` (the default): the plugins and the controller run as processes here and the
 runtime is a fake CRI, whose record says what each container would have received.
@@ -17,6 +21,8 @@ what it received (tests/localcluster/demo_installs.py has both).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import shutil
 import subprocess
@@ -24,6 +30,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +38,7 @@ import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from gpudra import cli
 from gpudra.errors import GpudraError
 from tests.localcluster import binaries
 from tests.localcluster.api import DemoApi
@@ -63,7 +71,8 @@ def _wait(what: str, done: Callable[[], bool], timeout: float) -> None:
 
 def run(root: Path, *, runtime: str = "fakecri", image: Path | None = None) -> None:
     """The demo on a new cluster in `root`; with runtime "containerd", `image` is a `make image`
-    archive, imported into every node and installed with the chart."""
+    archive, imported into every node and installed with the chart. The release and its feature gates
+    are the local cluster's (K8S, GPUDRA_FEATURE_GATES, GPUDRA_RUNTIME_CONFIG)."""
     images = (image,) if image is not None else ()
     with_runtime = "a fake container runtime" if runtime == "fakecri" else "containerd, runc and CNI"
     _step(f"starting a real Kubernetes control plane and 3 kubelets ({with_runtime})")
@@ -78,7 +87,11 @@ def run(root: Path, *, runtime: str = "fakecri", image: Path | None = None) -> N
         else:
             gpudra = HostProcesses(cluster, MACHINES)
         try:
-            _demo(api, gpudra, repo=binaries.repo_root())
+            demo = Demo(api, gpudra, repo=binaries.repo_root(), kubeconfig=cluster.kubeconfig)
+            demo.install()
+            demo.apply()
+            demo.show()
+            demo.clean_up()
         finally:
             gpudra.stop()
     # Each node's containerd holds a copy of the image, unpacked (about 700 MB a node): gone with the
@@ -88,117 +101,228 @@ def run(root: Path, *, runtime: str = "fakecri", image: Path | None = None) -> N
     print("\ncluster stopped; no process left running.")
 
 
-def _demo(api: DemoApi, gpudra: Gpudra, *, repo: Path) -> None:
-    _step(gpudra.install_step)
-    gpudra.install(api)
-    rows: list[tuple[str, ...]] = [
-        ("NODE", "MACHINE", "RESOURCESLICES", "DEVICES", "WHOLE GPUS", "SHARED GPUS", "MIG PARTITIONS")
-    ]
-    for node, profile in MACHINES.items():
+@dataclass(frozen=True)
+class Judged:
+    """What `gpudra explain` said of one example pod before anything was applied."""
 
-        def complete(node: str = node) -> bool:
-            found = api.list_slices(driver=DRIVER, node_name=node)
-            return bool(found) and len(found) == found[0]["spec"]["pool"]["resourceSliceCount"]
+    example: str
+    pod: str
+    fits: bool
+    needs: tuple[str, ...]  # one line per request this cluster cannot serve: the gate or release it needs
+    release: tuple[str, ...]  # what this release's scheduler may do otherwise than explain's rules
 
-        _wait(f"slices of {node}", complete, 60)
-        found = api.list_slices(driver=DRIVER, node_name=node)
-        devices = [d for s in found for d in s["spec"].get("devices", [])]
-        kinds = [
-            "shared" if d.get("allowMultipleAllocations") else d["attributes"]["type"]["string"]
-            for d in devices
+    @property
+    def served(self) -> bool:
+        """Whether the pod is expected to run here."""
+        return self.fits and not self.release
+
+
+class Demo:
+    """The demo's steps on a running cluster, in order: install, apply, show, clean_up. `make compat`
+    runs them per Kubernetes release (tests/compat), checking the cluster between show and clean_up."""
+
+    def __init__(self, api: DemoApi, gpudra: Gpudra, *, repo: Path, kubeconfig: Path) -> None:
+        self.api = api
+        self.gpudra = gpudra
+        self.repo = repo
+        self.kubeconfig = kubeconfig
+        self.judged: dict[str, Judged] = {}  # pod -> what explain said of it
+        self.withheld: dict[str, list[str]] = {}  # node -> its PublishingWithheld events
+        self._mig_before = 0
+
+    @property
+    def served(self) -> list[str]:
+        return [pod for pod, judged in self.judged.items() if judged.served]
+
+    def install(self) -> None:
+        api, gpudra = self.api, self.gpudra
+        _step(gpudra.install_step)
+        gpudra.install(api)
+        rows: list[tuple[str, ...]] = [
+            ("NODE", "MACHINE", "RESOURCESLICES", "DEVICES", "WHOLE GPUS", "SHARED GPUS", "MIG PARTITIONS")
         ]
-        rows.append(
-            (
-                node,
-                profile,
-                str(len(found)),
-                str(len(devices)),
-                str(kinds.count("gpu")),
-                str(kinds.count("shared")),
-                str(kinds.count("mig")),
-            )
-        )
-    print(table(rows))
+        for node, profile in MACHINES.items():
 
-    _step(f"applying examples/*.yaml in namespace {NAMESPACE}")
-    if gpudra.workload_note:
-        print(gpudra.workload_note)
-    api.create_namespace(NAMESPACE)
-    _admission(api)
-    for example in sorted((repo / "examples").glob("*.yaml")):
-        print(f"  {example.name}")
-        objects = list(yaml.safe_load_all(example.read_text()))
-        api.create([gpudra.workload(o) if o["kind"] == "Pod" else o for o in objects], namespace=NAMESPACE)
+            def complete(node: str = node) -> bool:
+                found = api.list_slices(driver=DRIVER, node_name=node)
+                return bool(found) and len(found) == found[0]["spec"]["pool"]["resourceSliceCount"]
 
-    def all_started() -> bool:
-        pods = api.list_pods(NAMESPACE)
-        return bool(pods) and all(gpudra.started(api, p) for p in pods)
-
-    _wait("the example pods to run", all_started, 180)
-    _step("allocated by the real scheduler, prepared by gpudra through the real kubelet")
-    pods = {p["metadata"]["name"]: p for p in api.list_pods(NAMESPACE)}
-    claims = {c["metadata"]["name"]: c for c in api.list_claims(NAMESPACE)}
-    products = _products(api)
-    rows = [("POD", "NODE", "DEVICES", "PRODUCT", gpudra.received_heading)]  # a new table
-    for name, pod in sorted(pods.items()):
-        node = pod["spec"]["nodeName"]
-        for claim in _claims_of(pod, claims):
-            results = claim["status"]["allocation"]["devices"]["results"]
+            _wait(f"slices of {node}", complete, 60)
+            found = api.list_slices(driver=DRIVER, node_name=node)
+            devices = [d for s in found for d in s["spec"].get("devices", [])]
+            kinds = [
+                "shared" if d.get("allowMultipleAllocations") else d["attributes"]["type"]["string"]
+                for d in devices
+            ]
             rows.append(
                 (
-                    name,
                     node,
-                    ",".join(r["device"] for r in results),
-                    ",".join(sorted({products[(node, r["device"])] for r in results})),
-                    gpudra.received(pod, claim),
+                    profile,
+                    str(len(found)),
+                    str(len(devices)),
+                    str(kinds.count("gpu")),
+                    str(kinds.count("shared")),
+                    str(kinds.count("mig")),
                 )
             )
-    print(table(rows))
-    checked = gpudra.checks({n: (p, _claims_of(p, claims)) for n, p in pods.items()})
-    if checked:
-        print(checked)
-    nodes = gpudra.nodes.values()
-    slices = {uuid: level for n in nodes for uuid, level in n.timeslices().items() if level}
-    print(
-        f"\nGPU time-slice settings in effect: {slices or 'none'} (3 = Long from examples/time-slicing.yaml, "
-        "2 = Medium from examples/time-slicing-shared.yaml)"
-    )
-    prepared = sum(len(n.cdi_specs()) for n in nodes)
-    print(f"CDI spec files written: {prepared} (one per claim)")
-    made = sum(len(n.mig_devices()) for n in nodes)
-    print(f"MIG devices created for the claims: {made}")
-    daemons = [d for n in nodes for d in n.mps_daemons()]
-    limits = sorted(
-        f"{int(d['default_active_thread_percentage'])}%/{','.join(d['default_pinned_memory_limits'].values())}"
-        for d in daemons
-    )
-    print(
-        f"MPS control daemons running for the claims: {len(daemons)} "
-        f"(SM share/memory limit: {' '.join(limits)})"
-    )
+        print(table(rows))
+        self._mig_before = sum(len(n.mig_devices()) for n in gpudra.nodes.values())
 
-    _step("gpudra status: the cluster's GPUs as the controller sees them")
-    url = gpudra.controller_url(api)
-    _wait("the controller to see every allocation", lambda: _allocated_shown(url, claims), 30)
-    shown = subprocess.run(
-        [sys.executable, "-m", "gpudra", "status", "--output=wide", f"--controller-url={url}"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    print(shown.stdout.rstrip())
+    def apply(self) -> None:
+        """Each example judged by `gpudra explain` against the cluster as it is, then every example
+        applied; the pods this release can serve are waited for, the others must stay unscheduled."""
+        api, gpudra = self.api, self.gpudra
+        examples = sorted((self.repo / "examples").glob("*.yaml"))
+        _step("what this cluster can serve: gpudra explain of each example, before it is applied")
+        for example in examples:
+            for judged in self._explain(example):
+                self.judged[judged.pod] = judged
+                for line in judged.needs:
+                    print(f"  {example.name}: pod {judged.pod}: {line}")
+                for line in judged.release:
+                    print(f"  {example.name}: pod {judged.pod}: note: {line}")
+        if all(j.served for j in self.judged.values()):
+            print("  every example fits")
+        self._withheld_report()
 
-    _step("deleting the pods: the kubelet unprepares every claim")
-    for name in pods:
-        api.delete_pod(NAMESPACE, name)
-    _wait("every claim to be unprepared", lambda: all(not n.checkpoint_claims() for n in nodes), 120)
-    left = sum(len(n.cdi_specs()) for n in nodes)
-    reset = all(level == 0 for n in nodes for level in n.timeslices().values())
-    migs = sum(len(n.mig_devices()) for n in nodes)
-    mps = sum(len(n.mps_daemons()) for n in nodes)
-    print(
-        f"CDI spec files left: {left}; GPU settings back to default: {'yes' if reset else 'NO'}; "
-        f"MIG devices left: {migs}; MPS daemons left: {mps}"
+        _step(f"applying examples/*.yaml in namespace {NAMESPACE}")
+        if gpudra.workload_note:
+            print(gpudra.workload_note)
+        api.create_namespace(NAMESPACE)
+        _admission(api)
+        for example in examples:
+            waits = [j.pod for j in self.judged.values() if j.example == example.name and not j.served]
+            print(f"  {example.name}" + (f" (waits here: {', '.join(waits)})" if waits else ""))
+            objects = list(yaml.safe_load_all(example.read_text()))
+            api.create(
+                [gpudra.workload(o) if o["kind"] == "Pod" else o for o in objects], namespace=NAMESPACE
+            )
+
+        served = set(self.served)
+
+        def waiting() -> list[str]:
+            pods = {p["metadata"]["name"]: p for p in api.list_pods(NAMESPACE)}
+            return sorted(n for n in served if n not in pods or not gpudra.started(api, pods[n]))
+
+        try:
+            _wait("the example pods this cluster serves to run", lambda: not waiting(), 180)
+        except GpudraError as err:
+            raise GpudraError(f"{err}: {', '.join(waiting())} did not") from None
+        gated = [pod for pod, j in self.judged.items() if j.needs]
+
+        def all_refused() -> bool:
+            pods = {p["metadata"]["name"]: p for p in api.list_pods(NAMESPACE)}
+            return all(_unschedulable(pods[name]) for name in gated)
+
+        _wait("the example pods this cluster cannot serve to be found unschedulable", all_refused, 60)
+        if gated:
+            print(f"left unscheduled, as explain said: {', '.join(gated)}")
+
+    def _explain(self, example: Path) -> list[Judged]:
+        """`gpudra explain EXAMPLE -o json` against the cluster: one answer per pod, in file order."""
+        pods = [o["metadata"]["name"] for o in yaml.safe_load_all(example.read_text()) if o["kind"] == "Pod"]
+        out = io.StringIO()
+        argv = ["explain", str(example), f"--kubeconfig={self.kubeconfig}", f"-n={NAMESPACE}", "-o=json"]
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            cli.main(argv)
+        answers = [json.loads(line) for line in out.getvalue().splitlines() if line.startswith("{")]
+        if len(answers) != len(pods):
+            raise GpudraError(f"gpudra explain {example.name}: {out.getvalue()}")
+        return [
+            Judged(example.name, pod, a["fits"], tuple(a["needs"]), tuple(a["release"]))
+            for pod, a in zip(pods, answers, strict=True)
+        ]
+
+    def _withheld_report(self) -> None:
+        """What each node's plugin said it left out: its PublishingWithheld events."""
+        for node in MACHINES:
+            self.withheld[node] = [e["message"] for e in self.api.node_events(node, "PublishingWithheld")]
+        if not any(self.withheld.values()):
+            print("every node publishes all its options offer")
+            return
+        print("what each node's plugin left out (its PublishingWithheld events):")
+        for node, messages in self.withheld.items():
+            for message in messages:
+                print(f"  {node}: {message.removeprefix('gpudra on this node: ')}")
+
+    def show(self) -> None:
+        api, gpudra = self.api, self.gpudra
+        _step("allocated by the real scheduler, prepared by gpudra through the real kubelet")
+        served = set(self.served)
+        pods = {p["metadata"]["name"]: p for p in api.list_pods(NAMESPACE) if p["metadata"]["name"] in served}
+        claims = {c["metadata"]["name"]: c for c in api.list_claims(NAMESPACE)}
+        products = _products(api)
+        rows = [("POD", "NODE", "DEVICES", "PRODUCT", gpudra.received_heading)]  # a new table
+        for name, pod in sorted(pods.items()):
+            node = pod["spec"]["nodeName"]
+            for claim in _claims_of(pod, claims):
+                results = claim["status"]["allocation"]["devices"]["results"]
+                rows.append(
+                    (
+                        name,
+                        node,
+                        ",".join(r["device"] for r in results),
+                        ",".join(sorted({products[(node, r["device"])] for r in results})),
+                        gpudra.received(pod, claim),
+                    )
+                )
+        print(table(rows))
+        checked = gpudra.checks({n: (p, _claims_of(p, claims)) for n, p in pods.items()})
+        if checked:
+            print(checked)
+        nodes = gpudra.nodes.values()
+        slices = {uuid: level for n in nodes for uuid, level in n.timeslices().items() if level}
+        print(
+            f"\nGPU time-slice settings in effect: {slices or 'none'} (3 = Long from "
+            "examples/time-slicing.yaml, 2 = Medium from examples/time-slicing-shared.yaml)"
+        )
+        prepared = sum(len(n.cdi_specs()) for n in nodes)
+        print(f"CDI spec files written: {prepared} (one per claim)")
+        made = sum(len(n.mig_devices()) for n in nodes) - self._mig_before
+        print(f"MIG devices created for the claims: {made}")
+        daemons = [d for n in nodes for d in n.mps_daemons()]
+        limits = sorted(
+            f"{int(d['default_active_thread_percentage'])}%/{','.join(d['default_pinned_memory_limits'].values())}"
+            for d in daemons
+        )
+        print(
+            f"MPS control daemons running for the claims: {len(daemons)} "
+            f"(SM share/memory limit: {' '.join(limits)})"
+        )
+
+        _step("gpudra status: the cluster's GPUs as the controller sees them")
+        url = gpudra.controller_url(api)
+        allocated = {n: c for n, c in claims.items() if (c.get("status") or {}).get("allocation")}
+        _wait("the controller to see every allocation", lambda: _allocated_shown(url, allocated), 30)
+        shown = subprocess.run(
+            [sys.executable, "-m", "gpudra", "status", "--output=wide", f"--controller-url={url}"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        print(shown.stdout.rstrip())
+
+    def clean_up(self) -> None:
+        api, nodes = self.api, self.gpudra.nodes.values()
+        _step("deleting the pods: the kubelet unprepares every claim")
+        for pod in api.list_pods(NAMESPACE):
+            api.delete_pod(NAMESPACE, pod["metadata"]["name"])
+        _wait("every claim to be unprepared", lambda: all(not n.checkpoint_claims() for n in nodes), 120)
+        left = sum(len(n.cdi_specs()) for n in nodes)
+        reset = all(level == 0 for n in nodes for level in n.timeslices().values())
+        migs = sum(len(n.mig_devices()) for n in nodes) - self._mig_before
+        mps = sum(len(n.mps_daemons()) for n in nodes)
+        print(
+            f"CDI spec files left: {left}; GPU settings back to default: {'yes' if reset else 'NO'}; "
+            f"MIG devices left: {migs}; MPS daemons left: {mps}"
+        )
+
+
+def _unschedulable(pod: dict[str, Any]) -> bool:
+    """Whether the scheduler gave up on the pod for now (PodScheduled False, Unschedulable)."""
+    return any(
+        c["type"] == "PodScheduled" and c["status"] == "False" and c.get("reason") == "Unschedulable"
+        for c in pod["status"].get("conditions") or []
     )
 
 

@@ -85,10 +85,23 @@ class HostProcesses:
     workload_note = ""
     received_heading = "CDI DEVICES THE RUNTIME GOT"
 
-    def __init__(self, cluster: LocalCluster, machines: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        cluster: LocalCluster,
+        machines: Mapping[str, str],
+        *,
+        metrics: bool = False,
+        groups: Mapping[str, dict[str, str]] | None = None,
+    ) -> None:
+        """`metrics`: each plugin serves /metrics and /readyz on a port of its own (`metrics_port`);
+        `groups`: node -> publishing options, for nodes not in their machine's NODE_GROUPS entry."""
         self.cluster = cluster
         self.repo = helm.chart().parents[2]
-        self.plugins = {n: PluginProcess(cluster, cluster.nodes[n], p) for n, p in machines.items()}
+        self.metrics = metrics
+        self.plugins = {
+            n: PluginProcess(cluster, cluster.nodes[n], p, group=(groups or {}).get(n))
+            for n, p in machines.items()
+        }
         self.nodes = self.plugins
         self.controller = ControllerProcess(cluster, "demo", webhook_url_port=free_port())
 
@@ -96,7 +109,7 @@ class HostProcesses:
         classes = self.repo / "deploy" / "manifests" / "deviceclasses.yaml"
         api.create(list(yaml.safe_load_all(classes.read_text())), namespace="default")
         for plugin in self.plugins.values():
-            plugin.start()
+            plugin.start(metrics_port=free_port() if self.metrics else 0)
         api.create_namespace(CONTROLLER_NAMESPACE)
         self.controller.start()
 

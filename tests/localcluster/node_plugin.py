@@ -114,14 +114,22 @@ class PluginProcess(NodeFiles):
     """One node's gpudra plugin on a simulated machine; restartable, with its log kept across runs."""
 
     def __init__(
-        self, cluster: LocalCluster, node: NodePaths, profile: str, *, instance_id: str | None = None
+        self,
+        cluster: LocalCluster,
+        node: NodePaths,
+        profile: str,
+        *,
+        instance_id: str | None = None,
+        group: dict[str, str] | None = None,
     ) -> None:
         """`instance_id`: the plugin's --instance-id (sockets of its own, as a pod of a rolling update);
-        such an instance logs to a file of its own too."""
+        such an instance logs to a file of its own too. `group`: the publishing options of the node's
+        group instead of `profile`'s in NODE_GROUPS."""
         self.cluster = cluster
         self.node = node
         self.profile = profile
         self.instance_id = instance_id
+        self.group = NODE_GROUPS.get(profile, {}) if group is None else group
         self.state_dir = node.root / "gpudra"
         super().__init__(
             cdi_root=node.cdi_root,
@@ -162,7 +170,7 @@ class PluginProcess(NodeFiles):
                     f"--node-name={self.node.name}",
                     f"--kubeconfig={kubeconfig or self.cluster.kubeconfig}",
                     f"--nvml=sim:{self.profile}",
-                    *publishing_flags(self.profile),
+                    *(f"--{option}={value}" for option, value in self.group.items()),
                     f"--registry-dir={self.node.registry_dir}",
                     f"--plugin-dir={self.node.plugins_dir / DRIVER}",
                     f"--cdi-root={self.node.cdi_root}",

@@ -26,11 +26,13 @@ __all__ = ["FORMS", "Needs", "class_forms", "fields_seen", "needs", "release_lim
 
 # Everything a node can publish: what is left of it on a server is what any node can publish there.
 _EVERYTHING = Publishing(mig_mode="partitionable", shares=True)
-# The minor whose scheduler keeps the counters of a device it turned down for a claim's constraint
-# reserved while it searches on (observed on 1.34.12: a claim of two 2g.20gb partitions of one H100
-# under matchAttribute parentUUID is never allocated, one of 3g.40gb and 2g.20gb is; 1.35.8 allocates
-# both). Upstream: kubernetes#140436, the structured allocator leaking counter reservations.
-_COUNTER_LEAK_MINOR = 34
+# The first minor whose scheduler does not keep the counters of a device it turned down for a claim's
+# constraint reserved while it searches on. Observed with the gates on: on 1.34.12 a claim of two
+# 2g.20gb partitions of one H100 under matchAttribute parentUUID is never allocated (one of 3g.40gb and
+# 2g.20gb is), and on 1.35.8 examples/mig-mixed.yaml is allocated in one cluster and never in another
+# that differs only in what other claims hold; 1.36.3 and 1.37.2 allocate it every time. Upstream, most
+# likely kubernetes#140436 (the structured allocator leaking counter reservations).
+_COUNTER_LEAK_FIXED_MINOR = 36
 
 # The forms a class may select. "mig-devices" (MIG devices that exist) is never withheld.
 FORMS = ("whole", "shares", "partitions", "mig-devices")
@@ -153,9 +155,9 @@ def release_limits(
     claims: Sequence[Claim], classes: Mapping[str, Sequence[str]], server: ServerFields, *, driver: str
 ) -> list[str]:
     """What `server`'s scheduler may do otherwise than the rules (gpudra.scheduling.allocator) say, for
-    these claims, one line each: on 1.34 with partitions kept, a constraint over several requests for
-    MIG partitions can keep the claim from ever being allocated."""
-    if server.minor != _COUNTER_LEAK_MINOR or not server.counters:
+    these claims, one line each: before 1.36, with partitions kept, a constraint over several requests
+    for MIG partitions can keep the claim from ever being allocated."""
+    if server.minor >= _COUNTER_LEAK_FIXED_MINOR or not server.counters:
         return []
     found = []
     for claim in claims:
@@ -174,7 +176,8 @@ def release_limits(
                 f"{'claim ' + claim.name + ': ' if len(claims) > 1 else ''}the Kubernetes 1.{server.minor} "
                 f"scheduler may never allocate requests {', '.join(sorted(over))} together: they take MIG "
                 f"partitions under constraint {constraint.description}, and it keeps the counters of a "
-                "partition the constraint turned down reserved (kubernetes#140436); 1.35 allocates them"
+                f"partition the constraint turned down reserved (kubernetes#140436); "
+                f"1.{_COUNTER_LEAK_FIXED_MINOR} allocates them"
             )
     return found
 
