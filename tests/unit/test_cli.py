@@ -116,6 +116,18 @@ def test_inventory_names_each_form_withheld_on_the_server_and_what_would_serve_i
     assert "8 devices (0 shared), 0 counter sets" in out
 
 
+def test_inventory_says_why_an_a100_in_mig_mode_offers_nothing_where_partitions_are_withheld(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, out = _inventory(capsys, tmp_path, "dgx-a100", "--server-minor=34", *EVERYTHING)
+    assert code == 0
+    assert (
+        "not published: gpu-0, gpu-1, gpu-2, gpu-3, gpu-4, gpu-5, gpu-6, gpu-7 (MIG mode on without MIG "
+        "devices: create them; partitions on demand are withheld on this server (below))"
+    ) in out
+    assert "withheld partitions: MIG partitions on demand need feature gate DRAPartitionableDevices" in out
+
+
 def test_inventory_with_the_gates_on_withholds_only_what_the_release_cannot_serve(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

@@ -100,9 +100,14 @@ def _table(
         f"gpu-{g.minor}" for g in sorted(inventory.gpus, key=lambda g: g.minor) if g.uuid not in published
     ]
     if idle:
+        # switch_idle_mig: partitions on demand were asked for and withheld on this server (fit_to_server)
+        instead = (
+            "; partitions on demand are withheld on this server (below)"
+            if publishing.switch_idle_mig
+            else ", or offer partitions on demand with --mig-mode partitionable"
+        )
         lines.append(
-            f"not published: {', '.join(idle)} (MIG mode on without MIG devices: create them, or offer "
-            "partitions on demand with --mig-mode partitionable)"
+            f"not published: {', '.join(idle)} (MIG mode on without MIG devices: create them{instead})"
         )
     if model.counter_sets:
         lines.append(
