@@ -26,7 +26,7 @@ from gpudra.node.checkpoint import (
     TimeSlicingRecord,
 )
 from tests.unit.claims import from_claim, time_slicing, whole_gpus
-from tests.unit.test_prepare import Node, uid
+from tests.unit.harness.node import Node, uid
 
 DATA = Path(__file__).parent / "data" / "checkpoint"
 WRITTEN: int = checkpoint.VERSION  # widened from its Literal, so that comparing it type-checks

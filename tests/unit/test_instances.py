@@ -30,16 +30,9 @@ from gpudra.node.options import Options
 from gpudra.node.prepare import Recovery
 from gpudra.node.sharing import GpuSharing
 from tests.unit.claims import from_claim, time_slicing, whole_gpus
-from tests.unit.test_prepare import Node, uid
-from tests.unit.test_slice_controller import (
-    MODELS,
-    FakeKube,
-    Model,
-    builder,
-    controller,
-    generations,
-    wait_until,
-)
+from tests.unit.harness.kube import FakeKube
+from tests.unit.harness.node import Node, uid
+from tests.unit.harness.slices import MODELS, Model, builder, controller, generations, wait_until
 
 # --- --instance-id ---------------------------------------------------------------------------------
 
