@@ -26,7 +26,7 @@ from gpudra.node.checkpoint import (
     TimeSlicingRecord,
 )
 from tests.unit.claims import from_claim, time_slicing, whole_gpus
-from tests.unit.harness.node import Node, uid
+from tests.unit.harness.node import Node, uid, write_checkpoint
 
 DATA = Path(__file__).parent / "data" / "checkpoint"
 WRITTEN: int = checkpoint.VERSION  # widened from its Literal, so that comparing it type-checks
@@ -94,12 +94,6 @@ def rich_checkpoint() -> Checkpoint:
         .with_claim(entry(uid_mps, devices=(mps, share)))
         .with_claim(entry(uid_ts, state="PrepareStarted", devices=(ts,)))
     )
-
-
-def write_document(path: Path, data: Any, *, checksum: str | None = None) -> None:
-    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
-    digest = hashlib.sha256(canonical.encode()).hexdigest() if checksum is None else checksum
-    path.write_text(json.dumps({"checksum": digest, "data": data}))
 
 
 def test_round_trip(tmp_path: Path) -> None:
@@ -208,7 +202,7 @@ def test_checksum_covers_the_file_not_the_model(tmp_path: Path) -> None:
         "gpu_uuids": [GPU0],
     }
     claim = {"uid": "u1", "namespace": "ns", "name": "c", "state": "PrepareCompleted", "devices": [device]}
-    write_document(path, {"version": 1, "boot_id": BOOT, "claims": {"u1": claim}})
+    write_checkpoint(path, {"version": 1, "boot_id": BOOT, "claims": {"u1": claim}})
     loaded = checkpoint.load(path, boot_id=BOOT).checkpoint
     assert loaded.claims["u1"].devices[0].mig is None
     assert loaded.claims["u1"].devices[0].admin_access is False
@@ -251,7 +245,7 @@ def test_schema_violation_in_file_is_reported(tmp_path: Path, edit: Any, message
     checkpoint.save(path, Checkpoint.empty(BOOT).with_claim(entry("u1")))
     data = json.loads(path.read_text())["data"]
     edit(data)
-    write_document(path, data)  # a correct checksum: only the schema is wrong
+    write_checkpoint(path, data)  # a correct checksum: only the schema is wrong
     with pytest.raises(GpudraError, match="does not match the schema") as raised:
         checkpoint.load(path, boot_id=BOOT)
     assert not isinstance(raised.value, CheckpointTooNew)
@@ -274,7 +268,7 @@ def test_newer_version_is_refused_as_too_new(tmp_path: Path, version: int) -> No
     data = Checkpoint.empty(BOOT).with_claim(entry("u1")).model_dump(mode="json")
     data["version"] = version
     data["claims"]["u1"]["devices"][0]["mig_v9"] = {"what": "a format this gpudra cannot read"}
-    write_document(path, data)
+    write_checkpoint(path, data)
     before = _snapshot(tmp_path)
 
     with pytest.raises(CheckpointTooNew) as raised:
@@ -345,7 +339,7 @@ def test_same_version_with_unknown_fields_is_refused_as_too_new(
     )
     data = Checkpoint.empty(BOOT).with_claim(entry("u1", devices=(device,))).model_dump(mode="json")
     edit(data)
-    write_document(path, data)
+    write_checkpoint(path, data)
     before = _snapshot(tmp_path)
 
     with pytest.raises(CheckpointTooNew) as raised:
@@ -372,7 +366,7 @@ def test_invalid_version_is_corrupt(tmp_path: Path, version: Any) -> None:
     data: dict[str, Any] = {"boot_id": BOOT, "claims": {}}
     if version is not None:
         data["version"] = version
-    write_document(path, data)
+    write_checkpoint(path, data)
     with pytest.raises(GpudraError, match=r"is corrupt: version .* is not a format version") as raised:
         checkpoint.load(path, boot_id=BOOT)
     assert not isinstance(raised.value, CheckpointTooNew)
@@ -381,7 +375,7 @@ def test_invalid_version_is_corrupt(tmp_path: Path, version: Any) -> None:
 
 def test_data_that_is_not_an_object_is_corrupt(tmp_path: Path) -> None:
     path = tmp_path / "checkpoint.json"
-    write_document(path, [1])
+    write_checkpoint(path, [1])
     with pytest.raises(GpudraError, match="is corrupt: data is not a JSON object"):
         checkpoint.load(path, boot_id=BOOT)
 
@@ -878,7 +872,7 @@ def test_version_2_with_an_mps_record_or_a_share_id_is_corrupt(tmp_path: Path, e
     path = tmp_path / "checkpoint.json"
     data = json.loads(GOLDEN_V2.read_text())["data"]
     edit(data["claims"][TRAINER])
-    write_document(path, data)
+    write_checkpoint(path, data)
     assert json.loads(path.read_text())["checksum"] == checkpoint._checksum(data)
     before = _snapshot(tmp_path)
 
@@ -920,7 +914,7 @@ def test_version_1_with_a_mig_or_mps_record_or_a_share_id_is_corrupt(
     path = tmp_path / "checkpoint.json"
     data = json.loads(GOLDEN_V1.read_text())["data"]
     edit(data["claims"][TRAIN])
-    write_document(path, data)
+    write_checkpoint(path, data)
 
     with pytest.raises(checkpoint.CheckpointCorrupt) as raised:
         checkpoint.load(path, boot_id=GOLDEN_BOOT)
@@ -951,7 +945,7 @@ def test_older_version_with_unknown_fields_is_too_new_even_next_to_an_impossible
     data = json.loads(golden.read_text())["data"]
     data["node"] = "gpu-node-07"
     data["claims"][uid]["devices"][0].update(impossible)
-    write_document(path, data)
+    write_checkpoint(path, data)
     with pytest.raises(CheckpointTooNew) as raised:
         checkpoint.load(path, boot_id=boot)
     assert "node" in raised.value.unknown_fields
@@ -968,7 +962,7 @@ def test_older_version_with_unknown_fields_is_refused_as_too_new(
     data = json.loads(golden.read_text())["data"]
     first = next(iter(data["claims"]))
     data["claims"][first]["devices"][0]["gpu"] = 1
-    write_document(path, data)
+    write_checkpoint(path, data)
     with pytest.raises(CheckpointTooNew) as raised:
         checkpoint.load(path, boot_id=boot)
     assert raised.value.unknown_fields == (f"claims.{first}.devices.0.gpu",)
@@ -1143,7 +1137,7 @@ def test_recover_refuses_a_too_new_checkpoint_and_touches_nothing(tmp_path: Path
         data["version"] = checkpoint.VERSION + 1
     else:
         data["claims"][uid(1)]["devices"][0]["mps_daemon"] = {"id": "d-1"}
-    write_document(node.checkpoint_path, data)
+    write_checkpoint(node.checkpoint_path, data)
     os.chmod(node.checkpoint_path, 0o600)
     stray = node.spec_path(uid(7))  # a spec recover() would delete: it belongs to no claim it knows
     stray.write_text(node.spec_path(uid(1)).read_text().replace(uid(1), uid(7)))

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
@@ -25,7 +25,6 @@ from gpudra.gpu.tools import GpuTools
 from gpudra.node import cdi, faults
 from gpudra.node import checkpoint as ckpt
 from gpudra.node.allocation import ClaimRef
-from gpudra.node.mig import MigHardware, MigPartitions
 from gpudra.node.prepare import DeviceState
 from gpudra.node.sharing import GpuSharing
 from tests.unit import inventories
@@ -42,8 +41,8 @@ from tests.unit.claims import (
 )
 from tests.unit.harness.crash import child
 from tests.unit.harness.kube import ref
-from tests.unit.harness.node import BOOT, Node, uid
-from tests.unit.harness.tools import FailingOn, MigModeOff, RecordingSharing, UndoFailsOn
+from tests.unit.harness.node import BOOT, Node, queued_edits, uid
+from tests.unit.harness.tools import FailingOn, RecordingSharing, UndoFailsOn, mig_mode_off
 
 OTHER_BOOT = "8a7b6c5d-4e3f-4a1b-8c9d-0e1f2a3b4c5d"
 LONG = ckpt.TimeSlicingRecord(strategy="TimeSlicing", interval="Long")
@@ -707,8 +706,7 @@ def big(tmp_path: Path) -> Iterator[tuple[Node, RecordingSharing, DeviceState]]:
     sharing = RecordingSharing(pause=0.002)
     inventory = inventories.node(*(inventories.h100(minor) for minor in range(56)))
     # These GPUs are not on the simulated machine: their MIG mode is off, as far as prepare asks.
-    mig = MigPartitions(cast(MigHardware, MigModeOff()), gpus={gpu.uuid: gpu for gpu in inventory.gpus})
-    yield node, sharing, node.state(sharing=sharing, inventory=inventory, mig=mig)
+    yield node, sharing, node.state(sharing=sharing, inventory=inventory, mig=mig_mode_off(inventory.gpus))
 
 
 def test_fifty_claims_on_different_devices_prepare_at_once(
@@ -764,8 +762,7 @@ def test_the_same_claim_prepared_twice_at_once_is_prepared_once(
 def _threaded(node: Node) -> DeviceState:
     """A state for claims prepared from several threads at once (the tests' MIG hardware opens the
     simulator per call, which threads must not do at once; the plugin keeps one session)."""
-    gpus = {gpu.uuid: gpu for gpu in node.inventory.gpus}
-    return node.state(mig=MigPartitions(cast(MigHardware, MigModeOff()), gpus=gpus))
+    return node.state(mig=mig_mode_off(node.inventory.gpus))
 
 
 def _held_first_save(
@@ -779,7 +776,7 @@ def _held_first_save(
     def held_save(path: Path, checkpoint: ckpt.Checkpoint) -> bytes:
         if not saves:
             deadline = time.monotonic() + 10
-            while len(state._waiting) < waiting and time.monotonic() < deadline:
+            while queued_edits(state) < waiting and time.monotonic() < deadline:
                 time.sleep(0.001)
         saves.append(set(checkpoint.claims))
         if fails:

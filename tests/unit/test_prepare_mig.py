@@ -3,7 +3,6 @@ CDI, refusals and crash safety (SIGKILL at every step, then restart)."""
 
 from __future__ import annotations
 
-import json
 import signal
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from gpudra.node.metrics import PluginMetrics
 from gpudra.sim import state as sim_state
 from tests.unit.claims import DRIVER, resource_claim, result, whole_gpus
 from tests.unit.harness.crash import child
-from tests.unit.harness.node import BOOT, Node, uid
+from tests.unit.harness.node import BOOT, Node, uid, write_checkpoint
 
 CAPS_MAJOR = 508  # what the simulator's /proc/devices gives nvidia-caps
 
@@ -397,7 +396,7 @@ def test_a_version_1_checkpoint_with_a_mig_record_is_corrupt(tmp_path: Path) -> 
         }
     }
     path = tmp_path / "checkpoint.json"
-    path.write_text(json.dumps({"checksum": ckpt._checksum(data), "data": data}))
+    write_checkpoint(path, data)
     with pytest.raises(ckpt.CheckpointCorrupt, match="a version 1 checkpoint holds no MIG or MPS record"):
         ckpt.load(path, boot_id="boot-1")
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
+from typing import Any
 
 from gpudra import sim
 from gpudra.gpu import nvml
@@ -26,6 +29,22 @@ BOOT = "3f0b4e2a-6d1c-4c55-9d0e-1b2a3c4d5e6f"
 
 def uid(n: int) -> str:
     return f"00000000-0000-4000-8000-{n:012x}"
+
+
+def write_checkpoint(path: Path, data: Any, *, checksum: str | None = None) -> None:
+    """Write `data` as a checkpoint file with its checksum (or `checksum` instead): the file format,
+    written without gpudra.node.checkpoint so that a change to that format shows."""
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    digest = hashlib.sha256(canonical.encode()).hexdigest() if checksum is None else checksum
+    path.write_text(json.dumps({"checksum": digest, "data": data}))
+
+
+def queued_edits(state: DeviceState) -> int:
+    """How many checkpoint edits wait behind the save that runs (DeviceState's group commit).
+
+    The one read of DeviceState's private state in the tests: to be DeviceState.queued_edits() (or the
+    sequencer's) once the node plugin has that public method."""
+    return len(state._waiting)
 
 
 class Node:

@@ -5,21 +5,27 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import cast
 
 from gpudra.errors import HardwareError
 from gpudra.gpu.tools import MPS_CONTROL, GpuTools
+from gpudra.model.inventory import Gpu
 from gpudra.node import cdi
 from gpudra.node import checkpoint as ckpt
 from gpudra.node.allocation import Allocated
+from gpudra.node.mig import MigHardware, MigPartitions
 from gpudra.node.sharing import GpuSharing
 from tests.unit.harness.node import Node
 
 
 class CountingTools(GpuTools):
     """The simulator's tools, counting every run; `refuse_start` makes `nvidia-cuda-mps-control -d`
-    fail as a driver that refuses MPS does."""
+    fail as a driver that refuses MPS does.
+
+    It overrides GpuTools._run, where every tool process starts: the one override of a private method
+    of the product in the tests, to be GpuTools.run once the product makes that method public."""
 
     def __init__(self, search_path: str) -> None:
         super().__init__(search_path=search_path)
@@ -164,3 +170,10 @@ def touched(entry: ckpt.ClaimEntry) -> list[str]:
 class MigModeOff:
     def mig_enabled(self, *, gpu_uuid: str) -> bool:
         return False
+
+
+def mig_mode_off(gpus: Iterable[Gpu]) -> MigPartitions:
+    """MIG prepare for `gpus` whose MIG mode is off, as far as prepare asks: GPUs that are not on the
+    simulated machine, or claims prepared from several threads at once (the tests' MIG hardware opens
+    the simulator per call, which threads must not do at once; the plugin keeps one session)."""
+    return MigPartitions(cast(MigHardware, MigModeOff()), gpus={gpu.uuid: gpu for gpu in gpus})
