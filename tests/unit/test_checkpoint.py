@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -609,8 +611,8 @@ def test_current_boot_id_errors(tmp_path: Path, content: str | None, message: st
 #
 # tests/unit/data/checkpoint/v1.json was written once by version 1's `save`, as a node running gpudra
 # leaves it. NEVER EDIT OR REGENERATE IT: it stands for the files on nodes, which no later gpudra may
-# fail to read. Every later version must keep these tests passing (through its reader of version 1);
-# a new version adds its own golden file next to it instead.
+# fail to read. Every later version must keep the golden tests passing (through its reader of version 1);
+# a new version adds its own golden file next to it instead, and its entry in GOLDEN (below).
 
 GOLDEN_V1 = DATA / "v1.json"
 GOLDEN_BOOT = "6c2f0d9e-3b1a-4f5e-8d7c-2a9b0e1f3c4d"
@@ -621,12 +623,6 @@ H100_0 = "GPU-4f8a3b2c-1d6e-7f90-a1b2-c3d4e5f60718"
 H100_1 = "GPU-9e7d6c5b-4a39-2817-f6e5-d4c3b2a19080"
 H100_2 = "GPU-0a1b2c3d-4e5f-6071-8293-a4b5c6d7e8f9"
 H100_3 = "GPU-b1c2d3e4-f5a6-4b7c-8d9e-0f1a2b3c4d5e"
-
-
-def _golden_copy(tmp_path: Path) -> Path:
-    path = tmp_path / "checkpoint.json"
-    path.write_bytes(GOLDEN_V1.read_bytes())
-    return path
 
 
 def _assert_golden_v1_content(loaded: Checkpoint) -> None:
@@ -692,31 +688,6 @@ def _assert_golden_v1_content(loaded: Checkpoint) -> None:
         assert device.share_id is None
 
 
-def test_golden_v1_is_read_field_by_field(tmp_path: Path) -> None:
-    assert json.loads(GOLDEN_V1.read_text())["data"]["version"] == 1
-    path = _golden_copy(tmp_path)
-    loaded = checkpoint.load(path, boot_id=GOLDEN_BOOT)
-    assert loaded.stale_claims == {}
-    _assert_golden_v1_content(loaded.checkpoint)
-    assert path.read_bytes() == GOLDEN_V1.read_bytes()  # reading never writes
-
-
-def test_golden_v1_after_a_reboot_is_all_stale(tmp_path: Path) -> None:
-    loaded = checkpoint.load(_golden_copy(tmp_path), boot_id=BOOT)
-    assert loaded.checkpoint == Checkpoint.empty(BOOT)
-    assert loaded.stale_claims == checkpoint.load(GOLDEN_V1, boot_id=GOLDEN_BOOT).checkpoint.claims
-
-
-def test_golden_v1_round_trips_through_save(tmp_path: Path) -> None:
-    first = checkpoint.load(_golden_copy(tmp_path), boot_id=GOLDEN_BOOT).checkpoint
-    resaved = tmp_path / "resaved.json"
-    checkpoint.save(resaved, first)
-    again = checkpoint.load(resaved, boot_id=GOLDEN_BOOT).checkpoint
-    assert again == first
-    _assert_golden_v1_content(again)
-    assert json.loads(resaved.read_text())["data"]["version"] == checkpoint.VERSION
-
-
 def _keeps(old: Any, new: Any, where: str = "data") -> None:
     """`new` has every key of `old` with the same value; dicts may have gained keys."""
     if isinstance(old, dict):
@@ -732,16 +703,6 @@ def _keeps(old: Any, new: Any, where: str = "data") -> None:
         assert new == old, f"{where} was {old!r}, is now written as {new!r}"
 
 
-def test_version_1_is_rewritten_as_the_current_version_keeping_every_field(tmp_path: Path) -> None:
-    # Rule 1: the reader of version 1 converts; the next save writes every field it had, same values.
-    resaved = tmp_path / "resaved.json"
-    checkpoint.save(resaved, checkpoint.load(GOLDEN_V1, boot_id=GOLDEN_BOOT).checkpoint)
-    old = json.loads(GOLDEN_V1.read_text())["data"]
-    new = json.loads(resaved.read_text())["data"]
-    assert new["version"] == checkpoint.VERSION
-    _keeps({**old, "version": checkpoint.VERSION}, new)
-
-
 # --- the golden file of version 2 -----------------------------------------------------------------
 #
 # tests/unit/data/checkpoint/v2.json was written once by version 2's `save` (the first version with MIG
@@ -752,11 +713,6 @@ GOLDEN_V2_BOOT = "9b1e7c44-0d2a-4e6f-8a3b-5c7d9e1f2a4b"
 SERVED_MIG = "7e1d2c3b-4a59-4b68-9c7d-8e9f0a1b2c3d"
 EMBED_MIG = "1f2e3d4c-5b6a-4798-8a9b-0c1d2e3f4a5b"
 TRAINER = "2a3b4c5d-6e7f-4a8b-9c0d-1e2f3a4b5c6d"
-
-
-def test_golden_v2_is_read_field_by_field() -> None:
-    assert json.loads(GOLDEN_V2.read_text())["data"]["version"] == 2
-    _assert_golden_v2_content(checkpoint.load(GOLDEN_V2, boot_id=GOLDEN_V2_BOOT).checkpoint)
 
 
 def _assert_golden_v2_content(loaded: Checkpoint) -> None:
@@ -815,34 +771,6 @@ def _assert_golden_v2_content(loaded: Checkpoint) -> None:
     assert device.mig is None
     assert device.sharing == TimeSlicingRecord(strategy="TimeSlicing", interval="Short")
     assert (device.admin_access, device.share_id) == (False, None)
-
-
-def test_golden_v2_after_a_reboot_is_all_stale(tmp_path: Path) -> None:
-    path = tmp_path / "checkpoint.json"
-    path.write_bytes(GOLDEN_V2.read_bytes())
-    loaded = checkpoint.load(path, boot_id=BOOT)
-    assert loaded.checkpoint == Checkpoint.empty(BOOT)
-    assert loaded.stale_claims == checkpoint.load(GOLDEN_V2, boot_id=GOLDEN_V2_BOOT).checkpoint.claims
-    assert path.read_bytes() == GOLDEN_V2.read_bytes()  # reading never writes
-
-
-def test_golden_v2_round_trips_through_save(tmp_path: Path) -> None:
-    first = checkpoint.load(GOLDEN_V2, boot_id=GOLDEN_V2_BOOT).checkpoint
-    resaved = tmp_path / "resaved.json"
-    checkpoint.save(resaved, first)
-    again = checkpoint.load(resaved, boot_id=GOLDEN_V2_BOOT).checkpoint
-    assert again == first
-    _assert_golden_v2_content(again)
-
-
-def test_version_2_is_rewritten_as_the_current_version_keeping_every_field(tmp_path: Path) -> None:
-    # Rule 1: the reader of version 2 converts; the next save writes every field it had, same values.
-    resaved = tmp_path / "resaved.json"
-    checkpoint.save(resaved, checkpoint.load(GOLDEN_V2, boot_id=GOLDEN_V2_BOOT).checkpoint)
-    old = json.loads(GOLDEN_V2.read_text())["data"]
-    new = json.loads(resaved.read_text())["data"]
-    assert new["version"] == checkpoint.VERSION
-    _keeps({**old, "version": checkpoint.VERSION}, new)
 
 
 # What no writer of versions 1 and 2 made. Each edit adds it to the golden data of that version, whose
@@ -984,12 +912,6 @@ GOLDEN_V3_SHARE_ID = "5e0f9d2a-3b7c-4e1d-8a6f-2c9b4d7e1f30"
 GOLDEN_V3_MIG_UUID = "MIG-2c4e6a8b-0d1f-5a3c-9e7b-4d6f8a0c2e1b"
 
 
-def _golden_v3_copy(tmp_path: Path) -> Path:
-    path = tmp_path / "checkpoint.json"
-    path.write_bytes(GOLDEN_V3.read_bytes())
-    return path
-
-
 def _assert_golden_v3_content(loaded: Checkpoint) -> None:
     assert loaded.version == checkpoint.VERSION
     assert loaded.boot_id == GOLDEN_V3_BOOT
@@ -1080,48 +1002,95 @@ def _assert_golden_v3_content(loaded: Checkpoint) -> None:
     assert (device.admin_access, device.share_id) == (False, None)
 
 
-def test_golden_v3_is_read_field_by_field(tmp_path: Path) -> None:
-    assert json.loads(GOLDEN_V3.read_text())["data"]["version"] == 3
-    path = _golden_v3_copy(tmp_path)
-    loaded = checkpoint.load(path, boot_id=GOLDEN_V3_BOOT)
+# --- every golden file -----------------------------------------------------------------------------
+#
+# The same checks for each stored version: read field by field (as that version wrote the fields),
+# after a reboot, through a save and back, and rewritten as the current version keeping every field.
+
+
+@dataclasses.dataclass(frozen=True)
+class Golden:
+    """One golden file: the version that wrote it, the boot it was written in, and its content."""
+
+    version: int
+    path: Path
+    boot: str
+    assert_content: Callable[[Checkpoint], None]
+
+    def copy(self, tmp_path: Path) -> Path:
+        path = tmp_path / "checkpoint.json"
+        path.write_bytes(self.path.read_bytes())
+        return path
+
+
+GOLDEN = {
+    golden.version: golden
+    for golden in (
+        Golden(1, GOLDEN_V1, GOLDEN_BOOT, _assert_golden_v1_content),
+        Golden(2, GOLDEN_V2, GOLDEN_V2_BOOT, _assert_golden_v2_content),
+        Golden(3, GOLDEN_V3, GOLDEN_V3_BOOT, _assert_golden_v3_content),
+    )
+}
+every_golden_file = pytest.mark.parametrize("golden", GOLDEN.values(), ids=[f"v{v}" for v in GOLDEN])
+
+
+def test_every_stored_golden_file_is_checked_and_every_version_has_one() -> None:
+    assert sorted(path.name for path in DATA.glob("*.json")) == sorted(g.path.name for g in GOLDEN.values())
+    assert sorted(GOLDEN) == list(range(1, WRITTEN + 1))
+
+
+@every_golden_file
+def test_golden_file_is_read_field_by_field(tmp_path: Path, golden: Golden) -> None:
+    assert json.loads(golden.path.read_text())["data"]["version"] == golden.version
+    path = golden.copy(tmp_path)
+    loaded = checkpoint.load(path, boot_id=golden.boot)
     assert loaded.stale_claims == {}
-    _assert_golden_v3_content(loaded.checkpoint)
-    assert path.read_bytes() == GOLDEN_V3.read_bytes()  # reading never writes
+    golden.assert_content(loaded.checkpoint)
+    assert path.read_bytes() == golden.path.read_bytes()  # reading never writes
 
 
-def test_golden_v3_after_a_reboot_is_all_stale(tmp_path: Path) -> None:
-    loaded = checkpoint.load(_golden_v3_copy(tmp_path), boot_id=BOOT)
+@every_golden_file
+def test_golden_file_after_a_reboot_is_all_stale(tmp_path: Path, golden: Golden) -> None:
+    path = golden.copy(tmp_path)
+    loaded = checkpoint.load(path, boot_id=BOOT)
     assert loaded.checkpoint == Checkpoint.empty(BOOT)
-    assert loaded.stale_claims == checkpoint.load(GOLDEN_V3, boot_id=GOLDEN_V3_BOOT).checkpoint.claims
+    assert loaded.stale_claims == checkpoint.load(golden.path, boot_id=golden.boot).checkpoint.claims
+    assert path.read_bytes() == golden.path.read_bytes()  # reading never writes
 
 
-def test_golden_v3_round_trips_through_save(tmp_path: Path) -> None:
-    first = checkpoint.load(_golden_v3_copy(tmp_path), boot_id=GOLDEN_V3_BOOT).checkpoint
+@every_golden_file
+def test_golden_file_round_trips_through_save(tmp_path: Path, golden: Golden) -> None:
+    first = checkpoint.load(golden.copy(tmp_path), boot_id=golden.boot).checkpoint
     resaved = tmp_path / "resaved.json"
     checkpoint.save(resaved, first)
-    again = checkpoint.load(resaved, boot_id=GOLDEN_V3_BOOT).checkpoint
+    again = checkpoint.load(resaved, boot_id=golden.boot).checkpoint
     assert again == first
-    _assert_golden_v3_content(again)
+    golden.assert_content(again)
     assert json.loads(resaved.read_text())["data"]["version"] == checkpoint.VERSION
 
 
-def test_version_3_is_rewritten_as_the_current_version_keeping_every_field(tmp_path: Path) -> None:
-    # Rule 1: while 3 is the current version this is rule 2 below; once it is not, its reader converts.
+@every_golden_file
+def test_golden_file_is_rewritten_as_the_current_version_keeping_every_field(
+    tmp_path: Path, golden: Golden
+) -> None:
+    # Rule 1: the reader of an older version converts; the next save writes every field it had, same
+    # values. For the version this gpudra writes, it is rule 2 below.
     resaved = tmp_path / "resaved.json"
-    checkpoint.save(resaved, checkpoint.load(GOLDEN_V3, boot_id=GOLDEN_V3_BOOT).checkpoint)
-    old = json.loads(GOLDEN_V3.read_text())["data"]
+    checkpoint.save(resaved, checkpoint.load(golden.path, boot_id=golden.boot).checkpoint)
+    old = json.loads(golden.path.read_text())["data"]
     new = json.loads(resaved.read_text())["data"]
     assert new["version"] == checkpoint.VERSION
     _keeps({**old, "version": checkpoint.VERSION}, new)
 
 
-def test_version_3_writers_only_add_fields(tmp_path: Path) -> None:
+def test_the_written_version_s_writers_only_add_fields(tmp_path: Path) -> None:
     # Rule 2: within a version a field is never removed, renamed or written differently. It binds the
-    # version this gpudra writes: a new version gets its own golden file and this test moves to it.
-    assert WRITTEN == 3, "a new checkpoint version: write its golden file and point this test at it"
+    # version this gpudra writes: a new version gets its own golden file, which this test then reads.
+    assert WRITTEN in GOLDEN, "a new checkpoint version: write its golden file and add it to GOLDEN"
+    golden = GOLDEN[WRITTEN]
     resaved = tmp_path / "resaved.json"
-    checkpoint.save(resaved, checkpoint.load(GOLDEN_V3, boot_id=GOLDEN_V3_BOOT).checkpoint)
-    _keeps(json.loads(GOLDEN_V3.read_text())["data"], json.loads(resaved.read_text())["data"])
+    checkpoint.save(resaved, checkpoint.load(golden.path, boot_id=golden.boot).checkpoint)
+    _keeps(json.loads(golden.path.read_text())["data"], json.loads(resaved.read_text())["data"])
 
 
 # --- recover() and a checkpoint of a newer gpudra -------------------------------------------------
