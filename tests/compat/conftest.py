@@ -14,6 +14,7 @@ import pytest
 import yaml
 from kubernetes import client, config, utils
 
+from tests.layers import default_timeout
 from tests.localcluster import LocalCluster
 from tests.localcluster.cluster import free_port
 from tests.localcluster.node_plugin import PluginProcess
@@ -47,3 +48,13 @@ def gpudra(cluster: LocalCluster, api: client.ApiClient) -> Iterator[dict[str, P
     finally:
         for plugin in plugins.values():
             plugin.stop()
+
+
+# A released gpudra and this one on the local cluster, one after the other: not timed here, so as before
+# the layers had their own timeouts.
+TIMEOUT = 600
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """This layer's default timeout (tests/layers.py)."""
+    default_timeout(config, items, layer=Path(__file__).parent, seconds=TIMEOUT)

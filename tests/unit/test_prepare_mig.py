@@ -3,7 +3,6 @@ CDI, refusals and crash safety (SIGKILL at every step, then restart)."""
 
 from __future__ import annotations
 
-import json
 import signal
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,8 @@ from gpudra.node.allocation import ClaimRef
 from gpudra.node.metrics import PluginMetrics
 from gpudra.sim import state as sim_state
 from tests.unit.claims import DRIVER, resource_claim, result, whole_gpus
-from tests.unit.test_prepare import BOOT, Node, _child, uid
+from tests.unit.harness.crash import child
+from tests.unit.harness.node import BOOT, Node, uid, write_checkpoint
 
 CAPS_MAJOR = 508  # what the simulator's /proc/devices gives nvidia-caps
 
@@ -242,7 +242,7 @@ def test_a_mig_device_in_use_fails_unprepare_until_it_is_free(h100: Node) -> Non
 def test_a_crash_during_mig_prepare_is_rolled_back_at_restart(h100: Node, step: str) -> None:
     claim = h100.claims.add(mig_claim(1, "gpu-2-mig-2g20gb-4", "gpu-2-mig-1g10gb-0"))
     h100.state()
-    crashed = _child(h100, "prepare", claim, step)
+    crashed = child(h100, "prepare", claim, step)
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr
     entry = h100.entries()[uid(1)]
     assert all(d.mig is not None for d in entry.devices)  # the specs were recorded before NVML was touched
@@ -266,7 +266,7 @@ def test_a_crash_during_mig_prepare_is_rolled_back_at_restart(h100: Node, step: 
 def test_a_crash_during_mig_unprepare_is_finished_at_restart(h100: Node, step: str) -> None:
     claim = h100.claims.add(mig_claim(1, "gpu-3-mig-3g40gb-0"))
     h100.state().prepare(claim)
-    crashed = _child(h100, "unprepare", claim, step)
+    crashed = child(h100, "unprepare", claim, step)
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr
     assert h100.entries()[uid(1)].state == "UnprepareStarted"
     gone = step in ("unprepare-mig-destroyed", "unprepare-cdi-deleted")
@@ -396,7 +396,7 @@ def test_a_version_1_checkpoint_with_a_mig_record_is_corrupt(tmp_path: Path) -> 
         }
     }
     path = tmp_path / "checkpoint.json"
-    path.write_text(json.dumps({"checksum": ckpt._checksum(data), "data": data}))
+    write_checkpoint(path, data)
     with pytest.raises(ckpt.CheckpointCorrupt, match="a version 1 checkpoint holds no MIG or MPS record"):
         ckpt.load(path, boot_id="boot-1")
 
