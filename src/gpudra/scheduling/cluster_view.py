@@ -32,6 +32,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
+from gpudra.model.claim import read_claim
 from gpudra.model.claim_usage import idle_since
 from gpudra.scheduling.allocator import counters_left, lookup_attribute
 from gpudra.scheduling.claims import Allocations
@@ -264,7 +265,7 @@ def _idle_devices(
         if not (claim.get("status") or {}).get("allocation"):
             continue
         meta = claim.get("metadata") or {}
-        for (pool, device), since in idle_since(claim, driver=driver).items():
+        for (pool, device), since in idle_since(read_claim(claim), driver=driver).items():
             seconds = (now - since).total_seconds()
             if seconds >= idle_after:
                 idle.append(
