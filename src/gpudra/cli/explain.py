@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from gpudra.cli.explain_text import render_text
 from gpudra.cli.manifest_files import read_documents
 from gpudra.errors import ConfigError
+from gpudra.model.claim import Claim, read_claim
 from gpudra.scheduling.explain import (
     ClaimToExplain,
     Explanation,
@@ -50,7 +51,7 @@ class Inputs:
 
     classes: dict[str, list[str]] = field(default_factory=dict)
     slices: list[Mapping[str, Any]] = field(default_factory=list)
-    allocated: list[Mapping[str, Any]] = field(default_factory=list)
+    allocated: list[Claim] = field(default_factory=list)
     targets: list[list[ClaimToExplain]] = field(default_factory=list)  # each explained on its own
 
 
@@ -92,7 +93,7 @@ def _offline(args: argparse.Namespace) -> Inputs:
             if obj.get("kind") == "ResourceSlice":
                 inputs.slices.append(obj)
             elif obj.get("kind") == "ResourceClaim":
-                inputs.allocated.append(obj)
+                inputs.allocated.append(read_claim(obj))
     classes_file = args.classes or DEFAULT_CLASSES
     if not classes_file.exists():
         raise ConfigError(
@@ -222,7 +223,7 @@ def _online(args: argparse.Namespace) -> Inputs:
     cluster = Kube(connect(_kubeconfig(args.kubeconfig)))
     inputs = Inputs(classes=device_classes(cluster.list_device_classes()))
     inputs.slices.extend(cluster.list_all_slices())
-    inputs.allocated.extend(cluster.list_all_claims())
+    inputs.allocated.extend(read_claim(obj) for obj in cluster.list_all_claims())
     if args.classes is not None:
         inputs.classes.update(device_classes(_objects(args.classes)))
     namespace = args.namespace or "default"

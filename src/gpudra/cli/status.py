@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from gpudra.cli.status_text import render
 from gpudra.errors import ClusterError
 from gpudra.kube import client as kube
+from gpudra.model.claim import read_claim
 from gpudra.scheduling import cluster_view
 from gpudra.scheduling.cluster_view import ClusterView
 
@@ -33,7 +34,7 @@ def fetch(
         return cluster_view.build(
             driver=driver,
             slices=[s for s in api.list_all_slices() if (s.get("spec") or {}).get("driver") == driver],
-            claims=api.list_all_claims(),
+            claims=[read_claim(obj) for obj in api.list_all_claims()],
             classes=api.list_device_classes(),
             now=datetime.now(UTC),
             idle_after_seconds=idle_after_seconds,

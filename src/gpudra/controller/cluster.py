@@ -16,6 +16,7 @@ from typing import Any
 
 from gpudra.kube.client import Kube
 from gpudra.kube.informer import Informer
+from gpudra.model.claim import read_claim, read_spec_of
 from gpudra.model.kube_api import GROUP, VERSION
 from gpudra.scheduling import cluster_view
 from gpudra.scheduling.explain import device_classes
@@ -93,7 +94,7 @@ class ClusterWatch:
         view = cluster_view.build(
             driver=self.driver,
             slices=self.slices.objects(),
-            claims=self.claims.objects(),
+            claims=[read_claim(obj) for obj in self.claims.objects()],
             classes=self.classes.objects(),
             now=now,
             idle_after_seconds=self.idle_after_seconds,
@@ -123,4 +124,4 @@ class ClusterWatch:
         """The admission warnings for a claim or template (none until the watches have listed)."""
         if self.synced() is not None:
             return []
-        return self.reach().warnings(obj)
+        return self.reach().warnings(read_spec_of(obj))
