@@ -712,6 +712,66 @@ def test_a_ca_rollover_never_serves_a_certificate_the_configuration_does_not_tru
     assert api.writes[6:] == []
 
 
+class Clock:
+    """A wall clock a test steps ahead or back."""
+
+    def __init__(self) -> None:
+        self.now = datetime.now(UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+@pytest.mark.parametrize(
+    "step_days",
+    [250, 365 * 9, 365 * 11, -30, -250, -365 * 3],
+    ids=["+250d", "+9y (CA rollover)", "+11y (CA expired)", "-30d", "-250d", "-3y"],
+)
+def test_a_stepped_wall_clock_put_right_heals_the_webhook_within_one_step(step_days: int) -> None:
+    """The leader's clock steps ahead or back and the keeper renews by it for a while (the API
+    server, whose clock is right, may refuse what it writes then); once the clock is put right,
+    the next step leaves a chain that verifies at the right time, and serves it."""
+    api, clock = FakeAdmission(), Clock()
+    right = clock.now
+    webhook = WebhookServer("127.0.0.1", 0, DRIVER, warnings=no_warnings)
+    leader = CertificateKeeper(api, OPTIONS, webhook, is_leader=lambda: True, clock=clock)
+    names = serving_names(OPTIONS)
+    leader.step()
+    clock.now = right + timedelta(days=step_days)
+    for _ in range(3):  # CA rollover takes two steps (the new CA joins, then the serving cert follows)
+        leader.step()
+    assert certs.renewal_reason(clock.now, api.material(), names) is None
+
+    clock.now = right + timedelta(seconds=5)
+    leader.step()
+    material = api.material()
+    assert certs.chain_problem(clock.now, api.bundle(), material, names) is None
+    assert certs.renewal_reason(clock.now, material, names) is None
+    assert leader._served == material and webhook.context() is not None
+    written = list(api.writes)
+    leader.step()
+    assert api.writes == written  # healed: nothing more to write
+
+
+def test_a_serving_certificate_the_configuration_does_not_verify_now_is_replaced_without_waiting() -> None:
+    """An expired CA (the leader was down past its end): the stored serving certificate is trusted
+    by the configuration's bundle by signature, but not now; the new CA and certificate replace it in
+    one step instead of waiting for a trust that can never come."""
+    api = FakeAdmission()
+    keeper(api)[0].step()
+    names = serving_names(OPTIONS)
+    expired = material_for(names, now=datetime.now(UTC) - certs.CA_LIFETIME - timedelta(days=1))
+    age(api, expired)
+    assert certs.trusts(api.bundle(), expired)
+    leader, webhook = keeper(api)
+    leader.step()
+    assert api.writes[2:] == ["update secret", "update configuration"]
+    material = api.material()
+    assert material.ca_crt != expired.ca_crt
+    assert certs.chain_problem(datetime.now(UTC), api.bundle(), material, names) is None
+    assert webhook.context() is not None
+
+
 def test_serving_names_follow_the_service_or_the_url() -> None:
     assert serving_names(OPTIONS) == ["gpudra-webhook.gpudra.svc"]
     assert serving_names(dataclasses.replace(OPTIONS, webhook_url="https://10.0.0.5:8443")) == ["10.0.0.5"]

@@ -37,6 +37,12 @@ from gpudra.model.kube_api import GROUP, VERSION
 
 # (connect, read) seconds for every call: a hung API server fails a call instead of holding it forever.
 REQUEST_TIMEOUT = (5.0, 30.0)
+# urllib3 retries nothing: by default it tries a call 4 times, so a hung API server held each call for
+# four read timeouts, and every caller waited behind it. Where gpudra retries, it does so itself, with
+# its own backoff and counting (its loops, the kubelet's retries of a prepare); a stale pooled
+# connection is not a reason, since urllib3 replaces one it finds dropped before sending. A redirect
+# is answered as it is (an API server sends none).
+NO_RETRIES = urllib3.Retry(total=0, redirect=False)
 Obj = dict[str, Any]
 
 
@@ -138,13 +144,16 @@ def _api_errors(what: str) -> Iterator[None]:
 
 
 def connect(kubeconfig: str | None) -> client.ApiClient:
-    """An API client from a kubeconfig file, or the in-cluster service account when none is given."""
+    """An API client from a kubeconfig file, or the in-cluster service account when none is given;
+    it never retries a call (NO_RETRIES)."""
+    configuration = client.Configuration()
+    configuration.retries = NO_RETRIES  # read when the client makes its connection pools, below
     with _api_errors("loading cluster credentials"):
         if kubeconfig:
-            api: client.ApiClient = config.new_client_from_config(kubeconfig)
+            config.load_kube_config(kubeconfig, client_configuration=configuration)
         else:
-            config.load_incluster_config()
-            api = client.ApiClient()
+            config.load_incluster_config(client_configuration=configuration)
+    api = client.ApiClient(configuration)
     # Both loaders' token hooks assign the server's address again before every request, and each
     # assignment makes the client's Configuration look up the proxy in the environment anew (getproxies()
     # decodes all of os.environ: about 50 µs, an eighth of a claim's GET). Nothing changes this
@@ -250,8 +259,9 @@ class Kube:
     (verb, resource), failed ones included, so the API load a daemon puts on the cluster can be watched
     (gpudra_api_requests_total)."""
 
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(self, api: client.ApiClient, *, timeout: tuple[float, float] = REQUEST_TIMEOUT) -> None:
         self.api = api
+        self.timeout = timeout  # (connect, read) seconds of every call
         self._requests: collections.Counter[tuple[str, str]] = collections.Counter()
         self._requests_lock = threading.Lock()  # calls come from the gRPC workers and every loop
 
@@ -267,7 +277,7 @@ class Kube:
         query: list[tuple[str, Any]],
         body: Obj | None = None,
         content_type: str = "application/json",
-        timeout: tuple[float, float] = REQUEST_TIMEOUT,
+        timeout: tuple[float, float] | None = None,
     ) -> Any:
         """Send one request and count it (before it goes: a failed one counts too); the response as
         the client returns it. Callers wrap it in `_api_errors`."""
@@ -283,7 +293,7 @@ class Kube:
             body=body,
             auth_settings=["BearerToken"],
         )
-        return self.api.call_api(*request, _request_timeout=timeout)
+        return self.api.call_api(*request, _request_timeout=timeout or self.timeout)
 
     def request(
         self,
@@ -296,7 +306,7 @@ class Kube:
         content_type: str = "application/json",
     ) -> Obj:
         """One call to `path` (under the API server's address) with JSON in and out, as the generated
-        APIs make it: the configured credentials, REQUEST_TIMEOUT, errors as `_api_errors` words them.
+        APIs make it: the configured credentials, the client's timeout, errors as `_api_errors` words them.
         `content_type` names a patch's kind (e.g. application/apply-patch+yaml for server-side apply,
         whose body JSON also is). The other modules of gpudra.kube build their calls on this one; it
         counts the request (`request_kind`)."""
@@ -367,7 +377,7 @@ class Kube:
         if field_selector:
             query.append(("fieldSelector", field_selector))
         # The server ends the watch after timeout_seconds, so no read waits longer unless it hung.
-        timeout = (REQUEST_TIMEOUT[0], timeout_seconds + REQUEST_TIMEOUT[1])
+        timeout = (self.timeout[0], timeout_seconds + self.timeout[1])
         with _api_errors(what):
             response: Any = self._send("GET", path, query=query, timeout=timeout).response
         if not 200 <= int(response.status) <= 299:
