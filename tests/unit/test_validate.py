@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
+from gpudra import cli
+from gpudra.cli.manifest_files import read_documents
 from gpudra.cli.validate import validate_files
 from gpudra.model.manifests import Problem, validate_documents
 
@@ -336,3 +338,41 @@ def test_anchors_used_a_few_times_are_fine(tmp_path: Path) -> None:
         "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\ndata: &d {a: b}\nextra: [*d, *d, *d]\n",
     )
     assert validate_files([good], driver=DRIVER) == []
+
+
+BAD_CONFIG = {**GPU_CONFIG, "sharing": {"strategy": "Sometimes"}}
+
+
+# --- a directory ------------------------------------------------------------------------------------
+
+
+def test_a_directory_stands_for_its_manifests_as_kubectl_reads_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "a.yaml").write_text(yaml.safe_dump(claim([opaque(GPU_CONFIG)], name="a")))
+    (tmp_path / "b.yml").write_text(yaml.safe_dump(claim([opaque(GPU_CONFIG)], name="b")))
+    (tmp_path / "notes.txt").write_text("not a manifest")
+    (tmp_path / "nested").mkdir()
+    (tmp_path / "nested" / "bad.yaml").write_text(yaml.safe_dump(claim([opaque(BAD_CONFIG)])))
+    assert cli.main(["validate", str(tmp_path)]) == 0
+    assert capsys.readouterr().out == "2 file(s) valid\n"
+
+    (tmp_path / "c.json").write_text(json.dumps(claim([opaque(BAD_CONFIG)], name="c")))
+    assert cli.main(["validate", str(tmp_path)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 1 and out[0].startswith(f"{tmp_path / 'c.json'}: ResourceClaim ns/c: spec.devices")
+
+
+def test_a_directory_without_manifests_is_one_line_and_exit_code_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "README").write_text("x")
+    assert cli.main(["validate", str(tmp_path)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == f"{tmp_path}: is a directory holding no .yaml, .yml, .json file\n"
+    assert captured.err == ""
+
+
+def test_a_directory_where_a_file_must_be_is_one_line() -> None:
+    with pytest.raises(ValueError, match=r"^is a directory, not a file$"):
+        read_documents(Path("/"))

@@ -58,10 +58,14 @@ def _read_text(path: Path) -> str:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as err:
         raise ValueError(f"cannot be read: {err.strerror}") from err
-    with os.fdopen(fd, "rb") as file:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError("is not a regular file")
-        content = file.read(MAX_FILE_BYTES + 1)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise ValueError("is a directory, not a file" if stat.S_ISDIR(mode) else "is not a regular file")
+        with os.fdopen(os.dup(fd), "rb") as file:
+            content = file.read(MAX_FILE_BYTES + 1)
+    finally:
+        os.close(fd)
     if len(content) > MAX_FILE_BYTES:
         raise ValueError(f"is larger than {MAX_FILE_BYTES // (1024 * 1024)} MiB")
     try:
