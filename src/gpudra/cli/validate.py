@@ -64,13 +64,13 @@ def _files(path: Path) -> tuple[list[Path], Problem | None]:
 def _file_problems(path: Path, *, driver: str) -> list[Problem]:
     file = str(path)
     try:
-        documents = read_documents(path)
+        read = read_documents(path)
     except ValueError as err:
         return [Problem(file, "", "", str(err))]
-    problems = []
+    problems = [Problem(file, skipped.where, "", skipped.reason) for skipped in read.skipped]
     objects = []
-    for number, document in enumerate(documents, start=1):
-        if document is None:
+    for number, document in enumerate(read.documents, start=1):
+        if document is None:  # empty, or left out (then in read.skipped)
             continue
         if isinstance(document, Mapping) and "kind" in document and "apiVersion" in document:
             objects.append((file, document))
