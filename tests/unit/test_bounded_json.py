@@ -119,7 +119,7 @@ def test_a_document_whose_own_parts_break_a_bound_is_unreadable(text: str) -> No
         ('{"items": [] } x', "extra data"),
         ('{"items" [1]}', "expected ':'"),
         ("{1: 2}", "expected a member name"),
-        ('{"items": [' + "[" * 2000, "ends inside"),
+        ('{"items": [' + "[" * 100_000, "ends inside"),  # past any recursion limit (celpy sets 2500)
     ],
 )
 def test_malformed_json_is_a_value_error(text: str, message: str) -> None:
