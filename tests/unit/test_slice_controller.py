@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpudra.errors import ClusterError
-from gpudra.kube.client import Obj, Watch
+from gpudra.kube.client import Obj, SkippedObjects, Watch
 from gpudra.kube.slice_sync import (
     MAX_GENERATION,
     SliceController,
@@ -558,7 +558,9 @@ def test_a_watch_yields_events_split_across_chunks_and_closes_its_response() -> 
             b'KMARK", "object": {}}\n',
         ]
     )
-    assert [e["type"] for e in Watch(response, "watching ResourceSlices")] == ["ADDED", "BOOKMARK"]
+    assert [
+        e["type"] for e in Watch(response, "watching ResourceSlices", "resourceslices", SkippedObjects())
+    ] == ["ADDED", "BOOKMARK"]
     assert response.closed
 
 
@@ -567,10 +569,10 @@ def test_an_error_event_or_a_broken_stream_is_a_cluster_error() -> None:
         [b'{"type": "ERROR", "object": {"kind": "Status", "code": 410, "message": "too old"}}\n']
     )
     with pytest.raises(ClusterError, match="watching ResourceSlices: HTTP 410 too old"):
-        list(Watch(expired, "watching ResourceSlices"))
+        list(Watch(expired, "watching ResourceSlices", "resourceslices", SkippedObjects()))
     broken = FakeResponse([], end=urllib3.exceptions.ProtocolError("Connection broken"))
     with pytest.raises(ClusterError, match="connection broken"):
-        list(Watch(broken, "watching ResourceSlices"))
+        list(Watch(broken, "watching ResourceSlices", "resourceslices", SkippedObjects()))
     assert expired.closed and broken.closed
 
 
@@ -578,7 +580,7 @@ def test_a_closed_watch_ends_quietly() -> None:
     broken = FakeResponse(
         [b'{"type": "ADDED", "object": {}}\n'], end=urllib3.exceptions.ProtocolError("shut")
     )
-    watch = Watch(broken, "watching ResourceSlices")
+    watch = Watch(broken, "watching ResourceSlices", "resourceslices", SkippedObjects())
     events = iter(watch)
     assert next(events)["type"] == "ADDED"
     watch.close()  # from another thread, in the plugin: the read it interrupts fails

@@ -11,7 +11,8 @@ allocates them), and may add DeviceClasses and ResourceSlices of its own.
 Online (no `--slices`): slices, classes and every claim's allocation come from the cluster, and
 `claim/NAME` or `pod/NAME` names the object there; FILE then asks whether claims not yet created would fit.
 
-Files are read with `gpudra.cli.manifest_files` (bounded: size, aliases, depth); the judging is
+Files are read with `gpudra.cli.manifest_files` (bounded: size, aliases, depth), the cluster's objects
+with `gpudra.kube.client` (bounded per object); an object left out is named on stderr. The judging is
 `gpudra.scheduling.explain`.
 """
 
@@ -107,11 +108,13 @@ def _offline(args: argparse.Namespace) -> Inputs:
 def _objects(path: Path) -> list[Mapping[str, Any]]:
     """The Kubernetes objects in a YAML or JSON file, Lists unpacked."""
     try:
-        documents = read_documents(path)
+        read = read_documents(path)
     except ValueError as err:
         raise ConfigError(str(err), field=str(path)) from None
+    for skipped in read.skipped:
+        _warn(f"left out {path}: {skipped.where}: {skipped.reason}")
     found: list[Mapping[str, Any]] = []
-    pending = [d for d in reversed(documents) if isinstance(d, Mapping)]  # a stack, first on top
+    pending = [d for d in reversed(read.documents) if isinstance(d, Mapping)]  # a stack, first on top
     while pending:
         obj = pending.pop()
         items = obj.get("items")
@@ -220,7 +223,7 @@ def _one_claim(obj: Mapping[str, Any], where: str, namespace: str) -> ClaimToExp
 def _online(args: argparse.Namespace) -> Inputs:
     from gpudra.kube.client import Kube, connect  # noqa: PLC0415 (offline runs need no API client)
 
-    cluster = Kube(connect(_kubeconfig(args.kubeconfig)))
+    cluster = Kube(connect(_kubeconfig(args.kubeconfig)), report_skipped=_warn)
     inputs = Inputs(classes=device_classes(cluster.list_device_classes()))
     inputs.slices.extend(cluster.list_all_slices())
     inputs.allocated.extend(read_claim(obj) for obj in cluster.list_all_claims())
@@ -236,6 +239,11 @@ def _online(args: argparse.Namespace) -> Inputs:
     else:
         _targets(inputs, _objects(Path(args.target)), cluster=cluster, namespace=namespace)
     return inputs
+
+
+def _warn(line: str) -> None:
+    """An object left out of what is explained (nested too deeply, see gpudra.bounded_json)."""
+    print(f"gpudra explain: warning: {line}", file=sys.stderr)
 
 
 def _kubeconfig(given: str | None) -> str | None:

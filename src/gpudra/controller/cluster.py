@@ -10,6 +10,7 @@ devices for the admission warnings, rebuilt when slices or classes changed.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -25,6 +26,10 @@ from gpudra.scheduling.reach import Reach
 
 # A scrape every few seconds must not rebuild a thousand nodes' view each time.
 VIEW_SECONDS = 5.0
+# How long a watch may fail before readiness calls the picture stale: past the informers' longest retry
+# wait (30 s, `service.Loop`), so one blip of the API server does not take the webhook out of its
+# Service, while a picture a minute behind is reported rather than served as current.
+STALE_AFTER_SECONDS = 60.0
 
 
 class ClusterWatch:
@@ -37,6 +42,7 @@ class ClusterWatch:
         driver: str,
         idle_after_seconds: float,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.driver = driver
         self.idle_after_seconds = idle_after_seconds
@@ -48,10 +54,17 @@ class ClusterWatch:
             f"{base}/resourceslices",
             field_selector=f"spec.driver={driver}",
             on_change=self._slices_changed,
+            clock=monotonic,
         )
-        self.claims = Informer(kube, "resourceclaims", f"{base}/resourceclaims", on_change=self._changed)
+        self.claims = Informer(
+            kube, "resourceclaims", f"{base}/resourceclaims", on_change=self._changed, clock=monotonic
+        )
         self.classes = Informer(
-            kube, "deviceclasses", f"{base}/deviceclasses", on_change=lambda: self._changed(devices=True)
+            kube,
+            "deviceclasses",
+            f"{base}/deviceclasses",
+            on_change=lambda: self._changed(devices=True),
+            clock=monotonic,
         )
         self.informers = [self.slices, self.claims, self.classes]
         self._lock = threading.Lock()
@@ -74,6 +87,19 @@ class ClusterWatch:
         """A readiness probe: which watches have not listed yet."""
         waiting = [i.resource for i in self.informers if not i.synced.is_set()]
         return f"not listed yet: {', '.join(waiting)}" if waiting else None
+
+    def current(self) -> str | None:
+        """The readiness probe: which watches have not listed yet, or have been failing (no LIST since)
+        for longer than STALE_AFTER_SECONDS, with their last error."""
+        waiting = self.synced()
+        if waiting is not None:
+            return waiting
+        stale = [
+            f"{i.resource} (failing for {i.failing_seconds():.0f} s: {i.loop.last_error or 'no LIST yet'})"
+            for i in self.informers
+            if i.failing_seconds() > STALE_AFTER_SECONDS
+        ]
+        return f"the cluster picture is stale: {'; '.join(stale)}" if stale else None
 
     def _changed(self, *, devices: bool = False) -> None:
         with self._lock:
