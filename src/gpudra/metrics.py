@@ -2,7 +2,8 @@
 exports. Pure but for the callbacks it reads at each scrape.
 
 `DaemonMetrics` holds a daemon's registry and the series both daemons export: the requests it made to
-the API server (`track_api_requests`) and the health of its background loops (`track_loops`). Each
+the API server (`track_api_requests`), the objects it left out of their replies (`track_skipped_objects`)
+and the health of its background loops (`track_loops`). Each
 daemon's own series are defined beside it (gpudra.node.metrics, gpudra.controller.metrics), in a
 subclass, with the classes this module hands on. Names are prefixed `gpudra_`.
 """
@@ -48,6 +49,12 @@ class DaemonMetrics:
         read at scrape time."""
         self.registry.register(_ApiRequests(requests))
 
+    def track_skipped_objects(self, skipped: Callable[[], Mapping[tuple[str, str], int]]) -> None:
+        """Objects left out of what the API server sent (or sent for admission) because they break
+        gpudra.bounded_json's bounds, by resource and reason (`SkippedObjects.counts`), read at scrape
+        time."""
+        self.registry.register(_SkippedObjects(skipped))
+
     def track_loops(self, loops: Sequence[Loop]) -> None:
         """Each background loop's failed steps since start, whether its last step succeeded, and when a
         step last succeeded, read at scrape time (`loop` label: the loop's name)."""
@@ -90,6 +97,25 @@ class _ApiRequests(Collector):
         )
         for (verb, resource), count in sorted(self.requests().items()):
             family.add_metric([verb, resource], count)
+        yield family
+
+
+class _SkippedObjects(Collector):
+    """`gpudra_skipped_objects` from `SkippedObjects.counts`: each object version once."""
+
+    def __init__(self, skipped: Callable[[], Mapping[tuple[str, str], int]]) -> None:
+        self.skipped = skipped
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "gpudra_skipped_objects",
+            "Objects left out since start because they nest too deeply or are too large to decode "
+            "(reason too-deep, too-large), by resource; each version of an object counts once and is "
+            "logged once with its namespace and name.",
+            labels=["resource", "reason"],
+        )
+        for (resource, reason), count in sorted(self.skipped().items()):
+            family.add_metric([resource, reason], count)
         yield family
 
 

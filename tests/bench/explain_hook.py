@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from gpudra.gpu import nvml
+from gpudra.model.claim import read_spec
 from gpudra.model.devices import build_devices
 from gpudra.model.slices import build_slices
 from gpudra.scheduling import cel
@@ -69,7 +70,7 @@ def explain_over_1000_nodes() -> str:
     devices = sum(len(s["spec"].get("devices", [])) for s in slices)
     classes_file = REPO / "deploy" / "manifests" / "deviceclasses.yaml"
     classes = device_classes(list(yaml.safe_load_all(classes_file.read_text())))
-    claim = ClaimToExplain("bench/one", CLAIM)
+    claim = ClaimToExplain("bench/one", read_spec(CLAIM))
     seconds, verdict = [], ""
     for _ in range(RUNS):
         cel.compile_selector.cache_clear()

@@ -21,6 +21,7 @@ import pytest
 from kubernetes import client, config
 
 from gpudra.gpu import nvml
+from tests.layers import default_timeout
 from tests.localcluster import LocalCluster
 from tests.localcluster.api import DemoApi
 from tests.localcluster.demo import MACHINES, Demo
@@ -80,3 +81,12 @@ def make_mig_device(sim_state: Path, machine: str, profile: str, start: int) -> 
             os.environ.pop("GPUDRA_SIM_STATE", None)
         else:
             os.environ["GPUDRA_SIM_STATE"] = before
+
+
+# Each module starts a control plane of its release and runs the demo on it: the cluster layers' timeout.
+TIMEOUT = 600
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """This layer's default timeout (tests/layers.py)."""
+    default_timeout(config, items, layer=Path(__file__).parent, seconds=TIMEOUT)

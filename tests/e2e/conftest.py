@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client, config
 
+from tests.layers import default_timeout
 from tests.localcluster import LocalCluster
 from tests.localcluster import containerd as ctrd
 from tests.localcluster import helm as localhelm
@@ -80,3 +81,13 @@ def installed(cluster: LocalCluster, api: client.ApiClient) -> str:
         "--wait",
         "--timeout=240s",
     )
+
+
+# The chart on the local cluster with containerd: not timed here, so as before the layers had their own
+# timeouts.
+TIMEOUT = 600
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """This layer's default timeout (tests/layers.py)."""
+    default_timeout(config, items, layer=Path(__file__).parent, seconds=TIMEOUT)

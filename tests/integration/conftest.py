@@ -12,6 +12,7 @@ import pytest
 import yaml
 from kubernetes import client, config, utils
 
+from tests.layers import default_timeout
 from tests.localcluster import LocalCluster
 from tests.localcluster.node_plugin import PluginProcess
 
@@ -65,3 +66,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         for pid in leftovers:
             os.kill(pid, 9)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+# The real local control plane, started once per session, and plugins on it: these could not be timed
+# here, so they keep what every test had before the layers had their own timeouts.
+TIMEOUT = 600
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """This layer's default timeout (tests/layers.py)."""
+    default_timeout(config, items, layer=Path(__file__).parent, seconds=TIMEOUT)

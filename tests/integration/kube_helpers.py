@@ -2,15 +2,45 @@
 
 from __future__ import annotations
 
+import json
+import ssl
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 from kubernetes import client
 
+from tests.localcluster import TOKEN, LocalCluster
+
 T = TypeVar("T")
 RESOURCE = ("resource.k8s.io", "v1")
+DEEP = "__DEEP__"  # in an object given to raw_request: arrays nested `depth` levels deep
+
+
+def raw_request(
+    cluster: LocalCluster, method: str, path: str, obj: dict[str, Any] | None = None, *, depth: int = 3000
+) -> tuple[int, bytes]:
+    """One request to the API server as curl or kubectl would send it, the reply undecoded: the
+    kubernetes client (and json.dumps) cannot write or read an object nested thousands of levels deep,
+    which the API server stores. A DEEP placeholder in `obj` becomes `depth` nested arrays."""
+    body = None
+    if obj is not None:
+        body = json.dumps(obj).replace(json.dumps(DEEP), "[" * depth + "]" * depth).encode()
+    request = urllib.request.Request(
+        f"{cluster.server}{path}",
+        data=body,
+        method=method,
+        headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"},
+    )
+    trust = ssl.create_default_context(cafile=str(cluster.directory / "pki" / "apiserver.crt"))
+    try:
+        with urllib.request.urlopen(request, context=trust, timeout=30) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
 
 
 def wait_for(what: str, probe: Callable[[], T | None], *, timeout: float = 60.0) -> T:

@@ -13,6 +13,7 @@ from kubernetes import client, utils
 
 from gpudra import sim
 from gpudra.model import claim_usage
+from gpudra.model.claim import read_claim
 from tests.localcluster.cluster import free_port
 from tests.localcluster.node_plugin import DRIVER, PluginProcess
 
@@ -90,7 +91,7 @@ def test_a_pods_gpu_use_reaches_its_claim_and_the_metrics(
         assert idle["reason"] == "NoActivity"
         assert idle["message"] == f"no kernel ran on the GPU since {idle['lastTransitionTime']}"
         claim = resources.get("resourceclaims", name, ns)
-        since = claim_usage.idle_since(claim, driver=DRIVER)[(NODE, device)]
+        since = claim_usage.idle_since(read_claim(claim), driver=DRIVER)[(NODE, device)]
         assert claim_usage.format_time(since) == idle["lastTransitionTime"]
         # Written by this node's field manager, with server-side apply, through the status subresource.
         managers = {

@@ -29,8 +29,19 @@ from tests.localcluster import LocalCluster
 from tests.localcluster.cluster import free_port
 from tests.localcluster.controller import NAMESPACE, ControllerProcess
 from tests.localcluster.node_plugin import DRIVER, PluginProcess
+from tests.localcluster.processes import http_get
 
-from .kube_helpers import RESOURCE, Resources, claim_pod, claim_template, new_namespace, pod_running, wait_for
+from .kube_helpers import (
+    DEEP,
+    RESOURCE,
+    Resources,
+    claim_pod,
+    claim_template,
+    new_namespace,
+    pod_running,
+    raw_request,
+    wait_for,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 IDLE_AFTER = 5.0
@@ -547,3 +558,72 @@ def test_an_allocated_gpu_without_activity_is_reported_idle_after_the_idle_time(
         wait_for("pod gone", partial(_pod_gone, core, "sleepy", namespace), timeout=120)
         plugin.stop()
         plugin.start()
+
+
+# --- a poisoned claim ----------------------------------------------------------------------------
+
+SKIPPED_CLAIMS = 'gpudra_skipped_objects_total{reason="too-deep",resource="resourceclaims"}'
+
+
+def _pending_names(controller: ControllerProcess, namespace: str) -> set[str]:
+    return {p["name"] for p in controller.status()["pending"] if p["namespace"] == namespace}
+
+
+def test_a_claim_nested_too_deeply_is_left_out_and_the_picture_stays_current_across_a_restart(
+    controller: ControllerProcess, cluster: LocalCluster, core: client.CoreV1Api, resources: Resources
+) -> None:
+    """Any namespace user can create a claim of another driver whose opaque parameters nest 3000 levels
+    deep: the API server stores it, Python's JSON decoder cannot read it. The controller leaves that one
+    claim out (counted, logged once), keeps `/status` current, and a restarted controller lists and turns
+    ready while the claim exists. The webhook refuses such a claim only when it carries a gpudra config."""
+    namespace = new_namespace(core, "poison")
+    claims = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
+    poisoned = _claim("poisoned", {"deep": DEEP}, driver="other.example.com")
+    status, body = raw_request(cluster, "POST", claims, poisoned)
+    assert status == 201, body[:300]
+    try:
+        wait_for("the poisoned claim counted", lambda: controller.metrics().get(SKIPPED_CLAIMS, 0) >= 1)
+        resources.create(
+            "resourceclaims",
+            _claim("fresh", {"apiVersion": "resource.gpudra.io/v1beta1", "kind": "GpuConfig"}),
+            namespace,
+        )
+        assert wait_for(
+            "the new claim in /status", lambda: _pending_names(controller, namespace), timeout=30
+        ) == {"fresh"}
+        assert (
+            f"left out resourceclaims {namespace}/poisoned: the object nests too deeply to decode"
+            in controller.tail(200)
+        )
+
+        # a gpudra config nobody can check is refused at admission, with the reason
+        ours = _claim("ours", {"apiVersion": "resource.gpudra.io/v1beta1", "kind": "GpuConfig", "deep": DEEP})
+        status, body = raw_request(cluster, "POST", claims, ours)
+        assert status == 400, body[:300]
+        reason = b"nests too deeply to decode (more than 100 levels), so its gpu.gpudra.io config cannot be"
+        assert reason in body, body[:300]
+
+        controller.stop()
+        controller.start()  # waits for /readyz: the first LIST of every watch went through
+        readyz = http_get(f"{controller.url}/readyz")
+        assert readyz[0] == 200 and b"[+]cluster-watches ok" in readyz[1], readyz
+        assert _pending_names(controller, namespace) == {"fresh"}
+        assert controller.metrics()[SKIPPED_CLAIMS] == 1  # the LIST left it out once
+        resources.create(
+            "resourceclaims",
+            _claim("later", {"apiVersion": "resource.gpudra.io/v1beta1", "kind": "GpuConfig"}),
+            namespace,
+        )
+        wait_for(
+            "the later claim in /status",
+            lambda: _pending_names(controller, namespace) == {"fresh", "later"},
+            timeout=30,
+        )
+    finally:
+        core.delete_namespace(namespace)
+        # later tests list every claim with the kubernetes client, which cannot decode this one
+        wait_for(
+            "the poisoned claim gone",
+            lambda: raw_request(cluster, "GET", f"{claims}/poisoned")[0] == 404,
+            timeout=120,
+        )

@@ -22,6 +22,7 @@ import pytest
 from kubernetes import client
 
 from gpudra.kube.client import Kube
+from gpudra.model.claim import read_claim, read_spec
 from gpudra.scheduling.explain import ClaimToExplain, Explanation, device_classes, explain
 from gpudra.scheduling.pools import Inventory
 from tests.localcluster import LocalCluster
@@ -444,12 +445,12 @@ def test_explain_agrees_with_the_scheduler_on_every_claim_of_the_corpus(
     kube = Kube(api)
     classes = device_classes(kube.list_device_classes())
     inventory = Inventory(kube.list_all_slices())
-    allocated = kube.list_all_claims()
+    allocated = [read_claim(c) for c in kube.list_all_claims()]
     specs = {c["metadata"]["name"]: c for c in resources.list("resourceclaims", namespace)}
     disagreements = []
     for case in CORPUS:
         outcome = outcomes[case.name]
-        target = ClaimToExplain(f"{namespace}/{case.name}", specs[case.name]["spec"])
+        target = ClaimToExplain(f"{namespace}/{case.name}", read_spec(specs[case.name]["spec"]))
         result = explain([target], classes=classes, inventory=inventory, allocated=allocated)
         problem = _disagreement(case, outcome, result)
         print(

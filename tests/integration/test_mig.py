@@ -21,6 +21,7 @@ from gpudra import sim
 from gpudra.gpu import nvml
 from gpudra.node import faults
 from gpudra.sim import machines
+from gpudra.sim import state as sim_state
 from tests.localcluster.node_plugin import DRIVER, PluginProcess
 
 from .kube_helpers import Resources, new_namespace, pod_events, pod_gone, pod_running, unschedulable, wait_for
@@ -363,6 +364,42 @@ def test_a_placement_taken_by_hand_fails_that_claim_only_and_names_why(
             session.destroy_mig_device(
                 gpu_uuid=gpu_uuid(plugin, minor), gpu_instance_id=by_hand.gpu_instance_id
             )
+    core.delete_namespace(ns)
+
+
+def test_a_gpu_instance_made_by_hand_without_compute_instance_is_not_adopted_and_survives(
+    api: client.ApiClient, plugin: PluginProcess
+) -> None:
+    """Issue 29, item 6: a GPU instance without a compute instance, at exactly the placement the
+    scheduler gives a claim, was adopted at prepare and destroyed at unprepare."""
+    core = client.CoreV1Api(api)
+    ns = new_namespace(core, "mig-bare")
+    minor, profile = 5, PROFILE_IDS["1g.10gb"]
+    wait_for(f"GPU {minor} empty", partial(emptied, plugin, minor), timeout=60)
+    with sim_state.StateFile(plugin.sim_state).update() as machine:  # `nvidia-smi mig -cgi 19` without -C
+        machine.gpus[minor].gpu_instances.append(
+            sim_state.GpuInstance(id=9, profile_id=profile, start=3, size=1)
+        )
+    try:
+        utils.create_from_yaml(
+            api,
+            yaml_objects=[layout_template("bare", ["1g.10gb"], minor, start=3), pod("bare", "bare")],
+            namespace=ns,
+        )
+
+        def refused() -> str | None:
+            return next((e for e in pod_events(core, "bare", ns) if "without a compute instance" in e), None)
+
+        event = wait_for("the refusal in the pod's events", refused, timeout=120)
+        for part in ("1g.10gb at placement 3", gpu_uuid(plugin, minor), "GPU instance 9", "never destroys"):
+            assert part in event
+        assert card(plugin, minor) == {3: (profile, "")} and recorded(plugin, minor) == {}
+        core.delete_namespaced_pod("bare", ns, grace_period_seconds=0)
+        wait_for("pod deleted", partial(pod_gone, core, "bare", ns), timeout=90)
+        assert card(plugin, minor) == {3: (profile, "")} and recorded(plugin, minor) == {}
+    finally:
+        with sim_state.StateFile(plugin.sim_state).update() as machine:
+            machine.gpus[minor].gpu_instances.clear()
     core.delete_namespace(ns)
 
 

@@ -167,34 +167,47 @@ def test_a_hung_api_server_holds_up_no_call_that_does_not_need_it(
 
         os.kill(_apiserver_pid(cluster), signal.SIGSTOP)  # hung: connections accepted, never answered
         try:
-            unknown = dra_v1_pb2.Claim(namespace=NS, name="never-created", uid=str(uuid.uuid4()))
-            pending: dict[str, Any] = {}
+            # Issue 29, item 7: 20 prepares that need the API server, more than the plugin's 16 workers
+            unknown = [
+                dra_v1_pb2.Claim(namespace=NS, name=f"never-created-{n}", uid=str(uuid.uuid4()))
+                for n in range(20)
+            ]
+            replies: dict[str, Any] = {}
 
-            def prepare_unknown() -> None:
-                pending["reply"] = stub.NodePrepareResources(
-                    dra_v1_pb2.NodePrepareResourcesRequest(claims=[unknown]), timeout=120
-                )
+            def prepare_unknown(one: Any) -> None:
+                replies[one.uid] = stub.NodePrepareResources(
+                    dra_v1_pb2.NodePrepareResourcesRequest(claims=[one]), timeout=120
+                ).claims[one.uid]
 
-            reader = threading.Thread(target=prepare_unknown)
-            reader.start()  # needs the API server: waits for it, up to the client's read timeout
+            readers = [threading.Thread(target=prepare_unknown, args=(one,)) for one in unknown]
+            for reader in readers:  # each needs the API server: waits for it, or is refused a turn
+                reader.start()
+            wait_for("the calls beyond the turns refused", lambda: len(replies) >= 8, timeout=30)
+            assert all("the API server answers slowly" in reply.error for reply in replies.values())
+            started = time.monotonic()
             again = stub.NodePrepareResources(
                 dra_v1_pb2.NodePrepareResourcesRequest(claims=[_ref(claim)]), timeout=30
             )
+            assert time.monotonic() - started < 1.0
             assert again.claims[uid].error == "" and len(again.claims[uid].devices) == 1
             assert _probe(plugin, "/livez")[0] == 200
+            started = time.monotonic()
             unprepared = stub.NodeUnprepareResources(
                 dra_v1_pb2.NodeUnprepareResourcesRequest(claims=[_ref(claim)]), timeout=30
             )
+            assert time.monotonic() - started < 1.0
             assert unprepared.claims[uid].error == ""
             assert uid not in plugin.cdi_specs() and uid not in plugin.checkpoint_claims()
-            assert reader.is_alive(), pending  # the claim read still waits; nothing else waited with it
+            assert sum(reader.is_alive() for reader in readers) == 12  # the claim reads still wait
         finally:
             os.kill(_apiserver_pid(cluster), signal.SIGCONT)
-        reader.join(120)
-        error = pending["reply"].claims[unknown.uid].error
-        assert error  # timed out, or the claim does not exist once the API server answers again
+        for reader in readers:
+            reader.join(120)
+        assert len(replies) == 20
         port = cluster.server.rsplit(":", 1)[1]
-        assert f":{port}" not in error and "127.0.0.1" not in error  # item 9: no server address
+        for reply in replies.values():
+            assert reply.error  # refused, timed out, or the claim does not exist once the API server answers
+            assert f":{port}" not in reply.error and "127.0.0.1" not in reply.error  # item 9: no address
 
     # item 9: the metrics/probe endpoint listens on the address it was given (127.0.0.1), not 0.0.0.0
     port_hex = f"{plugin.metrics_port:04X}"

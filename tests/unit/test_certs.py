@@ -9,20 +9,26 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.x509 import verification
+from cryptography.x509.oid import ExtendedKeyUsageOID
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpudra.controller.certs import (
     CA_LIFETIME,
     SERVING_LIFETIME,
+    Change,
     Material,
+    Validity,
+    chain_problem,
     from_secret_data,
     issue_ca,
     issue_serving,
     names_of,
     read_certificates,
     read_key,
+    renewal_due,
     renewal_reason,
     renewed,
     to_secret_data,
@@ -252,3 +258,138 @@ def test_renewal_reaches_good_material_in_at_most_three_changes(
     assert renewal_reason(now, material, names) is None
     for name in names:
         verify(material, now, name)
+
+
+# --- a stepped clock: validity judged against now alone ---------------------------------------------
+
+
+def validity(start_days: float, lifetime: timedelta) -> Validity:
+    start = NOW + timedelta(days=start_days)
+    return Validity(start, start + lifetime)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    ca_start=st.floats(min_value=-4000, max_value=4000),
+    serving_start=st.floats(min_value=-4000, max_value=4000),
+    offset=st.floats(min_value=-8000, max_value=8000),
+)
+def test_renewal_is_due_whenever_a_period_does_not_cover_now_whichever_side_now_lies(
+    ca_start: float, serving_start: float, offset: float
+) -> None:
+    """Clock offsets both ways: material that needs no change is valid now, and one whose period has
+    not started yet is renewed exactly like one that ended (the bug was to count it as 'more than its
+    whole life left')."""
+    ca, serving = validity(ca_start, CA_LIFETIME), validity(serving_start, SERVING_LIFETIME)
+    now = NOW + timedelta(days=offset)
+    due = renewal_due(now, ca, serving)
+    if due is None:
+        assert ca.covers(now) and serving.covers(now)
+        assert ca.share_left(now) >= 1 / 5 and serving.share_left(now) >= 1 / 3
+    if not ca.covers(now):
+        assert due is not None and due[0] is Change.EVERYTHING
+        assert "is not valid before" in due[1] if now < ca.start else "expired at" in due[1]
+    elif not serving.covers(now) and ca.share_left(now) >= 1 / 5:
+        assert due is not None and due[0] is Change.SERVING
+        assert due[1].startswith("the serving certificate")
+    assert renewal_due(now, ca) == (due if due is None or due[0] is not Change.SERVING else None)
+
+
+def test_a_certificate_issued_by_a_clock_250_days_ahead_is_renewed_once_the_clock_is_right() -> None:
+    """The reported case: the leader's clock stepped 250 days ahead reissued the serving certificate
+    (a third of its life was left by that clock) with a start in the future; back at the right time it
+    must be renewed, not kept as 'more than its whole life left'."""
+    material = fresh()
+    ahead = NOW + timedelta(days=250)
+    assert renewal_reason(ahead, material, NAMES) is not None
+    from_the_future = renewed(ahead, material, NAMES)
+    assert renewal_reason(ahead, from_the_future, NAMES) is None
+    assert chain_problem(NOW, from_the_future.ca_crt, from_the_future, NAMES) is not None
+
+    reason = renewal_reason(NOW, from_the_future, NAMES)
+    assert reason == (
+        "the serving certificate is not valid before 2026-11-06T11:55:00Z, later than now "
+        "(2026-03-01T12:00:00Z): new serving certificate"
+    )
+    healed = renewed(NOW, from_the_future, NAMES)
+    assert healed.ca_crt == material.ca_crt  # the CA was valid all along: trust is kept
+    assert renewal_reason(NOW, healed, NAMES) is None
+    verify(healed, NOW, NAMES[0])
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    step=st.sampled_from([1, -1]).flatmap(
+        lambda sign: st.integers(min_value=1, max_value=4200).map(lambda days: sign * days)
+    ),
+    age=st.integers(min_value=0, max_value=3000),
+)
+def test_after_any_clock_step_and_its_correction_one_round_of_renewal_gives_a_chain_valid_now(
+    step: int, age: int
+) -> None:
+    """Material made `age` days ago (its serving certificate kept renewed); the leader's clock steps
+    `step` days (ahead or back) and renews until nothing is due by that clock; then the clock is put
+    right. One round of renewal (at most three changes, what one keeper step can meet over a few
+    steps) gives material a client accepts now."""
+    made = NOW - timedelta(days=age)
+    material = renewed(made, None, NAMES)
+    material = _settled(NOW - timedelta(days=1), material)  # kept current until yesterday
+    wrong = NOW + timedelta(days=step)
+    material = _settled(wrong, material)
+    assert renewal_reason(wrong, material, NAMES) is None
+    material = _settled(NOW, material)
+    assert renewal_reason(NOW, material, NAMES) is None
+    assert chain_problem(NOW, material.ca_crt, material, NAMES) is None
+    verify(material, NOW, NAMES[0])
+
+
+def _settled(now: datetime, material: Material) -> Material:
+    for _ in range(3):
+        if renewal_reason(now, material, NAMES) is None:
+            break
+        material = renewed(now, material, NAMES)
+    return material
+
+
+def test_a_chain_a_client_refuses_is_replaced_even_when_each_check_passes() -> None:
+    """A serving certificate the CA signed, for the right names, valid now, but not for TLS servers:
+    only the path validation finds it; nothing it holds is trusted, so everything is replaced."""
+    material = fresh()
+    ca, ca_key = read_certificates(material.ca_crt)[0], read_key(material.ca_key)
+    serving, key = read_certificates(material.tls_crt)[0], read_key(material.tls_key)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(serving.subject)
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(serving.not_valid_before_utc)
+        .not_valid_after(serving.not_valid_after_utc)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(NAMES[0])]), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+        )
+    )
+    client_only = builder.sign(ca_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM)
+    stored = Material(client_only, material.tls_key, material.ca_crt, material.ca_key)
+    assert trusts(stored.ca_crt, stored)  # signed by the CA: the signature alone says nothing wrong
+    reason = renewal_reason(NOW, stored, NAMES)
+    assert reason is not None
+    assert reason.startswith("the serving certificate does not verify: a client that trusts ca.crt refuses")
+    assert reason.endswith(": new CA and serving certificate")
+    again = renewed(NOW, stored, NAMES)
+    assert renewal_reason(NOW, again, NAMES) is None
+    verify(again, NOW, NAMES[0])
+
+
+def test_chain_problem_names_the_name_and_the_time() -> None:
+    material = fresh(names=["a.svc", "10.0.0.1"])
+    assert chain_problem(NOW, material.ca_crt, material, ["a.svc", "10.0.0.1"]) is None
+    problem = chain_problem(NOW, material.ca_crt, material, ["b.svc"])
+    assert problem is not None and problem.startswith("a client that trusts ca.crt refuses it for b.svc at")
+    later = NOW + SERVING_LIFETIME + timedelta(days=1)
+    problem = chain_problem(later, material.ca_crt, material, ["a.svc"])
+    assert problem is not None and "not valid at validation time" in problem
+    assert chain_problem(NOW, fresh().ca_crt, material, ["a.svc"]) is not None  # another CA
+    assert (chain_problem(NOW, b"", material, ["a.svc"]) or "").startswith("is not a PEM certificate bundle")

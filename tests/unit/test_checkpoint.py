@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +29,7 @@ from gpudra.node.checkpoint import (
 )
 from gpudra.node.recovery import recover
 from tests.unit.claims import from_claim, time_slicing, whole_gpus
-from tests.unit.test_prepare import Node, uid
+from tests.unit.harness.node import Node, uid, write_checkpoint
 
 DATA = Path(__file__).parent / "data" / "checkpoint"
 WRITTEN: int = checkpoint.VERSION  # widened from its Literal, so that comparing it type-checks
@@ -95,12 +97,6 @@ def rich_checkpoint() -> Checkpoint:
         .with_claim(entry(uid_mps, devices=(mps, share)))
         .with_claim(entry(uid_ts, state="PrepareStarted", devices=(ts,)))
     )
-
-
-def write_document(path: Path, data: Any, *, checksum: str | None = None) -> None:
-    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
-    digest = hashlib.sha256(canonical.encode()).hexdigest() if checksum is None else checksum
-    path.write_text(json.dumps({"checksum": digest, "data": data}))
 
 
 def test_round_trip(tmp_path: Path) -> None:
@@ -209,7 +205,7 @@ def test_checksum_covers_the_file_not_the_model(tmp_path: Path) -> None:
         "gpu_uuids": [GPU0],
     }
     claim = {"uid": "u1", "namespace": "ns", "name": "c", "state": "PrepareCompleted", "devices": [device]}
-    write_document(path, {"version": 1, "boot_id": BOOT, "claims": {"u1": claim}})
+    write_checkpoint(path, {"version": 1, "boot_id": BOOT, "claims": {"u1": claim}})
     loaded = checkpoint.load(path, boot_id=BOOT).checkpoint
     assert loaded.claims["u1"].devices[0].mig is None
     assert loaded.claims["u1"].devices[0].admin_access is False
@@ -252,7 +248,7 @@ def test_schema_violation_in_file_is_reported(tmp_path: Path, edit: Any, message
     checkpoint.save(path, Checkpoint.empty(BOOT).with_claim(entry("u1")))
     data = json.loads(path.read_text())["data"]
     edit(data)
-    write_document(path, data)  # a correct checksum: only the schema is wrong
+    write_checkpoint(path, data)  # a correct checksum: only the schema is wrong
     with pytest.raises(GpudraError, match="does not match the schema") as raised:
         checkpoint.load(path, boot_id=BOOT)
     assert not isinstance(raised.value, CheckpointTooNew)
@@ -275,7 +271,7 @@ def test_newer_version_is_refused_as_too_new(tmp_path: Path, version: int) -> No
     data = Checkpoint.empty(BOOT).with_claim(entry("u1")).model_dump(mode="json")
     data["version"] = version
     data["claims"]["u1"]["devices"][0]["mig_v9"] = {"what": "a format this gpudra cannot read"}
-    write_document(path, data)
+    write_checkpoint(path, data)
     before = _snapshot(tmp_path)
 
     with pytest.raises(CheckpointTooNew) as raised:
@@ -346,7 +342,7 @@ def test_same_version_with_unknown_fields_is_refused_as_too_new(
     )
     data = Checkpoint.empty(BOOT).with_claim(entry("u1", devices=(device,))).model_dump(mode="json")
     edit(data)
-    write_document(path, data)
+    write_checkpoint(path, data)
     before = _snapshot(tmp_path)
 
     with pytest.raises(CheckpointTooNew) as raised:
@@ -373,7 +369,7 @@ def test_invalid_version_is_corrupt(tmp_path: Path, version: Any) -> None:
     data: dict[str, Any] = {"boot_id": BOOT, "claims": {}}
     if version is not None:
         data["version"] = version
-    write_document(path, data)
+    write_checkpoint(path, data)
     with pytest.raises(GpudraError, match=r"is corrupt: version .* is not a format version") as raised:
         checkpoint.load(path, boot_id=BOOT)
     assert not isinstance(raised.value, CheckpointTooNew)
@@ -382,7 +378,7 @@ def test_invalid_version_is_corrupt(tmp_path: Path, version: Any) -> None:
 
 def test_data_that_is_not_an_object_is_corrupt(tmp_path: Path) -> None:
     path = tmp_path / "checkpoint.json"
-    write_document(path, [1])
+    write_checkpoint(path, [1])
     with pytest.raises(GpudraError, match="is corrupt: data is not a JSON object"):
         checkpoint.load(path, boot_id=BOOT)
 
@@ -616,8 +612,8 @@ def test_current_boot_id_errors(tmp_path: Path, content: str | None, message: st
 #
 # tests/unit/data/checkpoint/v1.json was written once by version 1's `save`, as a node running gpudra
 # leaves it. NEVER EDIT OR REGENERATE IT: it stands for the files on nodes, which no later gpudra may
-# fail to read. Every later version must keep these tests passing (through its reader of version 1);
-# a new version adds its own golden file next to it instead.
+# fail to read. Every later version must keep the golden tests passing (through its reader of version 1);
+# a new version adds its own golden file next to it instead, and its entry in GOLDEN (below).
 
 GOLDEN_V1 = DATA / "v1.json"
 GOLDEN_BOOT = "6c2f0d9e-3b1a-4f5e-8d7c-2a9b0e1f3c4d"
@@ -628,12 +624,6 @@ H100_0 = "GPU-4f8a3b2c-1d6e-7f90-a1b2-c3d4e5f60718"
 H100_1 = "GPU-9e7d6c5b-4a39-2817-f6e5-d4c3b2a19080"
 H100_2 = "GPU-0a1b2c3d-4e5f-6071-8293-a4b5c6d7e8f9"
 H100_3 = "GPU-b1c2d3e4-f5a6-4b7c-8d9e-0f1a2b3c4d5e"
-
-
-def _golden_copy(tmp_path: Path) -> Path:
-    path = tmp_path / "checkpoint.json"
-    path.write_bytes(GOLDEN_V1.read_bytes())
-    return path
 
 
 def _assert_golden_v1_content(loaded: Checkpoint) -> None:
@@ -699,31 +689,6 @@ def _assert_golden_v1_content(loaded: Checkpoint) -> None:
         assert device.share_id is None
 
 
-def test_golden_v1_is_read_field_by_field(tmp_path: Path) -> None:
-    assert json.loads(GOLDEN_V1.read_text())["data"]["version"] == 1
-    path = _golden_copy(tmp_path)
-    loaded = checkpoint.load(path, boot_id=GOLDEN_BOOT)
-    assert loaded.stale_claims == {}
-    _assert_golden_v1_content(loaded.checkpoint)
-    assert path.read_bytes() == GOLDEN_V1.read_bytes()  # reading never writes
-
-
-def test_golden_v1_after_a_reboot_is_all_stale(tmp_path: Path) -> None:
-    loaded = checkpoint.load(_golden_copy(tmp_path), boot_id=BOOT)
-    assert loaded.checkpoint == Checkpoint.empty(BOOT)
-    assert loaded.stale_claims == checkpoint.load(GOLDEN_V1, boot_id=GOLDEN_BOOT).checkpoint.claims
-
-
-def test_golden_v1_round_trips_through_save(tmp_path: Path) -> None:
-    first = checkpoint.load(_golden_copy(tmp_path), boot_id=GOLDEN_BOOT).checkpoint
-    resaved = tmp_path / "resaved.json"
-    checkpoint.save(resaved, first)
-    again = checkpoint.load(resaved, boot_id=GOLDEN_BOOT).checkpoint
-    assert again == first
-    _assert_golden_v1_content(again)
-    assert json.loads(resaved.read_text())["data"]["version"] == checkpoint.VERSION
-
-
 def _keeps(old: Any, new: Any, where: str = "data") -> None:
     """`new` has every key of `old` with the same value; dicts may have gained keys."""
     if isinstance(old, dict):
@@ -739,16 +704,6 @@ def _keeps(old: Any, new: Any, where: str = "data") -> None:
         assert new == old, f"{where} was {old!r}, is now written as {new!r}"
 
 
-def test_version_1_is_rewritten_as_the_current_version_keeping_every_field(tmp_path: Path) -> None:
-    # Rule 1: the reader of version 1 converts; the next save writes every field it had, same values.
-    resaved = tmp_path / "resaved.json"
-    checkpoint.save(resaved, checkpoint.load(GOLDEN_V1, boot_id=GOLDEN_BOOT).checkpoint)
-    old = json.loads(GOLDEN_V1.read_text())["data"]
-    new = json.loads(resaved.read_text())["data"]
-    assert new["version"] == checkpoint.VERSION
-    _keeps({**old, "version": checkpoint.VERSION}, new)
-
-
 # --- the golden file of version 2 -----------------------------------------------------------------
 #
 # tests/unit/data/checkpoint/v2.json was written once by version 2's `save` (the first version with MIG
@@ -759,11 +714,6 @@ GOLDEN_V2_BOOT = "9b1e7c44-0d2a-4e6f-8a3b-5c7d9e1f2a4b"
 SERVED_MIG = "7e1d2c3b-4a59-4b68-9c7d-8e9f0a1b2c3d"
 EMBED_MIG = "1f2e3d4c-5b6a-4798-8a9b-0c1d2e3f4a5b"
 TRAINER = "2a3b4c5d-6e7f-4a8b-9c0d-1e2f3a4b5c6d"
-
-
-def test_golden_v2_is_read_field_by_field() -> None:
-    assert json.loads(GOLDEN_V2.read_text())["data"]["version"] == 2
-    _assert_golden_v2_content(checkpoint.load(GOLDEN_V2, boot_id=GOLDEN_V2_BOOT).checkpoint)
 
 
 def _assert_golden_v2_content(loaded: Checkpoint) -> None:
@@ -824,34 +774,6 @@ def _assert_golden_v2_content(loaded: Checkpoint) -> None:
     assert (device.admin_access, device.share_id) == (False, None)
 
 
-def test_golden_v2_after_a_reboot_is_all_stale(tmp_path: Path) -> None:
-    path = tmp_path / "checkpoint.json"
-    path.write_bytes(GOLDEN_V2.read_bytes())
-    loaded = checkpoint.load(path, boot_id=BOOT)
-    assert loaded.checkpoint == Checkpoint.empty(BOOT)
-    assert loaded.stale_claims == checkpoint.load(GOLDEN_V2, boot_id=GOLDEN_V2_BOOT).checkpoint.claims
-    assert path.read_bytes() == GOLDEN_V2.read_bytes()  # reading never writes
-
-
-def test_golden_v2_round_trips_through_save(tmp_path: Path) -> None:
-    first = checkpoint.load(GOLDEN_V2, boot_id=GOLDEN_V2_BOOT).checkpoint
-    resaved = tmp_path / "resaved.json"
-    checkpoint.save(resaved, first)
-    again = checkpoint.load(resaved, boot_id=GOLDEN_V2_BOOT).checkpoint
-    assert again == first
-    _assert_golden_v2_content(again)
-
-
-def test_version_2_is_rewritten_as_the_current_version_keeping_every_field(tmp_path: Path) -> None:
-    # Rule 1: the reader of version 2 converts; the next save writes every field it had, same values.
-    resaved = tmp_path / "resaved.json"
-    checkpoint.save(resaved, checkpoint.load(GOLDEN_V2, boot_id=GOLDEN_V2_BOOT).checkpoint)
-    old = json.loads(GOLDEN_V2.read_text())["data"]
-    new = json.loads(resaved.read_text())["data"]
-    assert new["version"] == checkpoint.VERSION
-    _keeps({**old, "version": checkpoint.VERSION}, new)
-
-
 # What no writer of versions 1 and 2 made. Each edit adds it to the golden data of that version, whose
 # checksum is then recomputed: the file is intact, only its content is impossible for its version.
 _MPS_DICT = {"strategy": "MPS", "root": str(MPS_ROOT / "3f2a9c1b7d4e"), "pinned_memory_limit": 2**30}
@@ -879,7 +801,7 @@ def test_version_2_with_an_mps_record_or_a_share_id_is_corrupt(tmp_path: Path, e
     path = tmp_path / "checkpoint.json"
     data = json.loads(GOLDEN_V2.read_text())["data"]
     edit(data["claims"][TRAINER])
-    write_document(path, data)
+    write_checkpoint(path, data)
     assert json.loads(path.read_text())["checksum"] == checkpoint._checksum(data)
     before = _snapshot(tmp_path)
 
@@ -921,7 +843,7 @@ def test_version_1_with_a_mig_or_mps_record_or_a_share_id_is_corrupt(
     path = tmp_path / "checkpoint.json"
     data = json.loads(GOLDEN_V1.read_text())["data"]
     edit(data["claims"][TRAIN])
-    write_document(path, data)
+    write_checkpoint(path, data)
 
     with pytest.raises(checkpoint.CheckpointCorrupt) as raised:
         checkpoint.load(path, boot_id=GOLDEN_BOOT)
@@ -952,7 +874,7 @@ def test_older_version_with_unknown_fields_is_too_new_even_next_to_an_impossible
     data = json.loads(golden.read_text())["data"]
     data["node"] = "gpu-node-07"
     data["claims"][uid]["devices"][0].update(impossible)
-    write_document(path, data)
+    write_checkpoint(path, data)
     with pytest.raises(CheckpointTooNew) as raised:
         checkpoint.load(path, boot_id=boot)
     assert "node" in raised.value.unknown_fields
@@ -969,7 +891,7 @@ def test_older_version_with_unknown_fields_is_refused_as_too_new(
     data = json.loads(golden.read_text())["data"]
     first = next(iter(data["claims"]))
     data["claims"][first]["devices"][0]["gpu"] = 1
-    write_document(path, data)
+    write_checkpoint(path, data)
     with pytest.raises(CheckpointTooNew) as raised:
         checkpoint.load(path, boot_id=boot)
     assert raised.value.unknown_fields == (f"claims.{first}.devices.0.gpu",)
@@ -989,12 +911,6 @@ MIG_CLAIM = "d7f9b1c3-5e2a-4c6d-9f1b-3a5c7e9d2b4f"
 TIME_SLICED = "f0a2c4e6-8b1d-4f3a-a5c7-9e1b3d5f7a2c"
 GOLDEN_V3_SHARE_ID = "5e0f9d2a-3b7c-4e1d-8a6f-2c9b4d7e1f30"
 GOLDEN_V3_MIG_UUID = "MIG-2c4e6a8b-0d1f-5a3c-9e7b-4d6f8a0c2e1b"
-
-
-def _golden_v3_copy(tmp_path: Path) -> Path:
-    path = tmp_path / "checkpoint.json"
-    path.write_bytes(GOLDEN_V3.read_bytes())
-    return path
 
 
 def _assert_golden_v3_content(loaded: Checkpoint) -> None:
@@ -1087,48 +1003,95 @@ def _assert_golden_v3_content(loaded: Checkpoint) -> None:
     assert (device.admin_access, device.share_id) == (False, None)
 
 
-def test_golden_v3_is_read_field_by_field(tmp_path: Path) -> None:
-    assert json.loads(GOLDEN_V3.read_text())["data"]["version"] == 3
-    path = _golden_v3_copy(tmp_path)
-    loaded = checkpoint.load(path, boot_id=GOLDEN_V3_BOOT)
+# --- every golden file -----------------------------------------------------------------------------
+#
+# The same checks for each stored version: read field by field (as that version wrote the fields),
+# after a reboot, through a save and back, and rewritten as the current version keeping every field.
+
+
+@dataclasses.dataclass(frozen=True)
+class Golden:
+    """One golden file: the version that wrote it, the boot it was written in, and its content."""
+
+    version: int
+    path: Path
+    boot: str
+    assert_content: Callable[[Checkpoint], None]
+
+    def copy(self, tmp_path: Path) -> Path:
+        path = tmp_path / "checkpoint.json"
+        path.write_bytes(self.path.read_bytes())
+        return path
+
+
+GOLDEN = {
+    golden.version: golden
+    for golden in (
+        Golden(1, GOLDEN_V1, GOLDEN_BOOT, _assert_golden_v1_content),
+        Golden(2, GOLDEN_V2, GOLDEN_V2_BOOT, _assert_golden_v2_content),
+        Golden(3, GOLDEN_V3, GOLDEN_V3_BOOT, _assert_golden_v3_content),
+    )
+}
+every_golden_file = pytest.mark.parametrize("golden", GOLDEN.values(), ids=[f"v{v}" for v in GOLDEN])
+
+
+def test_every_stored_golden_file_is_checked_and_every_version_has_one() -> None:
+    assert sorted(path.name for path in DATA.glob("*.json")) == sorted(g.path.name for g in GOLDEN.values())
+    assert sorted(GOLDEN) == list(range(1, WRITTEN + 1))
+
+
+@every_golden_file
+def test_golden_file_is_read_field_by_field(tmp_path: Path, golden: Golden) -> None:
+    assert json.loads(golden.path.read_text())["data"]["version"] == golden.version
+    path = golden.copy(tmp_path)
+    loaded = checkpoint.load(path, boot_id=golden.boot)
     assert loaded.stale_claims == {}
-    _assert_golden_v3_content(loaded.checkpoint)
-    assert path.read_bytes() == GOLDEN_V3.read_bytes()  # reading never writes
+    golden.assert_content(loaded.checkpoint)
+    assert path.read_bytes() == golden.path.read_bytes()  # reading never writes
 
 
-def test_golden_v3_after_a_reboot_is_all_stale(tmp_path: Path) -> None:
-    loaded = checkpoint.load(_golden_v3_copy(tmp_path), boot_id=BOOT)
+@every_golden_file
+def test_golden_file_after_a_reboot_is_all_stale(tmp_path: Path, golden: Golden) -> None:
+    path = golden.copy(tmp_path)
+    loaded = checkpoint.load(path, boot_id=BOOT)
     assert loaded.checkpoint == Checkpoint.empty(BOOT)
-    assert loaded.stale_claims == checkpoint.load(GOLDEN_V3, boot_id=GOLDEN_V3_BOOT).checkpoint.claims
+    assert loaded.stale_claims == checkpoint.load(golden.path, boot_id=golden.boot).checkpoint.claims
+    assert path.read_bytes() == golden.path.read_bytes()  # reading never writes
 
 
-def test_golden_v3_round_trips_through_save(tmp_path: Path) -> None:
-    first = checkpoint.load(_golden_v3_copy(tmp_path), boot_id=GOLDEN_V3_BOOT).checkpoint
+@every_golden_file
+def test_golden_file_round_trips_through_save(tmp_path: Path, golden: Golden) -> None:
+    first = checkpoint.load(golden.copy(tmp_path), boot_id=golden.boot).checkpoint
     resaved = tmp_path / "resaved.json"
     checkpoint.save(resaved, first)
-    again = checkpoint.load(resaved, boot_id=GOLDEN_V3_BOOT).checkpoint
+    again = checkpoint.load(resaved, boot_id=golden.boot).checkpoint
     assert again == first
-    _assert_golden_v3_content(again)
+    golden.assert_content(again)
     assert json.loads(resaved.read_text())["data"]["version"] == checkpoint.VERSION
 
 
-def test_version_3_is_rewritten_as_the_current_version_keeping_every_field(tmp_path: Path) -> None:
-    # Rule 1: while 3 is the current version this is rule 2 below; once it is not, its reader converts.
+@every_golden_file
+def test_golden_file_is_rewritten_as_the_current_version_keeping_every_field(
+    tmp_path: Path, golden: Golden
+) -> None:
+    # Rule 1: the reader of an older version converts; the next save writes every field it had, same
+    # values. For the version this gpudra writes, it is rule 2 below.
     resaved = tmp_path / "resaved.json"
-    checkpoint.save(resaved, checkpoint.load(GOLDEN_V3, boot_id=GOLDEN_V3_BOOT).checkpoint)
-    old = json.loads(GOLDEN_V3.read_text())["data"]
+    checkpoint.save(resaved, checkpoint.load(golden.path, boot_id=golden.boot).checkpoint)
+    old = json.loads(golden.path.read_text())["data"]
     new = json.loads(resaved.read_text())["data"]
     assert new["version"] == checkpoint.VERSION
     _keeps({**old, "version": checkpoint.VERSION}, new)
 
 
-def test_version_3_writers_only_add_fields(tmp_path: Path) -> None:
+def test_the_written_version_s_writers_only_add_fields(tmp_path: Path) -> None:
     # Rule 2: within a version a field is never removed, renamed or written differently. It binds the
-    # version this gpudra writes: a new version gets its own golden file and this test moves to it.
-    assert WRITTEN == 3, "a new checkpoint version: write its golden file and point this test at it"
+    # version this gpudra writes: a new version gets its own golden file, which this test then reads.
+    assert WRITTEN in GOLDEN, "a new checkpoint version: write its golden file and add it to GOLDEN"
+    golden = GOLDEN[WRITTEN]
     resaved = tmp_path / "resaved.json"
-    checkpoint.save(resaved, checkpoint.load(GOLDEN_V3, boot_id=GOLDEN_V3_BOOT).checkpoint)
-    _keeps(json.loads(GOLDEN_V3.read_text())["data"], json.loads(resaved.read_text())["data"])
+    checkpoint.save(resaved, checkpoint.load(golden.path, boot_id=golden.boot).checkpoint)
+    _keeps(json.loads(golden.path.read_text())["data"], json.loads(resaved.read_text())["data"])
 
 
 # --- recover() and a checkpoint of a newer gpudra -------------------------------------------------
@@ -1144,7 +1107,7 @@ def test_recover_refuses_a_too_new_checkpoint_and_touches_nothing(tmp_path: Path
         data["version"] = checkpoint.VERSION + 1
     else:
         data["claims"][uid(1)]["devices"][0]["mps_daemon"] = {"id": "d-1"}
-    write_document(node.checkpoint_path, data)
+    write_checkpoint(node.checkpoint_path, data)
     os.chmod(node.checkpoint_path, 0o600)
     stray = node.spec_path(uid(7))  # a spec recover() would delete: it belongs to no claim it knows
     stray.write_text(node.spec_path(uid(1)).read_text().replace(uid(1), uid(7)))

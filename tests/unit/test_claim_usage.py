@@ -14,6 +14,7 @@ from gpudra.gpu.nvml import DeviceUsage
 from gpudra.kube.claim_status import ClaimStatus
 from gpudra.kube.client import Conflict, NotFound, request_kind
 from gpudra.model import claim_usage
+from gpudra.model.claim import Claim, read_claim
 from gpudra.node import checkpoint as ckpt
 from gpudra.node.metrics import PluginMetrics
 from gpudra.node.usage import ClaimUsage
@@ -95,7 +96,7 @@ def test_idle_since_reads_back_what_the_plugin_wrote() -> None:
             driver="other.example.com", key=(NODE, "x", None), idleness=claim_usage.no_activity(T0, mig=False)
         ),
     ]
-    claim = {"status": {"devices": entries}}
+    claim = read_claim({"status": {"devices": entries}})
     assert claim_usage.idle_since(claim, driver=DRIVER) == {
         (NODE, "gpu-0"): later.replace(microsecond=0),
         ("node-2", "gpu-3"): T0,
@@ -143,7 +144,7 @@ def test_idle_since_reads_back_what_the_plugin_wrote() -> None:
     ],
 )
 def test_idle_since_ignores_what_is_not_a_well_formed_idle_condition(claim: dict[str, Any]) -> None:
-    assert claim_usage.idle_since(claim, driver=DRIVER) == {}
+    assert claim_usage.idle_since(read_claim(claim), driver=DRIVER) == {}
 
 
 # --- the sampler --------------------------------------------------------------------------------
@@ -185,13 +186,13 @@ class FakeApi:
             "status": {"reservedFor": reserved, "devices": list(devices)},
         }
 
-    def get(self, namespace: str, name: str) -> dict[str, Any]:
+    def get(self, namespace: str, name: str) -> Claim:
         self.gets.append((namespace, name))
         if self.failure is not None:
             raise self.failure
         if (namespace, name) not in self.claims:
             raise NotFound(f"reading ResourceClaim {namespace}/{name}: HTTP 404 Not Found")
-        return self.claims[(namespace, name)]
+        return read_claim(self.claims[(namespace, name)])
 
     def apply_node_devices(
         self, *, node_name: str, namespace: str, name: str, uid: str, devices: Sequence[dict[str, Any]]

@@ -164,3 +164,26 @@ def test_another_class_file(tmp_path: Path, node_file: Path, capsys: pytest.Capt
     claims = write(tmp_path / "claim.yaml", template("any", "true"))
     assert cli.main(["explain", str(claims), "--slices", str(node_file), "--classes", str(classes)]) == 0
     assert capsys.readouterr().out.startswith("fits on node-mixed: gpu-2\n")
+
+
+def test_a_tenant_claim_nested_too_deeply_in_the_cluster_dump_is_left_out_with_a_warning(
+    tmp_path: Path, node_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`kubectl get resourceclaims -A -o yaml` holds every tenant's claims; one nested 3000 deep (the API
+    server stores it) is named on stderr, and the rest is explained."""
+    deep = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "deep", "namespace": "team-b"},
+        "spec": {"devices": {"config": [{"opaque": {"driver": "x.example.com", "parameters": "__DEEP__"}}]}},
+    }
+    dump = tmp_path / "claims.yaml"
+    listed = yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": [deep]})
+    dump.write_text(listed.replace("__DEEP__", "[" * 3000 + "]" * 3000))
+    claims = write(tmp_path / "claims-to-explain.yaml", template("l4", f'{A}.productName == "NVIDIA L4"'))
+    code = cli.main(["explain", str(claims), "--slices", str(node_file), "--slices", str(dump)])
+    captured = capsys.readouterr()
+    assert code == 0, captured
+    assert captured.err == (
+        f"gpudra explain: warning: left out {dump}: document 1, items[0]: nests deeper than 100 levels\n"
+    )

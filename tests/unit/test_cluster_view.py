@@ -13,6 +13,7 @@ import yaml
 from gpudra.cli.status_text import render
 from gpudra.controller.housekeeping import stale_reports
 from gpudra.model import claim_usage
+from gpudra.model.claim import read_claim, read_spec_of
 from gpudra.model.devices import build_devices
 from gpudra.model.slices import build_slices
 from gpudra.scheduling.cluster_view import ClusterView, build, driver_classes
@@ -84,7 +85,7 @@ def view(
     return build(
         driver=DRIVER,
         slices=slices,
-        claims=claims,
+        claims=[read_claim(c) for c in claims],
         classes=CLASS_OBJECTS,
         now=NOW,
         idle_after_seconds=idle_after,
@@ -210,12 +211,12 @@ def test_requests_no_published_device_matches_are_warned_about() -> None:
     }
     h100 = {"name": "gpu", "exactly": {"deviceClassName": "gpu.gpudra.io"}}
     claim_obj = {"kind": "ResourceClaim", "spec": {"devices": {"requests": [h200]}}}
-    [warning] = reach.warnings(claim_obj)
+    [warning] = reach.warnings(read_spec_of(claim_obj))
     assert warning.startswith(
         "spec.devices.requests[0] (gpu): no GPU published by any node matches class gpu.gpudra.io"
     )
     template = {"kind": "ResourceClaimTemplate", "spec": {"spec": {"devices": {"requests": [h100]}}}}
-    assert reach.warnings(template) == []
+    assert reach.warnings(read_spec_of(template)) == []
     either = {
         "name": "gpu",
         "firstAvailable": [
@@ -223,10 +224,12 @@ def test_requests_no_published_device_matches_are_warned_about() -> None:
             {"name": "b", "deviceClassName": "mig.gpudra.io"},
         ],
     }
-    assert reach.warnings({"kind": "ResourceClaim", "spec": {"devices": {"requests": [either]}}}) == []
+    either_claim = {"kind": "ResourceClaim", "spec": {"devices": {"requests": [either]}}}
+    assert reach.warnings(read_spec_of(either_claim)) == []
     other = {"name": "nic", "exactly": {"deviceClassName": "nic.example.com"}}
-    assert reach.warnings({"kind": "ResourceClaim", "spec": {"devices": {"requests": [other]}}}) == []
-    assert reach.warnings({"kind": "DeviceClass", "spec": {}}) == []
+    other_claim = {"kind": "ResourceClaim", "spec": {"devices": {"requests": [other]}}}
+    assert reach.warnings(read_spec_of(other_claim)) == []
+    assert reach.warnings(read_spec_of({"kind": "DeviceClass", "spec": {}})) == []
 
 
 def test_housekeeping_removes_reports_of_pools_without_slices_only() -> None:

@@ -13,6 +13,7 @@ import yaml
 
 from gpudra.cli.explain_text import render_text
 from gpudra.errors import ConfigError
+from gpudra.model.claim import read_claim, read_spec
 from gpudra.model.devices import build_devices
 from gpudra.model.slices import build_slices
 from gpudra.scheduling.explain import ClaimToExplain, Explanation, claims_to_explain, device_classes, explain
@@ -54,7 +55,7 @@ def claim(
     devices: dict[str, Any] = {"requests": list(requests)}
     if constraints:
         devices["constraints"] = constraints
-    return ClaimToExplain(name, {"devices": devices})
+    return ClaimToExplain(name, read_spec({"devices": devices}))
 
 
 def held(name: str, *results: dict[str, Any]) -> dict[str, Any]:
@@ -73,7 +74,9 @@ def result(device: str, pool: str = "node-h100", **extra: Any) -> dict[str, Any]
 def run(
     *claims: ClaimToExplain, allocated: Sequence[dict[str, Any]] = (), inventory: Inventory = INVENTORY
 ) -> Explanation:
-    return explain(list(claims), classes=CLASSES, inventory=inventory, allocated=allocated)
+    return explain(
+        list(claims), classes=CLASSES, inventory=inventory, allocated=[read_claim(c) for c in allocated]
+    )
 
 
 def node(explanation: Explanation, name: str) -> Any:
@@ -399,7 +402,7 @@ def test_more_than_32_devices_for_one_claim() -> None:
 )
 def test_a_malformed_claim_is_a_config_error_naming_the_field(spec: dict[str, Any], field: str) -> None:
     with pytest.raises(ConfigError) as caught:
-        run(ClaimToExplain("ns/c", spec))
+        run(ClaimToExplain("ns/c", read_spec(spec)))
     assert caught.value.field == field
 
 

@@ -539,6 +539,9 @@ def test_stop_ends_the_thread_and_closes_its_nvml_session(monitor: HealthMonitor
 
 
 class _NoClaims:
+    def prepared(self, ref: ClaimRef) -> tuple[Any, ...] | None:
+        raise AssertionError("not called")
+
     def prepare(self, ref: ClaimRef) -> tuple[Any, ...]:
         raise AssertionError("not called")
 

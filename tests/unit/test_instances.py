@@ -30,16 +30,9 @@ from gpudra.node.options import Options
 from gpudra.node.recovery import Recovery, recover
 from gpudra.node.sharing import GpuSharing
 from tests.unit.claims import from_claim, time_slicing, whole_gpus
-from tests.unit.test_prepare import Node, uid
-from tests.unit.test_slice_controller import (
-    MODELS,
-    FakeKube,
-    Model,
-    builder,
-    controller,
-    generations,
-    wait_until,
-)
+from tests.unit.harness.kube import FakeKube
+from tests.unit.harness.node import Node, uid, write_checkpoint
+from tests.unit.harness.slices import MODELS, Model, builder, controller, generations, wait_until
 
 # --- --instance-id ---------------------------------------------------------------------------------
 
@@ -246,10 +239,9 @@ def test_a_checkpoint_a_newer_gpudra_converted_fails_calls_and_is_left_alone(h10
     old = h100.state()
     claim = h100.claims.add(whole_gpus(uid(1), "gpu-0"))
     devices = old.prepare(claim)
-    document = json.loads(h100.checkpoint_path.read_text())
-    document["data"]["version"] = ckpt.VERSION + 1  # the new pod's gpudra writes a newer format
-    document["checksum"] = ckpt._checksum(document["data"])
-    h100.checkpoint_path.write_text(json.dumps(document))
+    data = json.loads(h100.checkpoint_path.read_text())["data"]
+    data["version"] = ckpt.VERSION + 1  # the new pod's gpudra writes a newer format
+    write_checkpoint(h100.checkpoint_path, data)
     newer = h100.checkpoint_path.read_bytes()
 
     for call in (old.prepare, old.unprepare):

@@ -10,6 +10,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent import futures
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -26,9 +27,13 @@ from gpudra._proto import (
     pluginregistration_v1_pb2_grpc,
 )
 from gpudra.errors import ClaimError, ConfigError
+from gpudra.model.claim import Claim
 from gpudra.node import checkpoint as ckpt
 from gpudra.node.allocation import ClaimRef
-from gpudra.node.kubelet_grpc import KubeletServer, Observer
+from gpudra.node.kubelet_grpc import KubeletServer, Observer, _NoTurn, _Turns
+from tests.unit.claims import whole_gpus
+from tests.unit.harness.kube import Claims
+from tests.unit.harness.node import Node, uid
 
 DRIVER = "gpu.gpudra.io"
 VERSIONS = {
@@ -56,6 +61,9 @@ class Backend:
         self.entered = threading.Event()
         self.release: threading.Event | None = None
         self.arrive: Callable[[], object] = lambda: None
+
+    def prepared(self, ref: ClaimRef) -> tuple[ckpt.PreparedDevice, ...] | None:
+        return None
 
     def prepare(self, ref: ClaimRef) -> tuple[ckpt.PreparedDevice, ...]:
         self._call("prepare", ref)
@@ -488,3 +496,119 @@ def test_a_call_that_outwaits_the_start_fails_each_claim_with_starting(
         )
     finally:
         server.stop(timeout=1)
+
+
+# --- a hung API server --------------------------------------------------------------------------
+
+
+class HungClaims:
+    """The node's claims, read as from an API server that hangs while `hung` is set: every GET waits
+    until `answer` is set (the client's read timeout, in the plugin)."""
+
+    def __init__(self, claims: Claims) -> None:
+        self.claims = claims
+        self.hung = threading.Event()
+        self.answer = threading.Event()
+        self.waiting = threading.Semaphore(0)  # released once per GET that hangs
+
+    def get(self, *, namespace: str, name: str, uid: str) -> Claim:
+        if self.hung.is_set():
+            self.waiting.release()
+            self.answer.wait(30)
+        return self.claims.get(namespace=namespace, name=name, uid=uid)
+
+
+def test_a_hung_api_server_holds_up_no_call_that_needs_none(tmp_path: Path, sockets: Path) -> None:
+    """20 prepares of new claims wait for a hung API server; a prepare of a claim prepared already
+    (answered from the checkpoint) and an unprepare are still answered at once, each call refused a
+    turn is answered at once too, and the waiting ones finish when the API server answers again."""
+    node = Node(tmp_path, "dgx-h100")
+    source = HungClaims(node.claims)
+    state = node.state()
+    state.claims = source
+    done = [node.claims.add(whole_gpus(uid(n), f"gpu-{n}")) for n in (1, 2)]
+    new = [node.claims.add(whole_gpus(uid(10 + n), "gpu-3")) for n in range(20)]
+    running = KubeletServer(
+        driver=DRIVER, backend=state, registry_dir=sockets / "registry", plugin_dir=sockets / "plugin"
+    )
+    running.start()
+    try:
+        with channel(running.dra_socket) as ch:
+            stub = dra_v1_pb2_grpc.DRAPluginStub(ch)
+
+            def prepare(ref: ClaimRef, timeout: float = 30) -> Any:
+                request = dra_v1_pb2.NodePrepareResourcesRequest(claims=[claim_of(ref)])
+                return stub.NodePrepareResources(request, timeout=timeout).claims[ref.uid]
+
+            first = [prepare(ref) for ref in done]
+            assert all(not answer.error for answer in first)
+            source.hung.set()
+            with futures.ThreadPoolExecutor(max_workers=len(new)) as kubelet:
+                waiting = [kubelet.submit(prepare, ref) for ref in new]
+                for _ in range(8):  # half of the 16 workers read their claims
+                    assert source.waiting.acquire(timeout=10)
+                deadline = time.monotonic() + 10
+                while sum(w.done() for w in waiting) < 8 and time.monotonic() < deadline:
+                    time.sleep(0.05)  # the other calls arrive: 4 wait for a turn, 8 are refused at once
+                refused = [w.result() for w in waiting if w.done()]
+                assert len(refused) == 8
+                assert all("the API server answers slowly" in r.error for r in refused)
+                assert all("refused rather than queued (the kubelet retries it)" in r.error for r in refused)
+
+                started = time.monotonic()
+                again = prepare(done[0], timeout=5)
+                assert time.monotonic() - started < 1.0
+                assert not again.error and again.devices == first[0].devices
+                started = time.monotonic()
+                unprepared = stub.NodeUnprepareResources(
+                    dra_v1_pb2.NodeUnprepareResourcesRequest(claims=[claim_of(done[1])]), timeout=5
+                ).claims[done[1].uid]
+                assert time.monotonic() - started < 1.0
+                assert not unprepared.error and uid(2) not in node.entries()
+
+                source.answer.set()  # the API server answers again: the 12 calls it held go on
+                answers = [w.result(timeout=30) for w in waiting]
+            served = [a for a in answers if "slowly" not in a.error]
+            assert len(served) == 12
+            assert sum(not a.error for a in served) == 1  # all want gpu-3: one gets it
+            assert all("already prepared" in a.error for a in served if a.error)
+    finally:
+        source.answer.set()
+        running.stop(timeout=1)
+
+
+def claim_of(ref: ClaimRef) -> Any:
+    return dra_v1_pb2.Claim(namespace=ref.namespace, uid=ref.uid, name=ref.name)
+
+
+def test_turns_let_some_calls_wait_refuse_the_rest_at_once_and_end_a_wait_at_its_patience() -> None:
+    turns = _Turns(running=1, waiting=1)
+    outcomes: list[str] = []
+
+    def second() -> None:
+        try:
+            with turns.turn(10):
+                outcomes.append("second ran")
+        except _NoTurn as err:
+            outcomes.append(str(err))
+
+    with turns.turn(1):
+        waiter = threading.Thread(target=second)
+        waiter.start()
+        time.sleep(0.2)  # the second call waits for its turn
+        started = time.monotonic()
+        with pytest.raises(_NoTurn, match="refused rather than queued") as refused, turns.turn(10):
+            pass
+        assert time.monotonic() - started < 0.5
+        assert str(refused.value) == (
+            "the API server answers slowly: 1 calls are preparing claims it must read and 1 more wait for "
+            "their turn; this call is refused rather than queued (the kubelet retries it)"
+        )
+    waiter.join(5)
+    assert outcomes == ["second ran"]
+    with (
+        turns.turn(1),
+        pytest.raises(_NoTurn, match=r"this call waited 0\.2 s for its turn"),
+        turns.turn(0.2),
+    ):
+        pass

@@ -10,9 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Literal
 
 import pytest
 
@@ -26,58 +24,21 @@ from gpudra.node.prepare import DeviceState
 from gpudra.node.sharing import GpuSharing
 from gpudra.node.sharing.mps_daemons import PID_FILE
 from tests.unit.claims import from_claim, time_slicing, whole_gpus
-from tests.unit.test_prepare import Node, _child, uid
-from tests.unit.test_prepare_mps import (
-    _kill_leftover_daemons,  # noqa: F401 (an autouse fixture: every test kills what it left)
+from tests.unit.harness.crash import child
+from tests.unit.harness.kube import Events
+from tests.unit.harness.mps import (
     alive,
     assert_no_daemon,
     daemons,
+    kill_leftover_daemons,  # noqa: F401 (an autouse fixture: every test kills what it left)
     mps_claim,
     mps_config,
     mps_root,
 )
+from tests.unit.harness.node import Node, uid
+from tests.unit.harness.tools import counting_tools
 
 INTERVAL = 5.0
-
-
-class Events:
-    """Records what would be posted on the Node (gpudra.kube.events.NodeEvents.post)."""
-
-    def __init__(self) -> None:
-        self.posted: list[tuple[str, str, str]] = []
-
-    def post(self, type_: Literal["Normal", "Warning"], reason: str, message: str) -> None:
-        self.posted.append((type_, reason, message))
-
-    def reasons(self) -> list[str]:
-        return [reason for _, reason, _ in self.posted]
-
-
-class CountingTools(GpuTools):
-    """The simulator's tools, counting every run; `refuse_start` makes `nvidia-cuda-mps-control -d`
-    fail as a driver that refuses MPS does."""
-
-    def __init__(self, search_path: str) -> None:
-        super().__init__(search_path=search_path)
-        self.runs: list[str] = []
-        self.refuse_start = False
-
-    def _run(
-        self,
-        tool: str,
-        args: Sequence[str],
-        *,
-        stdin: str | None = None,
-        env: Mapping[str, str] | None = None,
-    ) -> str:
-        self.runs.append(" ".join([tool, *args]))
-        if self.refuse_start and tool == MPS_CONTROL and list(args) == ["-d"]:
-            raise HardwareError(f"{MPS_CONTROL} -d failed (1): MPS control daemon: cannot start")
-        return super()._run(tool, args, stdin=stdin, env=env)
-
-
-def counting_tools(node: Node) -> CountingTools:
-    return CountingTools(node.tools.search_path)
 
 
 def keeper_for(
@@ -158,7 +119,7 @@ def test_a_claim_being_prepared_or_unprepared_is_left_alone(
     plugin = h100.state()
     if action == "unprepare":
         plugin.prepare(claim)
-    crashed = _child(h100, action, claim, step)
+    crashed = child(h100, action, claim, step)
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr
     assert h100.entries()[uid(1)].state == state
     killed = kill_daemon(h100, uid(1))

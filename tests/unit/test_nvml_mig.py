@@ -211,7 +211,9 @@ def test_a_failed_compute_instance_leaves_no_gpu_instance(h100: nvml.Nvml, state
     assert _devices(h100) == ()
 
 
-def test_a_gpu_instance_left_without_compute_instance_is_completed(h100: nvml.Nvml, state_file: Path) -> None:
+def test_a_gpu_instance_left_without_compute_instance_is_listed_and_never_adopted(
+    h100: nvml.Nvml, state_file: Path
+) -> None:
     uuid = _first_gpu(h100).uuid
     # A crash between the two steps: the compute instance fails and so does the clean-up.
     with (
@@ -224,9 +226,23 @@ def test_a_gpu_instance_left_without_compute_instance_is_completed(h100: nvml.Nv
     [left] = json.loads(state_file.read_bytes())["gpus"][0]["gpu_instances"]
     assert (left["start"], left["compute_instances"]) == (4, [])
     assert h100.mig_device_by_placement(gpu_uuid=uuid, profile_id=9, placement_start=4) is None
-    completed = h100.create_mig_device(gpu_uuid=uuid, profile_id=9, placement_start=4)
-    assert completed.gpu_instance_id == left["id"]
-    assert _devices(h100) == (completed,)
+    assert _devices(h100) == ()
+    [instance] = h100.gpu_instances(gpu_uuid=uuid)
+    assert (instance.id, instance.profile_id, instance.placement.start) == (left["id"], 9, 4)
+    assert instance.profile_name == "3g.40gb" and instance.mig_devices == ()
+    # Whoever made it (a crash, or a hand), create does not take it over: the checkpoint decides.
+    with pytest.raises(errors.InsufficientResources):
+        h100.create_mig_device(gpu_uuid=uuid, profile_id=9, placement_start=4)
+    assert h100.destroy_at_placement(gpu_uuid=uuid, profile_id=9, placement_start=4)
+    created = h100.create_mig_device(gpu_uuid=uuid, profile_id=9, placement_start=4)
+    [instance] = h100.gpu_instances(gpu_uuid=uuid)
+    assert instance.id == created.gpu_instance_id and instance.mig_devices == (created.uuid,)
+
+
+def test_gpu_instances_with_mig_off_are_none(h100: nvml.Nvml, state_file: Path) -> None:
+    gpu = h100.inventory().gpus[1]
+    sim.set_mig_mode(state_file=state_file, gpu_uuid=gpu.uuid, enabled=False)
+    assert h100.gpu_instances(gpu_uuid=gpu.uuid) == ()
 
 
 def test_a_complete_device_at_the_placement_is_still_refused(h100: nvml.Nvml) -> None:

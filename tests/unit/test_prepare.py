@@ -3,44 +3,31 @@
 Every test runs the real checkpoint and CDI files in a temporary directory, the real device model of a
 simulated machine, and GpuSharing driving the simulator's stand-in `nvidia-smi`, so a time-slice
 asserted here is what the stand-in wrote to the simulated card. Crash tests run prepare or unprepare
-in a child process (`python -m tests.unit.test_prepare`) that SIGKILLs itself at one step.
+in a child process (`python -m tests.unit.harness.crash`) that SIGKILLs itself at one step.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
-from gpudra import sim
 from gpudra.errors import ClaimError, ConfigError, GpudraError, HardwareError
-from gpudra.gpu import nvml
 from gpudra.gpu.tools import GpuTools
-from gpudra.model import devices
-from gpudra.model.claim import Claim, read_claim
-from gpudra.model.inventory import Inventory
-from gpudra.model.publishing import MigMode
 from gpudra.node import cdi, faults
 from gpudra.node import checkpoint as ckpt
-from gpudra.node import recovery as node_recovery
-from gpudra.node.allocation import Allocated, ClaimRef, Sharing
-from gpudra.node.mig import MigHardware, MigPartitions
+from gpudra.node.allocation import ClaimRef
 from gpudra.node.prepare import DeviceState
 from gpudra.node.recovery import recover
 from gpudra.node.sharing import GpuSharing
-from gpudra.sim import state as sim_state
-from tests.sim_nvml import mig_partitions
 from tests.unit import inventories
 from tests.unit.claims import (
     DRIVER,
@@ -53,117 +40,13 @@ from tests.unit.claims import (
     time_slicing,
     whole_gpus,
 )
+from tests.unit.harness.crash import child
+from tests.unit.harness.kube import ref
+from tests.unit.harness.node import BOOT, Node, queued_edits, uid
+from tests.unit.harness.tools import FailingOn, RecordingSharing, UndoFailsOn, mig_mode_off
 
-REPO = Path(__file__).resolve().parents[2]
-BOOT = "3f0b4e2a-6d1c-4c55-9d0e-1b2a3c4d5e6f"
 OTHER_BOOT = "8a7b6c5d-4e3f-4a1b-8c9d-0e1f2a3b4c5d"
 LONG = ckpt.TimeSlicingRecord(strategy="TimeSlicing", interval="Long")
-
-
-def uid(n: int) -> str:
-    return f"00000000-0000-4000-8000-{n:012x}"
-
-
-def ref(claim: dict[str, Any]) -> ClaimRef:
-    meta = claim["metadata"]
-    return ClaimRef(uid=meta["uid"], namespace=meta["namespace"], name=meta["name"])
-
-
-class Claims:
-    """A dict-backed ClaimSource, saved to a JSON file so that a child process sees the same claims."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
-        if path.exists():
-            for claim in json.loads(path.read_text()):
-                self.objects[(claim["metadata"]["namespace"], claim["metadata"]["name"])] = claim
-
-    def add(self, claim: dict[str, Any]) -> ClaimRef:
-        self.objects[(claim["metadata"]["namespace"], claim["metadata"]["name"])] = claim
-        self._save()
-        return ref(claim)
-
-    def clear(self) -> None:
-        self.objects.clear()
-        self._save()
-
-    def get(self, *, namespace: str, name: str, uid: str) -> Claim:
-        try:
-            return read_claim(self.objects[(namespace, name)])
-        except KeyError:
-            raise ClaimError(f"ResourceClaim {namespace}/{name} not found") from None
-
-    def _save(self) -> None:
-        self.path.write_text(json.dumps(list(self.objects.values())))
-
-
-class Node:
-    """One simulated node's files: the machine state, stand-in tools, CDI root, checkpoint and claims."""
-
-    def __init__(self, root: Path, profile: str) -> None:
-        self.root = root
-        self.profile = profile
-        self.state_file = root / "sim" / "machine.json"
-        with nvml.connect(f"sim:{profile}", state_file=self.state_file) as session:
-            self.inventory: Inventory = session.inventory()
-        self.tools = GpuTools.with_directory_first(sim.write_tools(root / "bin", state_file=self.state_file))
-        self.cdi_root = root / "cdi"
-        self.checkpoint_path = root / "state" / "checkpoint.json"
-        self.checkpoint_path.parent.mkdir(parents=True, exist_ok=True)
-        self.toolkit_dir = root / "toolkit"
-        self.claims = Claims(root / "claims.json")
-
-    def uuid(self, minor: int) -> str:
-        return next(gpu.uuid for gpu in self.inventory.gpus if gpu.minor == minor)
-
-    def state(
-        self,
-        *,
-        boot_id: str = BOOT,
-        sharing: Sharing | None = None,
-        inventory: Inventory | None = None,
-        recover: bool = True,
-        mig_mode: MigMode = "partitionable",
-        mig: MigPartitions | None = None,
-    ) -> DeviceState:
-        """A DeviceState as the plugin builds it at start-up (recover() included unless told)."""
-        inventory = inventory or self.inventory
-        model = devices.build_devices(inventory, mig_mode=mig_mode)
-        device_state = DeviceState(
-            driver=DRIVER,
-            node_name=NODE,
-            inventory=inventory,
-            devices={device["name"]: device for device in model.devices},
-            claims=self.claims,
-            sharing=sharing or GpuSharing(self.tools, mps_root=self.root / "mps"),
-            mig=mig or mig_partitions(f"sim:{self.profile}", self.state_file, inventory.gpus),
-            cdi_root=self.cdi_root,
-            checkpoint_path=self.checkpoint_path,
-            boot_id=boot_id,
-            toolkit=cdi.ToolkitSpecs([self.toolkit_dir]),
-        )
-        if recover:
-            node_recovery.recover(device_state)
-        return device_state
-
-    def timeslices(self) -> dict[str, int]:
-        return {gpu.uuid: gpu.timeslice for gpu in sim_state.StateFile(self.state_file).read().gpus}
-
-    def set_timeslice(self, uuid: str, level: int) -> None:
-        with sim_state.StateFile(self.state_file).update() as machine:
-            next(gpu for gpu in machine.gpus if gpu.uuid == uuid).timeslice = level
-
-    def spec_path(self, claim_uid: str) -> Path:
-        return self.cdi_root / f"{DRIVER}-claim_{claim_uid}.json"
-
-    def entries(self) -> dict[str, ckpt.ClaimEntry]:
-        return ckpt.load(self.checkpoint_path, boot_id=BOOT).checkpoint.claims
-
-    def assert_nothing_left(self, claim_uid: str) -> None:
-        assert not self.spec_path(claim_uid).exists()
-        assert claim_uid not in self.entries()
-        assert set(self.timeslices().values()) == {0}
 
 
 @pytest.fixture
@@ -411,61 +294,6 @@ def test_a_claim_that_is_gone_is_an_error(h100: Node) -> None:
         h100.state().prepare(ClaimRef(uid=uid(1), namespace="default", name="gone"))
 
 
-class FailingOn:
-    """GpuSharing whose apply fails on one GPU, as nvidia-smi does when a GPU falls off the bus."""
-
-    def __init__(self, inner: GpuSharing, gpu_uuid: str) -> None:
-        self.inner = inner
-        self.gpu_uuid = gpu_uuid
-
-    def plan(
-        self, claim_uid: str, devices: Sequence[Allocated], *, others: Sequence[ckpt.ClaimEntry]
-    ) -> list[ckpt.SharingRecord | None]:
-        return self.inner.plan(claim_uid, devices, others=others)
-
-    def _split(self, entry: ckpt.ClaimEntry) -> tuple[ckpt.ClaimEntry, bool]:
-        """The entry without the devices of the failing GPU, and whether it had any."""
-        rest = tuple(d for d in entry.devices if self.gpu_uuid not in d.gpu_uuids)
-        return entry.model_copy(update={"devices": rest}), len(rest) < len(entry.devices)
-
-    def apply(
-        self, entry: ckpt.ClaimEntry, *, visible: Mapping[str, str], others: Sequence[ckpt.ClaimEntry]
-    ) -> None:
-        rest, fails = self._split(entry)
-        self.inner.apply(rest, visible=visible, others=others)
-        if fails:
-            raise HardwareError(f"nvidia-smi failed on {self.gpu_uuid}")
-
-    def undo(self, entry: ckpt.ClaimEntry, *, others: Sequence[ckpt.ClaimEntry]) -> None:
-        self.inner.undo(entry, others=others)
-
-    def answers(self, entry: ckpt.ClaimEntry) -> bool:
-        return self.inner.answers(entry)
-
-    def adopt(
-        self, entry: ckpt.ClaimEntry, *, visible: Mapping[str, str], others: Sequence[ckpt.ClaimEntry]
-    ) -> bool:
-        return self.inner.adopt(entry, visible=visible, others=others)
-
-    def runs_process(self, entry: ckpt.ClaimEntry) -> bool:
-        return self.inner.runs_process(entry)
-
-    def discard(self, entry: ckpt.ClaimEntry) -> None:
-        self.inner.discard(entry)
-
-    def reset(self, gpu_uuids: Sequence[str]) -> None:
-        self.inner.reset(gpu_uuids)
-
-    def stop_unrecorded(self, claims: Sequence[ckpt.ClaimEntry]) -> list[Path]:
-        return self.inner.stop_unrecorded(claims)
-
-    def container_edits(self, device: ckpt.PreparedDevice) -> tuple[dict[str, str], tuple[cdi.Mount, ...]]:
-        return self.inner.container_edits(device)
-
-    def rebuild(self, cdi_device: cdi.CdiDevice, *, whole_alone: bool) -> ckpt.SharingRecord | None:
-        return self.inner.rebuild(cdi_device, whole_alone=whole_alone)
-
-
 def test_a_failing_apply_rolls_back_the_devices_already_applied(h100: Node) -> None:
     state = h100.state(sharing=FailingOn(GpuSharing(h100.tools, mps_root=h100.root / "mps"), h100.uuid(1)))
     claim = h100.claims.add(
@@ -589,16 +417,6 @@ def test_the_time_slice_of_a_previous_claim_is_reset_at_its_unprepare(h100: Node
 # --- crash safety ------------------------------------------------------------------------------
 
 
-def _child(node: Node, action: str, claim: ClaimRef, crash_at: str) -> subprocess.CompletedProcess[str]:
-    """Run `action` for `claim` in a new plugin process that kills itself at step `crash_at`."""
-    command = [sys.executable, "-m", "tests.unit.test_prepare", str(node.root), node.profile, action]
-    command += [claim.uid, claim.namespace, claim.name]
-    env = {**os.environ, "GPUDRA_CRASH_AT": crash_at}
-    return subprocess.run(
-        command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False
-    )
-
-
 # step -> (checkpoint state, CDI spec present, time-slice) as the crash leaves them
 CRASH_LEAVES: dict[str, tuple[str, bool, int]] = {
     "prepare-started": ("PrepareStarted", False, 0),
@@ -621,7 +439,7 @@ def test_every_crash_step_is_covered() -> None:
 def test_crash_during_prepare_is_rolled_back_at_restart(h100: Node, step: str) -> None:
     claim = h100.claims.add(whole_gpus(uid(1), "gpu-2", config=[from_claim(time_slicing("Long"))]))
     h100.state()  # the checkpoint file exists, as after the plugin's first start
-    crashed = _child(h100, "prepare", claim, step)
+    crashed = child(h100, "prepare", claim, step)
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr
 
     state, spec, timeslice = CRASH_LEAVES[step]
@@ -648,7 +466,7 @@ def test_crash_during_prepare_is_rolled_back_at_restart(h100: Node, step: str) -
 def test_crash_during_unprepare_is_finished_at_restart(h100: Node, step: str) -> None:
     claim = h100.claims.add(whole_gpus(uid(1), "gpu-2", config=[from_claim(time_slicing("Long"))]))
     h100.state().prepare(claim)
-    crashed = _child(h100, "unprepare", claim, step)
+    crashed = child(h100, "unprepare", claim, step)
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr
 
     state, spec, timeslice = CRASH_LEAVES[step]
@@ -671,7 +489,7 @@ def test_a_claim_that_changes_no_gpu_survives_a_crash_at_any_step(h100: Node, st
     h100.state()
     if step.startswith("unprepare"):
         h100.state().prepare(claim)
-    crashed = _child(h100, "unprepare" if step.startswith("unprepare") else "prepare", claim, step)
+    crashed = child(h100, "unprepare" if step.startswith("unprepare") else "prepare", claim, step)
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr
 
     restarted = h100.state()
@@ -716,24 +534,9 @@ def test_a_repeated_prepare_writes_a_lost_spec_again(h100: Node) -> None:
 def test_the_crash_child_runs_to_the_end_without_a_crash_step(h100: Node) -> None:
     claim = h100.claims.add(whole_gpus(uid(1), "gpu-2"))
     h100.state()
-    finished = _child(h100, "prepare", claim, "")
+    finished = child(h100, "prepare", claim, "")
     assert finished.returncode == 0, finished.stderr
     assert h100.entries()[uid(1)].state == "PrepareCompleted"
-
-
-class UndoFailsOn(FailingOn):
-    """GpuSharing whose undo fails on one GPU."""
-
-    def apply(
-        self, entry: ckpt.ClaimEntry, *, visible: Mapping[str, str], others: Sequence[ckpt.ClaimEntry]
-    ) -> None:
-        self.inner.apply(entry, visible=visible, others=others)
-
-    def undo(self, entry: ckpt.ClaimEntry, *, others: Sequence[ckpt.ClaimEntry]) -> None:
-        rest, fails = self._split(entry)
-        if fails:
-            raise HardwareError(f"nvidia-smi failed on {self.gpu_uuid}")
-        self.inner.undo(rest, others=others)
 
 
 def test_a_claim_that_cannot_be_settled_at_start_up_does_not_stop_the_plugin(h100: Node) -> None:
@@ -883,71 +686,6 @@ def test_stray_specs_of_unknown_claims_are_removed_at_recover(h100: Node) -> Non
 # --- concurrency -------------------------------------------------------------------------------
 
 
-class RecordingSharing:
-    """A Sharing that only records, and fails the test if two claims configure one GPU at once."""
-
-    def __init__(self, pause: float = 0.0) -> None:
-        self.pause = pause
-        self.busy: set[str] = set()
-        self.applied: list[str] = []
-        self.undone: list[str] = []
-        self.overlaps: list[str] = []
-        self._lock = threading.Lock()
-
-    def plan(
-        self, claim_uid: str, devices: Sequence[Allocated], *, others: Sequence[ckpt.ClaimEntry]
-    ) -> list[ckpt.SharingRecord | None]:
-        default = ckpt.TimeSlicingRecord(strategy="TimeSlicing", interval="Default")
-        return [None if device.admin_access else default for device in devices]
-
-    def apply(
-        self, entry: ckpt.ClaimEntry, *, visible: Mapping[str, str], others: Sequence[ckpt.ClaimEntry]
-    ) -> None:
-        self._touch(_touched(entry), self.applied)
-
-    def undo(self, entry: ckpt.ClaimEntry, *, others: Sequence[ckpt.ClaimEntry]) -> None:
-        self._touch(_touched(entry), self.undone)
-
-    def answers(self, entry: ckpt.ClaimEntry) -> bool:
-        return True
-
-    def adopt(
-        self, entry: ckpt.ClaimEntry, *, visible: Mapping[str, str], others: Sequence[ckpt.ClaimEntry]
-    ) -> bool:
-        return False
-
-    def runs_process(self, entry: ckpt.ClaimEntry) -> bool:
-        return False
-
-    def discard(self, entry: ckpt.ClaimEntry) -> None:
-        pass
-
-    def reset(self, gpu_uuids: Sequence[str]) -> None:
-        pass
-
-    def stop_unrecorded(self, claims: Sequence[ckpt.ClaimEntry]) -> list[Path]:
-        return []
-
-    def rebuild(self, cdi_device: cdi.CdiDevice, *, whole_alone: bool) -> ckpt.SharingRecord | None:
-        return None
-
-    def container_edits(self, device: ckpt.PreparedDevice) -> tuple[dict[str, str], tuple[cdi.Mount, ...]]:
-        return {}, ()
-
-    def _touch(self, gpu_uuids: Sequence[str], log: list[str]) -> None:
-        with self._lock:
-            self.overlaps += [uuid for uuid in gpu_uuids if uuid in self.busy]
-            self.busy |= set(gpu_uuids)
-            log += gpu_uuids
-        time.sleep(self.pause)
-        with self._lock:
-            self.busy -= set(gpu_uuids)
-
-
-def _touched(entry: ckpt.ClaimEntry) -> list[str]:
-    return [uuid for d in entry.devices if d.sharing is not None for uuid in d.gpu_uuids]
-
-
 def _all_at_once(calls: Sequence[Callable[[], Any]]) -> list[Any]:
     """Run `calls` from as many threads, released together; each call's return value or exception."""
     start = threading.Barrier(len(calls))
@@ -969,13 +707,7 @@ def big(tmp_path: Path) -> Iterator[tuple[Node, RecordingSharing, DeviceState]]:
     sharing = RecordingSharing(pause=0.002)
     inventory = inventories.node(*(inventories.h100(minor) for minor in range(56)))
     # These GPUs are not on the simulated machine: their MIG mode is off, as far as prepare asks.
-    mig = MigPartitions(cast(MigHardware, MigModeOff()), gpus={gpu.uuid: gpu for gpu in inventory.gpus})
-    yield node, sharing, node.state(sharing=sharing, inventory=inventory, mig=mig)
-
-
-class MigModeOff:
-    def mig_enabled(self, *, gpu_uuid: str) -> bool:
-        return False
+    yield node, sharing, node.state(sharing=sharing, inventory=inventory, mig=mig_mode_off(inventory.gpus))
 
 
 def test_fifty_claims_on_different_devices_prepare_at_once(
@@ -1031,8 +763,7 @@ def test_the_same_claim_prepared_twice_at_once_is_prepared_once(
 def _threaded(node: Node) -> DeviceState:
     """A state for claims prepared from several threads at once (the tests' MIG hardware opens the
     simulator per call, which threads must not do at once; the plugin keeps one session)."""
-    gpus = {gpu.uuid: gpu for gpu in node.inventory.gpus}
-    return node.state(mig=MigPartitions(cast(MigHardware, MigModeOff()), gpus=gpus))
+    return node.state(mig=mig_mode_off(node.inventory.gpus))
 
 
 def _held_first_save(
@@ -1046,7 +777,7 @@ def _held_first_save(
     def held_save(path: Path, checkpoint: ckpt.Checkpoint) -> bytes:
         if not saves:
             deadline = time.monotonic() + 10
-            while len(state.store._waiting) < waiting and time.monotonic() < deadline:
+            while queued_edits(state) < waiting and time.monotonic() < deadline:
                 time.sleep(0.001)
         saves.append(set(checkpoint.claims))
         if fails:
@@ -1085,23 +816,6 @@ def test_a_failed_save_fails_every_claim_it_held(h100: Node, monkeypatch: pytest
     assert cdi.list_claim_specs(node.cdi_root, driver=DRIVER) == {}  # each rolled its spec back
     monkeypatch.undo()
     assert [a[0].device for a in map(state.prepare, claims)] == [f"gpu-{n}" for n in range(4)]
-
-
-# --- the crash child -----------------------------------------------------------------------------
-
-
-def _crash_child(argv: list[str]) -> None:
-    root, profile, action, claim_uid, namespace, name = argv
-    state = Node(Path(root), profile).state()
-    claim = ClaimRef(uid=claim_uid, namespace=namespace, name=name)
-    if action == "prepare":
-        state.prepare(claim)
-    else:
-        state.unprepare(claim)
-
-
-if __name__ == "__main__":
-    _crash_child(sys.argv[1:])
 
 
 # --- recover() when the checkpoint is damaged, missing or cannot be saved -----------------------------

@@ -3,7 +3,6 @@ CDI, refusals and crash safety (SIGKILL at every step, then restart)."""
 
 from __future__ import annotations
 
-import json
 import signal
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,8 @@ from gpudra.node.allocation import ClaimRef
 from gpudra.node.metrics import PluginMetrics
 from gpudra.sim import state as sim_state
 from tests.unit.claims import DRIVER, resource_claim, result, whole_gpus
-from tests.unit.test_prepare import BOOT, Node, _child, uid
+from tests.unit.harness.crash import child
+from tests.unit.harness.node import BOOT, Node, uid, write_checkpoint
 
 CAPS_MAJOR = 508  # what the simulator's /proc/devices gives nvidia-caps
 
@@ -220,6 +220,73 @@ def test_a_placement_taken_by_hand_is_refused_and_left_alone(h100: Node) -> None
     assert instances(h100, 7) == {4: (14, by_hand.uuid)}
 
 
+def bare_gpu_instance(node: Node, minor: int, *, gi: int, profile_id: int, start: int, size: int) -> None:
+    """A GPU instance made by hand without a compute instance (nvidia-smi mig -cgi without -C)."""
+    with sim_state.StateFile(node.state_file).update() as machine:
+        gpu = next(g for g in machine.gpus if g.uuid == node.uuid(minor))
+        gpu.gpu_instances.append(sim_state.GpuInstance(id=gi, profile_id=profile_id, start=start, size=size))
+
+
+@pytest.mark.parametrize("device", ["gpu-1-mig-4g40gb-0", "gpu-1-mig-1g10gb-2"], ids=["exact", "overlapping"])
+def test_a_gpu_instance_made_by_hand_without_compute_instance_is_neither_adopted_nor_destroyed(
+    h100: Node, device: str
+) -> None:
+    """Issue 29, item 6: one at exactly a claim's profile and placement was taken over at prepare and
+    destroyed at unprepare. Only the checkpoint makes an instance gpudra's: this one is refused,
+    named, and left alone by the start-up, the prepare, its rollback and the unprepare."""
+    bare_gpu_instance(h100, 1, gi=6, profile_id=5, start=0, size=4)
+    state = h100.state()  # recover() at start-up: no entry names it
+    claim = h100.claims.add(mig_claim(1, device))
+    with pytest.raises(ClaimError) as refused:
+        state.prepare(claim)
+    message = str(refused.value)
+    for part in (
+        f"device {device}",
+        h100.uuid(1),
+        "taken by GPU instance 6 (4g.40gb at 0, without a compute instance), which gpudra did not create",
+        "never destroys or adopts it",
+        "nvidia-smi mig -dci/-dgi -gi 6 -i 1",
+    ):
+        assert part in message
+    assert uid(1) not in h100.entries() and not h100.spec_path(uid(1)).exists()
+    assert instances(h100, 1) == {0: (5, "")}
+    state.unprepare(claim)  # the kubelet unprepares the pod's claims when it goes
+    h100.state()  # and a restart
+    assert instances(h100, 1) == {0: (5, "")}
+
+    with sim_state.StateFile(h100.state_file).update() as machine:  # the administrator removes it
+        next(g for g in machine.gpus if g.uuid == h100.uuid(1)).gpu_instances.clear()
+    state.prepare(claim)
+    assert instances(h100, 1) == recorded(h100, 1) and len(instances(h100, 1)) == 1
+
+
+def test_unprepare_destroys_its_gpu_instance_left_without_compute_instance_but_not_another(
+    h100: Node,
+) -> None:
+    """A crash inside destroy leaves the claim's GPU instance without its compute instance: unprepare
+    destroys it (the recorded id, profile and placement). One made by hand in its place after the
+    claim's device vanished has another id and is not the claim's."""
+    state = h100.state()
+    first, second = (
+        h100.claims.add(mig_claim(1, "gpu-1-mig-4g40gb-0")),
+        h100.claims.add(mig_claim(2, "gpu-2-mig-4g40gb-0")),
+    )
+    [mine] = state.prepare(first)
+    [gone] = state.prepare(second)
+    assert mine.mig is not None and mine.mig.live is not None
+    assert gone.mig is not None and gone.mig.live is not None
+    with sim_state.StateFile(h100.state_file).update() as machine:
+        gpus = {g.uuid: g for g in machine.gpus}
+        gpus[h100.uuid(1)].gpu_instances[0].compute_instances.clear()  # the crash inside destroy
+        gpus[h100.uuid(2)].gpu_instances.clear()  # vanished, and then made again by hand:
+    bare_gpu_instance(h100, 2, gi=gone.mig.live.gpu_instance_id + 1, profile_id=5, start=0, size=4)
+    state.unprepare(first)
+    state.unprepare(second)
+    assert instances(h100, 1) == {}
+    assert instances(h100, 2) == {0: (5, "")}
+    assert h100.entries() == {}
+
+
 def test_a_mig_device_in_use_fails_unprepare_until_it_is_free(h100: Node) -> None:
     state = h100.state()
     claim = h100.claims.add(mig_claim(1, "gpu-0-mig-1g10gb-0"))
@@ -242,7 +309,7 @@ def test_a_mig_device_in_use_fails_unprepare_until_it_is_free(h100: Node) -> Non
 def test_a_crash_during_mig_prepare_is_rolled_back_at_restart(h100: Node, step: str) -> None:
     claim = h100.claims.add(mig_claim(1, "gpu-2-mig-2g20gb-4", "gpu-2-mig-1g10gb-0"))
     h100.state()
-    crashed = _child(h100, "prepare", claim, step)
+    crashed = child(h100, "prepare", claim, step)
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr
     entry = h100.entries()[uid(1)]
     assert all(d.mig is not None for d in entry.devices)  # the specs were recorded before NVML was touched
@@ -266,7 +333,7 @@ def test_a_crash_during_mig_prepare_is_rolled_back_at_restart(h100: Node, step: 
 def test_a_crash_during_mig_unprepare_is_finished_at_restart(h100: Node, step: str) -> None:
     claim = h100.claims.add(mig_claim(1, "gpu-3-mig-3g40gb-0"))
     h100.state().prepare(claim)
-    crashed = _child(h100, "unprepare", claim, step)
+    crashed = child(h100, "unprepare", claim, step)
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr
     assert h100.entries()[uid(1)].state == "UnprepareStarted"
     gone = step in ("unprepare-mig-destroyed", "unprepare-cdi-deleted")
@@ -396,7 +463,7 @@ def test_a_version_1_checkpoint_with_a_mig_record_is_corrupt(tmp_path: Path) -> 
         }
     }
     path = tmp_path / "checkpoint.json"
-    path.write_text(json.dumps({"checksum": ckpt._checksum(data), "data": data}))
+    write_checkpoint(path, data)
     with pytest.raises(ckpt.CheckpointCorrupt, match="a version 1 checkpoint holds no MIG or MPS record"):
         ckpt.load(path, boot_id="boot-1")
 

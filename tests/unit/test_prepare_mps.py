@@ -6,12 +6,8 @@ state file; every test checks them there and in /proc, and kills whatever one of
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import json
-import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +18,16 @@ from gpudra.node import checkpoint as ckpt
 from gpudra.node import faults
 from gpudra.sim import state as sim_state
 from tests.unit.claims import DRIVER, from_claim, mps, resource_claim, result, time_slicing, whole_gpus
-from tests.unit.test_prepare import BOOT, Node, _child, uid
+from tests.unit.harness.crash import child
+from tests.unit.harness.mps import (
+    assert_no_daemon,
+    daemons,
+    kill_leftover_daemons,  # noqa: F401 (an autouse fixture: every test kills what it left)
+    mps_claim,
+    mps_config,
+    mps_root,
+)
+from tests.unit.harness.node import BOOT, Node, uid
 
 SHARES = (
     "5f0c3a8e-1b2d-4c6e-8f90-a1b2c3d4e5f6",
@@ -30,20 +35,6 @@ SHARES = (
     "7b2e5c0a-3d4f-4e80-8b12-c3d4e5f6a7b8",
 )
 CONFIG_FIELD = "status.allocation.devices.config[0].opaque.parameters"
-
-
-def mps_config(threads: int | None = None, memory: str | None = None) -> dict[str, Any]:
-    parameters = mps(threads or 50)
-    settings = parameters["sharing"]["mpsConfig"]
-    if threads is None:
-        del settings["defaultActiveThreadPercentage"]
-    if memory is not None:
-        settings["defaultPinnedDeviceMemoryLimit"] = memory
-    return parameters
-
-
-def mps_claim(claim_uid: str, *devices: str, threads: int = 50) -> dict[str, Any]:
-    return whole_gpus(claim_uid, *devices, config=[from_claim(mps_config(threads))])
 
 
 def share(device: str, share_id: str, memory: str, compute: str) -> dict[str, Any]:
@@ -54,60 +45,8 @@ def share(device: str, share_id: str, memory: str, compute: str) -> dict[str, An
     }
 
 
-def mps_root(node: Node, claim_uid: str) -> Path:
-    return node.root / "mps" / hashlib.sha256(claim_uid.encode()).hexdigest()[:12]
-
-
-def daemons(node: Node) -> list[sim_state.MpsDaemon]:
-    """The daemons registered in the machine's state that still run."""
-    return [d for d in sim_state.StateFile(node.state_file).read().mps_daemons if alive(d.pid)]
-
-
 def compute_modes(node: Node) -> dict[str, int]:
     return {gpu.uuid: gpu.compute_mode for gpu in sim_state.StateFile(node.state_file).read().gpus}
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        status = Path(f"/proc/{pid}/stat").read_text()
-    except (ProcessLookupError, FileNotFoundError):
-        return False
-    return not status.rsplit(") ", 1)[-1].startswith("Z")
-
-
-def mps_processes(under: Path) -> dict[int, Path]:
-    """pid -> pipe directory of every live stand-in MPS daemon whose pipe directory is under `under`."""
-    found = {}
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            command = (proc / "cmdline").read_bytes()
-            environ = (proc / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        pipe = next((v[24:] for v in environ if v.startswith(b"CUDA_MPS_PIPE_DIRECTORY=")), None)
-        if b"mps_control\0-f" in command and pipe and alive(int(proc.name)):
-            found[int(proc.name)] = Path(os.fsdecode(pipe))
-    return {pid: path for pid, path in found.items() if path.is_relative_to(under)}
-
-
-def assert_no_daemon(node: Node, claim_uid: str, pids: list[int]) -> None:
-    """No daemon of the claim runs (not `pids`, none serving its pipe) and its directory is gone."""
-    root = mps_root(node, claim_uid)
-    assert [pid for pid in pids if alive(pid)] == []
-    assert [d.pid for d in daemons(node) if d.pipe_directory == str(root / "pipe")] == []
-    assert [pid for pid, pipe in mps_processes(node.root).items() if pipe == root / "pipe"] == []
-    assert not root.exists()
-
-
-@pytest.fixture(autouse=True)
-def _kill_leftover_daemons(tmp_path: Path) -> Iterator[None]:
-    yield
-    for pid in mps_processes(tmp_path):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture
@@ -216,7 +155,7 @@ def test_every_mps_prepare_step_is_covered() -> None:
 def test_a_crash_during_an_mps_prepare_is_rolled_back_at_restart(h100: Node, step: str) -> None:
     claim = h100.claims.add(mps_claim(uid(1), "gpu-2"))
     h100.state()  # the checkpoint file exists, as after the plugin's first start
-    crashed = _child(h100, "prepare", claim, step)
+    crashed = child(h100, "prepare", claim, step)
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr
     started = [d.pid for d in daemons(h100)]
     assert len(started) == DAEMONS_AT_CRASH[step]
@@ -250,7 +189,7 @@ def test_a_crash_during_an_mps_unprepare_is_finished_at_restart(h100: Node, step
     claim = h100.claims.add(mps_claim(uid(1), "gpu-2"))
     h100.state().prepare(claim)
     [daemon] = daemons(h100)
-    crashed = _child(h100, "unprepare", claim, step)
+    crashed = child(h100, "unprepare", claim, step)
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr
     assert h100.entries()[uid(1)].state == "UnprepareStarted"
 

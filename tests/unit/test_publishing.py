@@ -20,20 +20,10 @@ from gpudra.model.publishing import (
 from gpudra.node.claim_reader import NodeDevices
 from gpudra.node.served_model import ServedModel
 from tests.unit import inventories as inv
+from tests.unit.harness.kube import Events
 
 EVERYTHING = Publishing(mig_mode="partitionable", shares=True)
 ALL_KEPT = {"counters": True, "consumable_capacity": True, "device_taints": True}
-
-
-class Events:
-    def __init__(self) -> None:
-        self.posted: list[tuple[str, str, str]] = []
-
-    def post(self, type_: str, reason: str, message: str) -> None:
-        self.posted.append((type_, reason, message))
-
-    def reasons(self) -> list[str]:
-        return [reason for _, reason, _ in self.posted]
 
 
 @pytest.mark.parametrize(("minor", "slow"), [(34, True), (35, True), (36, True), (37, False), (38, False)])

@@ -4,9 +4,7 @@ failures are retried."""
 from __future__ import annotations
 
 import copy
-import dataclasses
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -17,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpudra.errors import ClusterError
-from gpudra.kube.client import Conflict, NotFound, Obj, Watch
+from gpudra.kube.client import Obj, SkippedObjects, Watch
 from gpudra.kube.slice_sync import (
     MAX_GENERATION,
     SliceController,
@@ -25,228 +23,13 @@ from gpudra.kube.slice_sync import (
     content,
     plan_sync,
 )
-from gpudra.model.devices import DeviceModel, build_devices
-from gpudra.model.inventory import Inventory
-from gpudra.model.slices import ResourceSlice, build_slices
-from gpudra.quantity import parse_quantity
-from tests.unit import inventories as inv
-
-DRIVER = "gpu.gpudra.io"
-NODE = "node-a"
-NODE_UID = "6a1f3c2e-0000-4000-8000-000000000001"
-WATCH_THREAD = "slice-watch"
-
-
-def model_of(inventory: Inventory) -> DeviceModel:
-    return build_devices(inventory, mig_mode="partitionable")
-
-
-MODELS = {
-    "h100": model_of(inv.h100_node()),
-    "h100 newer driver": model_of(dataclasses.replace(inv.h100_node(), driver_version="580.82.07")),
-    "big": model_of(inv.big_node(16)),
-    # without shared devices: one slice of devices only, which tests below count writes on
-    "mixed": build_devices(inv.mixed_node(), mig_mode="partitionable", shares=False),
-    "empty": DeviceModel(devices=[], counter_sets=[]),
-}
-
-
-def builder(model: DeviceModel, server_minor: int = 35) -> Callable[[int], list[ResourceSlice]]:
-    def build(generation: int) -> list[ResourceSlice]:
-        return build_slices(
-            model,
-            driver=DRIVER,
-            node_name=NODE,
-            generation=generation,
-            server_minor=server_minor,
-            node_uid=NODE_UID,
-        )
-
-    return build
-
-
-class FakeWatch:
-    """A WATCH on FakeKube: the events after a version, as they come, until closed or timed out."""
-
-    def __init__(self, kube: FakeKube, after: int, timeout: float) -> None:
-        self.kube = kube
-        self.after = after
-        self.timeout = timeout
-        self.closed = False
-
-    def __iter__(self) -> Iterator[Obj]:
-        kube, deadline = self.kube, time.monotonic() + self.timeout
-        with kube.changed:
-            position = sum(
-                1 for e in kube.events if int(e["object"]["metadata"]["resourceVersion"]) <= self.after
-            )
-        while True:
-            with kube.changed:
-                kube.consumed = position  # the consumer asked for more: it is done with the one before
-                while not self.closed and position >= len(kube.events):
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        return
-                    kube.changed.wait(left)
-                if self.closed:
-                    return
-                event = copy.deepcopy(kube.events[position])
-            position += 1
-            yield event  # outside the lock: the consumer may wait for a write that needs it
-
-    def close(self) -> None:
-        with self.kube.changed:
-            self.closed = True
-            self.kube.changed.notify_all()
-
-
-class FakeKube:
-    """The slice half of gpudra.kube.client.Kube, in memory, storing objects as an API server does.
-
-    Stored objects get server fields (uid, resourceVersion, managedFields, ...), reformatted quantities
-    and a defaulted field, as a real server would return them; a replace with a stale resourceVersion or
-    a create of an existing name is a Conflict. Every change is an event for `watch_slices`. Calls from
-    the slice-watch thread go to `watch_calls` and `watch_failures`, the rest to `calls` and `failures`
-    (errors to raise from the next calls, in order), so the two threads never take each other's failures.
-    `edit`, `remove` and `add` are someone else's writes.
-    """
-
-    def __init__(self, *, server_minor: int = 35) -> None:
-        self.minor = server_minor
-        self.slices: dict[str, Obj] = {}
-        self.calls: list[str] = []
-        self.watch_calls: list[str] = []
-        self.times: list[float] = []
-        self.failures: list[Exception | None] = []
-        self.watch_failures: list[Exception | None] = []
-        self.events: list[Obj] = []
-        self.consumed = 0  # events the controller's watch has finished with
-        self.opened: FakeWatch | None = None  # the last watch opened
-        self.changed = threading.Condition()
-        self._version = 100
-
-    @property
-    def writes(self) -> list[str]:
-        return [call for call in self.calls if call.split()[0] in ("create", "replace", "delete")]
-
-    def _call(self, name: str) -> None:
-        watching = threading.current_thread().name == WATCH_THREAD
-        (self.watch_calls if watching else self.calls).append(name)
-        failures = self.watch_failures if watching else self.failures
-        if failures:
-            failure = failures.pop(0)
-            if failure is not None:
-                raise failure
-
-    def server_minor(self) -> int:
-        self._call("server_minor")
-        return self.minor
-
-    def node_uid(self, name: str) -> str:
-        self._call(f"node_uid {name}")
-        return NODE_UID
-
-    def list_slices(self, *, driver: str, node_name: str) -> tuple[list[Obj], str]:
-        if threading.current_thread().name != WATCH_THREAD:
-            self.times.append(time.monotonic())
-        self._call("list")
-        with self.changed:
-            items = [
-                copy.deepcopy(s)
-                for s in self.slices.values()
-                if s["spec"]["driver"] == driver and s["spec"]["nodeName"] == node_name
-            ]
-            return items, str(self._version)
-
-    def watch_slices(
-        self, *, driver: str, node_name: str, resource_version: str, timeout_seconds: int
-    ) -> FakeWatch:
-        assert (driver, node_name) == (DRIVER, NODE)
-        self._call("watch")
-        self.opened = FakeWatch(self, int(resource_version), timeout_seconds)
-        return self.opened
-
-    def create_slice(self, body: Obj) -> Obj:
-        self._call(f"create {body['metadata']['name']}")
-        assert "resourceVersion" not in body["metadata"]
-        with self.changed:
-            if body["metadata"]["name"] in self.slices:
-                raise Conflict("already exists")
-            return self._store(body, uid=f"uid-{self._version}", kind="ADDED")
-
-    def replace_slice(self, body: Obj, *, dry_run: bool = False) -> Obj:
-        name = body["metadata"]["name"]
-        self._call(f"{'dry-run ' if dry_run else ''}replace {name}")
-        with self.changed:
-            current = self.slices.get(name)
-            if current is None:
-                raise NotFound(name)
-            if body["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
-                raise Conflict(f"{name}: the object has been modified")
-            if dry_run:
-                return self._server_form(body, uid=current["metadata"]["uid"], version=self._version)
-            return self._store(body, uid=current["metadata"]["uid"], kind="MODIFIED")
-
-    def delete_slice(self, name: str) -> None:
-        self._call(f"delete {name}")
-        self.remove(name)
-
-    # --- someone else's writes -----------------------------------------------------------------
-
-    def edit(self, name: str, change: Callable[[Obj], None]) -> None:
-        with self.changed:
-            edited = copy.deepcopy(self.slices[name])
-            change(edited)
-            self._version += 1
-            edited["metadata"]["resourceVersion"] = str(self._version)
-            self._keep(edited, "MODIFIED")
-
-    def remove(self, name: str) -> None:
-        with self.changed:
-            gone = self.slices.pop(name, None)
-            if gone is not None:
-                self._version += 1
-                gone["metadata"]["resourceVersion"] = str(self._version)
-                self.events.append({"type": "DELETED", "object": gone})
-                self.changed.notify_all()
-
-    def add(self, body: Obj) -> None:
-        with self.changed:
-            self._store(body, uid=f"uid-{self._version}", kind="ADDED")
-
-    def _store(self, body: Obj, *, uid: str, kind: str) -> Obj:
-        self._version += 1
-        stored = self._server_form(body, uid=uid, version=self._version)
-        self._keep(stored, kind)
-        return copy.deepcopy(stored)
-
-    def _keep(self, stored: Obj, kind: str) -> None:
-        self.slices[stored["metadata"]["name"]] = stored
-        self.events.append({"type": kind, "object": copy.deepcopy(stored)})
-        self.changed.notify_all()
-
-    @staticmethod
-    def _server_form(body: Obj, *, uid: str, version: int) -> Obj:
-        stored = copy.deepcopy(body)
-        stored["metadata"].update(
-            uid=uid,
-            resourceVersion=str(version),
-            creationTimestamp="2026-01-01T00:00:00Z",
-            managedFields=[{"manager": "gpudra", "operation": "Update"}],
-        )
-        for device in stored["spec"].get("devices", []):
-            for capacity in device.get("capacity", {}).values():
-                capacity["value"] = str(int(parse_quantity(capacity["value"])))  # "80Gi" -> bytes
-        stored["spec"].setdefault("perDeviceNodeSelection", None)
-        return stored
+from tests.unit.claims import DRIVER, NODE
+from tests.unit.harness.kube import NODE_UID, FakeKube
+from tests.unit.harness.slices import MODELS, Model, builder, controller, generations, wait_until
 
 
 def listed(kube: FakeKube) -> list[Obj]:
     return kube.list_slices(driver=DRIVER, node_name=NODE)[0]
-
-
-def generations(kube: FakeKube) -> set[int]:
-    return {s["spec"]["pool"]["generation"] for s in kube.slices.values()}
 
 
 def stranger(generation: int, name: str = "someone-elses-slice") -> Obj:
@@ -287,42 +70,12 @@ def regenerate(generation: int) -> Callable[[Obj], None]:
     return change
 
 
-class Model:
-    """The controller's model source; tests change `current` between syncs."""
-
-    def __init__(self, current: DeviceModel) -> None:
-        self.current = current
-
-    def __call__(self) -> DeviceModel:
-        return self.current
-
-
-def controller(kube: FakeKube, model: Model, **kwargs: Any) -> tuple[SliceController, list[str]]:
-    published: list[str] = []
-    made = SliceController(
-        kube,
-        driver=DRIVER,
-        node_name=NODE,
-        model=model,
-        on_publish=published.append,
-        **kwargs,
-    )
-    return made, published
-
-
 def published_pool(name: str = "h100") -> tuple[FakeKube, SliceController]:
     """A FakeKube holding `name`'s pool as a controller published it, and that controller."""
     kube = FakeKube()
     slices, _ = controller(kube, Model(MODELS[name]))
     slices.sync_once()
     return kube, slices
-
-
-def wait_until(condition: Callable[[], object], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
 
 
 # --- plan_sync ---------------------------------------------------------------------------------
@@ -521,7 +274,7 @@ def test_any_damage_by_others_is_repaired_and_then_costs_nothing(damage: list[tu
         assert plan.generation == (ours + 1 if ours < MAX_GENERATION else 1)
     assert sorted(kube.slices) == names
     wanted = builder(MODELS["h100"])(plan.generation)
-    server_form = [content(FakeKube._server_form(dict(s), uid="", version=0)) for s in wanted]
+    server_form = [content(FakeKube.server_form(dict(s), uid="", version=0)) for s in wanted]
     assert [content(kube.slices[n]) for n in names] == server_form
     assert slices.sync_once().writes == 0
 
@@ -805,7 +558,9 @@ def test_a_watch_yields_events_split_across_chunks_and_closes_its_response() -> 
             b'KMARK", "object": {}}\n',
         ]
     )
-    assert [e["type"] for e in Watch(response, "watching ResourceSlices")] == ["ADDED", "BOOKMARK"]
+    assert [
+        e["type"] for e in Watch(response, "watching ResourceSlices", "resourceslices", SkippedObjects())
+    ] == ["ADDED", "BOOKMARK"]
     assert response.closed
 
 
@@ -814,10 +569,10 @@ def test_an_error_event_or_a_broken_stream_is_a_cluster_error() -> None:
         [b'{"type": "ERROR", "object": {"kind": "Status", "code": 410, "message": "too old"}}\n']
     )
     with pytest.raises(ClusterError, match="watching ResourceSlices: HTTP 410 too old"):
-        list(Watch(expired, "watching ResourceSlices"))
+        list(Watch(expired, "watching ResourceSlices", "resourceslices", SkippedObjects()))
     broken = FakeResponse([], end=urllib3.exceptions.ProtocolError("Connection broken"))
     with pytest.raises(ClusterError, match="connection broken"):
-        list(Watch(broken, "watching ResourceSlices"))
+        list(Watch(broken, "watching ResourceSlices", "resourceslices", SkippedObjects()))
     assert expired.closed and broken.closed
 
 
@@ -825,7 +580,7 @@ def test_a_closed_watch_ends_quietly() -> None:
     broken = FakeResponse(
         [b'{"type": "ADDED", "object": {}}\n'], end=urllib3.exceptions.ProtocolError("shut")
     )
-    watch = Watch(broken, "watching ResourceSlices")
+    watch = Watch(broken, "watching ResourceSlices", "resourceslices", SkippedObjects())
     events = iter(watch)
     assert next(events)["type"] == "ADDED"
     watch.close()  # from another thread, in the plugin: the read it interrupts fails

@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
+from gpudra import cli
+from gpudra.cli.manifest_files import read_documents
 from gpudra.cli.validate import validate_files
 from gpudra.model.manifests import Problem, validate_documents
 
@@ -336,3 +338,86 @@ def test_anchors_used_a_few_times_are_fine(tmp_path: Path) -> None:
         "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\ndata: &d {a: b}\nextra: [*d, *d, *d]\n",
     )
     assert validate_files([good], driver=DRIVER) == []
+
+
+# --- one object nested too deeply leaves the others checked ---------------------------------------
+
+BAD_CONFIG = {**GPU_CONFIG, "sharing": {"strategy": "Sometimes"}}
+TOO_DEEP = "nests deeper than 100 levels"
+
+
+def deep_claim(name: str) -> dict[str, Any]:
+    return claim([opaque({"deep": "__DEEP__"}, driver="other.example.com")], name=name)
+
+
+def with_deep(text: str) -> str:
+    """`text` with its "__DEEP__" placeholder nested 3000 lists deep, as `kubectl get -o yaml|json`
+    writes a tenant's claim that deep."""
+    return re.sub(r"""["']?__DEEP__["']?""", "[" * 3000 + "]" * 3000, text)
+
+
+def test_a_deep_document_is_left_out_and_the_others_are_checked(tmp_path: Path) -> None:
+    path = tmp_path / "claims.yaml"
+    documents = [claim([opaque(BAD_CONFIG)], name="bad"), deep_claim("deep"), claim([opaque(GPU_CONFIG)])]
+    path.write_text(with_deep(yaml.safe_dump_all(documents)))
+    assert [str(p) for p in validate_files([path], driver=DRIVER)] == [
+        f"{path}: document 2: {TOO_DEEP}",
+        f"{path}: ResourceClaim ns/bad: spec.devices.config[0].opaque.parameters.sharing.strategy: "
+        + check(claim([opaque(BAD_CONFIG)], name="bad"))[0][2],
+    ]
+
+
+@pytest.mark.parametrize("suffix", [".yaml", ".json"])
+def test_a_deep_item_of_a_list_is_left_out_and_the_others_keep_their_index(
+    tmp_path: Path, suffix: str
+) -> None:
+    items = [
+        claim([opaque(GPU_CONFIG)], name="good"),
+        deep_claim("deep"),
+        claim([opaque(BAD_CONFIG)], name="bad"),
+    ]
+    listed = {"apiVersion": "v1", "kind": "List", "items": items}
+    path = tmp_path / f"all{suffix}"
+    path.write_text(with_deep(json.dumps(listed) if suffix == ".json" else yaml.safe_dump(listed)))
+    problems = validate_files([path], driver=DRIVER)
+    assert [(p.object, p.field.split(".")[0], p.message) for p in problems][:1] == [
+        ("document 1, items[1]", "", TOO_DEEP)
+    ]
+    assert [(p.object, p.field.split(".opaque")[0]) for p in problems[1:]] == [
+        ("ResourceClaim ns/bad", "items[2].spec.devices.config[0]")
+    ]
+
+
+# --- a directory ------------------------------------------------------------------------------------
+
+
+def test_a_directory_stands_for_its_manifests_as_kubectl_reads_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "a.yaml").write_text(yaml.safe_dump(claim([opaque(GPU_CONFIG)], name="a")))
+    (tmp_path / "b.yml").write_text(yaml.safe_dump(claim([opaque(GPU_CONFIG)], name="b")))
+    (tmp_path / "notes.txt").write_text("not a manifest")
+    (tmp_path / "nested").mkdir()
+    (tmp_path / "nested" / "bad.yaml").write_text(yaml.safe_dump(claim([opaque(BAD_CONFIG)])))
+    assert cli.main(["validate", str(tmp_path)]) == 0
+    assert capsys.readouterr().out == "2 file(s) valid\n"
+
+    (tmp_path / "c.json").write_text(json.dumps(claim([opaque(BAD_CONFIG)], name="c")))
+    assert cli.main(["validate", str(tmp_path)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 1 and out[0].startswith(f"{tmp_path / 'c.json'}: ResourceClaim ns/c: spec.devices")
+
+
+def test_a_directory_without_manifests_is_one_line_and_exit_code_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "README").write_text("x")
+    assert cli.main(["validate", str(tmp_path)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == f"{tmp_path}: is a directory holding no .yaml, .yml, .json file\n"
+    assert captured.err == ""
+
+
+def test_a_directory_where_a_file_must_be_is_one_line() -> None:
+    with pytest.raises(ValueError, match=r"^is a directory, not a file$"):
+        read_documents(Path("/"))

@@ -439,7 +439,7 @@ def test_the_server_reviews_over_https(server: WebhookServer, metrics: Controlle
         status, body, _ = post(connection, b"{not json")
         assert status == 400 and body.startswith(b"the body is not JSON")
         status, body, _ = post(connection, b"[" * 100_000 + b"]" * 100_000)
-        assert (status, body) == (400, b"the review nests too deeply to decode")
+        assert (status, body) == (400, b"the review nests too deeply to decode (more than 100 levels)")
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}}
         assert post(connection, json.dumps(admission_review(pod)).encode())[0] == 200
         assert post(connection, b"{}", path="/other")[0] == 404
@@ -464,6 +464,76 @@ def test_a_bug_in_the_review_is_a_500_not_a_dead_server(
     status, body, _ = server.answer(json.dumps(admission_review(claim())).encode())
     assert (status, body) == (500, b"internal error; see the controller's log")
     assert counted(metrics) == {("ResourceClaim", "error"): 1}
+
+
+DEEP = "__DEEP__"
+
+
+def deep_review(
+    obj: Mapping[str, Any], *, operation: str = "CREATE", old: Mapping[str, Any] | None = None
+) -> bytes:
+    """The review as the API server sends it, "__DEEP__" in it replaced by arrays nested 3000 deep (what
+    the API server accepts in opaque parameters; json.dumps cannot write it)."""
+    text = json.dumps(admission_review(obj, operation=operation, old=old))
+    return text.replace(json.dumps(DEEP), "[" * 3000 + "]" * 3000).encode()
+
+
+def test_an_object_nested_too_deeply_is_refused_only_when_it_carries_a_gpudra_config(
+    metrics: ControllerMetrics,
+) -> None:
+    skipped: list[tuple[str, str, str]] = []
+    webhook = WebhookServer(
+        "127.0.0.1",
+        0,
+        DRIVER,
+        warnings=lambda obj: ["mind the gap"],
+        count_review=metrics.admission_reviews(),
+        skipped=lambda resource, poisoned: skipped.append((resource, poisoned.ref, poisoned.reason)),
+    )
+
+    def answer(body: bytes) -> dict[str, Any]:
+        status, text, _ = webhook.answer(body)
+        assert status == 200, text
+        response = json.loads(text)["response"]
+        assert response["uid"] == "705ab4f5-6393-11e8-b7cc-42010a800002"
+        return dict(response)
+
+    foreign = claim(opaque({"deep": DEEP}, driver="other.example.com"), name="foreign")
+    assert answer(deep_review(foreign)) == {"uid": "705ab4f5-6393-11e8-b7cc-42010a800002", "allowed": True}
+    ours = claim(opaque({**GPU_CONFIG, "deep": DEEP}), name="ours")
+    refused = answer(deep_review(ours))
+    assert not refused["allowed"] and "warnings" not in refused
+    assert refused["status"]["code"] == 400 and refused["status"]["message"] == (
+        "ResourceClaim ns/ours: the object nests too deeply to decode (more than 100 levels), so its "
+        "gpu.gpudra.io config cannot be checked"
+    )
+    for obj in (
+        template(opaque({**GPU_CONFIG, "deep": DEEP})),
+        device_class(opaque({**GPU_CONFIG, "deep": DEEP})),
+    ):
+        assert not answer(deep_review(obj))["allowed"], obj["kind"]
+    # stored while no webhook ran: its finalizers can still be removed
+    assert answer(deep_review(ours, operation="UPDATE", old=ours))["allowed"]
+    # an unreadable old object hides no problem of the new one
+    fixed = claim(opaque(BAD), name="ours")
+    assert not answer(deep_review(fixed, operation="UPDATE", old=ours))["allowed"]
+    assert answer(deep_review(claim(opaque(GOOD), name="ours"), operation="UPDATE", old=ours))["allowed"]
+    assert skipped == [
+        ("resourceclaims", "ns/foreign", "too-deep"),
+        ("resourceclaims", "ns/ours", "too-deep"),
+        ("resourceclaimtemplates", "ns/t", "too-deep"),
+        ("deviceclasses", "shared.gpudra.io", "too-deep"),
+        ("resourceclaims", "ns/ours", "too-deep"),
+        ("resourceclaims", "ns/ours", "too-deep"),
+        ("resourceclaims", "ns/ours", "too-deep"),
+        ("resourceclaims", "ns/ours", "too-deep"),
+    ]
+    assert counted(metrics) == {
+        ("ResourceClaim", "allowed"): 3,
+        ("ResourceClaim", "denied"): 2,
+        ("ResourceClaimTemplate", "denied"): 1,
+        ("DeviceClass", "denied"): 1,
+    }
 
 
 def test_the_server_refuses_a_body_over_its_limit_unread(server: WebhookServer) -> None:
@@ -710,6 +780,66 @@ def test_a_ca_rollover_never_serves_a_certificate_the_configuration_does_not_tru
 
     leader.step()
     assert api.writes[6:] == []
+
+
+class Clock:
+    """A wall clock a test steps ahead or back."""
+
+    def __init__(self) -> None:
+        self.now = datetime.now(UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+@pytest.mark.parametrize(
+    "step_days",
+    [250, 365 * 9, 365 * 11, -30, -250, -365 * 3],
+    ids=["+250d", "+9y (CA rollover)", "+11y (CA expired)", "-30d", "-250d", "-3y"],
+)
+def test_a_stepped_wall_clock_put_right_heals_the_webhook_within_one_step(step_days: int) -> None:
+    """The leader's clock steps ahead or back and the keeper renews by it for a while (the API
+    server, whose clock is right, may refuse what it writes then); once the clock is put right,
+    the next step leaves a chain that verifies at the right time, and serves it."""
+    api, clock = FakeAdmission(), Clock()
+    right = clock.now
+    webhook = WebhookServer("127.0.0.1", 0, DRIVER, warnings=no_warnings)
+    leader = CertificateKeeper(api, OPTIONS, webhook, is_leader=lambda: True, clock=clock)
+    names = serving_names(OPTIONS)
+    leader.step()
+    clock.now = right + timedelta(days=step_days)
+    for _ in range(3):  # CA rollover takes two steps (the new CA joins, then the serving cert follows)
+        leader.step()
+    assert certs.renewal_reason(clock.now, api.material(), names) is None
+
+    clock.now = right + timedelta(seconds=5)
+    leader.step()
+    material = api.material()
+    assert certs.chain_problem(clock.now, api.bundle(), material, names) is None
+    assert certs.renewal_reason(clock.now, material, names) is None
+    assert leader._served == material and webhook.context() is not None
+    written = list(api.writes)
+    leader.step()
+    assert api.writes == written  # healed: nothing more to write
+
+
+def test_a_serving_certificate_the_configuration_does_not_verify_now_is_replaced_without_waiting() -> None:
+    """An expired CA (the leader was down past its end): the stored serving certificate is trusted
+    by the configuration's bundle by signature, but not now; the new CA and certificate replace it in
+    one step instead of waiting for a trust that can never come."""
+    api = FakeAdmission()
+    keeper(api)[0].step()
+    names = serving_names(OPTIONS)
+    expired = material_for(names, now=datetime.now(UTC) - certs.CA_LIFETIME - timedelta(days=1))
+    age(api, expired)
+    assert certs.trusts(api.bundle(), expired)
+    leader, webhook = keeper(api)
+    leader.step()
+    assert api.writes[2:] == ["update secret", "update configuration"]
+    material = api.material()
+    assert material.ca_crt != expired.ca_crt
+    assert certs.chain_problem(datetime.now(UTC), api.bundle(), material, names) is None
+    assert webhook.context() is not None
 
 
 def test_serving_names_follow_the_service_or_the_url() -> None:

@@ -97,7 +97,13 @@ def build_parser() -> argparse.ArgumentParser:
     _feature_gates(inv, "the API server's")
 
     val = commands.add_parser("validate", help="check gpudra configs in ResourceClaims, templates, classes")
-    val.add_argument("files", nargs="+", type=Path)
+    val.add_argument(
+        "files",
+        nargs="+",
+        type=Path,
+        metavar="PATH",
+        help="a YAML or JSON file, or a directory: its *.yaml, *.yml and *.json files (not subdirectories)",
+    )
     _add(val, "driver-name", default=DRIVER, help="DRA driver name whose configs are checked")
 
     why = commands.add_parser("explain", help="why a claim fits a node or not, by the scheduler's rules")

@@ -18,7 +18,8 @@ Online, the server is asked as the plugin asks it, by a server-side dry run of a
 (`gpudra.kube.field_probe`; nothing is stored); offline, `--server-minor` and `--feature-gates` say
 (default: the newest supported release, its default gates).
 
-Files are read with `gpudra.cli.manifest_files` (bounded: size, aliases, depth); the judging is
+Files are read with `gpudra.cli.manifest_files` (bounded: size, aliases, depth), the cluster's objects
+with `gpudra.kube.client` (bounded per object); an object left out is named on stderr. The judging is
 `gpudra.scheduling.explain`.
 """
 
@@ -35,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from gpudra.cli.explain_text import render_text
 from gpudra.cli.manifest_files import read_documents
 from gpudra.errors import ConfigError, GpudraError
+from gpudra.model.claim import Claim, read_claim
 from gpudra.model.kube_api import NEWEST_MINOR, OLDEST_MINOR
 from gpudra.model.publishing import ServerFields, parse_feature_gates
 from gpudra.scheduling.explain import (
@@ -61,7 +63,7 @@ class Inputs:
 
     classes: dict[str, list[str]] = field(default_factory=dict)
     slices: list[Mapping[str, Any]] = field(default_factory=list)
-    allocated: list[Mapping[str, Any]] = field(default_factory=list)
+    allocated: list[Claim] = field(default_factory=list)
     targets: list[list[ClaimToExplain]] = field(default_factory=list)  # each explained on its own
     fields: ServerFields | None = None  # what the API server keeps
     notes: list[str] = field(default_factory=list)
@@ -115,7 +117,7 @@ def _offline(args: argparse.Namespace) -> Inputs:
             if obj.get("kind") == "ResourceSlice":
                 inputs.slices.append(obj)
             elif obj.get("kind") == "ResourceClaim":
-                inputs.allocated.append(obj)
+                inputs.allocated.append(read_claim(obj))
     classes_file = args.classes or DEFAULT_CLASSES
     if not classes_file.exists():
         raise ConfigError(
@@ -140,11 +142,13 @@ def _gates(args: argparse.Namespace) -> dict[str, bool]:
 def _objects(path: Path) -> list[Mapping[str, Any]]:
     """The Kubernetes objects in a YAML or JSON file, Lists unpacked."""
     try:
-        documents = read_documents(path)
+        read = read_documents(path)
     except ValueError as err:
         raise ConfigError(str(err), field=str(path)) from None
+    for skipped in read.skipped:
+        _warn(f"left out {path}: {skipped.where}: {skipped.reason}")
     found: list[Mapping[str, Any]] = []
-    pending = [d for d in reversed(documents) if isinstance(d, Mapping)]  # a stack, first on top
+    pending = [d for d in reversed(read.documents) if isinstance(d, Mapping)]  # a stack, first on top
     while pending:
         obj = pending.pop()
         items = obj.get("items")
@@ -253,11 +257,11 @@ def _one_claim(obj: Mapping[str, Any], where: str, namespace: str) -> ClaimToExp
 def _online(args: argparse.Namespace) -> Inputs:
     from gpudra.kube.client import Kube, connect  # noqa: PLC0415 (offline runs need no API client)
 
-    cluster = Kube(connect(_kubeconfig(args.kubeconfig)))
+    cluster = Kube(connect(_kubeconfig(args.kubeconfig)), report_skipped=_warn)
     inputs = Inputs(classes=device_classes(cluster.list_device_classes()))
     _server(inputs, cluster, args)
     inputs.slices.extend(cluster.list_all_slices())
-    inputs.allocated.extend(cluster.list_all_claims())
+    inputs.allocated.extend(read_claim(obj) for obj in cluster.list_all_claims())
     if args.classes is not None:
         inputs.classes.update(device_classes(_objects(args.classes)))
     namespace = args.namespace or "default"
@@ -290,6 +294,11 @@ def _server(inputs: Inputs, cluster: Kube, args: argparse.Namespace) -> None:
             f"what the API server keeps is assumed from Kubernetes 1.{minor}'s default feature gates: a "
             f"dry run of a probe ResourceSlice failed ({err}); --feature-gates says otherwise"
         )
+
+
+def _warn(line: str) -> None:
+    """An object left out of what is explained (nested too deeply, see gpudra.bounded_json)."""
+    print(f"gpudra explain: warning: {line}", file=sys.stderr)
 
 
 def _kubeconfig(given: str | None) -> str | None:

@@ -4,44 +4,63 @@ the files named.
 A file may come from anyone (a pull request, a tenant), so reading it is bounded before anything is
 judged: only regular files (a FIFO would block forever, /dev/zero would never end), at most
 MAX_FILE_BYTES, YAML aliases counted as the nodes they expand to (a kilobyte "billion laughs" file
-would otherwise become gigabytes once walked), at most MAX_NODES expanded nodes and MAX_DEPTH levels
-of nesting per file. Each breach is one line naming the file and the limit (a ValueError the command
-turns into its message).
+would otherwise become gigabytes once walked), at most MAX_NODES expanded nodes per file. Each breach
+is one line naming the file and the limit (a ValueError the command turns into its message).
+
+Nesting is bounded per object, as in everything gpudra reads that others write (`gpudra.bounded_json`):
+a document, or an item of a List (`kubectl get resourceclaims -A -o yaml` holds every tenant's claims),
+that nests deeper than MAX_DEPTH levels is left out (None in its place) and named in `Documents.skipped`,
+and the rest of the file is used.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import stat
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 from yaml.composer import ComposerError
-from yaml.events import AliasEvent
-from yaml.nodes import Node
+from yaml.events import AliasEvent, CollectionEndEvent, CollectionStartEvent
+from yaml.nodes import Node, ScalarNode
+
+from gpudra import bounded_json
 
 MAX_FILE_BYTES = 8 * 1024 * 1024
 MAX_NODES = 1_000_000
-MAX_DEPTH = 100
+MAX_DEPTH = bounded_json.MAX_DEPTH
+_TOO_DEEP = f"nests deeper than {MAX_DEPTH} levels"
 
 
-def read_documents(path: Path) -> list[Any]:
-    """The documents of a YAML or (by suffix) JSON file; ValueError says what is wrong with it."""
+@dataclass(frozen=True)
+class Skipped:
+    """A document, or an item of a List, left out of a file: which ("document 2", "document 1,
+    items[3]", counted from 1 and 0 as `gpudra validate` counts them) and why."""
+
+    where: str
+    reason: str
+
+
+@dataclass
+class Documents:
+    """A file's documents, None in place of each document or List item left out (`skipped`)."""
+
+    documents: list[Any]
+    skipped: list[Skipped] = field(default_factory=list)
+
+
+def read_documents(path: Path) -> Documents:
+    """The documents of a YAML or (by suffix) JSON file; ValueError says what is wrong with the file."""
     text = _read_text(path)
     if path.suffix == ".json":
-        try:
-            documents = [json.loads(text)]
-        except json.JSONDecodeError as err:
-            raise ValueError(f"is not valid JSON: {err}") from err
-        except RecursionError as err:
-            raise ValueError(f"nests deeper than {MAX_DEPTH} levels") from err
-        for document in documents:
-            _check_shape(document)
-        return documents
+        return _json_documents(text)
+    loader = _BoundedLoader(text)
     try:
-        return list(yaml.load_all(text, Loader=_BoundedLoader))
+        documents = []
+        while loader.check_data():  # type: ignore[no-untyped-call]
+            documents.append(loader.get_data())
     except _TooBig as err:
         raise ValueError(str(err)) from err
     except yaml.MarkedYAMLError as err:
@@ -50,6 +69,42 @@ def read_documents(path: Path) -> list[Any]:
         raise ValueError(f"is not valid YAML: {err.problem or err.context}{where}") from err
     except yaml.YAMLError as err:
         raise ValueError(f"is not valid YAML: {err}") from err
+    finally:
+        loader.dispose()
+    found = Documents(documents)
+    for number, item in sorted(loader.too_deep, key=lambda at: (at[0], -1 if at[1] is None else at[1])):
+        _leave_out(found, number, item, _TOO_DEEP)
+    return found
+
+
+def _json_documents(text: str) -> Documents:
+    try:
+        document = bounded_json.decode(text, {"items": bounded_json.EACH}, keep=())
+    except bounded_json.Unreadable as err:
+        reason = _TOO_DEEP if err.poisoned.reason == "too-deep" else f"the object {err.poisoned.problem}"
+        return Documents([None], [Skipped("document 1", reason)])
+    except ValueError as err:
+        raise ValueError(f"is not valid JSON: {err}") from err
+    found = Documents([document])
+    items = document.get("items") if isinstance(document, dict) else None
+    for index, item in enumerate(items if isinstance(items, list) else []):
+        if isinstance(item, bounded_json.Poisoned):
+            reason = _TOO_DEEP if item.reason == "too-deep" else f"the object {item.problem}"
+            _leave_out(found, 1, index, reason)
+    _check_shape(document)
+    return found
+
+
+def _leave_out(found: Documents, number: int, item: int | None, reason: str) -> None:
+    """Document `number` (from 1), or item `item` of its List, replaced by None and named in `skipped`."""
+    document = found.documents[number - 1]
+    items = document.get("items") if isinstance(document, dict) and item is not None else None
+    if isinstance(items, list) and item is not None and item < len(items):
+        items[item] = None
+        found.skipped.append(Skipped(f"document {number}, items[{item}]", reason))
+    elif document is not None:
+        found.documents[number - 1] = None
+        found.skipped.append(Skipped(f"document {number}", reason))
 
 
 def _read_text(path: Path) -> str:
@@ -58,10 +113,14 @@ def _read_text(path: Path) -> str:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as err:
         raise ValueError(f"cannot be read: {err.strerror}") from err
-    with os.fdopen(fd, "rb") as file:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError("is not a regular file")
-        content = file.read(MAX_FILE_BYTES + 1)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise ValueError("is a directory, not a file" if stat.S_ISDIR(mode) else "is not a regular file")
+        with os.fdopen(os.dup(fd), "rb") as file:
+            content = file.read(MAX_FILE_BYTES + 1)
+    finally:
+        os.close(fd)
     if len(content) > MAX_FILE_BYTES:
         raise ValueError(f"is larger than {MAX_FILE_BYTES // (1024 * 1024)} MiB")
     try:
@@ -75,13 +134,21 @@ class _TooBig(ComposerError):
 
 
 class _BoundedLoader(yaml.SafeLoader):
-    """SafeLoader that counts every node as often as aliases repeat it, and bounds the nesting."""
+    """SafeLoader that counts every node as often as aliases repeat it, and leaves out what nests too
+    deeply: such a node's events are read past without composing them, a null takes its place, and
+    `too_deep` names its document (from 1) and, inside a List's `items`, its item (else None)."""
 
     def __init__(self, stream: str) -> None:
         super().__init__(stream)
         self._nodes = 0
-        self._depth = 0
         self._sizes: dict[int, int] = {}  # id(node) -> nodes it expands to, for aliases to it
+        self._document = 0
+        self._path: list[object] = []  # per open node, its index in its parent (compose_node's)
+        self.too_deep: set[tuple[int, int | None]] = set()
+
+    def compose_document(self) -> Node | None:
+        self._document += 1
+        return super().compose_document()
 
     def compose_node(self, parent: Node | None, index: Any) -> Node | None:
         if self.check_event(AliasEvent):
@@ -90,15 +157,28 @@ class _BoundedLoader(yaml.SafeLoader):
                 raise _TooBig("refers to itself through a YAML alias")
             self._count(self._sizes[id(node)])
             return node
-        self._depth += 1
-        if self._depth > MAX_DEPTH:
-            raise _TooBig(f"nests deeper than {MAX_DEPTH} levels")
+        if len(self._path) >= MAX_DEPTH:
+            return self._skip()
+        self._path.append(index)
         before = self._nodes
         self._count(1)
         node = super().compose_node(parent, index)
-        self._depth -= 1
+        self._path.pop()
         self._sizes[id(node)] = self._nodes - before
         return node
+
+    def _skip(self) -> Node:
+        """Reads past the node that starts here; records where it was; a null in its place."""
+        start = event = self.get_event()  # type: ignore[no-untyped-call]
+        level = int(isinstance(event, CollectionStartEvent))
+        while level:
+            event = self.get_event()  # type: ignore[no-untyped-call]
+            level += isinstance(event, CollectionStartEvent) - isinstance(event, CollectionEndEvent)
+        key = self._path[1] if len(self._path) > 1 else None  # the root's member holding the node
+        item = self._path[2] if len(self._path) > 2 else None
+        in_items = isinstance(key, ScalarNode) and key.value == "items" and isinstance(item, int)
+        self.too_deep.add((self._document, item if in_items and isinstance(item, int) else None))
+        return ScalarNode("tag:yaml.org,2002:null", "", start.start_mark, event.end_mark)
 
     def _count(self, nodes: int) -> None:
         self._nodes += nodes
@@ -107,15 +187,12 @@ class _BoundedLoader(yaml.SafeLoader):
 
 
 def _check_shape(document: Any) -> None:
-    """Depth and node bounds for a parsed JSON document (iterative: deep input must not recurse)."""
+    """The node bound for a parsed JSON document (iterative; its depth is bounded per object already)."""
     nodes = 0
-    stack: list[tuple[Any, int]] = [(document, 1)]
+    stack: list[Any] = [document]
     while stack:
-        value, depth = stack.pop()
+        value = stack.pop()
         nodes += 1
-        if depth > MAX_DEPTH:
-            raise ValueError(f"nests deeper than {MAX_DEPTH} levels")
         if nodes > MAX_NODES:
             raise ValueError(f"has more than {MAX_NODES} values")
-        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
-        stack.extend((child, depth + 1) for child in children)
+        stack.extend(value.values() if isinstance(value, dict) else value if isinstance(value, list) else ())

@@ -3,12 +3,14 @@
 With a kubeconfig (the default) the command lists this driver's ResourceSlices, the ResourceClaims and
 the DeviceClasses and builds the view with the controller's own code (`gpudra.scheduling.cluster_view`):
 it needs no network path to the controller and works while none runs, with the user's own
-permissions. With `--controller-url` it reads the view the controller serves at `/status` instead.
+permissions. An object beyond gpudra.bounded_json's bounds is left out of the view, with a warning on
+stderr naming it. With `--controller-url` it reads the view the controller serves at `/status` instead.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import urllib.error
 import urllib.request
 from datetime import UTC, datetime
@@ -19,6 +21,7 @@ from pydantic import ValidationError
 from gpudra.cli.status_text import render
 from gpudra.errors import ClusterError
 from gpudra.kube import client as kube
+from gpudra.model.claim import read_claim
 from gpudra.scheduling import cluster_view
 from gpudra.scheduling.cluster_view import ClusterView
 
@@ -29,11 +32,11 @@ def fetch(
     *, kubeconfig: str | None, driver: str, idle_after_seconds: float, controller_url: str | None
 ) -> ClusterView:
     if not controller_url:
-        api = kube.Kube(kube.connect(kubeconfig))
+        api = kube.Kube(kube.connect(kubeconfig), report_skipped=_warn)
         return cluster_view.build(
             driver=driver,
             slices=[s for s in api.list_all_slices() if (s.get("spec") or {}).get("driver") == driver],
-            claims=api.list_all_claims(),
+            claims=[read_claim(obj) for obj in api.list_all_claims()],
             classes=api.list_device_classes(),
             now=datetime.now(UTC),
             idle_after_seconds=idle_after_seconds,
@@ -43,6 +46,12 @@ def fetch(
         return ClusterView.model_validate(document)
     except ValidationError as err:
         raise ClusterError(f"the controller sent a status this gpudra cannot read: {err}") from err
+
+
+def _warn(line: str) -> None:
+    """An object left out of the view (a tenant's claim nested too deeply to decode, see
+    gpudra.bounded_json): the rest of the cluster is shown."""
+    print(f"gpudra status: warning: {line}", file=sys.stderr)
 
 
 def _get(url: str) -> Any:

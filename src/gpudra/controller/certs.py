@@ -14,11 +14,20 @@ trust a certificate it was not told about first:
   `ca.crt` holds the signing CA first, then the older CAs until they expire, and the serving
   certificate (signed by the old CA) stays;
 - the serving certificate is reissued by the current CA when it is missing, was signed by another CA
-  (which is the second half of a CA change), names other hosts than the webhook's, or has less than a
-  third of its life left; the caller makes this change only once the configuration trusts that CA;
+  (which is the second half of a CA change), names other hosts than the webhook's, is not valid now,
+  or has less than a third of its life left; the caller makes this change only once the configuration
+  trusts that CA;
 - expired CAs leave the bundle.
-A CA that is missing, unreadable or expired is replaced together with the serving certificate: there
-is no trust left to keep.
+A CA that is missing, unreadable or not valid now is replaced together with the serving certificate:
+there is no trust left to keep.
+
+The clock may step either way between two renewals (a leader whose wall clock jumped ahead reissued
+the certificates with a start in the future, then the clock was put right). So "valid" always means
+"the validity period covers now", judged afresh at every call by `renewal_due`, a function of the two
+validity periods and `now` alone: a certificate not valid yet is renewed like an expired one, never
+counted as having more than its whole life left. Last, the serving certificate must pass a full path
+validation against the bundle at `now` (`chain_problem`, as a TLS client makes it), so that no other
+flaw leaves a chain the API server refuses in place.
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509 import verification
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from gpudra.errors import ConfigError
@@ -223,12 +233,6 @@ def _signed_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
     return True
 
 
-def _life_left(now: datetime, cert: x509.Certificate) -> float:
-    """The share of the certificate's validity period still ahead (negative once expired)."""
-    start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
-    return (end - now) / (end - start)
-
-
 def _wanted(names: Sequence[str]) -> set[str]:
     return {str(ipaddress.ip_address(n)) if _is_ip(n) else n.lower() for n in names}
 
@@ -245,53 +249,126 @@ def _same_key(cert: x509.Certificate, key: ec.EllipticCurvePrivateKey) -> bool:
     return cert.public_key() == key.public_key()
 
 
+def chain_problem(now: datetime, bundle: bytes, material: Material, names: Sequence[str]) -> str | None:
+    """Why a TLS client that trusts the CAs of `bundle` (PEM) refuses the serving certificate of
+    `material` at `now` for one of `names`, or None when it accepts it for each: a full path validation
+    (signatures, every certificate's validity period, key usages, names)."""
+    try:
+        serving, store = read_certificates(material.tls_crt)[0], verification.Store(read_certificates(bundle))
+    except ConfigError as err:
+        return str(err)
+    for name in names:
+        subject: verification.Subject = (
+            x509.IPAddress(ipaddress.ip_address(name)) if _is_ip(name) else x509.DNSName(name)
+        )
+        verifier = verification.PolicyBuilder().store(store).time(now).build_server_verifier(subject)
+        try:
+            verifier.verify(serving, [])
+        except verification.VerificationError as err:
+            return f"a client that trusts ca.crt refuses it for {name} at {_stamp(now)}: {err}"
+    return None
+
+
+def _stamp(when: datetime) -> str:
+    return f"{when:%Y-%m-%dT%H:%M:%SZ}"
+
+
+# --- when: the validity periods against now ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Validity:
+    """A certificate's validity period: from `start` (notBefore) until `end` (notAfter)."""
+
+    start: datetime
+    end: datetime
+
+    @classmethod
+    def of(cls, cert: x509.Certificate) -> Validity:
+        return cls(cert.not_valid_before_utc, cert.not_valid_after_utc)
+
+    def covers(self, now: datetime) -> bool:
+        return self.start <= now < self.end
+
+    def share_left(self, now: datetime) -> float:
+        """The share of the period still ahead; meaningful only where it `covers` now."""
+        return (self.end - now) / (self.end - self.start)
+
+    def gap(self, now: datetime) -> str:
+        """Why the period does not cover `now`."""
+        if now < self.start:
+            return f"is not valid before {_stamp(self.start)}, later than now ({_stamp(now)})"
+        return f"expired at {_stamp(self.end)}"
+
+
 # --- renewal -------------------------------------------------------------------------------------
 
 
-class _Change(enum.Enum):
+class Change(enum.Enum):
+    """The one change renewal makes at a time (see the module docstring)."""
+
     EVERYTHING = "new CA and serving certificate"
     CA = "new CA beside the old one"
     SERVING = "new serving certificate"
     PRUNE = "expired CAs out of the bundle"
 
 
-def _plan(now: datetime, stored: Material | None, names: Sequence[str]) -> tuple[_Change, str] | None:
+def _plan(now: datetime, stored: Material | None, names: Sequence[str]) -> tuple[Change, str] | None:
     """The one change the stored material needs first, and why; None when it is good."""
     if stored is None:
-        return _Change.EVERYTHING, "no TLS material stored"
+        return Change.EVERYTHING, "no TLS material stored"
     try:
         bundle, ca_key = read_certificates(stored.ca_crt), read_key(stored.ca_key)
     except ConfigError as err:
-        return _Change.EVERYTHING, f"ca.crt or ca.key is missing or unreadable: {err}"
+        return Change.EVERYTHING, f"ca.crt or ca.key is missing or unreadable: {err}"
     ca = bundle[0]
     if not _same_key(ca, ca_key):
-        return _Change.EVERYTHING, "ca.key does not belong to the first certificate of ca.crt"
-    if ca.not_valid_after_utc <= now:
-        return _Change.EVERYTHING, f"the CA expired at {ca.not_valid_after_utc:%Y-%m-%dT%H:%M:%SZ}"
-    if _life_left(now, ca) < CA_RENEW_AT:
-        return _Change.CA, f"the CA expires at {ca.not_valid_after_utc:%Y-%m-%dT%H:%M:%SZ}"
+        return Change.EVERYTHING, "ca.key does not belong to the first certificate of ca.crt"
+    due = renewal_due(now, Validity.of(ca))
+    if due is not None:
+        return due
 
     try:
         serving, key = read_certificates(stored.tls_crt)[0], read_key(stored.tls_key)
     except ConfigError as err:
-        return _Change.SERVING, f"tls.crt or tls.key is missing or unreadable: {err}"
+        return Change.SERVING, f"tls.crt or tls.key is missing or unreadable: {err}"
     if not _same_key(serving, key):
-        return _Change.SERVING, "tls.key does not belong to tls.crt"
+        return Change.SERVING, "tls.key does not belong to tls.crt"
     if not _signed_by(serving, ca):
-        return _Change.SERVING, "the serving certificate is not signed by the current CA"
+        return Change.SERVING, "the serving certificate is not signed by the current CA"
     have, want = names_of(serving), _wanted(names)
     if have != want:
-        return _Change.SERVING, (
+        return Change.SERVING, (
             f"the serving certificate is for {', '.join(sorted(have)) or 'no names'}; "
             f"the webhook is reached as {', '.join(sorted(want))}"
         )
-    if _life_left(now, serving) < SERVING_RENEW_AT:
-        return _Change.SERVING, (
-            f"the serving certificate expires at {serving.not_valid_after_utc:%Y-%m-%dT%H:%M:%SZ}"
-        )
+    due = renewal_due(now, Validity.of(ca), Validity.of(serving))
+    if due is not None:
+        return due
+    problem = chain_problem(now, stored.ca_crt, stored, names)
+    if problem is not None:  # a flaw the checks above do not know: nothing trusted is left to keep
+        return Change.EVERYTHING, f"the serving certificate does not verify: {problem}"
     expired = [c for c in bundle[1:] if c.not_valid_after_utc <= now]
     if expired:
-        return _Change.PRUNE, f"{len(expired)} old CA(s) in ca.crt expired"
+        return Change.PRUNE, f"{len(expired)} old CA(s) in ca.crt expired"
+    return None
+
+
+def renewal_due(now: datetime, ca: Validity, serving: Validity | None = None) -> tuple[Change, str] | None:
+    """The change the validity periods of the CA (and of the serving certificate, when given) ask
+    for at `now`, and why; None when they need none. Only `now` counts, never the time a certificate
+    was issued, so a clock that stepped ahead and back (or back and ahead) since is judged the same as
+    one that never moved: a period that does not cover now is renewed, whichever side of it now lies."""
+    if not ca.covers(now):
+        return Change.EVERYTHING, f"the CA {ca.gap(now)}"
+    if ca.share_left(now) < CA_RENEW_AT:
+        return Change.CA, f"the CA expires at {_stamp(ca.end)}"
+    if serving is None:
+        return None
+    if not serving.covers(now):
+        return Change.SERVING, f"the serving certificate {serving.gap(now)}"
+    if serving.share_left(now) < SERVING_RENEW_AT:
+        return Change.SERVING, f"the serving certificate expires at {_stamp(serving.end)}"
     return None
 
 
@@ -315,18 +392,18 @@ def renewed(
         assert stored is not None  # _plan answers None only for stored material
         return stored
     change = plan[0]
-    if change is _Change.EVERYTHING or stored is None:
+    if change is Change.EVERYTHING or stored is None:
         ca = issue_ca(now, lifetime=ca_lifetime)
         serving = issue_serving(now, ca, wanted_names, lifetime=serving_lifetime)
         return Material(serving.cert, serving.key, ca.cert, ca.key)
     bundle = read_certificates(stored.ca_crt)
     valid = [c for c in bundle[1:] if c.not_valid_after_utc > now]
-    if change is _Change.CA:
+    if change is Change.CA:
         ca = issue_ca(now, lifetime=ca_lifetime)
         # The old CA stays trusted: the serving certificate it signed is still being served.
         kept = [c for c in bundle if c.not_valid_after_utc > now]
         return Material(stored.tls_crt, stored.tls_key, ca.cert + _bundle_pem(kept), ca.key)
-    if change is _Change.PRUNE:
+    if change is Change.PRUNE:
         return Material(stored.tls_crt, stored.tls_key, _bundle_pem([bundle[0], *valid]), stored.ca_key)
     serving = issue_serving(
         now, Issued(_cert_pem(bundle[0]), stored.ca_key), wanted_names, lifetime=serving_lifetime

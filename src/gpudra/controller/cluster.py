@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 from gpudra.errors import GpudraError
 from gpudra.kube.client import Kube
 from gpudra.kube.informer import Informer
+from gpudra.model.claim import read_claim, read_spec_of
 from gpudra.model.kube_api import GROUP, VERSION
 from gpudra.scheduling import cluster_view
 from gpudra.scheduling.explain import device_classes
@@ -33,6 +35,10 @@ log = logging.getLogger(__name__)
 
 # A scrape every few seconds must not rebuild a thousand nodes' view each time.
 VIEW_SECONDS = 5.0
+# How long a watch may fail before readiness calls the picture stale: past the informers' longest retry
+# wait (30 s, `service.Loop`), so one blip of the API server does not take the webhook out of its
+# Service, while a picture a minute behind is reported rather than served as current.
+STALE_AFTER_SECONDS = 60.0
 
 
 class ClusterWatch:
@@ -46,6 +52,7 @@ class ClusterWatch:
         idle_after_seconds: float,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         server_minor: Callable[[], int] | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         """`server_minor`: the API server's minor version, read once when first needed, for the forms
         of the GPUs no node can publish there (the admission warnings)."""
@@ -61,10 +68,17 @@ class ClusterWatch:
             f"{base}/resourceslices",
             field_selector=f"spec.driver={driver}",
             on_change=self._slices_changed,
+            clock=monotonic,
         )
-        self.claims = Informer(kube, "resourceclaims", f"{base}/resourceclaims", on_change=self._changed)
+        self.claims = Informer(
+            kube, "resourceclaims", f"{base}/resourceclaims", on_change=self._changed, clock=monotonic
+        )
         self.classes = Informer(
-            kube, "deviceclasses", f"{base}/deviceclasses", on_change=lambda: self._changed(devices=True)
+            kube,
+            "deviceclasses",
+            f"{base}/deviceclasses",
+            on_change=lambda: self._changed(devices=True),
+            clock=monotonic,
         )
         self.informers = [self.slices, self.claims, self.classes]
         self._lock = threading.Lock()
@@ -88,6 +102,19 @@ class ClusterWatch:
         waiting = [i.resource for i in self.informers if not i.synced.is_set()]
         return f"not listed yet: {', '.join(waiting)}" if waiting else None
 
+    def current(self) -> str | None:
+        """The readiness probe: which watches have not listed yet, or have been failing (no LIST since)
+        for longer than STALE_AFTER_SECONDS, with their last error."""
+        waiting = self.synced()
+        if waiting is not None:
+            return waiting
+        stale = [
+            f"{i.resource} (failing for {i.failing_seconds():.0f} s: {i.loop.last_error or 'no LIST yet'})"
+            for i in self.informers
+            if i.failing_seconds() > STALE_AFTER_SECONDS
+        ]
+        return f"the cluster picture is stale: {'; '.join(stale)}" if stale else None
+
     def _changed(self, *, devices: bool = False) -> None:
         with self._lock:
             self._changes += 1
@@ -107,7 +134,7 @@ class ClusterWatch:
         view = cluster_view.build(
             driver=self.driver,
             slices=self.slices.objects(),
-            claims=self.claims.objects(),
+            claims=[read_claim(obj) for obj in self.claims.objects()],
             classes=self.classes.objects(),
             now=now,
             idle_after_seconds=self.idle_after_seconds,
@@ -150,4 +177,4 @@ class ClusterWatch:
         """The admission warnings for a claim or template (none until the watches have listed)."""
         if self.synced() is not None:
             return []
-        return self.reach().warnings(obj)
+        return self.reach().warnings(read_spec_of(obj))

@@ -9,6 +9,10 @@ claim stays allocated: a GPU reported idle (or busy) forever by a plugin that no
 leader removes this driver's entries whose pool no longer has a ResourceSlice.
 
 Nothing is removed before every watch has listed (an empty picture is not "every pool is gone").
+
+Each claim is judged as `gpudra.model.claim` reads it; the write replaces the claim's `status.devices` in
+the object as the watch served it (the rest of its status goes back unchanged, other drivers' entries
+as they were written), so the objects themselves travel along to it.
 """
 
 from __future__ import annotations
@@ -17,28 +21,29 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from gpudra.model.claim import read_claim
 from gpudra.service import Loop
 
 log = logging.getLogger(__name__)
 PERIOD_SECONDS = 60.0
 
 Obj = dict[str, Any]
-# (claim as seen, the status.devices entries to keep): replaces the claim's entries if it is unchanged
+# (claim object as seen, the status.devices entries to keep): replaces the claim's entries if it is unchanged
 ClearStatus = Callable[[Mapping[str, Any], list[Obj]], None]
 
 
 def stale_reports(
     claims: Iterable[Mapping[str, Any]], slices: Iterable[Mapping[str, Any]], *, driver: str
 ) -> list[tuple[Mapping[str, Any], list[Obj]]]:
-    """(claim, the status.devices entries it keeps) for each claim with entries of `driver` from a pool
-    without slices. Pure."""
+    """(claim object, the status.devices entries it keeps) for each claim with entries of `driver` from
+    a pool without slices. Pure."""
     pools = {str(((s.get("spec") or {}).get("pool") or {}).get("name")) for s in slices}
     found = []
-    for claim in claims:
-        entries = (claim.get("status") or {}).get("devices") or []
-        keep = [e for e in entries if e.get("driver") != driver or str(e.get("pool")) in pools]
-        if len(keep) != len(entries):
-            found.append((claim, keep))
+    for obj in claims:
+        stale = {d.index for d in read_claim(obj).devices if d.driver == driver and d.pool not in pools}
+        if stale:
+            entries = obj["status"]["devices"]
+            found.append((obj, [e for i, e in enumerate(entries) if i not in stale]))
     return found
 
 
@@ -77,14 +82,10 @@ class Housekeeping:
     def _step(self) -> float:
         if self.synced() is not None or not self.is_leader():
             return PERIOD_SECONDS
-        for claim, keep in stale_reports(self.claims(), self.slices(), driver=self.driver):
+        for obj, keep in stale_reports(self.claims(), self.slices(), driver=self.driver):
             if not self.is_leader():  # checked right before each write: a deposed leader writes nothing
                 break
-            meta = claim.get("metadata") or {}
-            self.clear(claim, keep)
+            self.clear(obj, keep)
             self.removed += 1
-            log.info(
-                "removed usage reports of nodes gone",
-                extra={"claim": f"{meta.get('namespace')}/{meta.get('name')}"},
-            )
+            log.info("removed usage reports of nodes gone", extra={"claim": read_claim(obj).namespaced_name})
         return PERIOD_SECONDS

@@ -18,6 +18,13 @@ The API server is told to call the webhook twice, as two webhooks of one configu
 Both list only resource.k8s.io/v1 with matchPolicy Equivalent: the API server converts requests made
 through v1beta1 and v1beta2 to v1 before calling (admissionregistration/v1 `matchPolicy`), so one
 handler reads one version.
+
+The review's `object` and `oldObject` are decoded each on its own within `gpudra.bounded_json`'s bounds.
+One beyond them (a tenant's parameters nested thousands of levels deep) cannot be judged: it is refused
+when it carries a config of this driver (found by reading its tokens, as the API server's
+matchCondition does on the object it holds), else let through without advice; either way counted and
+logged (`skipped`). An UPDATE whose old object was just as unreadable is let through, so that such a
+claim stored while no webhook ran can still lose its finalizers.
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit
 
+from gpudra import bounded_json
+from gpudra.bounded_json import Poisoned
 from gpudra.controller.certs import Material, read_certificates
 from gpudra.controller.options import Options
 from gpudra.errors import ConfigError
@@ -68,6 +77,15 @@ CONNECTION_TIMEOUT = 15.0
 
 Warnings = Callable[[Mapping[str, Any]], list[str]]
 
+# The review's objects, each decoded on its own; where an unreadable one's opaque configs name drivers.
+_REVIEW_SHAPE = {"request": {"object": bounded_json.ONE, "oldObject": bounded_json.ONE}}
+_CONFIG_DRIVERS = {
+    "ResourceClaim": ("spec", "devices", "config", "*", "opaque", "driver"),
+    "ResourceClaimTemplate": ("spec", "spec", "devices", "config", "*", "opaque", "driver"),
+    "DeviceClass": ("spec", "config", "*", "opaque", "driver"),
+}
+_KEEP = bounded_json.METADATA | set(_CONFIG_DRIVERS.values())
+
 
 # --- the review ----------------------------------------------------------------------------------
 
@@ -77,18 +95,30 @@ def review(body: Mapping[str, Any], *, driver: str, warnings: Warnings) -> dict[
     UPDATE of a ResourceClaim, ResourceClaimTemplate or DeviceClass carries a bad config of `driver`;
     on UPDATE only problems the old object did not have count, so an object stored before the webhook
     existed (or was stricter) can still get its finalizers removed. `warnings(object)` adds advice for
-    claims and templates. A malformed review raises ConfigError naming the field."""
+    claims and templates. An object `bounded_json` left unread (a `Poisoned`) is judged as the module
+    docstring says. A malformed review raises ConfigError naming the field."""
     request = _request(body)
     operation, gvk, obj = request["operation"], request["kind"], request.get("object")
     response: dict[str, Any] = {"uid": request["uid"], "allowed": True}
     kind = gvk["kind"]
     judged = operation in ("CREATE", "UPDATE") and gvk.get("group") == GROUP and kind in JUDGED_KINDS
-    if judged:
+    if judged and isinstance(obj, Poisoned):
+        old_unread = operation == "UPDATE" and isinstance(request.get("oldObject"), Poisoned)
+        if driver in obj.strings.get(_CONFIG_DRIVERS[kind], ()) and not old_unread:
+            response["allowed"] = False
+            response["status"] = {
+                "status": "Failure",
+                "code": 400,
+                "reason": "BadRequest",
+                "message": f"{kind} {obj.ref}: the object {obj.problem}, so its {driver} config cannot "
+                "be checked",
+            }
+    elif judged:
         if not isinstance(obj, Mapping):
             raise ConfigError(f"must be an object for {operation} of a {kind}", field="request.object")
         problems = _problems(obj, gvk, driver)
         old = request.get("oldObject")
-        if problems and operation == "UPDATE" and isinstance(old, Mapping):
+        if problems and operation == "UPDATE" and isinstance(old, Mapping):  # not a Poisoned one
             before = set(_problems(old, gvk, driver))
             problems = [p for p in problems if p not in before]
         if problems:
@@ -277,7 +307,8 @@ class WebhookServer:
     after `start`), as a `service.Service`. It answers no connection before `use` gave it a
     certificate (they are closed at once, so the API server applies the failurePolicy without waiting);
     `use` again swaps the certificate for new connections without closing the listening socket.
-    Each answer is counted by `count_review(kind, result)` (gpudra_admission_reviews_total)."""
+    Each answer is counted by `count_review(kind, result)` (gpudra_admission_reviews_total), each object
+    left unread passed to `skipped(resource, poisoned)` (gpudra_skipped_objects_total)."""
 
     def __init__(
         self,
@@ -287,6 +318,7 @@ class WebhookServer:
         *,
         warnings: Warnings,
         count_review: Callable[[str, str], None] = lambda kind, result: None,
+        skipped: Callable[[str, Poisoned], None] = lambda resource, poisoned: None,
     ) -> None:
         self.address = address
         self.port = port
@@ -296,6 +328,7 @@ class WebhookServer:
         self._listener: _Listener | None = None
         self._thread: threading.Thread | None = None
         self._count_review = count_review
+        self._skipped = skipped
 
     def use(self, material: Material) -> None:
         """Serve `material`'s certificate from now on; ConfigError when it cannot be loaded."""
@@ -333,11 +366,12 @@ class WebhookServer:
         """(HTTP status, body, content type) for a POSTed review."""
         kind, result = "unknown", "error"
         try:
-            document = json.loads(body)
+            document = bounded_json.decode(body.decode(), _REVIEW_SHAPE, keep=_KEEP)
             kind = _kind_of(document)
+            self._report_unread(document, kind)
             response = review(document, driver=self.driver, warnings=self.warnings)
-        except RecursionError:
-            status, text = 400, "the review nests too deeply to decode"
+        except bounded_json.Unreadable as err:
+            status, text = 400, f"the review {err}"
         except ConfigError as err:
             status, text = 400, f"malformed AdmissionReview: {err}"
         except ValueError as err:  # not JSON
@@ -352,6 +386,13 @@ class WebhookServer:
         log.warning("admission review refused", extra={"status": status, "error": text})
         self._count_review(kind, result)
         return status, text.encode(), "text/plain; charset=utf-8"
+
+    def _report_unread(self, document: object, kind: str) -> None:
+        request = document.get("request") if isinstance(document, Mapping) else None
+        for member in ("object", "oldObject"):
+            poisoned = request.get(member) if isinstance(request, Mapping) else None
+            if isinstance(poisoned, Poisoned):
+                self._skipped(_RESOURCES_JUDGED.get(kind, "other"), poisoned)
 
 
 def _kind_of(document: object) -> str:

@@ -13,8 +13,13 @@ The order of writes keeps the API server trusting the certificate served at ever
 - a serving certificate from a CA the configuration does not trust yet waits until a step that finds
   the configuration trusting it; replicas only ever load it from the Secret afterwards;
 - the leader's own server takes new material after the configuration was written.
-Only when nothing is trusted anyway (no Secret, an unusable or expired CA) are CA and serving
-certificate made and written together.
+Only when nothing is trusted anyway (no Secret, an unusable CA or one not valid now, a serving
+certificate the configuration's bundle does not verify now) are CA and serving certificate made and
+written together.
+
+Each step reads the clock afresh and judges the stored material against it alone (gpudra.controller.certs),
+and the loop's wait is monotonic: a wall clock stepped ahead or back, and put right again, is noticed on
+the next step, one PERIOD at most.
 """
 
 from __future__ import annotations
@@ -79,12 +84,19 @@ class CertificateKeeper:
     certificate; a `service.Service` on its own `Loop`."""
 
     def __init__(
-        self, api: AdmissionApi, options: Options, server: WebhookServer, *, is_leader: Callable[[], bool]
+        self,
+        api: AdmissionApi,
+        options: Options,
+        server: WebhookServer,
+        *,
+        is_leader: Callable[[], bool],
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.api = api
         self.options = options
         self.server = server
         self.is_leader = is_leader
+        self.clock = clock
         self.loop = Loop("webhook-certificates", self.step)
         self._served: Material | None = None
 
@@ -116,12 +128,12 @@ class CertificateKeeper:
     def _lead(self, secret: Obj | None, stored: Material | None) -> Material:
         """The material after this step's writes (see the module docstring for their order)."""
         names = serving_names(self.options)
-        now = datetime.now(UTC)
+        now = self.clock()
         configuration = self.api.get_webhook_configuration(self.options.webhook_configuration)
         reason = certs.renewal_reason(now, stored, names)
         if reason is not None:
             candidate = certs.renewed(now, stored, names)
-            if stored is not None and self._must_wait(stored, candidate, configuration):
+            if stored is not None and self._must_wait(now, names, stored, candidate, configuration):
                 log.info(
                     "webhook certificate renewal waits for the configuration to trust its CA",
                     extra={"reason": reason},
@@ -134,13 +146,18 @@ class CertificateKeeper:
         return stored
 
     @staticmethod
-    def _must_wait(stored: Material, candidate: Material, configuration: Obj | None) -> bool:
-        """Whether `candidate` would replace a trusted serving certificate with one the configuration
-        does not trust yet."""
+    def _must_wait(
+        now: datetime, names: list[str], stored: Material, candidate: Material, configuration: Obj | None
+    ) -> bool:
+        """Whether `candidate` would replace a serving certificate that the configuration's bundles
+        verify now with one they do not trust yet. One they do not verify now (expired, not valid yet,
+        from a CA not valid now) is no trust to keep: it is replaced at once."""
         if candidate.tls_crt == stored.tls_crt:
             return False
         bundles = _bundles(configuration)
-        trusted_now = bool(bundles) and all(certs.trusts(b, stored) for b in bundles)
+        trusted_now = bool(bundles) and all(
+            certs.chain_problem(now, bundle, stored, names) is None for bundle in bundles
+        )
         return trusted_now and not all(certs.trusts(b, candidate) for b in bundles)
 
     def _write_secret(self, secret: Obj | None, material: Material, reason: str) -> None:

@@ -64,8 +64,9 @@ def run(options: Options, *, stop: threading.Event) -> None:
     metrics.track_view(cluster.view)
     metrics.track_leader(elector.is_leader, lambda: elector.transitions)
     metrics.track_api_requests(client.request_counts)
+    metrics.track_skipped_objects(client.skipped.counts)
     loops = [*(i.loop for i in cluster.informers), elector.loop, housekeeping.loop]
-    readiness = [Check("cluster-watches", cluster.synced)]
+    readiness = [Check("cluster-watches", cluster.current)]
     services: list[service.Service] = [cluster, elector]
     if options.webhook_port:
         webhook = WebhookServer(
@@ -74,6 +75,7 @@ def run(options: Options, *, stop: threading.Event) -> None:
             driver=options.driver,
             warnings=cluster.warnings,
             count_review=metrics.admission_reviews(),
+            skipped=client.skipped.record,
         )
         keeper = CertificateKeeper(
             AdmissionObjects(client, owners=owners), options, webhook, is_leader=elector.is_leader

@@ -524,41 +524,25 @@ class Nvml:
         """Creates a GPU instance at the placement and its default full compute instance.
 
         All or nothing: if the compute instance cannot be made, the GPU instance is destroyed again.
-        A GPU instance of this profile left at exactly this placement without a compute instance (a
-        crash between the two steps) is completed instead of refused.
+        An instance already at the placement, with a compute instance or without, is refused
+        (InsufficientResources): nothing here can tell who made it, so nothing here adopts it.
         """
         handle = self._handle(gpu_uuid)
         profile = self._mig_profile(handle, gpu_uuid=gpu_uuid, profile_id=profile_id)
         placement = pynvml.c_nvmlGpuInstancePlacement_t(placement_start, profile.memory_slices)
-        try:
-            gi = _call(
-                pynvml.nvmlDeviceCreateGpuInstanceWithPlacement,
-                handle,
-                profile_id,
-                ctypes.byref(placement),
-                gpu=gpu_uuid,
-            )
-        except errors.InsufficientResources:
-            gi = self._unfinished_gpu_instance(
-                handle, gpu_uuid=gpu_uuid, profile=profile, placement_start=placement_start
-            )
-            if gi is None:
-                raise
+        gi = _call(
+            pynvml.nvmlDeviceCreateGpuInstanceWithPlacement,
+            handle,
+            profile_id,
+            ctypes.byref(placement),
+            gpu=gpu_uuid,
+        )
         try:
             return self._add_compute_instance(gi, gpu_uuid=gpu_uuid, profile=profile)
         except BaseException as failure:
             with _noted(failure):
                 _call(pynvml.nvmlGpuInstanceDestroy, gi, gpu=gpu_uuid)
             raise
-
-    def _unfinished_gpu_instance(
-        self, handle: Any, *, gpu_uuid: str, profile: records.MigProfile, placement_start: int
-    ) -> Any | None:
-        for gi in self._gpu_instances(handle, uuid=gpu_uuid, profile=profile):
-            info = _call(pynvml.nvmlGpuInstanceGetInfo, gi, gpu=gpu_uuid)
-            if info.placement.start == placement_start and not any(self._compute_instances(gi, gpu_uuid)):
-                return gi
-        return None
 
     def _add_compute_instance(
         self, gi: Any, *, gpu_uuid: str, profile: records.MigProfile
@@ -618,6 +602,30 @@ class Nvml:
         total_bytes = _call(pynvml.nvmlDeviceGetMemoryInfo, handle, gpu=gpu_uuid).total
         profiles = self._mig_profiles(handle, uuid=gpu_uuid, total_bytes=total_bytes)
         return self._mig_devices(handle, uuid=gpu_uuid, profiles=profiles)
+
+    def gpu_instances(self, *, gpu_uuid: str) -> tuple[records.GpuInstance, ...]:
+        """The GPU instances that exist on the GPU now, by placement, each with the MIG devices in it:
+        also one without a compute instance, which `mig_devices` leaves out. () with MIG disabled."""
+        handle = self._handle(gpu_uuid)
+        if not self._mig_mode(handle, gpu_uuid)[1]:
+            return ()
+        total_bytes = _call(pynvml.nvmlDeviceGetMemoryInfo, handle, gpu=gpu_uuid).total
+        found = []
+        for profile in self._mig_profiles(handle, uuid=gpu_uuid, total_bytes=total_bytes):
+            for gi in self._gpu_instances(handle, uuid=gpu_uuid, profile=profile):
+                info = _call(pynvml.nvmlGpuInstanceGetInfo, gi, gpu=gpu_uuid)
+                found.append(
+                    records.GpuInstance(
+                        id=info.id,
+                        profile_id=profile.id,
+                        profile_name=profile.name,
+                        placement=records.MigPlacement(start=info.placement.start, size=info.placement.size),
+                        mig_devices=tuple(
+                            d.uuid for d in self._devices_in(gi, uuid=gpu_uuid, profile=profile)
+                        ),
+                    )
+                )
+        return tuple(sorted(found, key=lambda instance: (instance.placement, instance.id)))
 
     def destroy_at_placement(self, *, gpu_uuid: str, profile_id: int, placement_start: int) -> bool:
         """Destroys the GPU instance of this profile at this placement, its compute instances first.

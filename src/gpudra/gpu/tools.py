@@ -53,7 +53,7 @@ class GpuTools:
         """Tools found in `directory` before PATH (the simulator's stand-ins)."""
         return cls(search_path=os.pathsep.join([str(directory), os.environ.get("PATH", "")]))
 
-    def _run(
+    def run(
         self,
         tool: str,
         args: Sequence[str],
@@ -61,6 +61,8 @@ class GpuTools:
         stdin: str | None = None,
         env: Mapping[str, str] | None = None,
     ) -> str:
+        """Run `tool` with `args`: its stdout; HardwareError (or NvmlUnavailable) for a failed run. Every
+        tool process gpudra starts goes through here (tests count and refuse runs by overriding it)."""
         argv = self.command(tool)
         for variable in _DIRECTORY_VARIABLES:
             if env is not None and variable in env:
@@ -119,11 +121,11 @@ class GpuTools:
 
     def set_timeslice(self, *, gpu_uuid: str, level: int) -> None:
         """Set the GPU's time-slice: 0 Default, 1 Short, 2 Medium, 3 Long."""
-        self._run("nvidia-smi", ["compute-policy", "-i", gpu_uuid, "--set-timeslice", str(level)])
+        self.run("nvidia-smi", ["compute-policy", "-i", gpu_uuid, "--set-timeslice", str(level)])
 
     def compute_mode(self, *, gpu_uuid: str) -> int:
         """The GPU's compute mode as NVML numbers it (0 Default, 2 Prohibited, 3 Exclusive_Process)."""
-        out = self._run(
+        out = self.run(
             "nvidia-smi", ["--query-gpu=compute_mode", "--format=csv,noheader", "-i", gpu_uuid]
         ).strip()
         if out not in COMPUTE_MODES:
@@ -135,17 +137,17 @@ class GpuTools:
 
     def set_compute_mode(self, *, gpu_uuid: str, mode: int) -> None:
         names = {value: name.upper() for name, value in COMPUTE_MODES.items()}
-        self._run("nvidia-smi", ["-i", gpu_uuid, "-c", names[mode]])
+        self.run("nvidia-smi", ["-i", gpu_uuid, "-c", names[mode]])
 
     def start_mps_daemon(self, *, env: Mapping[str, str]) -> None:
         """`nvidia-cuda-mps-control -d` with `env` (pipe and log directories, visible devices): the
         daemon detaches into its own session, so it outlives the plugin process that started it."""
-        self._run(MPS_CONTROL, ["-d"], env=env)
+        self.run(MPS_CONTROL, ["-d"], env=env)
 
     def mps_control(self, commands: Sequence[str], *, pipe_dir: Path) -> str:
         """Send `commands` to the daemon listening in `pipe_dir`; its replies, one line each.
         HardwareError when no daemon listens there or a command is refused."""
-        out = self._run(
+        out = self.run(
             MPS_CONTROL,
             [],
             stdin="".join(f"{command}\n" for command in commands),

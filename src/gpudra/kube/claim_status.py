@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import quote
 
 from gpudra.kube.client import Kube, Obj
+from gpudra.model.claim import Claim, read_claim
 from gpudra.model.kube_api import GROUP, VERSION
 
 
@@ -28,8 +29,8 @@ class ClaimStatus:
     def __init__(self, kube: Kube) -> None:
         self.kube = kube
 
-    def get(self, namespace: str, name: str) -> Obj:
-        return self.kube.get_claim(namespace, name)
+    def get(self, namespace: str, name: str) -> Claim:
+        return read_claim(self.kube.get_claim(namespace, name))
 
     def apply_node_devices(
         self, *, node_name: str, namespace: str, name: str, uid: str, devices: Sequence[Obj]
@@ -53,7 +54,8 @@ class ClaimStatus:
 
     def replace_devices(self, claim: Mapping[str, Any], devices: list[Obj]) -> None:
         """Make `devices` the claim's whole `status.devices`, if the claim is still as `claim` shows it
-        (its resourceVersion is the precondition: Conflict when it changed since, NotFound when gone)."""
+        (its resourceVersion is the precondition: Conflict when it changed since, NotFound when gone).
+        `claim` is the object as the API server served it: the rest of its status goes back unchanged."""
         meta = claim["metadata"]
         namespace, name = str(meta["namespace"]), str(meta["name"])
         body = {

@@ -8,21 +8,27 @@ Every call goes through the client's generic request path (`Kube.request`, `Kube
 generated APIs: an instance of the generated CoreV1Api costs the process about 20 MiB (its hundreds of
 validated methods), more than everything else the plugin holds; a generated method's argument
 validation and serializer cost a sixth more CPU per call; and its JSON decoder fails with RecursionError
-on an object nested thousands of levels deep (`_decoded`). Both send through `Kube._send`, which counts
-every request by its method and path (`request_kind`): no caller counts by hand, none can forget to.
+on an object nested thousands of levels deep. Both send through `Kube._send`, which counts every request
+by its method and path (`request_kind`): no caller counts by hand, none can forget to.
+
+Every reply is decoded by `gpudra.bounded_json`, object by object: any tenant can write a claim that
+breaks its bounds (opaque parameters nested thousands of levels deep). A single object that does fails
+its call (`ClusterError`: "the object nests too deeply to decode"); in a LIST page or a watch event it is
+left out, logged once and counted (`SkippedObjects`), and the rest is used: a watch reports it as
+DELETED, so every mirror forgets whatever version of it came before.
 """
 
 from __future__ import annotations
 
 import collections
 import http.client
-import json
+import logging
 import os
 import re
 import socket
 import ssl
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import Any, cast
 from urllib.parse import quote
@@ -32,11 +38,21 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
+from gpudra import bounded_json
+from gpudra.bounded_json import Poisoned
 from gpudra.errors import ClusterError
 from gpudra.model.kube_api import GROUP, VERSION
 
+log = logging.getLogger(__name__)
+
 # (connect, read) seconds for every call: a hung API server fails a call instead of holding it forever.
 REQUEST_TIMEOUT = (5.0, 30.0)
+# urllib3 retries nothing: by default it tries a call 4 times, so a hung API server held each call for
+# four read timeouts, and every caller waited behind it. Where gpudra retries, it does so itself, with
+# its own backoff and counting (its loops, the kubelet's retries of a prepare); a stale pooled
+# connection is not a reason, since urllib3 replaces one it finds dropped before sending. A redirect
+# is answered as it is (an API server sends none).
+NO_RETRIES = urllib3.Retry(total=0, redirect=False)
 Obj = dict[str, Any]
 
 
@@ -138,13 +154,16 @@ def _api_errors(what: str) -> Iterator[None]:
 
 
 def connect(kubeconfig: str | None) -> client.ApiClient:
-    """An API client from a kubeconfig file, or the in-cluster service account when none is given."""
+    """An API client from a kubeconfig file, or the in-cluster service account when none is given;
+    it never retries a call (NO_RETRIES)."""
+    configuration = client.Configuration()
+    configuration.retries = NO_RETRIES  # read when the client makes its connection pools, below
     with _api_errors("loading cluster credentials"):
         if kubeconfig:
-            api: client.ApiClient = config.new_client_from_config(kubeconfig)
+            config.load_kube_config(kubeconfig, client_configuration=configuration)
         else:
-            config.load_incluster_config()
-            api = client.ApiClient()
+            config.load_incluster_config(client_configuration=configuration)
+    api = client.ApiClient(configuration)
     # Both loaders' token hooks assign the server's address again before every request, and each
     # assignment makes the client's Configuration look up the proxy in the environment anew (getproxies()
     # decodes all of os.environ: about 50 µs, an eighth of a claim's GET). Nothing changes this
@@ -153,19 +172,55 @@ def connect(kubeconfig: str | None) -> client.ApiClient:
     return api
 
 
-def _decoded(what: str, body: bytes | str) -> Obj:
-    """A JSON object the API server sent, decoded here rather than by the client: any tenant can nest
-    a claim's opaque parameters thousands of levels deep, which Python's JSON decoder refuses with
-    RecursionError."""
+def _decoded(what: str, body: bytes | str, shape: bounded_json.Shape) -> Any:
+    """The JSON document the API server sent, decoded here rather than by the client, within
+    `bounded_json`'s bounds, the objects `shape` names each on its own."""
     try:
-        value = json.loads(body)
-    except RecursionError as err:
-        raise ClusterError(f"{what}: the object nests too deeply to decode") from err
-    except ValueError as err:
+        text = body.decode() if isinstance(body, bytes) else body
+        document = bounded_json.decode(text, shape)
+    except bounded_json.Unreadable as err:
+        raise ClusterError(f"{what}: the reply {err}") from err
+    except ValueError as err:  # not UTF-8, not JSON
         raise ClusterError(f"{what}: the API server sent no JSON object ({err})") from err
-    if not isinstance(value, dict):
+    if not isinstance(document, dict | Poisoned):
         raise ClusterError(f"{what}: the API server sent no JSON object")
-    return _obj(value)
+    return document
+
+
+class SkippedObjects:
+    """Objects left out of LIST pages and watch events because they break `bounded_json`'s bounds, or
+    refused when read alone. Each version of an object is logged once (a warning naming it) and counted
+    once, by resource and reason (gpudra_skipped_objects_total): a relist or a repeated event does not
+    report it again. The last MEMORY versions reported are remembered. `report(line)`, when given, takes
+    the place of the log (a command prints the line)."""
+
+    MEMORY = 10_000
+
+    def __init__(self, report: Callable[[str], None] | None = None) -> None:
+        self._report = report
+        self._lock = threading.Lock()  # the informers' threads, the webhook's, the gRPC workers
+        self._counts: collections.Counter[tuple[str, str]] = collections.Counter()
+        self._reported: collections.OrderedDict[tuple[str, ...], None] = collections.OrderedDict()
+
+    def record(self, resource: str, poisoned: Poisoned) -> None:
+        key = (resource, poisoned.namespace, poisoned.name, poisoned.resource_version, poisoned.reason)
+        with self._lock:
+            if key in self._reported:
+                self._reported.move_to_end(key)
+                return
+            self._reported[key] = None
+            if len(self._reported) > self.MEMORY:
+                self._reported.popitem(last=False)
+            self._counts[(resource, poisoned.reason)] += 1
+        line = f"left out {resource} {poisoned.ref}: the object {poisoned.problem}"
+        if self._report is not None:
+            self._report(line)
+        else:
+            log.warning(line, extra={"resource": resource, "object": poisoned.ref, "reason": poisoned.reason})
+
+    def counts(self) -> dict[tuple[str, str], int]:
+        with self._lock:
+            return dict(self._counts)
 
 
 def request_kind(method: str, path: str, *, watch: bool = False) -> tuple[str, str]:
@@ -210,15 +265,18 @@ def _dry_run(dry_run: bool) -> Obj:
 
 
 class Watch:
-    """One WATCH request on ResourceSlices (`Kube.watch_slices`). Iterating yields its events as they
-    arrive, `{"type": "ADDED" | "MODIFIED" | "DELETED" | "BOOKMARK", "object": {...}}`, and ends when the
-    API server ends the watch; an ERROR event (410: the version is too old) or a broken stream raises
-    `ClusterError`. `close()` from another thread ends the iteration at once, quietly: it shuts the
-    socket down under the read that waits for the next event."""
+    """One WATCH request (`Kube.watch`). Iterating yields its events as they arrive, `{"type": "ADDED" |
+    "MODIFIED" | "DELETED" | "BOOKMARK", "object": {...}}`, and ends when the API server ends the watch;
+    an ERROR event (410: the version is too old) or a broken stream raises `ClusterError`. An event whose
+    object breaks `bounded_json`'s bounds is recorded in `skipped` and yields a DELETED event of an
+    object holding only its namespace, name and resourceVersion. `close()` from another thread ends the
+    iteration at once, quietly: it shuts the socket down under the read that waits for the next event."""
 
-    def __init__(self, response: Any, what: str) -> None:
+    def __init__(self, response: Any, what: str, resource: str, skipped: SkippedObjects) -> None:
         self._response = response
         self._what = what
+        self._resource = resource
+        self._skipped = skipped
         self._closed = False
 
     def __iter__(self) -> Iterator[Obj]:
@@ -227,10 +285,14 @@ class Watch:
                 for line in iter_resp_lines(self._response):
                     if not line:
                         continue
-                    event = _obj(json.loads(line))
+                    event = _obj(_decoded(self._what, line, {"object": bounded_json.ONE}))
                     if event.get("type") == "ERROR":
                         status = event.get("object") or {}
                         raise _http_error(self._what, status.get("code"), status.get("message"))
+                    poisoned = event.get("object")
+                    if isinstance(poisoned, Poisoned):
+                        self._skipped.record(self._resource, poisoned)
+                        event = {"type": "DELETED", "object": _stub(poisoned)}
                     yield event
         except ClusterError:
             if not self._closed:
@@ -245,15 +307,34 @@ class Watch:
             self._response.shutdown()
 
 
+def _stub(poisoned: Poisoned) -> Obj:
+    """What a watch reports of an object it left out: where it was, so that mirrors forget it."""
+    fields = {
+        "namespace": poisoned.namespace,
+        "name": poisoned.name,
+        "resourceVersion": poisoned.resource_version,
+    }
+    return {"metadata": {key: value for key, value in fields.items() if value}}
+
+
 class Kube:
     """The API calls gpudra makes. `request_counts()` counts every request sent, by `request_kind`'s
     (verb, resource), failed ones included, so the API load a daemon puts on the cluster can be watched
-    (gpudra_api_requests_total)."""
+    (gpudra_api_requests_total). `skipped` records the objects left out of its replies
+    (gpudra_skipped_objects_total)."""
 
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        *,
+        timeout: tuple[float, float] = REQUEST_TIMEOUT,
+        report_skipped: Callable[[str], None] | None = None,
+    ) -> None:
         self.api = api
+        self.timeout = timeout  # (connect, read) seconds of every call
         self._requests: collections.Counter[tuple[str, str]] = collections.Counter()
         self._requests_lock = threading.Lock()  # calls come from the gRPC workers and every loop
+        self.skipped = SkippedObjects(report_skipped)
 
     def request_counts(self) -> dict[tuple[str, str], int]:
         with self._requests_lock:
@@ -267,7 +348,7 @@ class Kube:
         query: list[tuple[str, Any]],
         body: Obj | None = None,
         content_type: str = "application/json",
-        timeout: tuple[float, float] = REQUEST_TIMEOUT,
+        timeout: tuple[float, float] | None = None,
     ) -> Any:
         """Send one request and count it (before it goes: a failed one counts too); the response as
         the client returns it. Callers wrap it in `_api_errors`."""
@@ -283,7 +364,7 @@ class Kube:
             body=body,
             auth_settings=["BearerToken"],
         )
-        return self.api.call_api(*request, _request_timeout=timeout)
+        return self.api.call_api(*request, _request_timeout=timeout or self.timeout)
 
     def request(
         self,
@@ -296,17 +377,47 @@ class Kube:
         content_type: str = "application/json",
     ) -> Obj:
         """One call to `path` (under the API server's address) with JSON in and out, as the generated
-        APIs make it: the configured credentials, REQUEST_TIMEOUT, errors as `_api_errors` words them.
+        APIs make it: the configured credentials, the client's timeout, errors as `_api_errors` words them.
         `content_type` names a patch's kind (e.g. application/apply-patch+yaml for server-side apply,
         whose body JSON also is). The other modules of gpudra.kube build their calls on this one; it
-        counts the request (`request_kind`)."""
+        counts the request (`request_kind`). An object beyond `bounded_json`'s bounds fails the call."""
+        reply = self._call(what, method, path, query=query, body=body, content_type=content_type)
+        if isinstance(reply, Poisoned):
+            self.skipped.record(request_kind(method, path)[1], reply)
+            raise ClusterError(f"{what}: the object {reply.problem}")
+        return _obj(reply)
+
+    def _list(self, resource: str, path: str, query: Obj) -> Obj:
+        """One page of the collection at `path`, without the items beyond `bounded_json`'s bounds
+        (recorded in `skipped`)."""
+        page = _obj(
+            self._call(f"listing {resource}", "GET", path, query=query, shape={"items": bounded_json.EACH})
+        )
+        items = page.get("items") or []
+        for item in items:
+            if isinstance(item, Poisoned):
+                self.skipped.record(resource, item)
+        page["items"] = [item for item in items if not isinstance(item, Poisoned)]
+        return page
+
+    def _call(
+        self,
+        what: str,
+        method: str,
+        path: str,
+        *,
+        query: Obj | None = None,
+        body: Obj | None = None,
+        content_type: str = "application/json",
+        shape: bounded_json.Shape = bounded_json.ONE,
+    ) -> Any:
         with _api_errors(what):
             query_params = list((query or {}).items())
             response = self._send(method, path, query=query_params, body=body, content_type=content_type)
             data = response.read()
         if not 200 <= int(response.status) <= 299:
             raise _http_error(what, response.status, response.reason)
-        return _decoded(what, data)
+        return _decoded(what, data, shape)
 
     def server_minor(self) -> int:
         info = self.request("reading the server version", "GET", "/version")
@@ -323,12 +434,7 @@ class Kube:
 
     def list_slices(self, *, driver: str, node_name: str) -> tuple[list[Obj], str]:
         """The slices of `driver` on `node_name`, and the list's resourceVersion (where a watch resumes)."""
-        result = self.request(
-            "listing ResourceSlices",
-            "GET",
-            _SLICES,
-            query={"fieldSelector": _slice_selector(driver, node_name)},
-        )
+        result = self._list("resourceslices", _SLICES, {"fieldSelector": _slice_selector(driver, node_name)})
         return list(result["items"]), str(result["metadata"]["resourceVersion"])
 
     def watch_slices(
@@ -367,13 +473,13 @@ class Kube:
         if field_selector:
             query.append(("fieldSelector", field_selector))
         # The server ends the watch after timeout_seconds, so no read waits longer unless it hung.
-        timeout = (REQUEST_TIMEOUT[0], timeout_seconds + REQUEST_TIMEOUT[1])
+        timeout = (self.timeout[0], timeout_seconds + self.timeout[1])
         with _api_errors(what):
             response: Any = self._send("GET", path, query=query, timeout=timeout).response
         if not 200 <= int(response.status) <= 299:
             response.close()
             raise _http_error(what, int(response.status), response.reason)
-        return Watch(response, what)
+        return Watch(response, what, resource, self.skipped)
 
     def list_page(
         self,
@@ -384,11 +490,12 @@ class Kube:
         cont: str | None = None,
         field_selector: str | None = None,
     ) -> Obj:
-        """One page of the collection at `path` (its `metadata.continue` names the next)."""
+        """One page of the collection at `path` (its `metadata.continue` names the next), without the
+        objects beyond `bounded_json`'s bounds (recorded in `skipped`)."""
         query: Obj = {"limit": limit} | ({"continue": cont} if cont else {})
         if field_selector:
             query["fieldSelector"] = field_selector
-        return self.request(f"listing {resource}", "GET", path, query=query)
+        return self._list(resource, path, query)
 
     def create_slice(self, body: Obj, *, dry_run: bool = False) -> Obj:
         """The slice as the API server stored it, or with `dry_run` as it would store it."""
@@ -436,13 +543,8 @@ class Kube:
     def list_node_events(self, node_name: str) -> list[Obj]:
         """Events about a Node, as JSON dicts (for tools and tests)."""
         selector = f"involvedObject.kind=Node,involvedObject.name={node_name}"
-        result = self.request(
-            f"listing Events of node {node_name}",
-            "GET",
-            "/api/v1/namespaces/default/events",
-            query={"fieldSelector": selector},
-        )
-        return list(result.get("items") or [])
+        result = self._list("events", "/api/v1/namespaces/default/events", {"fieldSelector": selector})
+        return list(result["items"])
 
     # --- gpudra explain: what the scheduler sees ----------------------------------------------
 
@@ -469,13 +571,14 @@ class Kube:
 
     def _list_all(self, resource: str, path: str) -> list[Obj]:
         """Every object at `path`, a page of at most 500 at a time (a large cluster's slices run to
-        hundreds of megabytes; one response would hold them all in memory twice). The API server leaves
-        kind and apiVersion out of list items; they are filled in, as kubectl does, so that the objects
-        read like the same objects from a file."""
+        hundreds of megabytes; one response would hold them all in memory twice), but those beyond
+        `bounded_json`'s bounds (recorded in `skipped`). The API server leaves kind and apiVersion out
+        of list items; they are filled in, as kubectl does, so that the objects read like the same
+        objects from a file."""
         items: list[Obj] = []
         query: Obj = {"limit": 500}
         while True:
-            page = self.request(f"listing {resource}", "GET", path, query=query)
+            page = self._list(resource, path, query)
             kind = str(page.get("kind", "")).removesuffix("List")
             items.extend(
                 {"kind": kind, "apiVersion": page.get("apiVersion"), **item}

@@ -7,6 +7,11 @@ the API server no longer has (HTTP 410) included, is followed by a fresh LIST: e
 missed, and only a LIST shows a deletion that happened meanwhile. So the cluster view is kept current
 without polling: after the first LIST, an unchanged cluster costs one WATCH request per WATCH_SECONDS.
 
+An object beyond `gpudra.bounded_json`'s bounds (a tenant's claim nested thousands of levels deep) is
+left out of the LIST and reported as DELETED by the watch (`gpudra.kube.client`): the mirror holds every
+other object and stays current. `failing_seconds()` tells how long the mirror has not been current
+(a LIST or a watch failed, and no LIST succeeded since), for the controller's readiness.
+
 `on_change` runs in the informer's thread after each change (not after bookmarks); it must be quick.
 """
 
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from gpudra.kube.client import Kube, Obj, Watch
@@ -42,6 +48,7 @@ class Informer:
         *,
         field_selector: str | None = None,
         on_change: Callable[[], None] = lambda: None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.kube = kube
         self.resource = resource
@@ -55,11 +62,18 @@ class Informer:
         self._version: str | None = None  # where the next watch resumes; None: LIST first
         self._watch: Watch | None = None
         self._watch_guard = threading.Lock()  # _watch, against stop() closing it
+        self._clock = clock
+        self._failing_since: float | None = None  # when the mirror stopped being current; None: it is
 
     def objects(self) -> list[Obj]:
         """The objects as last seen (the dicts are shared: callers must not change them)."""
         with self._lock:
             return list(self._objects.values())
+
+    def failing_seconds(self) -> float:
+        """Seconds since a LIST or watch failed with no LIST succeeding since (0: the mirror is current)."""
+        since = self._failing_since
+        return 0.0 if since is None else max(0.0, self._clock() - since)
 
     def start(self) -> None:
         self.loop.start()
@@ -89,7 +103,8 @@ class Informer:
         try:
             for event in watch:
                 kind, obj = event["type"], event["object"]
-                self._version = str(obj["metadata"]["resourceVersion"])
+                # Every event carries its version; that of an object left out may not have been found.
+                self._version = str(obj["metadata"].get("resourceVersion") or self._version)
                 if kind == "BOOKMARK":
                     continue
                 with self._lock:
@@ -124,6 +139,7 @@ class Informer:
         with self._lock:
             self._objects = objects
         self._version = version
+        self._failing_since = None
         self.synced.set()
         log.info("listed", extra={"resource": self.resource, "objects": len(objects)})
         self.on_change()
@@ -131,3 +147,5 @@ class Informer:
     def _forget_position(self, err: BaseException) -> None:
         """Events may have been missed (or the version is too old to resume from): LIST again."""
         self._version = None
+        if self._failing_since is None:
+            self._failing_since = self._clock()

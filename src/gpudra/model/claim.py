@@ -1,20 +1,117 @@
 """A ResourceClaim as gpudra reads it: typed, read in one place. Pure.
 
-The API server hands claims over as JSON objects. Each module that walked `status.allocation` by hand
-needed its own `or {}` fallbacks and made its own guess at a missing field; this module reads a claim
-once into frozen dataclasses, and everything past it (prepare, config resolution, usage) works on
-those. Only what gpudra acts on is read: identity, and the allocation's results and config entries.
+The API server hands claims over as JSON objects. Each module that walked a claim by hand needed its own
+`or {}` fallbacks and made its own guess at a missing field; this module reads a claim once into frozen
+dataclasses, and everything past it (prepare, config resolution, usage, the scheduler's port, the
+cluster view) works on those. Only what gpudra acts on is read: identity and creation time; the spec's
+requests and constraints (as the scheduler's allocator reads them); the allocation's results and config
+entries; the pods reserving the claim; and the entries of `status.devices`.
 
-A claim's spec and the opaque parameters in it are written by a tenant: reading tolerates any shape
-(a field of the wrong type reads as absent) and never raises; deciding whether what is there is
-acceptable is the job of the code that acts on it (config decoding, prepare's checks).
+A claim's spec and the opaque parameters in it are written by a tenant, and anyone may write its
+`status.devices`: reading tolerates any shape (a field of the wrong type reads as absent, an entry of a
+list that is not an object is left out) and never raises. What the scheduler would refuse in a spec is
+kept as `ClaimSpec.problems`, each naming its field (`spec.devices.requests[0].exactly.deviceClassName:
+is required`), in the order the scheduler's port checks them; the API server's full validation is not
+repeated. Deciding whether what is there is acceptable is the job of the code that acts on it (config
+decoding, prepare's checks, `ClaimSpec.check` for the allocator).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from fractions import Fraction
 from typing import Any
+
+from gpudra.errors import ConfigError
+from gpudra.quantity import parse_quantity
+
+# A quantity's exact value: an int when it is whole, else a Fraction (as gpudra.scheduling.pools.Amount)
+Amount = int | Fraction
+
+_EMPTY: Mapping[str, Any] = {}
+
+
+# --- the spec: what the claim asks for ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Toleration:
+    """One toleration of device taints; an absent field is empty."""
+
+    key: str = ""
+    operator: str = ""  # "Equal" when empty
+    value: str = ""
+    effect: str = ""
+
+
+@dataclass(frozen=True)
+class Request:
+    """A request of a claim, or one `firstAvailable` subrequest (`name` is then `request/subrequest`)."""
+
+    name: str
+    base: str
+    sub: str | None
+    device_class: str
+    selectors: tuple[str, ...]  # the CEL expressions
+    all_devices: bool  # allocationMode All
+    count: int  # 0 with allocationMode All
+    admin_access: bool
+    tolerations: tuple[Toleration, ...]
+    capacity: tuple[tuple[str, Amount], ...]  # capacity.requests
+    field: str  # where it is in the claim, e.g. spec.devices.requests[0].exactly
+
+
+@dataclass(frozen=True)
+class Constraint:
+    requests: frozenset[str]  # empty: every request
+    attribute: str  # fully qualified
+    distinct: bool  # distinctAttribute rather than matchAttribute
+    field: str
+
+    @property
+    def description(self) -> str:
+        kind = "distinctAttribute" if self.distinct else "matchAttribute"
+        over = ", ".join(sorted(self.requests)) if self.requests else "all requests"
+        return f"{kind} {self.attribute} over {over}"
+
+
+@dataclass(frozen=True)
+class FieldProblem:
+    """Something in a spec the scheduler would refuse, and where."""
+
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}"
+
+
+@dataclass(frozen=True)
+class ClaimSpec:
+    """A ResourceClaimSpec's devices. Each entry of `requests` holds one request (`exactly`), or the
+    subrequests of a `firstAvailable` request in their order. A request or constraint too malformed to
+    read (not an object; neither or both of its alternatives) is left out, with its problem."""
+
+    requests: tuple[tuple[Request, ...], ...] = ()
+    constraints: tuple[Constraint, ...] = ()
+    problems: tuple[FieldProblem, ...] = ()
+    path: str = "spec"  # where it sits in its object: "spec", "spec.spec" in a template
+
+    def check(self) -> None:
+        """ConfigError naming the field of the first problem, if there is one."""
+        if self.problems:
+            first = self.problems[0]
+            raise ConfigError(first.message, field=first.field)
+
+    @property
+    def device_classes(self) -> set[str]:
+        """The DeviceClasses the requests and subrequests name."""
+        return {r.device_class for entry in self.requests for r in entry if r.device_class}
+
+
+# --- the status -----------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -56,26 +153,103 @@ class Allocation:
 
 
 @dataclass(frozen=True)
+class Consumer:
+    """One entry of `status.reservedFor`: what uses the claim (a pod, on a running cluster)."""
+
+    resource: str
+    name: str
+
+
+@dataclass(frozen=True)
+class Condition:
+    """A condition of a `status.devices` entry (metav1.Condition); an absent field is empty."""
+
+    type: str
+    status: str
+    reason: str
+    message: str
+    last_transition_time: str  # as written: RFC 3339 on a valid claim
+
+
+@dataclass(frozen=True)
+class DeviceStatus:
+    """One entry of `status.devices` (a driver's report on a device), at `index` in that list. An absent
+    driver, pool or device is empty."""
+
+    index: int
+    driver: str
+    pool: str
+    device: str
+    share_id: str | None
+    conditions: tuple[Condition, ...]
+
+
+# --- the claim ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
 class Claim:
     uid: str | None
     namespace: str
     name: str
     allocation: Allocation | None  # None: not allocated
+    spec: ClaimSpec = ClaimSpec()
+    created: datetime | None = None  # metadata.creationTimestamp, in UTC
+    reserved_for: tuple[Consumer, ...] = ()
+    devices: tuple[DeviceStatus, ...] = ()  # status.devices
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name} ({self.uid})"
+
+    @property
+    def namespaced_name(self) -> str:
+        """namespace/name"""
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def pods(self) -> tuple[str, ...]:
+        """The names of the pods reserving the claim, sorted."""
+        return tuple(sorted(c.name for c in self.reserved_for if c.resource == "pods"))
 
 
 def read_claim(obj: Mapping[str, Any]) -> Claim:
     """The parts of a ResourceClaim object gpudra acts on."""
     metadata = _mapping(obj.get("metadata"))
-    allocation = _mapping(_mapping(obj.get("status")).get("allocation"))
+    status = _mapping(obj.get("status"))
+    allocation = _mapping(status.get("allocation"))
     return Claim(
         uid=_string(metadata.get("uid")),
         namespace=_string(metadata.get("namespace")) or "",
         name=_string(metadata.get("name")) or "",
         allocation=read_allocation(allocation) if allocation else None,
+        spec=read_spec(obj.get("spec"), path="spec"),
+        created=_time(metadata.get("creationTimestamp")),
+        reserved_for=tuple(
+            Consumer(resource=_string(item.get("resource")) or "", name=name)
+            for item in _sequence(status.get("reservedFor"))
+            if isinstance(item, Mapping) and (name := _string(item.get("name"))) is not None
+        ),
+        devices=tuple(
+            _device_status(index, item)
+            for index, item in enumerate(_sequence(status.get("devices")))
+            if isinstance(item, Mapping)
+        ),
     )
+
+
+def read_spec_of(obj: Mapping[str, Any]) -> ClaimSpec | None:
+    """The ResourceClaimSpec of a ResourceClaim (at `spec`) or a ResourceClaimTemplate (at `spec.spec`);
+    None for an object of another kind."""
+    kind = obj.get("kind")
+    if kind == "ResourceClaim":
+        return read_spec(obj.get("spec"), path="spec")
+    if kind != "ResourceClaimTemplate":
+        return None
+    problems: list[FieldProblem] = []
+    template = _optional_object(obj.get("spec"), "spec", problems)
+    if problems:
+        return ClaimSpec(problems=tuple(problems), path="spec.spec")
+    return read_spec(template.get("spec"), path="spec.spec")
 
 
 def read_allocation(allocation: Mapping[str, Any]) -> Allocation:
@@ -118,8 +292,216 @@ def _config_entry(index: int, item: Mapping[str, Any]) -> ConfigEntry:
     )
 
 
+def _device_status(index: int, item: Mapping[str, Any]) -> DeviceStatus:
+    return DeviceStatus(
+        index=index,
+        driver=_string(item.get("driver")) or "",
+        pool=_string(item.get("pool")) or "",
+        device=_string(item.get("device")) or "",
+        share_id=_string(item.get("shareID")),
+        conditions=tuple(
+            Condition(
+                type=_string(c.get("type")) or "",
+                status=_string(c.get("status")) or "",
+                reason=_string(c.get("reason")) or "",
+                message=_string(c.get("message")) or "",
+                last_transition_time=_string(c.get("lastTransitionTime")) or "",
+            )
+            for c in _sequence(item.get("conditions"))
+            if isinstance(c, Mapping)
+        ),
+    )
+
+
+# --- reading the spec -----------------------------------------------------------------------------
+# The checks, their order and their messages are the scheduler port's (gpudra.scheduling.claims raises
+# the first): a value that is absent, null or otherwise false counts as not given.
+
+
+def read_spec(spec: object, *, path: str = "spec") -> ClaimSpec:
+    """A ResourceClaimSpec found at `path` of its object ("spec"; "spec.spec" in a template)."""
+    problems: list[FieldProblem] = []
+    devices = _optional_object(
+        _optional_object(spec, path, problems).get("devices"), f"{path}.devices", problems
+    )
+    requests: list[tuple[Request, ...]] = []
+    names: set[str] = set()
+    listed = _optional_list(devices.get("requests"), f"{path}.devices.requests", problems)
+    for index, raw in enumerate(listed):
+        where = f"{path}.devices.requests[{index}]"
+        entry = _object(raw, where, problems)
+        if entry is None:
+            continue
+        request_name = _name(entry, where, problems)
+        if request_name and request_name in names:
+            problems.append(FieldProblem(f"{where}.name", f"duplicate request name {request_name!r}"))
+        names.add(request_name)
+        exactly, first = entry.get("exactly"), entry.get("firstAvailable")
+        if (exactly is None) == (first is None):
+            problems.append(FieldProblem(where, "exactly one of exactly or firstAvailable is required"))
+            continue
+        if exactly is not None:
+            body = _object(exactly, f"{where}.exactly", problems)
+            if body is not None:
+                requests.append((_request(request_name, None, body, f"{where}.exactly", problems),))
+            continue
+        subs = []
+        alternatives = _list(first, f"{where}.firstAvailable", problems)
+        for sub_index, sub_raw in enumerate(alternatives or ()):
+            sub_where = f"{where}.firstAvailable[{sub_index}]"
+            sub = _object(sub_raw, sub_where, problems)
+            if sub is not None:
+                subs.append(_request(request_name, _name(sub, sub_where, problems), sub, sub_where, problems))
+        if alternatives == []:
+            problems.append(FieldProblem(f"{where}.firstAvailable", "must list at least one subrequest"))
+        if subs:
+            requests.append(tuple(subs))
+    constraints = []
+    listed = _optional_list(devices.get("constraints"), f"{path}.devices.constraints", problems)
+    for index, raw in enumerate(listed):
+        where = f"{path}.devices.constraints[{index}]"
+        entry = _object(raw, where, problems)
+        if entry is None:
+            continue
+        match, distinct = entry.get("matchAttribute"), entry.get("distinctAttribute")
+        if (match is None) == (distinct is None):
+            problems.append(
+                FieldProblem(where, "exactly one of matchAttribute or distinctAttribute is required")
+            )
+            continue
+        attribute = str(match if match is not None else distinct)
+        if "/" not in attribute:
+            problems.append(
+                FieldProblem(
+                    f"{where}.{'matchAttribute' if match is not None else 'distinctAttribute'}",
+                    f"{attribute!r} must be a fully qualified name "
+                    f"(domain/name, e.g. gpu.gpudra.io/{attribute})",
+                )
+            )
+            continue
+        members = _optional_list(entry.get("requests"), f"{where}.requests", problems)
+        constraints.append(
+            Constraint(frozenset(str(r) for r in members), attribute, distinct is not None, where)
+        )
+    return ClaimSpec(tuple(requests), tuple(constraints), tuple(problems), path)
+
+
+def _request(
+    base: str, sub: str | None, raw: Mapping[str, Any], where: str, problems: list[FieldProblem]
+) -> Request:
+    device_class = raw.get("deviceClassName")
+    if not device_class:
+        problems.append(FieldProblem(f"{where}.deviceClassName", "is required"))
+    mode = raw.get("allocationMode", "ExactCount")
+    if mode not in ("ExactCount", "All"):
+        problems.append(
+            FieldProblem(
+                f"{where}.allocationMode", f"{mode!r} is not an allocation mode; use ExactCount or All"
+            )
+        )
+    count = raw.get("count", 1 if mode == "ExactCount" else 0)
+    whole = isinstance(count, int) and not isinstance(count, bool) and count >= 1
+    if mode == "ExactCount" and not whole:
+        problems.append(
+            FieldProblem(f"{where}.count", f"{count!r} is not a count; use a whole number of at least 1")
+        )
+    selectors = []
+    for index, selector in enumerate(_optional_list(raw.get("selectors"), f"{where}.selectors", problems)):
+        body = _object(selector, f"{where}.selectors[{index}]", problems)
+        if body is None:
+            continue
+        # "cel": the field the scheduler port has always named for a `cel` that is not an object.
+        expression = _optional_object(body.get("cel"), "cel", problems).get("expression")
+        if not isinstance(expression, str):
+            problems.append(FieldProblem(f"{where}.selectors[{index}].cel.expression", "is required"))
+            continue
+        selectors.append(expression)
+    capacity = _optional_object(raw.get("capacity"), f"{where}.capacity", problems)
+    asked = _optional_object(capacity.get("requests"), f"{where}.capacity.requests", problems)
+    requested = []
+    for name, value in asked.items():
+        amount = _amount(value, f"{where}.capacity.requests.{name}", problems)
+        if amount is not None:
+            requested.append((str(name), amount))
+    tolerations = []
+    for index, item in enumerate(_optional_list(raw.get("tolerations"), f"{where}.tolerations", problems)):
+        toleration = _object(item, f"{where}.tolerations[{index}]", problems)
+        if toleration is not None:
+            tolerations.append(
+                Toleration(
+                    key=_string(toleration.get("key")) or "",
+                    operator=_string(toleration.get("operator")) or "",
+                    value=_string(toleration.get("value")) or "",
+                    effect=_string(toleration.get("effect")) or "",
+                )
+            )
+    return Request(
+        name=f"{base}/{sub}" if sub else base,
+        base=base,
+        sub=sub,
+        device_class=str(device_class) if device_class else "",
+        selectors=tuple(selectors),
+        all_devices=mode == "All",
+        count=0 if mode == "All" else count if whole else 1,
+        admin_access=bool(raw.get("adminAccess", False)),
+        tolerations=tuple(tolerations),
+        capacity=tuple(requested),
+        field=where,
+    )
+
+
+def _name(entry: Mapping[str, Any], where: str, problems: list[FieldProblem]) -> str:
+    name = entry.get("name")
+    if not isinstance(name, str) or not name:
+        problems.append(FieldProblem(f"{where}.name", "is required"))
+        return ""
+    return name
+
+
+def _amount(value: object, where: str, problems: list[FieldProblem]) -> Amount | None:
+    try:
+        exact = parse_quantity(str(value))
+    except ConfigError as err:
+        problems.append(FieldProblem(where, err.reason))
+        return None
+    return exact.numerator if exact.denominator == 1 else exact
+
+
+def _object(value: object, where: str, problems: list[FieldProblem]) -> Mapping[str, Any] | None:
+    if isinstance(value, Mapping):
+        return value
+    problems.append(FieldProblem(where, f"must be an object, not {type(value).__name__}"))
+    return None
+
+
+def _optional_object(value: object, where: str, problems: list[FieldProblem]) -> Mapping[str, Any]:
+    """An object that may be left out (absent, null or otherwise false: empty)."""
+    if not value:
+        return _EMPTY
+    found = _object(value, where, problems)
+    return _EMPTY if found is None else found
+
+
+def _list(value: object, where: str, problems: list[FieldProblem]) -> list[Any] | None:
+    if isinstance(value, list):
+        return value
+    problems.append(FieldProblem(where, f"must be a list, not {type(value).__name__}"))
+    return None
+
+
+def _optional_list(value: object, where: str, problems: list[FieldProblem]) -> list[Any]:
+    """A list that may be left out (absent, null or otherwise false: empty)."""
+    if not value:
+        return []
+    found = _list(value, where, problems)
+    return [] if found is None else found
+
+
+# --- fields ---------------------------------------------------------------------------------------
+
+
 def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
+    return value if isinstance(value, Mapping) else _EMPTY
 
 
 def _sequence(value: Any) -> list[Any]:
@@ -128,3 +510,13 @@ def _sequence(value: Any) -> list[Any]:
 
 def _string(value: Any) -> str | None:
     return value if isinstance(value, str) else None
+
+
+def _time(value: Any) -> datetime | None:
+    """A metav1.Time (RFC 3339, e.g. 2026-11-23T08:00:00Z) in UTC; None when it is none."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).astimezone(UTC)
+    except ValueError:
+        return None

@@ -29,10 +29,11 @@ another claim holds), and with the plugin's usage reporting off.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
+
+from gpudra.model.claim import Claim, Condition
 
 CONDITION_TYPE = "Idle"
 NO_ACTIVITY, ACTIVE, NOT_MEASURABLE = "NoActivity", "Active", "NotMeasurable"
@@ -40,6 +41,7 @@ NO_ACTIVITY, ACTIVE, NOT_MEASURABLE = "NoActivity", "Active", "NotMeasurable"
 MAX_MESSAGE = 256
 
 Status = Literal["True", "False", "Unknown"]
+_STATUSES: dict[str, Status] = {"True": "True", "False": "False", "Unknown": "Unknown"}
 # (pool, device, shareID or None): what identifies an entry among a claim's status.devices.
 DeviceKey = tuple[str, str, str | None]
 
@@ -90,27 +92,21 @@ def device_entry(*, driver: str, key: DeviceKey, idleness: Idleness) -> dict[str
     return entry
 
 
-def device_idleness(claim: Mapping[str, Any], *, driver: str) -> dict[DeviceKey, Idleness]:
+def device_idleness(claim: Claim, *, driver: str) -> dict[DeviceKey, Idleness]:
     """The Idle condition of each of `driver`'s entries in the claim's `status.devices`. Entries
     without one, or with one that is malformed (anyone may write the status), are left out."""
     found: dict[DeviceKey, Idleness] = {}
-    status = claim.get("status")
-    entries = status.get("devices") if isinstance(status, Mapping) else None
-    for entry in entries if isinstance(entries, list) else ():
-        if not isinstance(entry, Mapping) or entry.get("driver") != driver:
+    for entry in claim.devices:
+        if entry.driver != driver or not entry.pool or not entry.device:
             continue
-        pool, device, share_id = entry.get("pool"), entry.get("device"), entry.get("shareID")
-        conditions = entry.get("conditions")
-        if not isinstance(pool, str) or not isinstance(device, str) or not isinstance(conditions, list):
-            continue
-        for condition in conditions:
+        for condition in entry.conditions:
             idleness = _idleness(condition)
             if idleness is not None:
-                found[(pool, device, share_id if isinstance(share_id, str) else None)] = idleness
+                found[(entry.pool, entry.device, entry.share_id)] = idleness
     return found
 
 
-def idle_since(claim: Mapping[str, Any], *, driver: str) -> dict[tuple[str, str], datetime]:
+def idle_since(claim: Claim, *, driver: str) -> dict[tuple[str, str], datetime]:
     """(pool, device) -> the start of the current idle streak, for each of `driver`'s devices of the
     claim that is Idle=True. A device shared within the claim under several share IDs reports the
     same GPU for each; the longest streak is kept."""
@@ -131,17 +127,14 @@ def _whole_seconds(moment: datetime) -> datetime:
     return moment.astimezone(UTC).replace(microsecond=0)
 
 
-def _idleness(condition: object) -> Idleness | None:
-    if not isinstance(condition, Mapping) or condition.get("type") != CONDITION_TYPE:
-        return None
-    status, stamp = condition.get("status"), condition.get("lastTransitionTime")
-    if status not in ("True", "False", "Unknown") or not isinstance(stamp, str):
+def _idleness(condition: Condition) -> Idleness | None:
+    status = _STATUSES.get(condition.status)
+    if condition.type != CONDITION_TYPE or status is None:
         return None
     try:
-        since = datetime.fromisoformat(stamp)
+        since = datetime.fromisoformat(condition.last_transition_time)
     except ValueError:
         return None
     if since.tzinfo is None:  # RFC 3339 requires an offset; a stamp without one is not ours
         return None
-    reason, message = str(condition.get("reason", "")), str(condition.get("message", ""))
-    return Idleness(status, reason, message, since.astimezone(UTC))
+    return Idleness(status, condition.reason, condition.message, since.astimezone(UTC))

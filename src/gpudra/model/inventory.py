@@ -62,6 +62,18 @@ class MigDevice:
 
 
 @dataclass(frozen=True)
+class GpuInstance:
+    """An existing MIG GPU instance and the MIG devices (compute instances) in it, by UUID: none for
+    one made without, or left between the two steps of creating a MIG device."""
+
+    id: int
+    profile_id: int
+    profile_name: str
+    placement: MigPlacement
+    mig_devices: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class MigCapabilities:
     """What a container needs to reach one MIG device besides /dev/nvidia<minor>: two capability nodes.
 

@@ -105,6 +105,11 @@ class ClaimStore:
 
     # --- saving ----------------------------------------------------------------------------------
 
+    def queued_edits(self) -> int:
+        """How many edits wait for the save in progress (group commit: they go in the next write)."""
+        with self._checkpoint_lock:
+            return len(self._waiting)
+
     def record(self, entry: ckpt.ClaimEntry) -> None:
         self.save(lambda checkpoint: checkpoint.with_claim(entry))
 

@@ -24,6 +24,13 @@ One claim's failure is that claim's error in the response; the others in the sam
 claims of one call are prepared (and unprepared) concurrently: a pod with several claims waits for the
 slowest one, not for their sum. DeviceState keeps claims that touch the same GPU apart.
 
+A hung API server holds up only the calls that need it. A claim prepared already is answered from the
+checkpoint on the gRPC worker itself, and an unprepare needs no API server; a claim to prepare reads
+its claim object, so a call with one takes a turn (`_Turns`) first: at most half of the workers run
+such calls at once and a quarter more wait for a turn, and a call beyond both is refused at once (the
+kubelet retries it). The other workers stay free for the calls that need no API server, however long
+the API server hangs; a call that waits behind them is not held longer than its deadline.
+
 With a health source, the DRA socket also serves DRAResourceHealth (v1alpha1, KEP-4680): a kubelet
 that calls NodeWatchResources gets every device's health at once and again after every poll, until it
 cancels or the server stops; `stop()` ends open streams first, so they never hold up shutdown.
@@ -36,8 +43,9 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent import futures
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -55,7 +63,7 @@ from gpudra._proto import (
     pluginregistration_v1_pb2,
     pluginregistration_v1_pb2_grpc,
 )
-from gpudra.errors import ConfigError, GpudraError
+from gpudra.errors import ClusterError, ConfigError, GpudraError
 from gpudra.node.allocation import ClaimRef
 
 if TYPE_CHECKING:  # types only: this module opens the sockets before the rest of the plugin loads
@@ -81,7 +89,10 @@ _HEALTH_STATUS = {
 
 
 class PrepareBackend(Protocol):
-    """What the servicers call: gpudra.node.prepare.DeviceState."""
+    """What the servicers call: gpudra.node.prepare.DeviceState. `prepared` answers a claim prepared
+    already from the checkpoint, without the API server (None: `prepare` must read the claim)."""
+
+    def prepared(self, ref: ClaimRef) -> tuple[ckpt.PreparedDevice, ...] | None: ...
 
     def prepare(self, ref: ClaimRef) -> tuple[ckpt.PreparedDevice, ...]: ...
 
@@ -131,27 +142,89 @@ class _Parts:
 
     def wait(self, context: Any) -> PrepareBackend:
         """The backend, waiting for it while the call's deadline and STARTUP_WAIT_SECONDS allow."""
-        remaining = context.time_remaining() if context is not None else None
-        limit = (
-            STARTUP_WAIT_SECONDS if remaining is None else min(STARTUP_WAIT_SECONDS, max(remaining - 1, 0))
-        )
-        if not self.ready.wait(limit) or self.backend is None:
+        if not self.ready.wait(_patience(context)) or self.backend is None:
             raise GpudraError(
                 "gpudra is starting: its device state is not loaded yet (the kubelet retries this claim)"
             )
         return self.backend
 
 
-def _servicer(pb: ModuleType, base: type, parts: _Parts, claims: futures.Executor) -> Any:
-    """A DRAPlugin servicer for one API version; v1 and v1beta1 differ only in their modules. Each claim
-    of a call runs on `claims`."""
+def _patience(context: Any) -> float:
+    """How long a call may wait before its work starts: while its deadline allows (less a second to
+    answer in), and STARTUP_WAIT_SECONDS at most."""
+    remaining = context.time_remaining() if context is not None else None
+    return STARTUP_WAIT_SECONDS if remaining is None else min(STARTUP_WAIT_SECONDS, max(remaining - 1, 0))
+
+
+class _NoTurn(ClusterError):
+    """A call that needs the API server got no turn (`_Turns`)."""
+
+
+class _Turns:
+    """Turns for the calls that need the API server, so that however long it hangs they never hold
+    every gRPC worker: at most `running` such calls at once and `waiting` more waiting for a turn; a
+    call beyond both is refused at once, and a waiting call gives up at its deadline."""
+
+    def __init__(self, *, running: int, waiting: int) -> None:
+        self.running, self.waiting = running, waiting
+        self._free = threading.Semaphore(running)
+        self._lock = threading.Lock()
+        self._waiters = 0
+
+    @contextmanager
+    def turn(self, patience: float) -> Iterator[None]:
+        if not self._free.acquire(blocking=False):
+            with self._lock:
+                full = self._waiters >= self.waiting
+                if not full:
+                    self._waiters += 1
+            if full:
+                raise _NoTurn(self._busy("this call is refused rather than queued"))
+            try:
+                granted = self._free.acquire(timeout=patience)
+            finally:
+                with self._lock:
+                    self._waiters -= 1
+            if not granted:
+                raise _NoTurn(self._busy(f"this call waited {patience:.1f} s for its turn"))
+        try:
+            yield
+        finally:
+            self._free.release()
+
+    def _busy(self, outcome: str) -> str:
+        return (
+            f"the API server answers slowly: {self.running} calls are preparing claims it must read and "
+            f"{self.waiting} more wait for their turn; {outcome} (the kubelet retries it)"
+        )
+
+
+@dataclass(frozen=True)
+class _Pools:
+    """Where the claims of a call with several run (the gRPC worker waits for them): `api` for claims
+    to prepare, which read the API server, `claims` for unprepares, so neither waits behind the other;
+    `turns` bound the calls that need the API server."""
+
+    claims: futures.Executor
+    api: futures.Executor
+    turns: _Turns
+
+
+def _servicer(pb: ModuleType, base: type, parts: _Parts, pools: _Pools) -> Any:
+    """A DRAPlugin servicer for one API version; v1 and v1beta1 differ only in their modules."""
 
     has_share_id = "share_id" in pb.Device.DESCRIPTOR.fields_by_name
 
-    def prepare(claim: Any, result: Any, backend: PrepareBackend) -> None:
+    def prepare(claim: Any, result: Any, backend: PrepareBackend, *, known_only: bool = False) -> bool:
+        """Prepare `claim` into `result` (its devices, or its error). With `known_only`, only a claim
+        prepared already, answered from the checkpoint: False (and nothing done) for any other."""
         started, outcome = time.monotonic(), "ok"
         try:
-            for device in backend.prepare(_claim_ref(claim)):
+            ref = _claim_ref(claim)
+            devices = backend.prepared(ref) if known_only else backend.prepare(ref)
+            if devices is None:
+                return False
+            for device in devices:
                 added = result.devices.add(
                     request_names=list(device.request_names),
                     pool_name=device.pool,
@@ -167,6 +240,12 @@ def _servicer(pb: ModuleType, base: type, parts: _Parts, claims: futures.Executo
             result.error = _message(err)
             _log_failure("prepare", claim, err)
         parts.observer.prepared(outcome, time.monotonic() - started)
+        return True
+
+    def refuse(claim: Any, result: Any, err: GpudraError) -> None:
+        result.error = str(err)
+        _log_failure("prepare", claim, err)
+        parts.observer.prepared(_error_reason(err), 0.0)
 
     def unprepare(claim: Any, result: Any, backend: PrepareBackend) -> None:
         started, outcome = time.monotonic(), "ok"
@@ -178,9 +257,19 @@ def _servicer(pb: ModuleType, base: type, parts: _Parts, claims: futures.Executo
             _log_failure("unprepare", claim, err)
         parts.observer.unprepared(outcome, time.monotonic() - started)
 
-    def each(
-        step: Callable[[Any, Any, PrepareBackend], None], request: Any, response: Any, context: Any
-    ) -> Any:
+    def run(
+        step: Callable[[Any, Any, PrepareBackend], object],
+        work: Sequence[tuple[Any, Any]],
+        backend: PrepareBackend,
+        pool: futures.Executor,
+    ) -> None:
+        if len(work) == 1:  # the usual call: no hand-over to another thread
+            step(*work[0], backend)
+        else:
+            for done in [pool.submit(step, claim, result, backend) for claim, result in work]:
+                done.result()
+
+    def each(prepares: bool, request: Any, response: Any, context: Any) -> Any:
         # One result message per claim, made here: protobuf messages are not safe to add to from
         # several threads, but each thread then fills only its own.
         work = [(claim, response.claims[claim.uid]) for claim in _distinct(request.claims)]
@@ -191,19 +280,29 @@ def _servicer(pb: ModuleType, base: type, parts: _Parts, claims: futures.Executo
                 result.error = str(err)
                 _log_failure("prepare or unprepare", claim, err)
             return response
-        if len(work) == 1:  # the usual call: no hand-over to another thread
-            step(*work[0], backend)
-        else:
-            for done in [claims.submit(step, claim, result, backend) for claim, result in work]:
-                done.result()
+        if not prepares:
+            run(unprepare, work, backend, pools.claims)
+            return response
+        # Claims prepared already are answered here, from the checkpoint: they never wait for a turn,
+        # and so never behind claims that wait for the API server.
+        pending = [
+            (claim, result) for claim, result in work if not prepare(claim, result, backend, known_only=True)
+        ]
+        if pending:
+            try:
+                with pools.turns.turn(_patience(context)):
+                    run(prepare, pending, backend, pools.api)
+            except _NoTurn as err:
+                for claim, result in pending:
+                    refuse(claim, result, err)
         return response
 
     class Servicer(base):  # type: ignore[misc]
         def NodePrepareResources(self, request: Any, context: Any) -> Any:
-            return each(prepare, request, pb.NodePrepareResourcesResponse(), context)
+            return each(True, request, pb.NodePrepareResourcesResponse(), context)
 
         def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
-            return each(unprepare, request, pb.NodeUnprepareResourcesResponse(), context)
+            return each(False, request, pb.NodeUnprepareResourcesResponse(), context)
 
     return Servicer()
 
@@ -314,7 +413,8 @@ class KubeletServer:
     """The two gRPC servers the kubelet talks to. The backend (and observer, and health source) come with
     the constructor or later through `serve()`; device health is offered when a `health` source is given
     or `health_service` says one will be. `instance_id` gives the sockets this instance's own names (see
-    the module docstring)."""
+    the module docstring). Of the `workers` gRPC threads, calls that need the API server hold at most
+    half plus a quarter (`_Turns`); a health stream holds one while it is open."""
 
     def __init__(
         self,
@@ -338,11 +438,14 @@ class KubeletServer:
         if backend is not None:
             self._parts.set(backend, observer, health)
         self._dra = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dra"))
-        # The claims of calls with several: a pool apart from the gRPC workers, which wait on it.
-        self._claims = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="claim")
+        self._pools = _Pools(
+            claims=futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="claim"),
+            api=futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="claim-api"),
+            turns=_Turns(running=max(1, workers // 2), waiting=max(1, workers // 4)),
+        )
         for pb, grpc_module in ((dra_v1_pb2, dra_v1_pb2_grpc), (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc)):
             grpc_module.add_DRAPluginServicer_to_server(
-                _servicer(pb, grpc_module.DRAPluginServicer, self._parts, self._claims), self._dra
+                _servicer(pb, grpc_module.DRAPluginServicer, self._parts, self._pools), self._dra
             )
         self._inodes: dict[Path, int] = {}  # socket -> inode this instance bound
         self._started = False
@@ -413,7 +516,8 @@ class KubeletServer:
         self._registration.stop(grace=None)
         self._unlink_own(self.registration_socket)
         self._dra.stop(grace=timeout).wait(timeout + 1)
-        self._claims.shutdown(wait=False, cancel_futures=True)
+        for pool in (self._pools.claims, self._pools.api):
+            pool.shutdown(wait=False, cancel_futures=True)
         self._unlink_own(self.dra_socket)
 
     def _unlink_own(self, socket: Path) -> None:

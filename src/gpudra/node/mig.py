@@ -6,12 +6,19 @@ The state machine records the `MigSpec` (parent, profile, placement) before `cre
 ids after, so a crash at any step is settled by `destroy`, which finds the instance by its live ids when
 they were recorded and by its placement otherwise.
 
-What is never destroyed: a MIG device gpudra did not create. `plan` refuses a claim whose placement is
-already taken by an instance the checkpoint does not own (made by hand or by another tool) before
-anything is recorded, so no rollback can mistake it for gpudra's; with live ids, `destroy` touches an
-instance only when its UUID is the recorded one. (The one window left: an instance created by hand at
-that exact placement between the record and the create; out-of-band MIG changes on a node that gpudra
-partitions are unsupported, as in NVIDIA's driver.)
+What is never adopted or destroyed: a GPU instance gpudra did not create, with a compute instance or
+without one. Ownership comes from the checkpoint alone:
+- `plan` refuses a claim whose placement any GPU instance overlaps other than one holding only MIG
+  devices the checkpoint names (`owned`), before anything is recorded: a GPU instance without a
+  compute instance is never anyone's there, since gpudra's own (a crash between the two steps of
+  `create`) are settled by recovery, or by the repeated prepare's teardown, before a claim is planned;
+- `create` never adopts an instance already at the placement (NVML refuses it);
+- `destroy` with live ids touches only the instance whose MIG UUID is the recorded one, or, when its
+  compute instance is gone (a crash inside destroy), the GPU instance of the recorded id, profile and
+  placement that holds no compute instance; without live ids (a crash before they were saved), the
+  instance at exactly the recorded profile and placement, which `plan` found free before the record.
+(The one window left: an instance created by hand at that exact placement between the record and the
+create; out-of-band MIG changes on a node that gpudra partitions are unsupported, as in NVIDIA's driver.)
 
 MIG mode. On a GPU whose mode changes without a reset (`Gpu.mig_mode_switchable`: Hopper and newer on
 bare metal) the mode is switched when a claim needs the other one: on for a partition, off for the
@@ -37,7 +44,7 @@ from typing import Protocol, TypeVar
 
 from gpudra.errors import ClaimError, GpudraError
 from gpudra.model.devices import Device, partition_of
-from gpudra.model.inventory import Gpu, MigCapabilities, MigDevice
+from gpudra.model.inventory import Gpu, GpuInstance, MigCapabilities, MigDevice
 from gpudra.node import cdi
 from gpudra.node import checkpoint as ckpt
 from gpudra.node.allocation import Allocated
@@ -60,6 +67,8 @@ class MigHardware(Protocol):
     def compute_processes(self, *, gpu_uuid: str) -> tuple[int, ...]: ...
 
     def mig_devices(self, *, gpu_uuid: str) -> tuple[MigDevice, ...]: ...
+
+    def gpu_instances(self, *, gpu_uuid: str) -> tuple[GpuInstance, ...]: ...
 
     def create_mig_device(self, *, gpu_uuid: str, profile_id: int, placement_start: int) -> MigDevice: ...
 
@@ -86,7 +95,8 @@ class MigPartitions:
         """The record of the partition `device` will be, or None for a static MIG device.
 
         `published` is the device as the slice shows it; `owned` are the MIG UUIDs the checkpoint
-        holds. Refuses a placement that an instance gpudra does not own already occupies.
+        holds. Refuses a placement that a GPU instance gpudra does not own overlaps, one without a
+        compute instance included (see the module docstring).
         """
         if "uuid" in published["attributes"]:  # static: it exists already
             return None
@@ -94,15 +104,16 @@ class MigPartitions:
         record = ckpt.MigRecord(spec=self.spec_of(device.device, published, gpu))
         profile_name, placement = partition_of(published)
         if self._mig_enabled(device.device, gpu):
-            wanted = placement.slices
-            for existing in self._call(device.device, gpu, "list MIG devices", self.hardware.mig_devices):
-                if existing.uuid not in owned and set(existing.placement.slices) & set(wanted):
+            wanted = set(placement.slices)
+            for existing in self._call(device.device, gpu, "list GPU instances", self.hardware.gpu_instances):
+                mine = bool(existing.mig_devices) and set(existing.mig_devices) <= owned
+                if not mine and set(existing.placement.slices) & wanted:
                     where = _where(device.device, gpu, record.spec, profile_name)
                     raise ClaimError(
-                        f"{where}: the placement is taken by MIG device {existing.uuid} "
-                        f"({existing.profile_name} at {existing.placement.start}), which gpudra did not "
-                        "create. gpudra never destroys it; remove it by hand "
-                        "(nvidia-smi mig -dci/-dgi) or run the plugin with --mig-mode static"
+                        f"{where}: the placement is taken by {_named(existing)}, which gpudra did not "
+                        "create. gpudra never destroys or adopts it; remove it by hand "
+                        f"(nvidia-smi mig -dci/-dgi -gi {existing.id} -i {gpu.minor}) or run the plugin "
+                        "with --mig-mode static"
                     )
         return record
 
@@ -119,8 +130,7 @@ class MigPartitions:
 
     def create(self, device: str, record: ckpt.MigRecord) -> ckpt.MigRecord:
         """Create the GPU and compute instance of `record`, switching MIG on where allowed; the record
-        with its live ids. A GPU instance left without a compute instance at exactly this placement (a
-        crash between the two steps) is completed."""
+        with its live ids. An instance already at the placement is refused, never adopted."""
         spec = record.spec
         gpu = self.gpus[spec.gpu_uuid]
         with self._locks[gpu.uuid]:
@@ -145,9 +155,11 @@ class MigPartitions:
     def destroy(self, device: str, record: ckpt.MigRecord) -> None:
         """Destroy what `record` says gpudra created; nothing there is success (idempotent).
 
-        With live ids, only an instance whose UUID is the recorded one is destroyed (a GPU instance id
-        is reused once freed). Without them (a crash before they were saved), the instance of the
-        recorded profile at the recorded placement is: `plan` made sure no other was there."""
+        With live ids, only the instance whose UUID is the recorded one is destroyed (a GPU instance id
+        is reused once freed), or, once its compute instance is gone, the GPU instance of the recorded
+        id, profile and placement that holds none. Without them (a crash before they were saved), the
+        instance of the recorded profile at the recorded placement is: `plan` made sure no other was
+        there."""
         spec = record.spec
         gpu = self.gpus.get(spec.gpu_uuid)
         if gpu is None:  # the GPU is gone from this node (or the inventory): nothing left to destroy
@@ -159,17 +171,18 @@ class MigPartitions:
                         gpu_uuid=gpu.uuid, profile_id=spec.profile_id, placement_start=spec.placement_start
                     )
                     return
-                if not self.hardware.mig_enabled(gpu_uuid=gpu.uuid):
-                    return  # a reset or mode change already destroyed every instance
                 live = record.live
-                present = any(d.uuid == live.uuid for d in self.hardware.mig_devices(gpu_uuid=gpu.uuid))
-                if present:
-                    self.hardware.destroy_mig_device(gpu_uuid=gpu.uuid, gpu_instance_id=live.gpu_instance_id)
-                else:
-                    # Created, but the compute instance is gone: a GPU instance without one may remain.
-                    self.hardware.destroy_at_placement(
-                        gpu_uuid=gpu.uuid, profile_id=spec.profile_id, placement_start=spec.placement_start
-                    )
+                # None with MIG off: a reset or mode change already destroyed every instance.
+                for existing in self.hardware.gpu_instances(gpu_uuid=gpu.uuid):
+                    if live.uuid in existing.mig_devices or (
+                        # Created, but its compute instance is gone (a crash inside destroy)
+                        not existing.mig_devices
+                        and existing.id == live.gpu_instance_id
+                        and existing.profile_id == spec.profile_id
+                        and existing.placement.start == spec.placement_start
+                    ):
+                        self.hardware.destroy_mig_device(gpu_uuid=gpu.uuid, gpu_instance_id=existing.id)
+                        return
             except GpudraError as err:
                 raise ClaimError(
                     f"{_where(device, gpu, spec)}: cannot destroy the MIG device: {err}"
@@ -253,6 +266,14 @@ class MigPartitions:
             return call(gpu_uuid=gpu.uuid)
         except GpudraError as err:
             raise ClaimError(f"device {device}: cannot {what} of GPU {gpu.uuid}: {err}") from err
+
+
+def _named(instance: GpuInstance) -> str:
+    """A GPU instance as a refusal names it: its MIG device, or the instance without one."""
+    at = f"{instance.profile_name} at {instance.placement.start}"
+    if instance.mig_devices:
+        return f"MIG device {', '.join(instance.mig_devices)} ({at})"
+    return f"GPU instance {instance.id} ({at}, without a compute instance)"
 
 
 def _where(device: str, gpu: Gpu, spec: ckpt.MigSpec, profile: str | None = None) -> str:

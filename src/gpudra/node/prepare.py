@@ -82,7 +82,9 @@ class DeviceState:
 
     # --- prepare -------------------------------------------------------------------------------
 
-    def prepare(self, ref: ClaimRef) -> tuple[ckpt.PreparedDevice, ...]:
+    def prepared(self, ref: ClaimRef) -> tuple[ckpt.PreparedDevice, ...] | None:
+        """The devices of a claim prepared already, answered from the checkpoint without the API
+        server; None when `prepare` must read the claim."""
         self.store.usable()
         with self.store.exclusive():
             done = self.store.entry(ref.uid)
@@ -94,6 +96,12 @@ class DeviceState:
                 and not self.spec_lost(done)
             ):
                 return done.devices
+        return None
+
+    def prepare(self, ref: ClaimRef) -> tuple[ckpt.PreparedDevice, ...]:
+        answered = self.prepared(ref)
+        if answered is not None:
+            return answered
         # Read without the node lock: a slow API server must not hold up the other instance's calls.
         claim = self.claims.get(namespace=ref.namespace, name=ref.name, uid=ref.uid)
         allocated = read_allocated(

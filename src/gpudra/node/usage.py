@@ -40,6 +40,7 @@ from gpudra.errors import ClusterError, GpudraError
 from gpudra.gpu.nvml import DeviceUsage
 from gpudra.kube.client import Conflict, NotFound
 from gpudra.model import claim_usage
+from gpudra.model.claim import Claim
 from gpudra.model.claim_usage import DeviceKey, Idleness
 from gpudra.model.devices import Device
 from gpudra.node import checkpoint as ckpt
@@ -58,7 +59,7 @@ class UsageProbe(Protocol):
 class ClaimApi(Protocol):
     """Claim reads and a node's status writes: gpudra.kube.claim_status.ClaimStatus."""
 
-    def get(self, namespace: str, name: str) -> dict[str, Any]: ...
+    def get(self, namespace: str, name: str) -> Claim: ...
 
     def apply_node_devices(
         self, *, node_name: str, namespace: str, name: str, uid: str, devices: Sequence[dict[str, Any]]
@@ -198,11 +199,10 @@ class ClaimUsage:
         except NotFound:
             claim.stale = True
             return claim
-        if (found.get("metadata") or {}).get("uid") != entry.uid:
+        if found.uid != entry.uid:
             claim.stale = True
             return claim
-        reserved = (found.get("status") or {}).get("reservedFor") or []
-        claim.pods = tuple(sorted(r["name"] for r in reserved if r.get("resource") == "pods" and "name" in r))
+        claim.pods = found.pods
         claim.written = {
             k: idleness
             for k, idleness in claim_usage.device_idleness(found, driver=self.driver).items()

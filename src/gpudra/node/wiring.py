@@ -159,6 +159,7 @@ def _run(options: Options, session: nvml.Nvml, server: KubeletServer, *, stop: t
         keeper = MpsKeeper(state, interval=options.mps_check_interval_seconds, metrics=metrics, events=events)
     metrics.track_claim_reads(lambda: claims.gets)
     metrics.track_api_requests(client.request_counts)
+    metrics.track_skipped_objects(client.skipped.counts)
     loops = [*slices.loops, events.loop, retry_checkpoint] + ([health.loop] if health is not None else [])
     loops += [usage.loop] if usage is not None else []
     loops += [keeper.loop] if keeper is not None else []

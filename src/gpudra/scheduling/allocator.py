@@ -32,8 +32,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpudra.errors import GpudraError
+from gpudra.model.claim import Constraint, Request, Toleration
 from gpudra.scheduling.cel import CelRuntimeError, Reference, Selector, compile_selector, reference_getter
-from gpudra.scheduling.claims import Allocations, Claim, Constraint, Request
+from gpudra.scheduling.claims import Allocations, Claim
 from gpudra.scheduling.pools import Amount, Device, DeviceID, Inventory, Pool, quantity
 
 MAX_RESULTS = 32  # resource/v1 AllocationResultsMaxSize: devices one claim may get
@@ -292,19 +293,19 @@ def blocking_taint(device: Device, request: Request) -> Mapping[str, Any] | None
     for taint in device.taints:
         if taint.get("effect") not in ("NoSchedule", "NoExecute"):
             continue
-        if not any(_tolerates(dict(t), taint) for t in request.tolerations):
+        if not any(_tolerates(t, taint) for t in request.tolerations):
             return taint
     return None
 
 
-def _tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
-    if toleration.get("effect") and toleration.get("effect") != taint.get("effect"):
+def _tolerates(toleration: Toleration, taint: Mapping[str, Any]) -> bool:
+    if toleration.effect and toleration.effect != taint.get("effect"):
         return False
-    if toleration.get("key") and toleration.get("key") != taint.get("key"):
+    if toleration.key and toleration.key != taint.get("key"):
         return False
-    operator = toleration.get("operator") or "Equal"
+    operator = toleration.operator or "Equal"
     if operator == "Equal":
-        return (toleration.get("value") or "") == (taint.get("value") or "")
+        return toleration.value == (taint.get("value") or "")
     return operator == "Exists"
 
 

@@ -26,12 +26,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
+from gpudra.model.claim import Claim
 from gpudra.model.claim_usage import idle_since
 from gpudra.scheduling.allocator import counters_left, lookup_attribute
 from gpudra.scheduling.claims import Allocations
@@ -122,17 +123,18 @@ def build(
     *,
     driver: str,
     slices: Iterable[Mapping[str, Any]],
-    claims: Iterable[Mapping[str, Any]],
+    claims: Iterable[Claim],
     classes: Iterable[Mapping[str, Any]],
     now: datetime,
     idle_after_seconds: float,
 ) -> ClusterView:
-    """The view of `driver`'s GPUs at `now`. Objects as the API server serves them."""
+    """The view of `driver`'s GPUs at `now`. Slices and classes as the API server serves them; claims read
+    by `gpudra.model.claim.read_claim`."""
     claims = list(claims)
     inventory = Inventory([s for s in slices if (s.get("spec") or {}).get("driver") == driver])
     allocations = Allocations.from_claims(claims)
     gpus = _gpus(inventory, allocations)
-    pods = {_name(c): _pods(c) for c in claims}
+    pods = {c.namespaced_name: list(c.pods) for c in claims}
     idle = _idle_devices(claims, driver=driver, now=now, idle_after=idle_after_seconds, pods=pods)
     idle_by_gpu = _idle_gpus(inventory, idle, claims, driver=driver)
     return ClusterView(
@@ -222,19 +224,18 @@ def _fits(device: Device, left: Mapping[str, Mapping[str, Amount]]) -> bool:
     )
 
 
-def _pending(claims: Iterable[Mapping[str, Any]], classes: set[str], now: datetime) -> list[PendingClaim]:
+def _pending(claims: Iterable[Claim], classes: set[str], now: datetime) -> list[PendingClaim]:
     pending = []
     for claim in claims:
-        if (claim.get("status") or {}).get("allocation"):
+        if claim.allocation is not None:
             continue
-        wanted = sorted(_classes_of(claim) & classes)
+        wanted = sorted(claim.spec.device_classes & classes)
         if wanted:
-            meta = claim.get("metadata") or {}
-            created = _time(meta.get("creationTimestamp"))
+            created = claim.created
             pending.append(
                 PendingClaim(
-                    namespace=str(meta.get("namespace", "")),
-                    name=str(meta.get("name", "")),
+                    namespace=claim.namespace,
+                    name=claim.name,
                     age_seconds=max(0.0, (now - created).total_seconds()) if created else 0.0,
                     device_classes=wanted,
                 )
@@ -242,17 +243,8 @@ def _pending(claims: Iterable[Mapping[str, Any]], classes: set[str], now: dateti
     return sorted(pending, key=lambda p: (p.namespace, p.name))
 
 
-def _classes_of(claim: Mapping[str, Any]) -> set[str]:
-    found = set()
-    for request in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
-        for entry in [request.get("exactly") or {}, *(request.get("firstAvailable") or [])]:
-            if entry.get("deviceClassName"):
-                found.add(str(entry["deviceClassName"]))
-    return found
-
-
 def _idle_devices(
-    claims: Iterable[Mapping[str, Any]],
+    claims: Iterable[Claim],
     *,
     driver: str,
     now: datetime,
@@ -261,17 +253,16 @@ def _idle_devices(
 ) -> list[IdleDevice]:
     idle = []
     for claim in claims:
-        if not (claim.get("status") or {}).get("allocation"):
+        if claim.allocation is None:
             continue
-        meta = claim.get("metadata") or {}
         for (pool, device), since in idle_since(claim, driver=driver).items():
             seconds = (now - since).total_seconds()
             if seconds >= idle_after:
                 idle.append(
                     IdleDevice(
-                        namespace=str(meta.get("namespace", "")),
-                        claim=str(meta.get("name", "")),
-                        pods=pods.get(_name(claim), []),
+                        namespace=claim.namespace,
+                        claim=claim.name,
+                        pods=pods.get(claim.namespaced_name, []),
                         node=pool,
                         device=device,
                         idle_seconds=seconds,
@@ -281,21 +272,22 @@ def _idle_devices(
 
 
 def _idle_gpus(
-    inventory: Inventory, idle: list[IdleDevice], claims: Iterable[Mapping[str, Any]], *, driver: str
+    inventory: Inventory, idle: list[IdleDevice], claims: Iterable[Claim], *, driver: str
 ) -> set[str]:
     """GPUs whose every allocated device, in every claim holding one, is reported idle long enough."""
     idle_keys = {(f"{d.namespace}/{d.claim}", d.node, d.device) for d in idle}
     by_id = {device.id: device for pool in inventory.pools.values() for device in pool.devices}
     verdict: dict[str, bool] = {}
     for claim in claims:
-        allocation = (claim.get("status") or {}).get("allocation") or {}
-        for result in (allocation.get("devices") or {}).get("results") or []:
-            if result.get("driver") != driver or result.get("adminAccess"):
+        if claim.allocation is None:
+            continue
+        for result in claim.allocation.results_of(driver):
+            if result.admin_access:
                 continue
-            device = by_id.get((driver, str(result.get("pool")), str(result.get("device"))))
+            device = by_id.get((driver, result.pool, result.device))
             uuid = _gpu_uuid(device) if device is not None else None
             if uuid:
-                key = (_name(claim), str(result.get("pool")), str(result.get("device")))
+                key = (claim.namespaced_name, result.pool, result.device)
                 verdict[uuid] = verdict.get(uuid, True) and key in idle_keys
     return {uuid for uuid, all_idle in verdict.items() if all_idle}
 
@@ -319,22 +311,3 @@ def _gpu_uuid(device: Device) -> str | None:
     kind = _attribute(device, "type")
     value = _attribute(device, "uuid" if kind == "gpu" else "parentUUID" if kind == "mig" else "")
     return str(value) if value else None
-
-
-def _name(claim: Mapping[str, Any]) -> str:
-    meta = claim.get("metadata") or {}
-    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
-
-
-def _pods(claim: Mapping[str, Any]) -> list[str]:
-    reserved = (claim.get("status") or {}).get("reservedFor") or []
-    return sorted(str(r.get("name")) for r in reserved if r.get("resource") == "pods")
-
-
-def _time(text: object) -> datetime | None:
-    if not isinstance(text, str):
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC)
-    except ValueError:
-        return None

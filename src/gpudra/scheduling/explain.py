@@ -24,8 +24,9 @@ The whole of it, as a benchmark or another tool calls it (slices as `gpudra inve
 them, or as the API server lists them):
 
     inventory = Inventory(slices)          # gpudra.scheduling.pools; reusable across claims
-    answer = explain([ClaimToExplain("ns/name", claim_spec)], classes=device_classes(class_objects),
-                     inventory=inventory, allocated=claim_objects)
+    answer = explain([ClaimToExplain("ns/name", read_spec(claim_spec))],   # gpudra.model.claim
+                     classes=device_classes(class_objects), inventory=inventory,
+                     allocated=[read_claim(obj) for obj in claim_objects])
     answer.verdict, answer.fits, answer.model_dump_json()
 """
 
@@ -38,6 +39,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from gpudra.model.claim import Claim as ResourceClaim
+from gpudra.model.claim import ClaimSpec, Request, read_spec_of
 from gpudra.model.publishing import ServerFields, Withheld
 from gpudra.scheduling import forms
 from gpudra.scheduling.allocator import (
@@ -55,7 +58,7 @@ from gpudra.scheduling.allocator import (
     lookup_attribute,
 )
 from gpudra.scheduling.cel import CelCompileError, CelError, CelRuntimeError, CelUnsupported, compile_selector
-from gpudra.scheduling.claims import Allocations, Claim, Request, claim_from_spec
+from gpudra.scheduling.claims import Allocations, Claim, claim_from_spec
 from gpudra.scheduling.pools import Amount, Device, Inventory, Pool, collector_paused
 
 __all__ = [
@@ -147,11 +150,16 @@ class Explanation(BaseModel):
 
 @dataclass(frozen=True)
 class ClaimToExplain:
-    """A claim's name ("namespace/name"; a template's is "template namespace/name") and its spec."""
+    """A claim's name ("namespace/name"; a template's is "template namespace/name") and its spec
+    (`gpudra.model.claim.read_spec`, whose problems name fields where they sit in the object)."""
 
     name: str
-    spec: Mapping[str, Any]
-    path: str = "spec"  # where the spec sits in the object, for error messages
+    spec: ClaimSpec
+
+    @property
+    def path(self) -> str:
+        """Where the spec sits in its object, as its problems name fields: spec, or spec.spec."""
+        return self.spec.path
 
 
 def claims_to_explain(
@@ -161,14 +169,13 @@ def claims_to_explain(
     that name no namespace are in `namespace`, as `kubectl apply -n` would put them."""
     found = []
     for obj in _unpack(objects):
-        kind, meta = obj.get("kind"), obj.get("metadata") or {}
+        spec = read_spec_of(obj)
+        if spec is None:
+            continue
+        meta = obj.get("metadata") or {}
         name = f"{meta.get('namespace') or namespace}/{meta.get('name', '')}"
-        if kind == "ResourceClaim":
-            found.append(ClaimToExplain(name, obj.get("spec") or {}))
-        elif kind == "ResourceClaimTemplate":
-            found.append(
-                ClaimToExplain(f"template {name}", (obj.get("spec") or {}).get("spec") or {}, "spec.spec")
-            )
+        template = obj.get("kind") == "ResourceClaimTemplate"
+        found.append(ClaimToExplain(f"template {name}" if template else name, spec))
     return found
 
 
@@ -202,7 +209,7 @@ def explain(
     *,
     classes: Mapping[str, Sequence[str]],
     inventory: Inventory,
-    allocated: Iterable[Mapping[str, Any]] = (),
+    allocated: Iterable[ResourceClaim] = (),
     server: ServerFields | None = None,
     driver: str = "",
     list_type_attributes: bool = False,
@@ -219,7 +226,7 @@ def explain(
     spec is malformed.
     """
     names = [c.name for c in claims]
-    parsed = [claim_from_spec(c.name, c.spec, path=c.path) for c in claims]
+    parsed = [claim_from_spec(c.name, c.spec) for c in claims]
     allocations = Allocations.from_claims(allocated, skip=names)
     matcher = Matcher(classes, list_type_attributes=list_type_attributes)
     notes = list(inventory.unsupported)

@@ -16,10 +16,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpudra.model.claim import Request
 from gpudra.model.devices import SHARED_ATTRIBUTE
 from gpudra.model.publishing import FORM_NAMES, Publishing, ServerFields, Withheld, fit_to_server
 from gpudra.scheduling.cel import CelError, compile_selector
-from gpudra.scheduling.claims import Claim, Request
+from gpudra.scheduling.claims import Claim
 from gpudra.scheduling.pools import Device
 
 __all__ = ["FORMS", "Needs", "class_forms", "fields_seen", "needs", "release_limits", "withheld_on"]

@@ -16,13 +16,12 @@ saying which feature gate or release would serve it.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
-from gpudra.errors import ConfigError
+from gpudra.model.claim import ClaimSpec, Request
 from gpudra.model.publishing import Withheld
 from gpudra.scheduling.allocator import Matcher
 from gpudra.scheduling.cel import CelError
-from gpudra.scheduling.claims import Request, claim_from_spec
+from gpudra.scheduling.claims import claim_from_spec
 from gpudra.scheduling.forms import needs
 from gpudra.scheduling.pools import Device
 
@@ -47,21 +46,13 @@ class Reach:
         self.withheld = withheld
         self.driver = driver
 
-    def warnings(self, obj: Mapping[str, Any]) -> list[str]:
-        """One line per request of a ResourceClaim or ResourceClaimTemplate that no device matches."""
-        kind = obj.get("kind")
-        spec = obj.get("spec") or {}
-        path = "spec"
-        if kind == "ResourceClaimTemplate":
-            spec, path = spec.get("spec") or {}, "spec.spec"
-        elif kind != "ResourceClaim":
-            return []
-        try:
-            claim = claim_from_spec("claim", spec, path=path)
-        except ConfigError:
-            return []  # the API server's validation answers that
+    def warnings(self, spec: ClaimSpec | None) -> list[str]:
+        """One line per request of a ResourceClaim's or ResourceClaimTemplate's spec
+        (`gpudra.model.claim.read_spec_of`; None for other objects) that no device matches."""
+        if spec is None or spec.problems:
+            return []  # a malformed spec: the API server's validation answers that
         found = []
-        for alternatives in claim.requests:
+        for alternatives in spec.requests:
             ours = [r for r in alternatives if r.device_class in self.driver_classes]
             if len(ours) != len(alternatives) or any(self._matches(r) for r in ours):
                 continue  # another driver's class among them: not ours to judge
@@ -74,7 +65,9 @@ class Reach:
                 + f"; {len(self.devices)} devices checked"
             )
             if self.withheld and self.driver:
-                gated = needs([claim], self.classes, self.withheld, driver=self.driver)
+                gated = needs(
+                    [claim_from_spec("claim", spec)], self.classes, self.withheld, driver=self.driver
+                )
                 lines = {f"{where} ({first.base}): {n.withheld.needs}" for n in gated if n.request in ours}
                 found += sorted(lines)
         return found

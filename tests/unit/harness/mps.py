@@ -1,0 +1,84 @@
+"""The stand-in MPS daemons of a simulated node: claim configs, each claim's MPS directory, the daemons
+that run (in the machine's state and in /proc), and killing what a test left behind."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpudra.sim import state as sim_state
+from tests.unit.claims import from_claim, mps, whole_gpus
+from tests.unit.harness.node import Node
+
+
+def mps_config(threads: int | None = None, memory: str | None = None) -> dict[str, Any]:
+    parameters = mps(threads or 50)
+    settings = parameters["sharing"]["mpsConfig"]
+    if threads is None:
+        del settings["defaultActiveThreadPercentage"]
+    if memory is not None:
+        settings["defaultPinnedDeviceMemoryLimit"] = memory
+    return parameters
+
+
+def mps_claim(claim_uid: str, *devices: str, threads: int = 50) -> dict[str, Any]:
+    return whole_gpus(claim_uid, *devices, config=[from_claim(mps_config(threads))])
+
+
+def mps_root(node: Node, claim_uid: str) -> Path:
+    return node.root / "mps" / hashlib.sha256(claim_uid.encode()).hexdigest()[:12]
+
+
+def daemons(node: Node) -> list[sim_state.MpsDaemon]:
+    """The daemons registered in the machine's state that still run."""
+    return [d for d in sim_state.StateFile(node.state_file).read().mps_daemons if alive(d.pid)]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        status = Path(f"/proc/{pid}/stat").read_text()
+    except (ProcessLookupError, FileNotFoundError):
+        return False
+    return not status.rsplit(") ", 1)[-1].startswith("Z")
+
+
+def mps_processes(under: Path) -> dict[int, Path]:
+    """pid -> pipe directory of every live stand-in MPS daemon whose pipe directory is under `under`."""
+    found = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            command = (proc / "cmdline").read_bytes()
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        pipe = next((v[24:] for v in environ if v.startswith(b"CUDA_MPS_PIPE_DIRECTORY=")), None)
+        if b"mps_control\0-f" in command and pipe and alive(int(proc.name)):
+            found[int(proc.name)] = Path(os.fsdecode(pipe))
+    return {pid: path for pid, path in found.items() if path.is_relative_to(under)}
+
+
+def assert_no_daemon(node: Node, claim_uid: str, pids: list[int]) -> None:
+    """No daemon of the claim runs (not `pids`, none serving its pipe) and its directory is gone."""
+    root = mps_root(node, claim_uid)
+    assert [pid for pid in pids if alive(pid)] == []
+    assert [d.pid for d in daemons(node) if d.pipe_directory == str(root / "pipe")] == []
+    assert [pid for pid, pipe in mps_processes(node.root).items() if pipe == root / "pipe"] == []
+    assert not root.exists()
+
+
+@pytest.fixture(autouse=True)
+def kill_leftover_daemons(tmp_path: Path) -> Iterator[None]:
+    yield
+    for pid in mps_processes(tmp_path):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
