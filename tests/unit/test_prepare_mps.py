@@ -22,6 +22,7 @@ from tests.unit.harness.crash import child
 from tests.unit.harness.mps import (
     assert_no_daemon,
     daemons,
+    environment,
     kill_leftover_daemons,  # noqa: F401 (an autouse fixture: every test kills what it left)
     mps_claim,
     mps_config,
@@ -78,9 +79,13 @@ def test_mps_on_a_whole_gpu_runs_a_daemon_with_the_limits_and_unprepare_stops_it
         (str(root / "pipe"), "/tmp/nvidia-mps"),
         (str(root / "shm"), "/dev/shm"),
     ]
+    # The daemon's mark, recorded before it was started (see gpudra.node.sharing.mps_processes).
+    assert isinstance(device.sharing, ckpt.MpsRecord) and device.sharing.token is not None
+    assert environment(daemon.pid)["GPUDRA_MPS_DAEMON_TOKEN"] == device.sharing.token
     record = ckpt.MpsRecord(
         strategy="MPS",
         root=root,
+        token=device.sharing.token,
         active_thread_percentage=50,
         pinned_memory_limit=10 * 2**30,
         restore_compute_mode=0,

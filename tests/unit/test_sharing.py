@@ -21,6 +21,7 @@ from gpudra.model.inventory import Gpu
 from gpudra.node import checkpoint as ckpt
 from gpudra.node.allocation import Allocated
 from gpudra.node.sharing import GpuSharing
+from gpudra.node.sharing.mps_daemons import Daemon
 from gpudra.sim import state as sim_state
 from tests.unit.claims import mps, time_slicing
 
@@ -393,7 +394,7 @@ def test_a_dead_daemon_is_started_again_on_adoption_and_others_are_stopped(
     assert sharing.adopt(claim, visible=visible, others=[]) is False  # alive: kept as it is
     [daemon] = store.read().mps_daemons
     os.kill(daemon.pid, signal.SIGKILL)
-    wait_for(lambda: not sharing.mps.daemons.answers(planned.root))
+    wait_for(lambda: sharing.mps.daemons.running(Daemon(planned.root, planned.token)) is None)
     assert sharing.adopt(claim, visible=visible, others=[]) is True
     [again] = [d for d in store.read().mps_daemons if d.pid != daemon.pid and _alive(d.pid)]
     assert again.default_active_thread_percentage == 30.0

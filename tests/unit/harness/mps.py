@@ -50,6 +50,12 @@ def alive(pid: int) -> bool:
     return not status.rsplit(") ", 1)[-1].startswith("Z")
 
 
+def environment(pid: int) -> dict[str, str]:
+    """The environment process `pid` was started with."""
+    pairs = (entry.split("=", 1) for entry in Path(f"/proc/{pid}/environ").read_text().split("\0") if entry)
+    return {name: value for name, value in pairs}
+
+
 def mps_processes(under: Path) -> dict[int, Path]:
     """pid -> pipe directory of every live stand-in MPS daemon whose pipe directory is under `under`."""
     found = {}
