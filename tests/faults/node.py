@@ -122,7 +122,7 @@ class InProcessTools(GpuTools):
         super().__init__(search_path="")
         self.state_file = state_file
 
-    def _run(
+    def run(
         self,
         tool: str,
         args: Sequence[str],
