@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -251,11 +252,12 @@ def test_the_loop_logs_a_failed_restart_and_retries_until_the_daemon_runs(
 # --- what a tenant's containers do to the pipe directory they mount read-write (issue 29) -------------
 
 
-def reporting(node: Node) -> tuple[DeviceState, PluginMetrics, Events]:
+def reporting(node: Node, tools: GpuTools | None = None) -> tuple[DeviceState, PluginMetrics, Events]:
     """A state whose tampering reports go where the plugin's go (TamperingReports), and those."""
     metrics, events = PluginMetrics(), Events()
     reports = TamperingReports(metrics=metrics, events=events)
-    state = node.state(sharing=GpuSharing(node.tools, mps_root=node.root / "mps", on_tampering=reports))
+    sharing = GpuSharing(tools or node.tools, mps_root=node.root / "mps", on_tampering=reports)
+    state = node.state(sharing=sharing)
     reports.claims = lambda: state.store.current.claims
     return state, metrics, events
 
@@ -321,4 +323,50 @@ def test_a_daemon_quit_by_its_tenant_is_started_again_in_a_cleared_directory(h10
     state.unprepare(attacker)
     assert_no_daemon(h100, uid(1), [quit_by_tenant, restarted.pid])
     assert daemon_of(h100, uid(2)).pid == other.pid
+    state.unprepare(victim)
+
+
+class RacingTenant(GpuTools):
+    """The simulator's tools, and a tenant who links the control socket of a daemon just started to
+    another claim's, before the plugin sends it its limits (once armed)."""
+
+    def __init__(self, search_path: str, *, link_to: Path) -> None:
+        super().__init__(search_path=search_path)
+        self.link_to = link_to
+        self.armed = False
+
+    def start_mps_daemon(self, *, env: Mapping[str, str]) -> None:
+        super().start_mps_daemon(env=env)
+        if self.armed:
+            control = Path(env["CUDA_MPS_PIPE_DIRECTORY"]) / "control"
+            control.unlink()
+            control.symlink_to(self.link_to)
+
+
+def test_a_daemon_that_cannot_be_given_its_limits_is_not_left_running_without_them(h100: Node) -> None:
+    tools = RacingTenant(h100.tools.search_path, link_to=mps_root(h100, uid(2)) / "pipe" / "control")
+    state, metrics, events = reporting(h100, tools)
+    attacker = h100.claims.add(mps_claim(uid(1), "gpu-2", threads=40))
+    victim = h100.claims.add(mps_claim(uid(2), "gpu-3", threads=20))
+    state.prepare(attacker)
+    state.prepare(victim)
+    killed = kill_daemon(h100, uid(1))
+    other = daemon_of(h100, uid(2)).pid
+    keeper = MpsKeeper(state, interval=INTERVAL, metrics=metrics, events=events)
+
+    tools.armed = True
+    with pytest.raises(HardwareError, match="not the daemon's control socket; gpudra sent it nothing"):
+        keeper.step()
+    assert [d.pipe_directory for d in daemons(h100)] == [str(mps_root(h100, uid(2)) / "pipe")]
+    assert daemon_of(h100, uid(2)).default_active_thread_percentage == 20.0
+    assert tampering(metrics) == {"control-replaced": 1.0} and restarts(metrics, "failed") == 1
+    assert events.reasons() == ["MpsTampering", "MpsDaemonRestartFailed"]
+
+    tools.armed = False
+    keeper.step()  # the next round starts it, with its limits
+    restarted = daemon_of(h100, uid(1))
+    assert restarted.pid != killed and restarted.default_active_thread_percentage == 40.0
+    state.unprepare(attacker)
+    assert_no_daemon(h100, uid(1), [killed, restarted.pid])
+    assert daemon_of(h100, uid(2)).pid == other
     state.unprepare(victim)

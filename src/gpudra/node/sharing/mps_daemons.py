@@ -159,7 +159,8 @@ class MpsDaemons:
         # Containers may run as any user: like /dev/shm, everyone may create files, only owners delete.
         os.chmod(shm_dir(root), 0o1777)
         faults.reached("prepare-mps-directories")
-        if self.running(daemon) is None:
+        started = self.running(daemon) is None
+        if started:
             # What a daemon that died left there, or a container put there (a socket of its own where
             # the control socket goes would make the new daemon refuse to start, "already running").
             _clear(pipe_dir(root))
@@ -186,8 +187,13 @@ class MpsDaemons:
                 for uuid, limit in sorted(pinned_memory_limits.items())
             ),
         ]
-        self._send_until_ready(daemon, commands)
-        self._check_limits(daemon, active_thread_percentage)
+        try:
+            self._send_until_ready(daemon, commands)
+            self._check_limits(daemon, active_thread_percentage)
+        except HardwareError:
+            if started:  # a daemon without its limits must not serve (the keeper tries again)
+                self._end(daemon)
+            raise
 
     def _send_until_ready(self, daemon: Daemon, commands: Sequence[str]) -> None:
         # The daemon may still be opening its socket when `-d` returns: retry until it answers.
@@ -246,22 +252,7 @@ class MpsDaemons:
 
         The daemon is asked to quit (through its control socket, else SIGTERM); whatever carries its
         mark after that is killed. What a tenant changed in the pipe directory is reported first."""
-        pipe = pipe_dir(daemon.root)
-        marked = mps_processes.find(daemon.mark)
-        main = self.running(daemon)
-        if main is not None:
-            self._report(_inspect(daemon, main))
-            if not self._quit(daemon):
-                mps_processes.kill([main], signal.SIGTERM)
-            _wait_gone([main, *marked], _STOP_TIMEOUT_S)
-        left = mps_processes.find(daemon.mark)
-        if left:
-            log.warning(
-                "MPS daemon did not quit; killing its processes",
-                extra={"pipe": str(pipe), "pids": [p.pid for p in left]},
-            )
-            mps_processes.kill(left, signal.SIGKILL)
-            _wait_gone(left, _KILL_TIMEOUT_S)
+        self._end(daemon)
         faults.reached("unprepare-mps-stopped")
         with self._lock:
             self._pinned.pop(daemon, None)
@@ -269,6 +260,23 @@ class MpsDaemons:
         shutil.rmtree(daemon.root, ignore_errors=True)  # unlinks entries, never follows or opens them
         if daemon.root.exists():
             raise HardwareError(f"cannot remove the MPS directory {daemon.root}")
+
+    def _end(self, daemon: Daemon) -> None:
+        """End the daemon's processes, found by its mark."""
+        main = mps_processes.daemon(mps_processes.find(daemon.mark))
+        if main is not None:
+            self._report(_inspect(daemon, main))
+            if not self._quit(daemon):
+                mps_processes.kill([main], signal.SIGTERM)
+            _wait_gone([main], _STOP_TIMEOUT_S)  # `quit` ends its servers first
+        left = mps_processes.find(daemon.mark)
+        if left:
+            log.warning(
+                "MPS daemon did not quit; killing its processes",
+                extra={"pipe": str(pipe_dir(daemon.root)), "pids": [p.pid for p in left]},
+            )
+            mps_processes.kill(left, signal.SIGKILL)
+            _wait_gone(left, _KILL_TIMEOUT_S)
 
     def _quit(self, daemon: Daemon) -> bool:
         """Ask the daemon to quit; whether the command went through."""
