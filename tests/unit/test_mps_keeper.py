@@ -273,15 +273,18 @@ def tampering(metrics: PluginMetrics) -> dict[str, float]:
 def test_a_deleted_pid_file_is_no_stopped_daemon_and_is_reported_at_unprepare(h100: Node) -> None:
     """The keeper used to find the daemon gone and fail to start another ("already running") forever,
     and unprepare left the daemon running."""
-    state, metrics, events = reporting(h100)
+    tools = counting_tools(h100)
+    state, metrics, events = reporting(h100, tools)
     claim = h100.claims.add(mps_claim(uid(1), "gpu-2"))
     state.prepare(claim)
     [daemon] = daemons(h100)
     (mps_root(h100, uid(1)) / "pipe" / PID_FILE).unlink()
     keeper = MpsKeeper(state, interval=INTERVAL, metrics=metrics, events=events)
+    tools.runs.clear()
 
     for _ in range(2):
         assert keeper.step() == INTERVAL  # it runs: nothing to start, nothing failed
+    assert tools.runs == []  # found in /proc: no tool run, nothing read in the pipe directory
     assert [d.pid for d in daemons(h100)] == [daemon.pid]
     assert restarts(metrics, "started") == 0 and restarts(metrics, "failed") == 0
 
