@@ -40,10 +40,10 @@ from tests.faults.node import BOOT, SimNode
 from tests.unit.claims import DRIVER
 
 
-def audit(node: SimNode, *, settled: bool) -> list[str]:
-    """Every broken invariant, one line each; [] when the node is consistent."""
+def audit(node: SimNode, *, settled: bool, boot: str = BOOT) -> list[str]:
+    """Every broken invariant, one line each; [] when the node is consistent (in the boot `boot`)."""
     try:
-        loaded = ckpt.load(node.checkpoint_path, boot_id=BOOT)
+        loaded = ckpt.load(node.checkpoint_path, boot_id=boot)
     except (GpudraError, OSError) as err:
         return [f"the checkpoint does not load: {err}"]
     findings = [f"claim {uid} recorded under another boot" for uid in loaded.stale_claims]

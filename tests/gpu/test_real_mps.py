@@ -19,6 +19,7 @@ import pytest
 from gpudra.gpu import nvml
 from gpudra.gpu.tools import MPS_CONTROL, GpuTools
 from gpudra.node.sharing import mps_daemons as mps
+from gpudra.node.sharing import mps_processes
 
 pytestmark = pytest.mark.gpu
 
@@ -77,18 +78,21 @@ def test_mps_daemon_limits_its_clients_and_stops_clean(gpu: tuple[str, int, int]
     daemons = mps.MpsDaemons(GpuTools())
     assert daemons.tools.command(MPS_CONTROL)  # the driver's MPS tool is installed on a GPU machine
     root = mps.daemon_root(tmp_path, "claim-under-test")
+    daemon = mps.Daemon(root, mps_processes.new_token())
     limits = {uuid: LIMIT_MIB * MIB}
     daemons.start(
-        root, visible=[uuid], active_thread_percentage=THREAD_PERCENTAGE, pinned_memory_limits=limits
+        daemon, visible=[uuid], active_thread_percentage=THREAD_PERCENTAGE, pinned_memory_limits=limits
     )
     try:
-        assert daemons.answers(root)
-        pid = int((mps.pipe_dir(root) / mps.PID_FILE).read_text())
+        # Found by the token in its environment: the process that wrote the pid file.
+        running = daemons.running(daemon)
+        assert running is not None
+        assert int((mps.pipe_dir(root) / mps.PID_FILE).read_text()) == running.pid
         # A second start (the plugin restarted mid-prepare) adopts the daemon instead of starting another.
         daemons.start(
-            root, visible=[uuid], active_thread_percentage=THREAD_PERCENTAGE, pinned_memory_limits=limits
+            daemon, visible=[uuid], active_thread_percentage=THREAD_PERCENTAGE, pinned_memory_limits=limits
         )
-        assert int((mps.pipe_dir(root) / mps.PID_FILE).read_text()) == pid
+        assert daemons.running(daemon) == running
 
         seen = _client(LIMIT_MIB // 2, LIMIT_MIB, env={"CUDA_MPS_PIPE_DIRECTORY": str(mps.pipe_dir(root))})
         print("client under MPS:", seen)
@@ -125,6 +129,6 @@ def test_mps_daemon_limits_its_clients_and_stops_clean(gpu: tuple[str, int, int]
             assert busy.wait(timeout=30) == 0
             busy.stdout.close()
     finally:
-        daemons.stop(root)
+        daemons.stop(daemon)
     assert not root.exists()
     assert _daemons_alive(root) == []

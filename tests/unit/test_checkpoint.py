@@ -39,6 +39,7 @@ OTHER_BOOT = "8a7b6c5d-4e3f-4a1b-8c9d-0e1f2a3b4c5d"
 GPU0 = "GPU-11111111-2222-3333-4444-555555555555"
 GPU1 = "GPU-66666666-7777-8888-9999-000000000000"
 MPS_ROOT = Path("/var/lib/kubelet/plugins/gpu.gpudra.io/mps")
+TOKEN = "9f86d081884c7d659a2feaa0c55ad015"  # an MPS daemon's token: 128 bits in lowercase hex
 
 
 def whole_gpu(uid: str, device: str = "gpu-0", uuid: str = GPU0) -> PreparedDevice:
@@ -76,6 +77,7 @@ def rich_checkpoint() -> Checkpoint:
             "sharing": MpsRecord(
                 strategy="MPS",
                 root=MPS_ROOT / "3f2a9c1b7d4e",
+                token=TOKEN,
                 active_thread_percentage=50,
                 pinned_memory_limit=10 * 2**30,
                 restore_compute_mode=0,
@@ -85,7 +87,9 @@ def rich_checkpoint() -> Checkpoint:
     share = whole_gpu(uid_mps, device="gpu-0-shared").model_copy(
         update={
             "share_id": "0d9c8b7a-6f5e-4d3c-8b2a-1f0e9d8c7b6a",
-            "sharing": MpsRecord(strategy="MPS", root=MPS_ROOT / "3f2a9c1b7d4e", pinned_memory_limit=2**20),
+            "sharing": MpsRecord(
+                strategy="MPS", root=MPS_ROOT / "3f2a9c1b7d4e", token=TOKEN, pinned_memory_limit=2**20
+            ),
         }
     )
     ts = whole_gpu(uid_ts).model_copy(
@@ -410,6 +414,9 @@ def test_every_version_up_to_the_current_one_has_a_reader() -> None:
         lambda: MpsRecord(strategy="MPS", root=Path("/p"), pinned_memory_limit=2**20 - 1),
         lambda: MpsRecord(strategy="MPS", root=Path("/p"), pinned_memory_limit=-1),
         lambda: MpsRecord(strategy="MPS", root=Path("/p"), restore_compute_mode=-1),
+        lambda: MpsRecord(strategy="MPS", root=Path("/p"), token=""),
+        lambda: MpsRecord(strategy="MPS", root=Path("/p"), token=TOKEN[:-1]),
+        lambda: MpsRecord(strategy="MPS", root=Path("/p"), token=TOKEN.upper()),
         lambda: MpsRecord.model_validate({"strategy": "MPS"}),
         lambda: MpsRecord.model_validate({"strategy": "MPS", "root": "/p", "daemon_id": "d"}),
         lambda: MpsRecord.model_validate(
@@ -432,6 +439,9 @@ def test_every_version_up_to_the_current_one_has_a_reader() -> None:
         "memory-limit-under-1mib",
         "negative-memory-limit",
         "negative-compute-mode",
+        "empty-token",
+        "short-token",
+        "token-not-lowercase-hex",
         "mps-without-root",
         "old-mps-daemon-id",
         "old-mps-limits-per-uuid",
@@ -446,11 +456,8 @@ def test_models_are_strict(build: Any) -> None:
 
 def test_mps_record_bounds_and_defaults() -> None:
     bare = MpsRecord(strategy="MPS", root=MPS_ROOT / "3f2a9c1b7d4e")
-    assert (bare.active_thread_percentage, bare.pinned_memory_limit, bare.restore_compute_mode) == (
-        None,
-        None,
-        None,
-    )
+    assert (bare.token, bare.active_thread_percentage, bare.pinned_memory_limit) == (None, None, None)
+    assert bare.restore_compute_mode is None
     for threads, limit, mode in [(1, 2**20, 0), (100, 80 * 2**30, 3)]:
         record = MpsRecord(
             strategy="MPS",

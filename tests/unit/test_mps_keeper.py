@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -19,16 +20,17 @@ from gpudra.gpu.tools import MPS_CONTROL, GpuTools
 from gpudra.node import checkpoint as ckpt
 from gpudra.node.allocation import ClaimRef
 from gpudra.node.metrics import PluginMetrics
-from gpudra.node.mps_keeper import MpsKeeper
+from gpudra.node.mps_keeper import MpsKeeper, TamperingReports
 from gpudra.node.prepare import DeviceState
 from gpudra.node.sharing import GpuSharing
-from gpudra.node.sharing.mps_daemons import PID_FILE
+from gpudra.node.sharing.mps_daemons import PID_FILE, TAMPERING_KINDS
 from tests.unit.claims import from_claim, time_slicing, whole_gpus
 from tests.unit.harness.crash import child
 from tests.unit.harness.kube import Events
 from tests.unit.harness.mps import (
     alive,
     assert_no_daemon,
+    daemon_of,
     daemons,
     kill_leftover_daemons,  # noqa: F401 (an autouse fixture: every test kills what it left)
     mps_claim,
@@ -245,3 +247,129 @@ def test_the_loop_logs_a_failed_restart_and_retries_until_the_daemon_runs(
     ]
     assert len(daemons(h100)) == 1
     state.unprepare(claim)
+
+
+# --- what a tenant's containers do to the pipe directory they mount read-write (issue 29) -------------
+
+
+def reporting(node: Node, tools: GpuTools | None = None) -> tuple[DeviceState, PluginMetrics, Events]:
+    """A state whose tampering reports go where the plugin's go (TamperingReports), and those."""
+    metrics, events = PluginMetrics(), Events()
+    reports = TamperingReports(metrics=metrics, events=events)
+    sharing = GpuSharing(tools or node.tools, mps_root=node.root / "mps", on_tampering=reports)
+    state = node.state(sharing=sharing)
+    reports.claims = lambda: state.store.current.claims
+    return state, metrics, events
+
+
+def tampering(metrics: PluginMetrics) -> dict[str, float]:
+    counted = {
+        kind: metrics.registry.get_sample_value("gpudra_mps_tampering_total", {"kind": kind})
+        for kind in TAMPERING_KINDS
+    }
+    return {kind: value for kind, value in counted.items() if value}
+
+
+def test_a_deleted_pid_file_is_no_stopped_daemon_and_is_reported_at_unprepare(h100: Node) -> None:
+    """The keeper used to find the daemon gone and fail to start another ("already running") forever,
+    and unprepare left the daemon running."""
+    tools = counting_tools(h100)
+    state, metrics, events = reporting(h100, tools)
+    claim = h100.claims.add(mps_claim(uid(1), "gpu-2"))
+    state.prepare(claim)
+    [daemon] = daemons(h100)
+    (mps_root(h100, uid(1)) / "pipe" / PID_FILE).unlink()
+    keeper = MpsKeeper(state, interval=INTERVAL, metrics=metrics, events=events)
+    tools.runs.clear()
+
+    for _ in range(2):
+        assert keeper.step() == INTERVAL  # it runs: nothing to start, nothing failed
+    assert tools.runs == []  # found in /proc: no tool run, nothing read in the pipe directory
+    assert [d.pid for d in daemons(h100)] == [daemon.pid]
+    assert restarts(metrics, "started") == 0 and restarts(metrics, "failed") == 0
+
+    state.unprepare(claim)
+    assert_no_daemon(h100, uid(1), [daemon.pid])
+    assert tampering(metrics) == {"pid-file-removed": 1.0}
+    [(kind, reason, message)] = events.posted
+    assert (kind, reason) == ("Warning", "MpsTampering")
+    assert message.startswith(
+        f"a container changed the MPS pipe directory of ResourceClaim default/claim-{uid(1)} ({uid(1)}) "
+        "(pid-file-removed): "
+    )
+    assert f"stopped the daemon it started, pid {daemon.pid}" in message
+
+
+def test_a_daemon_quit_by_its_tenant_is_started_again_in_a_cleared_directory(h100: Node) -> None:
+    """The tenant quits its own daemon and links the control socket to another claim's daemon: the
+    restart sends its limits to its new daemon only, whose directory it cleared first."""
+    state, metrics, events = reporting(h100)
+    attacker = h100.claims.add(mps_claim(uid(1), "gpu-2", threads=40))
+    victim = h100.claims.add(mps_claim(uid(2), "gpu-3", threads=20))
+    state.prepare(attacker)
+    state.prepare(victim)
+    quit_by_tenant = daemon_of(h100, uid(1)).pid
+    pipe = mps_root(h100, uid(1)) / "pipe"
+    h100.tools.mps_control(["quit"], pipe_dir=pipe)  # any MPS client may send it
+    while alive(quit_by_tenant):
+        time.sleep(0.02)
+    (pipe / "control").symlink_to(mps_root(h100, uid(2)) / "pipe" / "control")
+    (pipe / PID_FILE).write_text(f"{daemon_of(h100, uid(2)).pid}\n")
+    keeper = MpsKeeper(state, interval=INTERVAL, metrics=metrics, events=events)
+
+    keeper.step()
+    restarted, other = daemon_of(h100, uid(1)), daemon_of(h100, uid(2))
+    assert restarted.pid != quit_by_tenant and restarted.default_active_thread_percentage == 40.0
+    assert other.default_active_thread_percentage == 20.0  # the victim's limits are its own
+    assert (pipe / "control").is_socket() and not (pipe / "control").is_symlink()
+    assert events.reasons() == ["MpsDaemonRestarted"] and tampering(metrics) == {}
+    state.unprepare(attacker)
+    assert_no_daemon(h100, uid(1), [quit_by_tenant, restarted.pid])
+    assert daemon_of(h100, uid(2)).pid == other.pid
+    state.unprepare(victim)
+
+
+class RacingTenant(GpuTools):
+    """The simulator's tools, and a tenant who links the control socket of a daemon just started to
+    another claim's, before the plugin sends it its limits (once armed)."""
+
+    def __init__(self, search_path: str, *, link_to: Path) -> None:
+        super().__init__(search_path=search_path)
+        self.link_to = link_to
+        self.armed = False
+
+    def start_mps_daemon(self, *, env: Mapping[str, str]) -> None:
+        super().start_mps_daemon(env=env)
+        if self.armed:
+            control = Path(env["CUDA_MPS_PIPE_DIRECTORY"]) / "control"
+            control.unlink()
+            control.symlink_to(self.link_to)
+
+
+def test_a_daemon_that_cannot_be_given_its_limits_is_not_left_running_without_them(h100: Node) -> None:
+    tools = RacingTenant(h100.tools.search_path, link_to=mps_root(h100, uid(2)) / "pipe" / "control")
+    state, metrics, events = reporting(h100, tools)
+    attacker = h100.claims.add(mps_claim(uid(1), "gpu-2", threads=40))
+    victim = h100.claims.add(mps_claim(uid(2), "gpu-3", threads=20))
+    state.prepare(attacker)
+    state.prepare(victim)
+    killed = kill_daemon(h100, uid(1))
+    other = daemon_of(h100, uid(2)).pid
+    keeper = MpsKeeper(state, interval=INTERVAL, metrics=metrics, events=events)
+
+    tools.armed = True
+    with pytest.raises(HardwareError, match="not the daemon's control socket; gpudra sent it nothing"):
+        keeper.step()
+    assert [d.pipe_directory for d in daemons(h100)] == [str(mps_root(h100, uid(2)) / "pipe")]
+    assert daemon_of(h100, uid(2)).default_active_thread_percentage == 20.0
+    assert tampering(metrics) == {"control-replaced": 1.0} and restarts(metrics, "failed") == 1
+    assert events.reasons() == ["MpsTampering", "MpsDaemonRestartFailed"]
+
+    tools.armed = False
+    keeper.step()  # the next round starts it, with its limits
+    restarted = daemon_of(h100, uid(1))
+    assert restarted.pid != killed and restarted.default_active_thread_percentage == 40.0
+    state.unprepare(attacker)
+    assert_no_daemon(h100, uid(1), [killed, restarted.pid])
+    assert daemon_of(h100, uid(2)).pid == other
+    state.unprepare(victim)

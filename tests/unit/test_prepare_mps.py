@@ -7,7 +7,9 @@ state file; every test checks them there and in /proc, and kills whatever one of
 from __future__ import annotations
 
 import json
+import os
 import signal
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -16,16 +18,25 @@ import pytest
 from gpudra.errors import ClaimError, ConfigError, HardwareError
 from gpudra.node import checkpoint as ckpt
 from gpudra.node import faults
+from gpudra.node.allocation import ClaimRef
+from gpudra.node.prepare import DeviceState
+from gpudra.node.sharing import GpuSharing
+from gpudra.node.sharing.mps_daemons import PID_FILE
 from gpudra.sim import state as sim_state
 from tests.unit.claims import DRIVER, from_claim, mps, resource_claim, result, time_slicing, whole_gpus
 from tests.unit.harness.crash import child
 from tests.unit.harness.mps import (
+    answers,
     assert_no_daemon,
+    daemon_of,
     daemons,
+    environment,
     kill_leftover_daemons,  # noqa: F401 (an autouse fixture: every test kills what it left)
     mps_claim,
     mps_config,
     mps_root,
+    reporting_sharing,
+    returns_in_time,
 )
 from tests.unit.harness.node import BOOT, Node, uid
 
@@ -78,9 +89,13 @@ def test_mps_on_a_whole_gpu_runs_a_daemon_with_the_limits_and_unprepare_stops_it
         (str(root / "pipe"), "/tmp/nvidia-mps"),
         (str(root / "shm"), "/dev/shm"),
     ]
+    # The daemon's mark, recorded before it was started (see gpudra.node.sharing.mps_processes).
+    assert isinstance(device.sharing, ckpt.MpsRecord) and device.sharing.token is not None
+    assert environment(daemon.pid)["GPUDRA_MPS_DAEMON_TOKEN"] == device.sharing.token
     record = ckpt.MpsRecord(
         strategy="MPS",
         root=root,
+        token=device.sharing.token,
         active_thread_percentage=50,
         pinned_memory_limit=10 * 2**30,
         restore_compute_mode=0,
@@ -304,6 +319,144 @@ def test_an_mps_daemon_that_no_entry_names_is_stopped_at_recover(h100: Node) -> 
     restarted = h100.state()
     assert restarted.prepared_claims() == {}
     assert_no_daemon(h100, uid(1), [daemon.pid])
+
+
+# --- what a tenant's containers do to the pipe directory they mount read-write (issue 29) -------------
+#
+# Each test prepares the attacker's claim (uid 1) beside a victim's (uid 2), changes the attacker's pipe
+# directory as a container that mounts it can, and unprepares the attacker's claim: it must not block,
+# must stop exactly the attacker's daemon, must leave the victim's running and answering, and must report
+# what it found.
+
+
+def attacker_and_victim(node: Node, sharing: GpuSharing) -> tuple[DeviceState, ClaimRef, ClaimRef]:
+    attacker = node.claims.add(mps_claim(uid(1), "gpu-2"))
+    victim = node.claims.add(mps_claim(uid(2), "gpu-3", threads=20))
+    state = node.state(sharing=sharing)
+    state.prepare(victim)
+    state.prepare(attacker)
+    return state, attacker, victim
+
+
+def assert_only_the_attacker_stopped(node: Node, attacker_pid: int, victim_pid: int) -> None:
+    assert_no_daemon(node, uid(1), [attacker_pid])
+    node.assert_nothing_left(uid(1))
+    assert daemon_of(node, uid(2)).pid == victim_pid and answers(node, uid(2))
+
+
+def pipe_file(node: Node, claim_uid: str, name: str) -> Path:
+    return mps_root(node, claim_uid) / "pipe" / name
+
+
+def replace_pid_file(node: Node, how: str) -> None:
+    pid_file = pipe_file(node, uid(1), PID_FILE)
+    pid_file.unlink()
+    match how:
+        case "fifo":  # a reader that opens it blocks until a writer comes: none does
+            os.mkfifo(pid_file)
+        case "symlink-to-the-victims":
+            pid_file.symlink_to(pipe_file(node, uid(2), PID_FILE))
+        case "directory":
+            pid_file.mkdir()
+
+
+PID_FILE_REPLACEMENTS = ["fifo", "symlink-to-the-victims", "directory"]
+
+
+@pytest.mark.parametrize("how", PID_FILE_REPLACEMENTS)
+def test_a_pid_file_replaced_neither_blocks_nor_misleads_unprepare(h100: Node, how: str) -> None:
+    sharing, found = reporting_sharing(h100)
+    state, attacker, victim = attacker_and_victim(h100, sharing)
+    own, other = daemon_of(h100, uid(1)).pid, daemon_of(h100, uid(2)).pid
+    replace_pid_file(h100, how)
+
+    returns_in_time(lambda: state.unprepare(attacker))
+    assert_only_the_attacker_stopped(h100, own, other)
+    assert [(f.kind, f.root) for f in found] == [("pid-file-replaced", mps_root(h100, uid(1)))]
+    assert f"pid {own}" in found[0].detail
+    state.unprepare(victim)
+    assert_no_daemon(h100, uid(2), [other])
+
+
+def test_a_fifo_pid_file_does_not_block_the_recovery_that_finishes_an_unprepare(h100: Node) -> None:
+    sharing, found = reporting_sharing(h100)
+    _, attacker, victim = attacker_and_victim(h100, sharing)
+    own, other = daemon_of(h100, uid(1)).pid, daemon_of(h100, uid(2)).pid
+    replace_pid_file(h100, "fifo")
+    crashed = child(h100, "unprepare", attacker, "unprepare-started")
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+
+    restarted: list[DeviceState] = []
+    returns_in_time(lambda: restarted.append(h100.state(sharing=sharing)))  # recovery finishes it
+    assert_only_the_attacker_stopped(h100, own, other)
+    assert [f.kind for f in found] == ["pid-file-replaced"]
+    restarted[0].unprepare(victim)
+    assert_no_daemon(h100, uid(2), [other])
+
+
+def test_another_claims_daemon_named_in_the_pid_file_is_not_killed(h100: Node) -> None:
+    sharing, found = reporting_sharing(h100)
+    state, attacker, victim = attacker_and_victim(h100, sharing)
+    own, other = daemon_of(h100, uid(1)).pid, daemon_of(h100, uid(2)).pid
+    # The victim's daemon is an MPS control daemon: the old check (`mps` in its command line) accepted it.
+    pipe_file(h100, uid(1), PID_FILE).write_text(f"{other}\n")
+
+    state.unprepare(attacker)
+    assert_only_the_attacker_stopped(h100, own, other)
+    assert [f.kind for f in found] == ["pid-file-foreign"]
+    assert f"names '{other}'" in found[0].detail
+    state.unprepare(victim)
+
+
+def test_a_deleted_pid_file_still_has_its_daemon_found_and_stopped(h100: Node) -> None:
+    sharing, found = reporting_sharing(h100)
+    _, attacker, victim = attacker_and_victim(h100, sharing)
+    own, other = daemon_of(h100, uid(1)).pid, daemon_of(h100, uid(2)).pid
+    pipe_file(h100, uid(1), PID_FILE).unlink()
+
+    restarted = h100.state(sharing=sharing)  # a plugin restart adopts it as it is
+    assert daemon_of(h100, uid(1)).pid == own
+    restarted.unprepare(attacker)
+    assert_only_the_attacker_stopped(h100, own, other)
+    assert [f.kind for f in found] == ["pid-file-removed"]
+    restarted.unprepare(victim)
+
+
+def test_a_control_socket_linked_to_another_claims_daemon_sends_that_daemon_nothing(h100: Node) -> None:
+    sharing, found = reporting_sharing(h100)
+    state, attacker, victim = attacker_and_victim(h100, sharing)
+    own, other = daemon_of(h100, uid(1)).pid, daemon_of(h100, uid(2)).pid
+    control = pipe_file(h100, uid(1), "control")
+    control.unlink()
+    control.symlink_to(pipe_file(h100, uid(2), "control"))  # a `quit` through it would stop the victim's
+
+    state.unprepare(attacker)  # its daemon is stopped by signal instead
+    assert_only_the_attacker_stopped(h100, own, other)
+    assert [f.kind for f in found] == ["control-replaced"]
+    state.unprepare(victim)
+
+
+def test_the_daemons_servers_are_stopped_with_it(h100: Node) -> None:
+    """A process that carries the daemon's mark (its MPS servers, which inherit its environment) and is
+    still there once the daemon quit is killed; one that only names the pipe directory is not (with a
+    token, the pipe directory alone marks nothing)."""
+    claim = h100.claims.add(mps_claim(uid(1), "gpu-2"))
+    state = h100.state()
+    [device] = state.prepare(claim)
+    assert isinstance(device.sharing, ckpt.MpsRecord) and device.sharing.token is not None
+    pipe = str(mps_root(h100, uid(1)) / "pipe")
+    marked = {"CUDA_MPS_PIPE_DIRECTORY": pipe, "GPUDRA_MPS_DAEMON_TOKEN": device.sharing.token}
+    server = subprocess.Popen(["sleep", "60"], env=marked)
+    forged = subprocess.Popen(["sleep", "60"], env={**marked, "GPUDRA_MPS_DAEMON_TOKEN": "0" * 32})
+    try:
+        state.unprepare(claim)
+        assert server.wait(timeout=10) == -signal.SIGKILL
+        assert forged.poll() is None
+    finally:
+        server.kill()
+        forged.kill()
+        forged.wait()
+    h100.assert_nothing_left(uid(1))
 
 
 # --- a GPU that refuses sharing ------------------------------------------------------------------------

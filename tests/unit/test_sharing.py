@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Callable, Sequence
 from fractions import Fraction
@@ -20,7 +22,9 @@ from gpudra.gpu.tools import GpuTools
 from gpudra.model.inventory import Gpu
 from gpudra.node import checkpoint as ckpt
 from gpudra.node.allocation import Allocated
-from gpudra.node.sharing import GpuSharing
+from gpudra.node.sharing import GpuSharing, mps_processes
+from gpudra.node.sharing.mps_daemons import Daemon
+from gpudra.node.sharing.mps_processes import Mark
 from gpudra.sim import state as sim_state
 from tests.unit.claims import mps, time_slicing
 
@@ -393,7 +397,7 @@ def test_a_dead_daemon_is_started_again_on_adoption_and_others_are_stopped(
     assert sharing.adopt(claim, visible=visible, others=[]) is False  # alive: kept as it is
     [daemon] = store.read().mps_daemons
     os.kill(daemon.pid, signal.SIGKILL)
-    wait_for(lambda: not sharing.mps.daemons.answers(planned.root))
+    wait_for(lambda: sharing.mps.daemons.running(Daemon(planned.root, planned.token)) is None)
     assert sharing.adopt(claim, visible=visible, others=[]) is True
     [again] = [d for d in store.read().mps_daemons if d.pid != daemon.pid and _alive(d.pid)]
     assert again.default_active_thread_percentage == 30.0
@@ -419,6 +423,43 @@ def test_a_gpu_that_refuses_mps_fails_the_claim_and_leaves_nothing(tmp_path: Pat
     assert not (tmp_path / "mps").exists() or not any((tmp_path / "mps").iterdir())
     with pytest.raises(HardwareError, match="Not Supported"):
         sharing.apply(entry(UID, (gpu, record("Long"))), visible={}, others=[])
+
+
+def test_mps_processes_are_found_by_their_mark_and_pinned_by_their_start_time(tmp_path: Path) -> None:
+    pipe, token = tmp_path / "pipe", mps_processes.new_token()
+    marked = {"CUDA_MPS_PIPE_DIRECTORY": str(pipe), "GPUDRA_MPS_DAEMON_TOKEN": token}
+    daemon = subprocess.Popen(["sleep", "60"], env=marked)
+    unmarked = subprocess.Popen(["sleep", "60"], env={"CUDA_MPS_PIPE_DIRECTORY": str(pipe)})
+    try:
+        [found] = mps_processes.find(Mark(pipe, token))
+        assert (found.pid, found.parent) == (daemon.pid, os.getpid())
+        assert mps_processes.daemon([found]) == found and mps_processes.running(found)
+        # The same pid with another start time is another process (the pid was handed out again).
+        assert not mps_processes.running(dataclasses.replace(found, start_time=found.start_time + 1))
+        # Without a token, the pipe directory marks every process of the plugin's mount namespace.
+        assert {p.pid for p in mps_processes.find(Mark(pipe, None))} == {daemon.pid, unmarked.pid}
+        daemon.kill()
+        daemon.wait()
+        assert not mps_processes.running(found) and mps_processes.find(Mark(pipe, token)) == []
+    finally:
+        for process in (daemon, unmarked):
+            process.kill()
+            process.wait()
+
+
+def test_without_a_token_a_process_of_another_mount_namespace_is_not_the_daemon(tmp_path: Path) -> None:
+    """A container's processes never share the plugin's mount namespace, whatever their environment."""
+    if subprocess.run(["unshare", "-Urm", "true"], check=False, capture_output=True).returncode != 0:
+        pytest.skip("no user namespaces here to make a mount namespace in")
+    pipe = tmp_path / "pipe"
+    env = {"CUDA_MPS_PIPE_DIRECTORY": str(pipe)}
+    contained = subprocess.Popen(["unshare", "-Urm", "sleep", "60"], env=env)
+    try:
+        wait_for(lambda: Path(f"/proc/{contained.pid}/cmdline").read_bytes().startswith(b"sleep"))
+        assert mps_processes.find(Mark(pipe, None)) == []
+    finally:
+        contained.kill()
+        contained.wait()
 
 
 def _alive(pid: int) -> bool:

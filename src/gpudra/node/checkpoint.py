@@ -36,7 +36,9 @@ Compatibility. `data.version` is the number of the format of `data`; the envelop
       - version 2: adds `mig` records (MIG devices gpudra created and must destroy). No MPS record
         (its reader calls a file holding one corrupt);
       - version 3: adds MPS `sharing` records (control daemons, their directories and the compute mode
-        to restore) and `share_id` (one allocation of a device that several claims share).
+        to restore) and `share_id` (one allocation of a device that several claims share). Later added
+        within it: an MPS record's `token` (an older reader of version 3, which would drop it, finds the
+        daemon by its pipe directory instead).
  3. A reader that finds a newer version, or a file of a version it reads with fields it does not
     know (pydantic's `extra_forbidden`, at any depth, even alongside other schema errors), refuses
     it: `load` raises CheckpointTooNew, naming the file, the version found, the version this gpudra
@@ -168,12 +170,16 @@ class MpsRecord(_Record):
     """One device served by the claim's MPS control daemon, and what prepare set up for it.
 
     Every MPS device of a claim names the same daemon: one daemon per claim, whose directory `root`
-    holds `pipe` (CUDA_MPS_PIPE_DIRECTORY), `log` and `shm`. The daemon is found again through its pipe
-    directory (its control socket and pid file), so nothing about the process itself is recorded.
+    holds `pipe` (CUDA_MPS_PIPE_DIRECTORY), `log` and `shm`. The pipe directory is the claim's containers'
+    to write, so the daemon is not found through it but by `token`, a secret the plugin puts in the
+    daemon's environment (gpudra.node.sharing.mps_processes), recorded here before the daemon exists.
+    A record without one (written before tokens, or rebuilt from a CDI spec) finds its daemon by the
+    pipe directory named in its environment, in the plugin's mount namespace.
     """
 
     strategy: Literal["MPS"]
     root: Path  # <state dir>/mps/<daemon id>
+    token: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$")
     active_thread_percentage: int | None = Field(default=None, ge=1, le=100)
     pinned_memory_limit: int | None = Field(default=None, ge=2**20)  # bytes, for this device
     # Set to EXCLUSIVE_PROCESS on prepare (a whole GPU the claim has alone); put back on unprepare.

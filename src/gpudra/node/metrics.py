@@ -20,6 +20,7 @@ from gpudra.metrics import (
     Metric,
 )
 from gpudra.model.publishing import WITHHELD_FORMS
+from gpudra.node.sharing.mps_daemons import TAMPERING_KINDS
 
 _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
@@ -89,6 +90,17 @@ class PluginMetrics(DaemonMetrics):
         )
         for outcome in ("started", "failed"):
             self.mps_daemon_restarts.labels(outcome)
+        self.mps_tampering = Counter(
+            "gpudra_mps_tampering",
+            "Changes the containers of an MPS claim made in its pipe directory that gpudra found, by kind "
+            "(the pid file removed, replaced by something that is not a regular file, or naming another "
+            "process; the control socket replaced). gpudra trusts nothing there: it finds and stops the "
+            "daemon by its own record.",
+            ["kind"],
+            registry=self.registry,
+        )
+        for kind in TAMPERING_KINDS:
+            self.mps_tampering.labels(kind)
         self.publishing_withheld = Gauge(
             "gpudra_publishing_withheld",
             "1 for each form of this node's GPUs that its options offer but the cluster cannot keep "

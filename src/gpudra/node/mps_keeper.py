@@ -13,11 +13,17 @@ Each restart is a warning in the log, `gpudra_mps_daemon_restarts_total{outcome=
 A failed restart fails the step: the `Loop` logs it, counts it (`gpudra_background_failures`) and tries
 again after its backoff, which starts at the interval; the first failure of a claim in a row is a
 `MpsDaemonRestartFailed` Warning event.
+
+A daemon's pipe directory is mounted read-write into its claim's containers; what they change there
+(found when the daemon is stopped or sent commands: `gpudra.node.sharing.mps_daemons`) changes nothing
+gpudra does, and is reported by `TamperingReports`: `gpudra_mps_tampering_total{kind}` and a
+`MpsTampering` Warning event on the Node naming the claim.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
 from typing import Literal, Protocol
 
 from gpudra.errors import HardwareError
@@ -26,6 +32,7 @@ from gpudra.node.metrics import PluginMetrics
 from gpudra.node.prepare import DeviceState
 from gpudra.node.recovery import restart_stopped_daemons
 from gpudra.node.sharing.mps import daemon_roots
+from gpudra.node.sharing.mps_daemons import Tampering
 from gpudra.service import Loop
 
 log = logging.getLogger(__name__)
@@ -95,6 +102,28 @@ class MpsKeeper:
                 + "; ".join(f"ResourceClaim {_claim(entry)}: {error}" for entry, error in check.failed)
             )
         return self.interval
+
+
+class TamperingReports:
+    """Hears what `MpsDaemons` found changed in a claim's pipe directory (it logs it): counts it, and posts
+    a `MpsTampering` Warning event on the Node naming the claim."""
+
+    def __init__(self, *, metrics: PluginMetrics, events: EventPoster) -> None:
+        self.metrics = metrics
+        self.events = events
+        # The checkpoint's claims, by which a directory is named after its claim; bound (by wiring) once
+        # the state that keeps them exists, which needs these reports first.
+        self.claims: Callable[[], Mapping[str, ckpt.ClaimEntry]] = dict
+
+    def __call__(self, found: Tampering) -> None:
+        self.metrics.mps_tampering.labels(found.kind).inc()
+        owner = next((e for e in self.claims().values() if found.root in daemon_roots(e)), None)
+        whose = f"ResourceClaim {_claim(owner)}" if owner is not None else f"no claim ({found.root})"
+        self.events.post(
+            "Warning",
+            "MpsTampering",
+            f"a container changed the MPS pipe directory of {whose} ({found.kind}): {found.detail}",
+        )
 
 
 def _claim(entry: ckpt.ClaimEntry) -> str:

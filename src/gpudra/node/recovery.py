@@ -243,12 +243,13 @@ def restart_stopped_daemons(state: DeviceState) -> DaemonCheck:
     answers: it died, or it lived in the container of a plugin pod that is gone (a rolling update: the
     new pod adopted it, then the old pod's processes died with its container).
 
-    Only claims whose sharing runs a process are checked, one tool run each; with none, no tool runs and
-    no lock is taken. The check only reads, so it runs without the node lock: a tool run per claim must
-    not hold up prepares. A restart runs under the node lock and the claim's own device locks (those of
-    this process's calls), from the checkpoint as it is then: a claim that either instance unprepared
-    meanwhile, one being prepared or unprepared, or one whose entry changed is left alone (a changed one
-    is looked at again next time). A claim that fails does not keep the others from being started."""
+    Only claims whose sharing runs a process are checked (for MPS: whether the daemon its record names
+    still runs, read in /proc, no tool run and nothing the claim's containers can write); with none,
+    nothing is read and no lock is taken. The check only reads, so it runs without the node lock. A
+    restart runs under the node lock and the claim's own device locks (those of this process's calls),
+    from the checkpoint as it is then: a claim that either instance unprepared meanwhile, one being
+    prepared or unprepared, or one whose entry changed is left alone (a changed one is looked at again
+    next time). A claim that fails does not keep the others from being started."""
     if state.store.refusal is not None:
         return DaemonCheck()  # the checkpoint loop settles the state first
     candidates = [

@@ -33,7 +33,7 @@ from gpudra.node.instances import PublisherTurn
 from gpudra.node.kubelet_grpc import KubeletServer, Observer
 from gpudra.node.metrics import PluginMetrics
 from gpudra.node.mig import MigPartitions
-from gpudra.node.mps_keeper import MpsKeeper
+from gpudra.node.mps_keeper import MpsKeeper, TamperingReports
 from gpudra.node.options import Options
 from gpudra.node.prepare import DeviceState
 from gpudra.node.recovery import Recovery, recover
@@ -90,13 +90,14 @@ def _run(options: Options, session: nvml.Nvml, server: KubeletServer, *, stop: t
     events = NodeEvents(client, node_name=options.node_name)
     metrics = PluginMetrics()
     claims = ClaimReader(client)
+    tampering = TamperingReports(metrics=metrics, events=events)
     state = DeviceState(
         driver=options.driver,
         node_name=options.node_name,
         inventory=inventory,
         devices={d["name"]: d for d in model.devices},
         claims=claims,
-        sharing=GpuSharing(_tools(options), mps_root=options.state_dir / "mps"),
+        sharing=GpuSharing(_tools(options), mps_root=options.state_dir / "mps", on_tampering=tampering),
         mig=MigPartitions(session, gpus={gpu.uuid: gpu for gpu in inventory.gpus}),
         cdi_root=options.cdi_root,
         checkpoint_path=options.state_dir / "checkpoint.json",
@@ -104,6 +105,7 @@ def _run(options: Options, session: nvml.Nvml, server: KubeletServer, *, stop: t
         toolkit=cdi.ToolkitSpecs(options.toolkit_cdi_dirs),
         dev_root=options.dev_root,
     )
+    tampering.claims = lambda: state.store.current.claims
     _report_recovery(recover(state), events, metrics)
     retry_checkpoint = service.Loop("checkpoint", lambda: _retry_recovery(state, events, metrics))
     metrics.track_prepared(lambda: _counts(state))

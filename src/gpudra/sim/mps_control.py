@@ -6,7 +6,9 @@
 
 The daemon honours CUDA_MPS_PIPE_DIRECTORY (control socket `control` and `nvidia-cuda-mps-control.pid`),
 CUDA_MPS_LOG_DIRECTORY (`control.log`) and CUDA_VISIBLE_DEVICES, registers itself and its default
-limits in the simulated machine's state, and exits on `quit`, removing its socket, pid file and entry.
+limits in the simulated machine's state, and exits on `quit` (or SIGTERM), removing its socket, pid file
+and entry. It keeps the environment it was started with, where gpudra finds its token (as on the real
+one).
 It starts no MPS servers (there is no CUDA to serve), so `get_server_list` prints nothing.
 """
 
@@ -133,8 +135,11 @@ class _Daemon:
             try:
                 self._loop(server)
             finally:
-                (self.pipe / _PID_FILE).unlink(missing_ok=True)
-                control.unlink(missing_ok=True)
+                # Whatever a client put in their place (the directory is theirs too) is no reason to
+                # stay registered: the daemon exits all the same.
+                for path in (self.pipe / _PID_FILE, control):
+                    with contextlib.suppress(OSError):
+                        path.unlink()
                 with self.store.update() as machine_state:
                     machine_state.mps_daemons = [d for d in machine_state.mps_daemons if d.pid != self.pid]
                 self.log("Exit")

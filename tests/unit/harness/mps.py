@@ -7,12 +7,16 @@ import contextlib
 import hashlib
 import os
 import signal
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gpudra.errors import HardwareError
+from gpudra.node.sharing import GpuSharing
+from gpudra.node.sharing.mps_daemons import Tampering
 from gpudra.sim import state as sim_state
 from tests.unit.claims import from_claim, mps, whole_gpus
 from tests.unit.harness.node import Node
@@ -41,6 +45,46 @@ def daemons(node: Node) -> list[sim_state.MpsDaemon]:
     return [d for d in sim_state.StateFile(node.state_file).read().mps_daemons if alive(d.pid)]
 
 
+def daemon_of(node: Node, claim_uid: str) -> sim_state.MpsDaemon:
+    """The running daemon of the claim's pipe directory."""
+    pipe = str(mps_root(node, claim_uid) / "pipe")
+    [daemon] = [d for d in daemons(node) if d.pipe_directory == pipe]
+    return daemon
+
+
+def answers(node: Node, claim_uid: str) -> bool:
+    """Whether a daemon answers in the claim's pipe directory (as its MPS clients reach it)."""
+    try:
+        node.tools.mps_control(["get_server_list"], pipe_dir=mps_root(node, claim_uid) / "pipe")
+    except HardwareError:
+        return False
+    return True
+
+
+def reporting_sharing(node: Node) -> tuple[GpuSharing, list[Tampering]]:
+    """The node's GpuSharing, and the list of what it reports tampered with."""
+    found: list[Tampering] = []
+    return GpuSharing(node.tools, mps_root=node.root / "mps", on_tampering=found.append), found
+
+
+def returns_in_time(action: Callable[[], object], seconds: float = 60.0) -> None:
+    """Run `action` in a thread and fail if it has not returned within `seconds` (it blocked)."""
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            action()
+        except BaseException as err:  # handed to the test's thread
+            raised.append(err)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"blocked for {seconds:g}s"
+    if raised:
+        raise raised[0]
+
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -48,6 +92,12 @@ def alive(pid: int) -> bool:
     except (ProcessLookupError, FileNotFoundError):
         return False
     return not status.rsplit(") ", 1)[-1].startswith("Z")
+
+
+def environment(pid: int) -> dict[str, str]:
+    """The environment process `pid` was started with."""
+    pairs = (entry.split("=", 1) for entry in Path(f"/proc/{pid}/environ").read_text().split("\0") if entry)
+    return {name: value for name, value in pairs}
 
 
 def mps_processes(under: Path) -> dict[int, Path]:

@@ -13,7 +13,7 @@ before time-slices are put back).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from gpudra.gpu.tools import GpuTools
@@ -21,6 +21,7 @@ from gpudra.node import checkpoint as ckpt
 from gpudra.node.allocation import Allocated
 from gpudra.node.cdi import CdiDevice, Mount
 from gpudra.node.sharing.mps import Mps
+from gpudra.node.sharing.mps_daemons import Tampering
 from gpudra.node.sharing.strategy import Strategy
 from gpudra.node.sharing.time_slicing import TimeSlicing
 
@@ -29,10 +30,13 @@ _CLASSES: dict[str, type[TimeSlicing] | type[Mps]] = {TimeSlicing.name: TimeSlic
 
 
 class GpuSharing:
-    def __init__(self, tools: GpuTools, *, mps_root: Path) -> None:
+    def __init__(
+        self, tools: GpuTools, *, mps_root: Path, on_tampering: Callable[[Tampering], None] | None = None
+    ) -> None:
+        """`on_tampering` hears of what a tenant changed in an MPS pipe directory (see `mps_daemons`)."""
         self.tools = tools
         self.mps_root = mps_root
-        self.mps = Mps(tools, mps_root=mps_root)
+        self.mps = Mps(tools, mps_root=mps_root, on_tampering=on_tampering)
         # Time-slicing first: a share asking for it gets it instead of MPS, a share's default.
         self.strategies: tuple[Strategy, ...] = (TimeSlicing(tools), self.mps)
 

@@ -11,12 +11,14 @@
 
 All MPS devices of one claim are served by one daemon (`MpsDaemons`, in `<state dir>/mps/<daemon id>/`),
 so a process that uses several of them reaches all through the one pipe directory the container is given.
+The plan gives the daemon its token (`mps_processes`), by which it is found again: every record of the
+claim holds the same root and token.
 """
 
 from __future__ import annotations
 
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar
 
@@ -28,7 +30,16 @@ from gpudra.model.devices import bytes_quantity
 from gpudra.node import checkpoint as ckpt
 from gpudra.node.allocation import Allocated
 from gpudra.node.cdi import CdiDevice, Mount
-from gpudra.node.sharing.mps_daemons import CONTAINER_PIPE_DIR, MpsDaemons, daemon_root, pipe_dir, shm_dir
+from gpudra.node.sharing import mps_processes
+from gpudra.node.sharing.mps_daemons import (
+    CONTAINER_PIPE_DIR,
+    Daemon,
+    MpsDaemons,
+    Tampering,
+    daemon_root,
+    pipe_dir,
+    shm_dir,
+)
 
 EXCLUSIVE_PROCESS = COMPUTE_MODES["Exclusive_Process"]
 DEFAULT_COMPUTE_MODE = COMPUTE_MODES["Default"]
@@ -39,10 +50,12 @@ class Mps:
     name: ClassVar[str] = "MPS"
     runs_process: ClassVar[bool] = True
 
-    def __init__(self, tools: GpuTools, *, mps_root: Path) -> None:
+    def __init__(
+        self, tools: GpuTools, *, mps_root: Path, on_tampering: Callable[[Tampering], None] | None = None
+    ) -> None:
         self.tools = tools
         self.mps_root = mps_root
-        self.daemons = MpsDaemons(tools)
+        self.daemons = MpsDaemons(tools, on_tampering=on_tampering)
 
     def wants(self, device: Allocated) -> bool:
         config = device.config
@@ -63,7 +76,8 @@ class Mps:
         claim: Sequence[Allocated],
         others: Sequence[ckpt.ClaimEntry],
     ) -> list[ckpt.SharingRecord]:
-        records = [self._plan(claim_uid, device, claim) for device in devices]
+        token = mps_processes.new_token()  # one daemon per claim
+        records = [self._plan(claim_uid, device, claim, token) for device in devices]
         percentages = {
             record.active_thread_percentage: device for device, record in zip(devices, records, strict=True)
         }
@@ -78,7 +92,9 @@ class Mps:
             )
         return list(records)
 
-    def _plan(self, claim_uid: str, device: Allocated, claim: Sequence[Allocated]) -> ckpt.MpsRecord:
+    def _plan(
+        self, claim_uid: str, device: Allocated, claim: Sequence[Allocated], token: str
+    ) -> ckpt.MpsRecord:
         mps = _settings(device)
         field = f"{device.config_field}.sharing.mpsConfig"
         # Index keys count over the devices this config applies to, sorted by UUID (a MIG device made
@@ -121,6 +137,7 @@ class Mps:
         return ckpt.MpsRecord(
             strategy="MPS",
             root=daemon_root(self.mps_root, claim_uid),
+            token=token,
             active_thread_percentage=threads,
             pinned_memory_limit=limit,
             restore_compute_mode=self.tools.compute_mode(gpu_uuid=device.gpu.uuid) if exclusive else None,
@@ -145,7 +162,7 @@ class Mps:
         if mps:
             uuids = sorted({uuid for uuid, _ in mps})
             self.daemons.start(
-                mps[0][1].root,
+                Daemon(mps[0][1].root, mps[0][1].token),
                 visible=uuids,
                 active_thread_percentage=mps[0][1].active_thread_percentage,
                 pinned_memory_limits={
@@ -155,8 +172,8 @@ class Mps:
 
     def undo(self, devices: Sequence[ckpt.PreparedDevice], *, others: Sequence[ckpt.ClaimEntry]) -> None:
         """Stop the claim's daemon, then restore the compute modes."""
-        for root in _roots(devices):
-            self.daemons.stop(root)
+        for daemon in _daemons(devices):
+            self.daemons.stop(daemon)
         for device in devices:
             restore = _record(device).restore_compute_mode
             # Only where it differs: a rollback before the GPU left MIG mode (where the GPU's compute
@@ -165,8 +182,8 @@ class Mps:
                 self.tools.set_compute_mode(gpu_uuid=device.gpu_uuids[0], mode=restore)
 
     def answers(self, devices: Sequence[ckpt.PreparedDevice]) -> bool:
-        """One tool run per daemon."""
-        return all(self.daemons.answers(root) for root in _roots(devices))
+        """Whether the claim's daemon runs: no tool run, nothing in the pipe directory read."""
+        return all(self.daemons.running(daemon) is not None for daemon in _daemons(devices))
 
     def discard(self, devices: Sequence[ckpt.PreparedDevice]) -> None:
         for root in _roots(devices):
@@ -185,7 +202,7 @@ class Mps:
             return []
         stopped = [root for root in roots if root not in known]
         for root in stopped:
-            self.daemons.stop(root)
+            self.daemons.stop(Daemon(root, token=None))  # found by its pipe directory in its environment
         return stopped
 
     @staticmethod
@@ -205,7 +222,8 @@ class Mps:
     def rebuild(cdi_device: CdiDevice, *, whole_alone: bool) -> ckpt.SharingRecord | None:
         """A device whose spec mounts a pipe directory ran under MPS; the daemon's directory is the pipe's
         parent. A whole GPU the claim had alone ran in EXCLUSIVE_PROCESS; the mode it had before is not in
-        the spec: Default, the usual one."""
+        the spec: Default, the usual one. Nor is the daemon's token (the spec is not secret): the record
+        has none, and the daemon is found by its pipe directory (see `mps_processes`)."""
         pipe = next(
             (
                 m.host_path
@@ -240,7 +258,13 @@ def _record(device: ckpt.PreparedDevice) -> ckpt.MpsRecord:
 
 
 def _roots(devices: Sequence[ckpt.PreparedDevice]) -> list[Path]:
-    return sorted({d.sharing.root for d in devices if isinstance(d.sharing, ckpt.MpsRecord)})
+    return sorted({daemon.root for daemon in _daemons(devices)})
+
+
+def _daemons(devices: Sequence[ckpt.PreparedDevice]) -> list[Daemon]:
+    records = [d.sharing for d in devices if isinstance(d.sharing, ckpt.MpsRecord)]
+    found = {Daemon(record.root, record.token) for record in records}
+    return sorted(found, key=lambda daemon: (daemon.root, daemon.token or ""))
 
 
 def _limit_key(device: Allocated) -> str:

@@ -1,4 +1,4 @@
-"""MPS control daemons, one per claim. I/O: directories under the plugin's state dir, GPU tools, signals.
+"""MPS control daemons, one per claim. I/O: directories under the plugin's state dir, GPU tools, /proc.
 
 A claim whose devices run under MPS gets one control daemon, in `<state dir>/mps/<daemon id>/` (the id
 is 12 hex digits of the claim UID's SHA-256: unix socket paths are limited to 107 bytes, and a UUID
@@ -9,11 +9,18 @@ would take 36 of them):
     shm/    mounted as the containers' /dev/shm: MPS clients and their server share memory through it
 
 The daemon is started with `nvidia-cuda-mps-control -d`, which detaches it into its own session, so a
-plugin restart or upgrade (a SIGKILL included) leaves it and its clients running. It is found again by
-its pipe directory alone, which the checkpoint records before the daemon exists: `start` is a no-op
-for a daemon that answers there (it is adopted: only its limits are set again), and `stop` asks the
-daemon in the directory to quit, kills the pid in its pid file if it does not, and removes the
-directory. Both are idempotent, so a crash between any two steps is settled by calling again.
+plugin restart or upgrade (a SIGKILL included) leaves it and its clients running.
+
+Nothing in `pipe/` is trusted: the claim's containers can write there (replace the pid file by a FIFO,
+write another daemon's pid into it, delete it, put a symlink where the control socket was). The daemon
+is found by the mark the plugin put in its environment, which the checkpoint records before the daemon
+exists (`mps_processes`), and pinned by pid and start time. `start` is a no-op for a daemon that runs
+(it is adopted: only its limits are set again); `stop` asks it to quit and kills it (and its servers)
+by the mark if it does not, then removes the directory. Both are idempotent, so a crash between any two
+steps is settled by calling again. The pipe directory is only looked at, never blocking: an entry is
+opened only as a regular file (no FIFO, device or symlink is ever opened), a bounded number of bytes
+read; a command is sent through it only when its control entry is a socket (a symlink could lead to
+another claim's daemon). What a tenant changed there is reported (`Tampering`) and otherwise ignored.
 
 Limits are set as the daemon's defaults before any client can connect (the CDI spec that lets a container
 reach the pipe is written only after `start` returns), and read back as the readiness check.
@@ -27,25 +34,36 @@ import logging
 import os
 import shutil
 import signal
+import stat
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Final, Literal, get_args
 
 from gpudra.errors import HardwareError
-from gpudra.gpu.tools import GpuTools
+from gpudra.gpu.tools import MPS_CONTROL, GpuTools
 from gpudra.node import faults
+from gpudra.node.sharing import mps_processes
+from gpudra.node.sharing.mps_processes import Mark, Process
 
 log = logging.getLogger(__name__)
 
 PID_FILE: Final = "nvidia-cuda-mps-control.pid"
+CONTROL: Final = "control"  # the daemon's control socket in its pipe directory
 CONTAINER_PIPE_DIR: Final = "/tmp/nvidia-mps"  # CUDA_MPS_PIPE_DIRECTORY inside containers
 MIB: Final = 2**20
 # A unix socket path holds at most 107 bytes; MPS puts several sockets in the pipe directory.
 _MAX_SOCKET_PATH: Final = 107
 _LONGEST_SOCKET: Final = "control_privileged"
 _STOP_TIMEOUT_S: Final = 10.0
+_KILL_TIMEOUT_S: Final = 5.0
 _READY_TIMEOUT_S: Final = 10.0
+_PID_FILE_BYTES: Final = 32  # a pid and a newline, with room to spare; more is not a pid file
+
+TamperingKind = Literal["pid-file-removed", "pid-file-replaced", "pid-file-foreign", "control-replaced"]
+TAMPERING_KINDS: Final[tuple[TamperingKind, ...]] = get_args(TamperingKind)
 
 
 def pipe_dir(root: Path) -> Path:
@@ -77,43 +95,86 @@ def memory_limit(limit: int) -> str:
     return f"{limit // MIB}M"
 
 
-class MpsDaemons:
-    def __init__(self, tools: GpuTools) -> None:
-        self.tools = tools
+@dataclass(frozen=True)
+class Daemon:
+    """A claim's control daemon as its checkpoint records name it."""
 
-    def answers(self, root: Path) -> bool:
-        """Whether a control daemon listens in the claim's pipe directory."""
-        if not (pipe_dir(root) / PID_FILE).exists():
-            return False
-        try:
-            self.tools.mps_control(["get_server_list"], pipe_dir=pipe_dir(root))
-        except HardwareError:
-            return False
-        return True
+    root: Path  # <state dir>/mps/<daemon id>
+    token: str | None  # the mark in its environment; None for a record without one
+
+    @property
+    def mark(self) -> Mark:
+        return Mark(pipe=pipe_dir(self.root), token=self.token)
+
+
+@dataclass(frozen=True)
+class Tampering:
+    """Something in a claim's pipe directory that its daemon did not put there."""
+
+    kind: TamperingKind
+    root: Path  # the claim's MPS directory
+    detail: str  # what was found, and what gpudra did instead of trusting it
+
+
+class MpsTampered(HardwareError):
+    """A command for the daemon was not sent: its control socket is not the daemon's."""
+
+
+class MpsDaemons:
+    def __init__(self, tools: GpuTools, *, on_tampering: Callable[[Tampering], None] | None = None) -> None:
+        self.tools = tools
+        self.on_tampering = on_tampering
+        self._lock = threading.Lock()  # the keeper's thread checks while calls start and stop
+        self._pinned: dict[Daemon, Process] = {}
+        self._reported: set[tuple[Path, TamperingKind]] = set()  # until the daemon is stopped
+
+    def running(self, daemon: Daemon) -> Process | None:
+        """The claim's control daemon if it runs: the pinned process, else found again by its mark.
+        Nothing in the pipe directory is read."""
+        with self._lock:
+            pinned = self._pinned.get(daemon)
+        if pinned is not None and mps_processes.running(pinned):
+            return pinned
+        found = mps_processes.daemon(mps_processes.find(daemon.mark))
+        with self._lock:
+            if found is None:
+                self._pinned.pop(daemon, None)
+            else:
+                self._pinned[daemon] = found
+        return found
 
     def start(
         self,
-        root: Path,
+        daemon: Daemon,
         *,
         visible: Sequence[str],
         active_thread_percentage: int | None,
         pinned_memory_limits: Mapping[str, int],
     ) -> None:
         """Start (or adopt) the claim's daemon for the devices `visible` (UUIDs) with these limits."""
+        root = daemon.root
         for directory in (pipe_dir(root), log_dir(root)):
             directory.mkdir(parents=True, exist_ok=True)
         shm_dir(root).mkdir(exist_ok=True)
         # Containers may run as any user: like /dev/shm, everyone may create files, only owners delete.
         os.chmod(shm_dir(root), 0o1777)
         faults.reached("prepare-mps-directories")
-        if not self.answers(root):
+        started = self.running(daemon) is None
+        if started:
+            # What a daemon that died left there, or a container put there (a socket of its own where
+            # the control socket goes would make the new daemon refuse to start, "already running").
+            _clear(pipe_dir(root))
             self.tools.start_mps_daemon(
                 env={
-                    "CUDA_MPS_PIPE_DIRECTORY": str(pipe_dir(root)),
+                    **daemon.mark.env(),
                     "CUDA_MPS_LOG_DIRECTORY": str(log_dir(root)),
                     "CUDA_VISIBLE_DEVICES": ",".join(visible),
                 }
             )
+            if self.running(daemon) is None:
+                raise HardwareError(
+                    f"{MPS_CONTROL} -d returned, but no MPS control daemon for {pipe_dir(root)} runs"
+                )
         faults.reached("prepare-mps-started")
         commands = [
             *(
@@ -126,94 +187,217 @@ class MpsDaemons:
                 for uuid, limit in sorted(pinned_memory_limits.items())
             ),
         ]
-        self._send_until_ready(root, commands)
-        self._check_limits(root, active_thread_percentage, pinned_memory_limits)
+        try:
+            self._send_until_ready(daemon, commands)
+            self._check_limits(daemon, active_thread_percentage)
+        except HardwareError:
+            if started:  # a daemon without its limits must not serve (the keeper tries again)
+                self._end(daemon)
+            raise
 
-    def _send_until_ready(self, root: Path, commands: Sequence[str]) -> None:
+    def _send_until_ready(self, daemon: Daemon, commands: Sequence[str]) -> None:
         # The daemon may still be opening its socket when `-d` returns: retry until it answers.
+        pipe = pipe_dir(daemon.root)
         deadline = time.monotonic() + _READY_TIMEOUT_S
         while True:
             try:
-                replies = self.tools.mps_control([*commands, "get_server_list"], pipe_dir=pipe_dir(root))
+                replies = self._command(daemon, [*commands, "get_server_list"])
                 break
+            except MpsTampered:
+                raise
             except HardwareError as err:
                 if time.monotonic() > deadline:
                     raise HardwareError(
-                        f"the MPS control daemon in {pipe_dir(root)} did not answer within "
-                        f"{_READY_TIMEOUT_S:g}s: {err}"
+                        f"the MPS control daemon in {pipe} did not answer within {_READY_TIMEOUT_S:g}s: {err}"
                     ) from err
                 time.sleep(0.05)
         refused = [line for line in replies.splitlines() if line.strip() and not _is_value(line)]
         if refused:
-            raise HardwareError(
-                f"the MPS control daemon in {pipe_dir(root)} refused a limit: {'; '.join(refused)}"
-            )
+            raise HardwareError(f"the MPS control daemon in {pipe} refused a limit: {'; '.join(refused)}")
 
-    def _check_limits(
-        self, root: Path, active_thread_percentage: int | None, pinned_memory_limits: Mapping[str, int]
-    ) -> None:
+    def _check_limits(self, daemon: Daemon, active_thread_percentage: int | None) -> None:
         if active_thread_percentage is None:
             return
-        reply = self.tools.mps_control(
-            ["get_default_active_thread_percentage"], pipe_dir=pipe_dir(root)
-        ).strip()
+        reply = self._command(daemon, ["get_default_active_thread_percentage"]).strip()
         try:
             matches = float(reply) == float(active_thread_percentage)
         except ValueError:
             matches = False
         if not matches:
             raise HardwareError(
-                f"the MPS control daemon in {pipe_dir(root)} reports an active thread percentage of "
-                f"{reply!r}, not the {active_thread_percentage} it was given"
+                f"the MPS control daemon in {pipe_dir(daemon.root)} reports an active thread percentage "
+                f"of {reply!r}, not the {active_thread_percentage} it was given"
             )
 
-    def stop(self, root: Path) -> None:
-        """Stop the claim's daemon (if one runs) and remove its directory. Idempotent."""
-        pipe = pipe_dir(root)
-        pid = _daemon_pid(pipe)  # before quit: the daemon removes its pid file as it exits
-        if self.answers(root):
-            try:
-                self.tools.mps_control(["quit"], pipe_dir=pipe)
-            except HardwareError as err:
-                log.warning("MPS daemon did not take quit", extra={"pipe": str(pipe), "error": str(err)})
-        deadline = time.monotonic() + _STOP_TIMEOUT_S
-        while pid is not None and _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        if pid is not None and _alive(pid):
-            log.warning("MPS daemon did not quit; killing it", extra={"pipe": str(pipe), "pid": pid})
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+    def _command(self, daemon: Daemon, commands: Sequence[str]) -> str:
+        """Send `commands` through the control socket, if the control entry is a socket: a symlink there
+        (or anything else) is not followed, since it could lead to another claim's daemon."""
+        pipe = pipe_dir(daemon.root)
+        kind = _file_type(pipe / CONTROL)
+        if kind is None:
+            raise HardwareError(f"no control socket in {pipe} (yet)")
+        if kind != stat.S_IFSOCK:
+            found = Tampering(
+                "control-replaced",
+                daemon.root,
+                f"{pipe / CONTROL} is {_describe(kind)}, not the daemon's control socket; gpudra sent it "
+                "nothing",
+            )
+            self._report([found])
+            raise MpsTampered(found.detail)
+        return self.tools.mps_control(commands, pipe_dir=pipe)
+
+    def stop(self, daemon: Daemon) -> None:
+        """Stop the claim's daemon and its servers (whichever run) and remove its directory. Idempotent.
+
+        The daemon is asked to quit (through its control socket, else SIGTERM); whatever carries its
+        mark after that is killed. What a tenant changed in the pipe directory is reported first."""
+        self._end(daemon)
         faults.reached("unprepare-mps-stopped")
-        shutil.rmtree(root, ignore_errors=True)
-        if root.exists():
-            raise HardwareError(f"cannot remove the MPS directory {root}")
+        with self._lock:
+            self._pinned.pop(daemon, None)
+            self._reported = {seen for seen in self._reported if seen[0] != daemon.root}
+        shutil.rmtree(daemon.root, ignore_errors=True)  # unlinks entries, never follows or opens them
+        if daemon.root.exists():
+            raise HardwareError(f"cannot remove the MPS directory {daemon.root}")
+
+    def _end(self, daemon: Daemon) -> None:
+        """End the daemon's processes, found by its mark."""
+        main = mps_processes.daemon(mps_processes.find(daemon.mark))
+        if main is not None:
+            self._report(_inspect(daemon, main))
+            if not self._quit(daemon):
+                mps_processes.kill([main], signal.SIGTERM)
+            _wait_gone([main], _STOP_TIMEOUT_S)  # `quit` ends its servers first
+        left = mps_processes.find(daemon.mark)
+        if left:
+            log.warning(
+                "MPS daemon did not quit; killing its processes",
+                extra={"pipe": str(pipe_dir(daemon.root)), "pids": [p.pid for p in left]},
+            )
+            mps_processes.kill(left, signal.SIGKILL)
+            _wait_gone(left, _KILL_TIMEOUT_S)
+
+    def _quit(self, daemon: Daemon) -> bool:
+        """Ask the daemon to quit; whether the command went through."""
+        try:
+            self._command(daemon, ["quit"])
+        except HardwareError as err:
+            log.warning(
+                "MPS daemon did not take quit", extra={"pipe": str(pipe_dir(daemon.root)), "error": str(err)}
+            )
+            return False
+        return True
+
+    def _report(self, found: Iterable[Tampering]) -> None:
+        """Each finding once per daemon (until it is stopped)."""
+        for tampering in found:
+            with self._lock:
+                key = (tampering.root, tampering.kind)
+                if key in self._reported:
+                    continue
+                self._reported.add(key)
+            log.warning(
+                "MPS pipe directory tampered with",
+                extra={"kind": tampering.kind, "directory": str(tampering.root), "detail": tampering.detail},
+            )
+            if self.on_tampering is not None:
+                self.on_tampering(tampering)
+
+
+def _inspect(daemon: Daemon, process: Process) -> list[Tampering]:
+    """What a tenant changed in the pipe directory of `daemon`, which runs as `process`."""
+    pipe = pipe_dir(daemon.root)
+    found = []
+    pid_file = pipe / PID_FILE
+    ignored = f"gpudra ignored it and stopped the daemon it started, pid {process.pid}"
+    try:
+        content = _read_regular(pid_file, _PID_FILE_BYTES + 1)
+    except FileNotFoundError:
+        found.append(Tampering("pid-file-removed", daemon.root, f"{pid_file} was removed; {ignored}"))
+    except _NotRegular as err:
+        found.append(Tampering("pid-file-replaced", daemon.root, f"{pid_file} is {err}; {ignored}"))
+    except OSError as err:
+        found.append(Tampering("pid-file-replaced", daemon.root, f"{pid_file}: {err.strerror}; {ignored}"))
+    else:
+        if content.strip() != str(process.pid).encode():
+            shown = content[:_PID_FILE_BYTES].decode(errors="replace").strip()
+            detail = f"{pid_file} names {shown!r}, not the daemon; {ignored}"
+            found.append(Tampering("pid-file-foreign", daemon.root, detail))
+    kind = _file_type(pipe / CONTROL)
+    if kind != stat.S_IFSOCK:
+        what = "missing" if kind is None else _describe(kind)
+        found.append(
+            Tampering(
+                "control-replaced",
+                daemon.root,
+                f"{pipe / CONTROL} is {what}, not the daemon's control socket; gpudra sent it nothing and "
+                f"stopped the daemon, pid {process.pid}, by signal",
+            )
+        )
+    return found
+
+
+class _NotRegular(OSError):
+    """What is there is not a regular file (its description is the message)."""
+
+
+def _read_regular(path: Path, limit: int) -> bytes:
+    """At most `limit` bytes of the regular file at `path`. Nothing else is opened: the path is first
+    opened with O_PATH (which opens no FIFO, device or socket, and with O_NOFOLLOW no symlink's target),
+    and that very inode is opened to read only once fstat says it is a regular file."""
+    handle = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        kind = stat.S_IFMT(os.fstat(handle).st_mode)
+        if kind != stat.S_IFREG:
+            raise _NotRegular(_describe(kind))
+        readable = os.open(f"/proc/self/fd/{handle}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    finally:
+        os.close(handle)
+    try:
+        return os.read(readable, limit)
+    finally:
+        os.close(readable)
+
+
+def _file_type(path: Path) -> int | None:
+    """The type (stat.S_IFMT) of what is at `path`, not following a symlink; None when nothing is."""
+    try:
+        return stat.S_IFMT(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return None
+
+
+def _describe(kind: int) -> str:
+    names = {
+        stat.S_IFIFO: "a FIFO",
+        stat.S_IFLNK: "a symlink",
+        stat.S_IFDIR: "a directory",
+        stat.S_IFCHR: "a character device",
+        stat.S_IFBLK: "a block device",
+        stat.S_IFSOCK: "a socket",
+        stat.S_IFREG: "a regular file",
+    }
+    return names.get(kind, "not a regular file")
+
+
+def _clear(pipe: Path) -> None:
+    """Remove everything in `pipe`, unlinking entries (no link is followed, nothing is opened)."""
+    with os.scandir(pipe) as entries:
+        for entry in list(entries):
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+
+
+def _wait_gone(processes: Sequence[Process], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while any(mps_processes.running(p) for p in processes) and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def _is_value(line: str) -> bool:
     """Whether a reply line is a value (a set command's echo), not a refusal."""
     return line.strip().replace(".", "", 1).isdigit()
-
-
-def _daemon_pid(pipe: Path) -> int | None:
-    """The pid in the pipe directory's pid file, if that process is an MPS control daemon."""
-    try:
-        pid = int((pipe / PID_FILE).read_text().strip())
-        command = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except (OSError, ValueError):
-        return None
-    # A pid file left by a daemon that died may name a pid reused since: never kill anything else.
-    return pid if b"mps" in command else None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[-1]
-    except OSError:
-        return False
-    return not state.startswith("Z")  # a zombie has exited: only its parent's wait is missing
