@@ -21,7 +21,6 @@ from gpudra.model.gpu_health import (
     expire,
     observe_annotation,
     observe_reachable,
-    parse_taint_effect,
     parse_xid_classes,
     record,
 )
@@ -125,12 +124,6 @@ def test_a_bad_entry_is_one_line_naming_the_field_and_what_is_allowed(text: str,
     assert str(bad.value) == message
     assert bad.value.field == "--health-xids"
     assert "\n" not in str(bad.value)
-
-
-def test_the_taint_effect_option() -> None:
-    assert parse_taint_effect("NoExecute", field="--health-reset-effect") == "NoExecute"
-    with pytest.raises(ConfigError, match="--health-reset-effect: 'None' is not a taint effect; allowed: "):
-        parse_taint_effect("None", field="--health-reset-effect")
 
 
 def test_the_classification_describes_itself_in_one_line() -> None:

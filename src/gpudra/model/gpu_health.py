@@ -139,12 +139,6 @@ def parse_xid_classes(text: str, *, field: str = XIDS_FIELD) -> Classification:
     return Classification(xids=xids, unlisted=unlisted)
 
 
-def parse_taint_effect(text: str, *, field: str) -> str:
-    if text not in TAINT_EFFECTS:
-        raise ConfigError(f"{text!r} is not a taint effect; allowed: {', '.join(TAINT_EFFECTS)}", field=field)
-    return text
-
-
 # --- faults and marks --------------------------------------------------------------------------------
 
 
@@ -227,7 +221,7 @@ def record(marks: Mapping[tuple[str, str | None], Mark], fault: Fault, *, now: f
         return result
     key = (fault.gpu_uuid, fault.device)
     before = marks.get(key)
-    worse = before is None or _rank(fault.xid_class) >= _rank(before.xid_class)
+    worse = before is None or _rank(fault.xid_class) > _rank(before.xid_class)  # else the first names it
     result[key] = Mark(
         gpu_uuid=fault.gpu_uuid,
         device=fault.device,
