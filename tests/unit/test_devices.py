@@ -16,6 +16,7 @@ from gpudra.model.devices import (
     UNHEALTHY_TAINT_KEY,
     Device,
     DeviceModel,
+    DeviceTaint,
     build_devices,
     bytes_quantity,
     dns_label,
@@ -23,6 +24,7 @@ from gpudra.model.devices import (
     semver,
     with_health_taints,
 )
+from gpudra.model.gpu_health import device_taints
 from gpudra.model.inventory import Gpu, Inventory, MigDevice, MigPlacement, MigProfile
 from gpudra.model.slices import ResourceSlice, build_slices, validate_slices
 from gpudra.quantity import parse_quantity
@@ -757,6 +759,11 @@ def test_shared_devices_of_every_simulated_machine_follow_the_apis_request_polic
 # ---- health taints
 
 
+def _gpu_taints(model: DeviceModel, lost: dict[str, str]) -> dict[str, DeviceTaint]:
+    """The taints of each device of the `lost` GPUs (UUID -> reason)."""
+    return device_taints(device_gpus={d["name"]: gpu_uuid_of(d) for d in model.devices}, lost=lost, marks=())
+
+
 LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
 
 
@@ -765,7 +772,7 @@ def test_an_unhealthy_gpu_taints_itself_and_its_partitions_only(mode: str) -> No
     model = build_devices(inv.h100_node(), mig_mode=mode)
     gpus = {gpu.minor: gpu.uuid for gpu in inv.h100_node().gpus}
     lost = {gpus[4]: "NVMLError_GpuIsLost", gpus[1]: "NVMLError_ResetRequired"}
-    tainted = with_health_taints(model, lost)
+    tainted = with_health_taints(model, _gpu_taints(model, lost))
 
     assert tainted.counter_sets == model.counter_sets
     assert [d["name"] for d in tainted.devices] == [d["name"] for d in model.devices]
@@ -787,14 +794,15 @@ def test_an_unhealthy_gpu_taints_itself_and_its_partitions_only(mode: str) -> No
 def test_no_unhealthy_gpu_leaves_the_model_as_it_is() -> None:
     model = partitionable(inv.h100(0))
     assert with_health_taints(model, {}) is model
-    assert with_health_taints(model, {"GPU-not-here": "NVMLError_GpuIsLost"}).devices == model.devices
+    assert with_health_taints(model, _gpu_taints(model, {"GPU-not-here": "Lost"})).devices == model.devices
 
 
 def test_a_taint_is_added_to_those_a_device_already_has() -> None:
     model = partitionable(inv.plain(0, "l4"))
     taint = {"key": "example.com/other", "effect": "NoSchedule"}
     model.devices[0]["taints"] = [taint]  # type: ignore[list-item]
-    device, shared = with_health_taints(model, {inv.plain(0, "l4").uuid: "NVMLError_GpuIsLost"}).devices
+    lost = {inv.plain(0, "l4").uuid: "NVMLError_GpuIsLost"}
+    device, shared = with_health_taints(model, _gpu_taints(model, lost)).devices
     assert [t["key"] for t in device["taints"]] == ["example.com/other", UNHEALTHY_TAINT_KEY]
     assert [t["key"] for t in shared["taints"]] == [UNHEALTHY_TAINT_KEY]
 
@@ -811,7 +819,8 @@ def test_a_taint_is_added_to_those_a_device_already_has() -> None:
 )
 def test_the_taint_value_is_always_a_label_value(reason: str, value: str) -> None:
     gpu = inv.plain(0, "l4")
-    for device in with_health_taints(partitionable(gpu), {gpu.uuid: reason}).devices:  # gpu-0, gpu-0-shared
+    model = partitionable(gpu)
+    for device in with_health_taints(model, _gpu_taints(model, {gpu.uuid: reason})).devices:  # and its share
         (taint,) = device["taints"]
         assert taint["value"] == value
     assert len(value) <= 63 and LABEL_VALUE.fullmatch(value)

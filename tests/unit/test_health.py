@@ -480,6 +480,9 @@ class _FlakyProbe:
     def mig_devices(self, *, gpu_uuid: str) -> tuple[MigDevice, ...]:
         return self.session.mig_devices(gpu_uuid=gpu_uuid)
 
+    def uncorrected_ecc_errors(self, *, gpu_uuid: str) -> int | None:
+        return self.session.uncorrected_ecc_errors(gpu_uuid=gpu_uuid)
+
     def close(self) -> None:
         self.session.close()
 

@@ -102,10 +102,11 @@ def test_a_server_without_the_gates_gets_one_form_per_gpu_and_no_counters() -> N
     assert events.reasons() == ["PublishingWithheld"] * 3
     uuid = inv.h100_node().gpus[0].uuid
     # no taints kept: an unhealthy GPU is left out rather than published tainted (and ignored)
-    assert not any(
-        d["attributes"].get("parentUUID", d["attributes"].get("uuid")) == {"string": uuid}
-        for d in model.model({uuid: "GpuLost"}).devices
-    )
+    taint: devices.DeviceTaint = {"key": "gpudra.io/unhealthy", "effect": "NoSchedule"}
+    unhealthy = {d["name"]: taint for d in published.devices if devices.gpu_uuid_of(d) == uuid}
+    left = model.model(unhealthy).devices
+    assert unhealthy and not any(devices.gpu_uuid_of(d) == uuid for d in left)
+    assert len(left) == len(published.devices) - len(unhealthy)
 
 
 def test_a_server_that_gains_the_gates_gets_the_forms_back() -> None:

@@ -12,7 +12,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpudra.errors import ClusterError, NotSupported
-from gpudra.model.devices import CounterSet, Device, DeviceModel, build_devices, with_health_taints
+from gpudra.model.devices import (
+    CounterSet,
+    Device,
+    DeviceModel,
+    DeviceTaint,
+    build_devices,
+    gpu_uuid_of,
+    with_health_taints,
+)
+from gpudra.model.gpu_health import device_taints
 from gpudra.model.inventory import Gpu
 from gpudra.model.slices import ResourceSlice, build_slices, validate_slices
 from tests.unit import inventories as inv
@@ -785,11 +794,18 @@ def test_a_health_taint_lowers_the_limit_of_its_slice_to_64(
     model = build_devices(inventory, mig_mode="partitionable", shares=False)
     assert shape(publish(model, server_minor)) == [(100, 0)]
     lost = inventory.gpus[10].uuid
-    slices = publish(with_health_taints(model, {lost: "NVMLError_GpuIsLost"}), server_minor)
+    slices = publish(
+        with_health_taints(model, _gpu_taints(model, {lost: "NVMLError_GpuIsLost"})), server_minor
+    )
     assert shape(slices) == expected
     assert validate_slices(slices, server_minor=server_minor) == []
     assert [d["name"] for d in devices_of(slices)] == [d["name"] for d in model.devices]
     assert [d["name"] for d in devices_of(slices) if d.get("taints")] == ["gpu-10"]
+
+
+def _gpu_taints(model: DeviceModel, lost: dict[str, str]) -> dict[str, DeviceTaint]:
+    """The taints of each device of the `lost` GPUs (UUID -> reason)."""
+    return device_taints(device_gpus={d["name"]: gpu_uuid_of(d) for d in model.devices}, lost=lost, marks=())
 
 
 # ---- any inventory: published slices pass validation and carry the model unchanged
@@ -838,7 +854,8 @@ def test_published_slices_with_unhealthy_gpus_always_validate(
 ) -> None:
     inventory = inv.node(*(GPU_KINDS[kind](minor, on) for minor, (kind, on) in enumerate(gpus)))
     unhealthy = {gpu.uuid: "NVMLError_GpuIsLost" for gpu in inventory.gpus if gpu.minor in lost}
-    model = with_health_taints(build_devices(inventory, mig_mode=mode), unhealthy)
+    model = build_devices(inventory, mig_mode=mode)
+    model = with_health_taints(model, _gpu_taints(model, unhealthy))
     slices = publish(model, server_minor)
     assert validate_slices(slices, server_minor=server_minor) == []
     assert devices_of(slices) == model.devices

@@ -180,6 +180,30 @@ def build_parser() -> argparse.ArgumentParser:
         default="10",
         help="how often GPU health is probed for the kubelet (0: no health service)",
     )
+    _add(
+        plugin,
+        "health-xids",
+        default="",
+        help="XID classes over the defaults (docs/health.md): comma-separated <xid>=<class> or "
+        "default=<class> (XIDs not named); classes: ignore (an application error: counted only), "
+        "recoverable (tainted until quiet for --health-recovery-seconds), reset (tainted until a GPU "
+        "reset is seen or the Node is annotated gpudra.io/clear-health=<GPU UUID>); e.g. "
+        "'31=reset,default=ignore'",
+    )
+    _add(
+        plugin,
+        "health-recovery-seconds",
+        default="600",
+        help="how long a GPU with a recoverable fault must stay without faults before its taint is lifted",
+    )
+    _add(
+        plugin,
+        "health-reset-effect",
+        default="NoSchedule",
+        choices=["NoSchedule", "NoExecute"],
+        help="the taint effect of faults that need a GPU reset: NoSchedule keeps new claims off the GPU, "
+        "NoExecute also evicts the pods using it",
+    )
     _add(plugin, "usage-interval-seconds", default="30", help="how often claims' GPU use is sampled (0: off)")
     _add(
         plugin,
@@ -406,7 +430,8 @@ def _kubelet_plugin(args: argparse.Namespace) -> int:
     if not args.node_name:
         print("gpudra kubelet-plugin: --node-name (or GPUDRA_NODE_NAME) is required", file=sys.stderr)
         return 2
-    from gpudra.node import daemon  # noqa: PLC0415 (see the imports above)
+    from gpudra.model.gpu_health import parse_xid_classes  # noqa: PLC0415 (see the imports above)
+    from gpudra.node import daemon  # noqa: PLC0415
     from gpudra.node.options import Options  # noqa: PLC0415
 
     plugin_dir = Path(args.plugin_dir or f"/var/lib/kubelet/plugins/{args.driver_name}")
@@ -432,6 +457,9 @@ def _kubelet_plugin(args: argparse.Namespace) -> int:
         driver_root=_absolute_path_option(args.driver_root, "--driver-root"),
         dev_root=_absolute_path_option(args.dev_root, "--dev-root"),
         instance_id=_instance_id_option(args.instance_id),
+        health_xids=parse_xid_classes(args.health_xids, field="--health-xids"),
+        health_recovery_seconds=_seconds_option(args.health_recovery_seconds, "--health-recovery-seconds"),
+        health_reset_effect=args.health_reset_effect,
     )
     return _run_daemon(args, lambda stop: daemon.run(options, stop=stop))
 

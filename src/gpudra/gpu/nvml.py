@@ -1,5 +1,5 @@
-"""NVML through pynvml: GPU discovery into inventory records, MIG mode and instances, device usage.
-I/O: NVML, sysfs, proc.
+"""NVML through pynvml: GPU discovery into inventory records, MIG mode and instances, device usage,
+health events. I/O: NVML, sysfs, proc.
 
 The only module that imports pynvml. `connect("real")` uses the machine's libnvidia-ml, or the one
 under a driver root (`gpudra.gpu.driver_root`); `connect("sim:<profile>")` first installs gpudra's
@@ -15,6 +15,12 @@ health probe, `Nvml.gpu_health`: there the errors of a GPU that is gone (`_GPU_G
 not a failure. `Nvml.set_mig_mode` also turns the activation status NVML returns (not raises) into the
 same classes: IN_USE -> InUse, anything else -> HardwareError.
 
+Health events (`Nvml.watch_events`): one NVML event set per watch, registered per GPU for XID critical
+errors and double-bit ECC errors, as far as the GPU offers them (`nvmlDeviceGetSupportedEventTypes`;
+NVML registers a MIG device's events through its parent and reports the GPU instance in each event).
+A GPU that offers neither, or refuses the registration with NOT_SUPPORTED, is left to polling
+(`Nvml.gpu_health`, `Nvml.uncorrected_ecc_errors`); `EventWatch.wait` blocks for up to its timeout.
+
 Besides NVML it reads sysfs (NUMA node, PCIe root of each GPU) and the driver's proc files
 (/proc/devices and /proc/driver/nvidia-caps/mig-minors, for the MIG capability device nodes).
 """
@@ -26,7 +32,7 @@ import dataclasses
 import math
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from fractions import Fraction
 from pathlib import Path
@@ -219,6 +225,75 @@ def connect(spec: str = "real", *, state_file: Path | None = None, driver_root: 
         raise
 
 
+_WATCHED_EVENTS = pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError
+_NO_INSTANCE = 0xFFFFFFFF  # NVML's "not available" in an event's GPU or compute instance ID
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuEvent:
+    """One health event: an XID, or a double-bit ECC error (`xid` None), on a GPU or one of its
+    instances (IDs None when NVML could not attribute it)."""
+
+    gpu_uuid: str
+    xid: int | None
+    gpu_instance_id: int | None
+    compute_instance_id: int | None
+
+
+class EventWatch:
+    """An NVML event set registered for the health events of some GPUs (`Nvml.watch_events`).
+
+    `xid_events` and `ecc_events` are the GPUs registered for each kind; `failed` maps the GPUs whose
+    registration failed for another reason than NOT_SUPPORTED (a lost GPU) to the error."""
+
+    def __init__(
+        self,
+        event_set: Any,
+        *,
+        handles: dict[int, str],
+        xid_events: frozenset[str],
+        ecc_events: frozenset[str],
+        failed: dict[str, str],
+    ) -> None:
+        self._set = event_set
+        self._handles = handles  # handle pointer value -> GPU UUID
+        self.xid_events = xid_events
+        self.ecc_events = ecc_events
+        self.failed = failed
+        self._open = True
+
+    def wait(self, timeout: float) -> GpuEvent | None:
+        """The next health event, or None after `timeout` seconds without one (or for an event of
+        another type)."""
+        try:
+            data = _call(pynvml.nvmlEventSetWait_v2, self._set, max(1, int(timeout * 1000)), gpu=None)
+        except errors.HardwareError as error:
+            if error.nvml_error == pynvml.NVMLError_Timeout.__name__:
+                return None
+            raise
+        uuid = self._handles.get(ctypes.cast(data.device, ctypes.c_void_p).value or 0)
+        if uuid is None:
+            uuid = _call(pynvml.nvmlDeviceGetUUID, data.device, gpu="of an event")
+        if data.eventType == pynvml.nvmlEventTypeXidCriticalError:
+            xid: int | None = int(data.eventData)
+        elif data.eventType == pynvml.nvmlEventTypeDoubleBitEccError:
+            xid = None
+        else:
+            return None
+        gi, ci = int(data.gpuInstanceId), int(data.computeInstanceId)
+        return GpuEvent(
+            gpu_uuid=uuid,
+            xid=xid,
+            gpu_instance_id=None if gi == _NO_INSTANCE else gi,
+            compute_instance_id=None if _NO_INSTANCE in (ci, gi) else ci,
+        )
+
+    def close(self) -> None:
+        if self._open:
+            self._open = False
+            _call(pynvml.nvmlEventSetFree, self._set, gpu=None)
+
+
 @dataclasses.dataclass(frozen=True)
 class DeviceUsage:
     """One reading of a GPU or MIG device (`Nvml.device_usage`)."""
@@ -280,6 +355,61 @@ class Nvml:
                 return False, reason
             raise
         return True, ""
+
+    def watch_events(self, gpu_uuids: Iterable[str]) -> EventWatch:
+        """An event set for the XID and double-bit ECC events of these GPUs, as far as each offers them
+        (see `EventWatch`); close it when done."""
+        event_set = _call(pynvml.nvmlEventSetCreate, gpu=None)
+        handles: dict[int, str] = {}
+        xid_events: set[str] = set()
+        ecc_events: set[str] = set()
+        failed: dict[str, str] = {}
+        try:
+            for uuid in gpu_uuids:
+                try:
+                    handle = self._handle(uuid)
+                    offered = _call_if_present(
+                        pynvml.nvmlDeviceGetSupportedEventTypes,
+                        handle,
+                        gpu=uuid,
+                        absent=(pynvml.NVMLError_NotSupported,),
+                    )
+                    types = (offered or 0) & _WATCHED_EVENTS
+                    if types:
+                        _call(pynvml.nvmlDeviceRegisterEvents, handle, types, event_set, gpu=uuid)
+                except errors.NotSupported:
+                    continue
+                except errors.HardwareError as error:
+                    failed[uuid] = str(error)
+                    continue
+                handles[ctypes.cast(handle, ctypes.c_void_p).value or 0] = uuid
+                if types & pynvml.nvmlEventTypeXidCriticalError:
+                    xid_events.add(uuid)
+                if types & pynvml.nvmlEventTypeDoubleBitEccError:
+                    ecc_events.add(uuid)
+        except BaseException:
+            _call(pynvml.nvmlEventSetFree, event_set, gpu=None)
+            raise
+        return EventWatch(
+            event_set,
+            handles=handles,
+            xid_events=frozenset(xid_events),
+            ecc_events=frozenset(ecc_events),
+            failed=failed,
+        )
+
+    def uncorrected_ecc_errors(self, *, gpu_uuid: str) -> int | None:
+        """Double-bit ECC errors since the driver loaded (NVML's volatile count); None where the GPU
+        reports none (ECC off or unsupported)."""
+        handle = self._handle(gpu_uuid)
+        return _call_if_present(
+            pynvml.nvmlDeviceGetTotalEccErrors,
+            handle,
+            pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+            pynvml.NVML_VOLATILE_ECC,
+            gpu=gpu_uuid,
+            absent=(pynvml.NVMLError_NotSupported,),
+        )
 
     # --- discovery -----------------------------------------------------------------------------
 

@@ -430,6 +430,12 @@ class Kube:
             raise ClusterError(f"node {name} has no metadata.uid")
         return str(uid)
 
+    def node_annotation(self, name: str, key: str) -> str:
+        """One annotation of a node; "" when it has none."""
+        node = self.request(f"reading node {name}", "GET", f"/api/v1/nodes/{quote(name, safe='')}")
+        value = ((node.get("metadata") or {}).get("annotations") or {}).get(key, "")
+        return value if isinstance(value, str) else ""
+
     # --- ResourceSlices ------------------------------------------------------------------------
 
     def list_slices(self, *, driver: str, node_name: str) -> tuple[list[Obj], str]:

@@ -49,13 +49,14 @@ counter set otherwise (not MIG-capable, static mode, no profiles) gets `gpu-<min
 not shared: a range of 1 GiB steps needs room for two.
 
 A GPU found unhealthy is published with a device taint (KEP-5055, `with_health_taints`) on itself, its
-shared device and every partition of it, so the scheduler allocates none of them until the taint is lifted.
+shared device and every partition of it (a partition's own fault taints that partition only; see
+gpudra.model.gpu_health), so the scheduler allocates none of them until the taint is lifted.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import NotRequired, TypedDict, get_args
 
@@ -94,10 +95,6 @@ SHARED_ATTRIBUTE = "shared"
 SHARED_COMPUTE = 100
 
 UNHEALTHY_TAINT_KEY = "gpudra.io/unhealthy"
-# NoSchedule, never NoExecute: NoExecute would have the device-taint eviction controller delete the pods
-# already running on the GPU, and one failed NVML read (a transient error, a driver hiccup) must not
-# kill workloads. Running pods learn of it from their allocatedResourcesStatus instead.
-UNHEALTHY_TAINT_EFFECT = "NoSchedule"
 _MAX_LABEL_VALUE = 63
 
 
@@ -240,35 +237,28 @@ def publish(inventory: Inventory, publishing: Publishing) -> DeviceModel:
     )
 
 
-def with_health_taints(model: DeviceModel, unhealthy: Mapping[str, str]) -> DeviceModel:
-    """`model` with a NoSchedule taint on each device of an unhealthy GPU: the GPU, its share, its partitions.
-
-    `unhealthy` maps GPU UUIDs to why (an NVML error class name), which becomes the taint's value. The
-    API server sets `timeAdded`. `model` is left as it is; an empty `unhealthy` returns it unchanged.
-    """
-    if not unhealthy:
+def with_health_taints(model: DeviceModel, taints: Mapping[str, DeviceTaint]) -> DeviceModel:
+    """`model` with each device named in `taints` carrying its taint (gpudra.model.gpu_health decides
+    which: a GPU's devices follow it, a partition may have its own). The API server sets `timeAdded`.
+    `model` is left as it is; an empty `taints` returns it unchanged."""
+    if not taints:
         return model
     tainted: list[Device] = []
     for device in model.devices:
-        reason = unhealthy.get(gpu_uuid_of(device))
-        if reason is None:
+        taint = taints.get(device["name"])
+        if taint is None:
             tainted.append(device)
-            continue
-        taint: DeviceTaint = {
-            "key": UNHEALTHY_TAINT_KEY,
-            "value": _label_value(reason),
-            "effect": UNHEALTHY_TAINT_EFFECT,
-        }
-        tainted.append({**device, "taints": [*device.get("taints", []), taint]})
+        else:
+            tainted.append({**device, "taints": [*device.get("taints", []), taint]})
     return DeviceModel(devices=tainted, counter_sets=model.counter_sets)
 
 
-def without_gpus(model: DeviceModel, gpus: Mapping[str, str]) -> DeviceModel:
-    """`model` less every device of the GPUs in `gpus` (UUIDs): what to publish for unhealthy GPUs where
-    the API server drops device taints, so that the scheduler cannot hand them out."""
-    if not gpus:
+def without_devices(model: DeviceModel, names: Collection[str]) -> DeviceModel:
+    """`model` less the named devices: what to publish for unhealthy devices where the API server drops
+    device taints, so that the scheduler cannot hand them out."""
+    if not names:
         return model
-    kept = [d for d in model.devices if gpu_uuid_of(d) not in gpus]
+    kept = [d for d in model.devices if d["name"] not in names]
     return DeviceModel(devices=kept, counter_sets=model.counter_sets)
 
 
@@ -575,7 +565,7 @@ def _partition_device(
     return device
 
 
-def _label_value(text: str) -> str:
+def label_value(text: str) -> str:
     """`text` as a label value: letters, digits, `-_.`, at most 63, alphanumeric at both ends."""
     return re.sub(r"[^A-Za-z0-9_.-]", "", text)[:_MAX_LABEL_VALUE].strip("-_.")
 

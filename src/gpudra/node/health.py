@@ -11,9 +11,16 @@ along. A GPU that cannot be probed (no NVML, an unexpected error) is Unknown, wi
 The monitor keeps its own NVML session in its own thread, so a slow or hanging GPU never holds up
 prepare; subscribers wait on a condition for the next snapshot.
 
-The scheduler learns of it too: `unhealthy_gpus` is what the slice controller taints (the GPU and its
-partitions, `devices.with_health_taints`), and `on_change` fires whenever that set changes, so the
-slices are republished at once rather than at the next resync.
+With `faults` (gpudra.node.gpu_faults: XIDs and ECC errors from NVML events), a device whose GPU or
+partition carries a fault mark is Unhealthy too, with the fault as message; each poll tells the faults
+which GPUs answered (a reset observed lifts a mark) and the uncorrected ECC counts of the GPUs that
+report no ECC events, and a new fault wakes the poll, so that it reaches the kubelet and the slices
+at once.
+
+The scheduler learns of it too: `taints` is what the slice controller publishes (the unhealthy taint
+on each device of a lost GPU and on each marked device, gpudra.model.gpu_health.device_taints), and
+`on_change` fires whenever it changes, so the slices are republished at once rather than at the next
+resync.
 """
 
 from __future__ import annotations
@@ -28,8 +35,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gpudra.errors import GpudraError
-from gpudra.model.devices import Device, gpu_uuid_of
+from gpudra.model.devices import Device, DeviceTaint, gpu_uuid_of
+from gpudra.model.gpu_health import Mark, XidClass, device_taints
 from gpudra.model.inventory import MigDevice
+from gpudra.node.gpu_faults import GpuFaults
 from gpudra.service import Loop
 
 log = logging.getLogger(__name__)
@@ -79,6 +88,8 @@ class GpuProbe(Protocol):
 
     def mig_devices(self, *, gpu_uuid: str) -> tuple[MigDevice, ...]: ...
 
+    def uncorrected_ecc_errors(self, *, gpu_uuid: str) -> int | None: ...
+
     def close(self) -> None: ...
 
 
@@ -119,16 +130,32 @@ def devices_health(
     device_gpus: Mapping[str, str],
     gpus: Mapping[str, GpuHealth],
     vanished: Mapping[str, str] | None = None,
+    marks: Iterable[Mark] = (),
 ) -> tuple[DeviceHealth, ...]:
-    """Every device with its GPU's health; a partition in `vanished` (device -> why) is Unhealthy on a
-    healthy GPU."""
+    """Every device with its GPU's health. On a healthy GPU, a device with a fault mark (its GPU's, else
+    its own) is Unhealthy with the fault as message, and so is a partition in `vanished` (device ->
+    why)."""
     vanished = vanished or {}
-    return tuple(
-        DeviceHealth(pool=pool, device=name, health=Health.UNHEALTHY, message=vanished[name])
-        if name in vanished and gpus[uuid].health == Health.HEALTHY
-        else DeviceHealth(pool=pool, device=name, health=gpus[uuid].health, message=gpus[uuid].message)
-        for name, uuid in device_gpus.items()
-    )
+    by_key = {mark.key: mark for mark in marks}
+
+    def health(name: str, uuid: str) -> DeviceHealth:
+        if gpus[uuid].health == Health.HEALTHY:
+            mark = by_key.get((uuid, None)) or by_key.get((uuid, name))
+            if mark is not None:
+                return DeviceHealth(
+                    pool=pool, device=name, health=Health.UNHEALTHY, message=fault_message(mark)
+                )
+            if name in vanished:
+                return DeviceHealth(pool=pool, device=name, health=Health.UNHEALTHY, message=vanished[name])
+        return DeviceHealth(pool=pool, device=name, health=gpus[uuid].health, message=gpus[uuid].message)
+
+    return tuple(health(name, uuid) for name, uuid in device_gpus.items())
+
+
+def fault_message(mark: Mark) -> str:
+    """ "GPU GPU-…: XID 79 (GPU has fallen off the bus); needs a GPU reset"."""
+    needs = "needs a GPU reset" if mark.xid_class == XidClass.RESET else "tainted until it stays quiet"
+    return f"{mark.target}: {mark.what}; {needs}"
 
 
 def vanished_partitions(
@@ -167,6 +194,7 @@ class HealthMonitor:
         interval: float,
         on_change: Callable[[], None] = lambda: None,
         partitions: Callable[[], Mapping[str, str]] = dict,
+        faults: GpuFaults | None = None,
     ) -> None:
         self.pool = pool
         self.interval = interval
@@ -178,16 +206,25 @@ class HealthMonitor:
         self._snapshot: Snapshot | None = None
         self._last: dict[str, GpuHealth] = {}
         self._tainted: dict[str, str] = {}
+        self._taints: dict[str, DeviceTaint] = {}
         self._on_change = on_change
         self._partitions = partitions  # prepared partition -> its MIG UUID, read at every poll
         self._vanished_before: dict[str, str] = {}
         self._session: GpuProbe | None = None
         self.loop = Loop("health", self._poll)
+        self._faults = faults
+        self.loops = (self.loop, *(faults.loops if faults is not None else ()))
+        if faults is not None:
+            faults.subscribe(self.loop.wake)
 
     def start(self) -> None:
         self.loop.start()
+        if self._faults is not None:
+            self._faults.start()
 
     def stop(self, timeout: float = _STOP_WAIT_SECONDS) -> None:
+        if self._faults is not None:
+            self._faults.stop(timeout)
         self.loop.stop(timeout)
         if not self.loop.alive and self._session is not None:  # else a hung probe still holds it
             _close(self._session)
@@ -200,9 +237,14 @@ class HealthMonitor:
             return self._snapshot if self._newer_than(after) else None
 
     def unhealthy_gpus(self) -> dict[str, str]:
-        """GPU UUID -> reason for each GPU to publish as unhealthy (see `tainted_gpus`)."""
+        """GPU UUID -> reason for each GPU the probe found unhealthy (see `tainted_gpus`)."""
         with self._changed:
             return dict(self._tainted)
+
+    def taints(self) -> dict[str, DeviceTaint]:
+        """Device name -> the taint to publish it with: its GPU lost, or a fault mark on it or its GPU."""
+        with self._changed:
+            return dict(self._taints)
 
     def _newer_than(self, generation: int) -> bool:
         return self._snapshot is not None and self._snapshot.generation > generation
@@ -210,8 +252,33 @@ class HealthMonitor:
     def _poll(self) -> float:
         self._session, gpus = self._probe_all(self._session)
         vanished = self._vanished(self._session, gpus) if self._session is not None else {}
+        if self._faults is not None:
+            reachable = {
+                uuid: now.health == Health.HEALTHY
+                for uuid, now in gpus.items()
+                if now.health != Health.UNKNOWN
+            }
+            counts = self._ecc_counts(self._session, self._faults.ecc_polled(), reachable)
+            self._faults.observe_probe(reachable, counts)
         self._publish(gpus, vanished)
         return self.interval
+
+    def _ecc_counts(
+        self, session: GpuProbe | None, polled: Iterable[str], reachable: Mapping[str, bool]
+    ) -> dict[str, int]:
+        """The uncorrected ECC counts of the GPUs no ECC event covers (those that answered)."""
+        counts: dict[str, int] = {}
+        for gpu_uuid in polled:
+            if session is None or not reachable.get(gpu_uuid):
+                continue
+            try:
+                count = session.uncorrected_ecc_errors(gpu_uuid=gpu_uuid)
+            except Exception as err:
+                _log_failure("reading ECC errors for health checks failed", err, gpu=gpu_uuid)
+                continue
+            if count is not None:
+                counts[gpu_uuid] = count
+        return counts
 
     def _vanished(self, session: GpuProbe, gpus: Mapping[str, GpuHealth]) -> dict[str, str]:
         partitions = {n: u for n, u in self._partitions().items() if n in self._device_gpus}
@@ -246,10 +313,19 @@ class HealthMonitor:
             if name not in self._vanished_before:
                 log.warning("prepared MIG partition lost", extra={"device": name, "error": why})
         self._vanished_before = dict(vanished)
-        devices = devices_health(pool=self.pool, device_gpus=self._device_gpus, gpus=gpus, vanished=vanished)
+        marks = self._faults.marks() if self._faults is not None else ()
+        devices = devices_health(
+            pool=self.pool, device_gpus=self._device_gpus, gpus=gpus, vanished=vanished, marks=marks
+        )
         tainted = tainted_gpus(self._tainted, gpus)
+        taints = device_taints(
+            device_gpus=self._device_gpus,
+            lost=tainted,
+            marks=marks,
+            reset_effect=self._faults.reset_effect if self._faults is not None else "NoSchedule",
+        )
         with self._changed:
-            changed, self._tainted = tainted != self._tainted, tainted
+            changed, self._tainted, self._taints = taints != self._taints, tainted, taints
             generation = self._snapshot.generation + 1 if self._snapshot else 1
             self._snapshot = Snapshot(generation=generation, checked_at=time.time(), devices=devices)
             self._changed.notify_all()

@@ -111,6 +111,36 @@ class PluginMetrics(DaemonMetrics):
         )
         for form in WITHHELD_FORMS:
             self.publishing_withheld.labels(form)
+        self.xid_errors = Counter(
+            "gpudra_gpu_xid_errors",
+            "XID errors NVML reported, by GPU (device name) and XID, application errors included "
+            "(gpudra.model.gpu_health says which taint the GPU).",
+            ["gpu", "xid"],
+            registry=self.registry,
+        )
+        self.double_bit_ecc_errors = Counter(
+            "gpudra_gpu_double_bit_ecc_errors",
+            "Double-bit (uncorrectable) ECC errors seen, by GPU: from NVML events, or from the uncorrected "
+            "count on GPUs that offer no ECC events.",
+            ["gpu"],
+            registry=self.registry,
+        )
+        self.events_monitored = Gauge(
+            "gpudra_gpu_events_monitored",
+            "1 when the GPU's XID events are watched; 0 when it offers none (NOT_SUPPORTED) and its health "
+            "is polled only.",
+            ["gpu"],
+            registry=self.registry,
+        )
+
+    def count_xid(self, gpu: str, xid: int) -> None:
+        self.xid_errors.labels(gpu, str(xid)).inc()
+
+    def count_double_bit_ecc(self, gpu: str) -> None:
+        self.double_bit_ecc_errors.labels(gpu).inc()
+
+    def set_events_monitored(self, gpu: str, monitored: bool) -> None:
+        self.events_monitored.labels(gpu).set(1 if monitored else 0)
 
     def observe_prepare(self, outcome: str, seconds: float) -> None:
         self.prepare_seconds.labels(outcome).observe(seconds)

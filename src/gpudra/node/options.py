@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpudra.model.gpu_health import DEFAULT_CLASSIFICATION, Classification
 from gpudra.model.publishing import Publishing
 
 
@@ -30,6 +31,10 @@ class Options:
     # The host directory whose dev/ holds the NVIDIA device nodes, named as hostPath in claim specs
     # (gpudra.node.cdi) unless it is /; with the simulator, also where its stand-in nodes are made.
     dev_root: Path = Path("/")
+    # Which XIDs are application errors, recoverable, or need a reset (gpudra.model.gpu_health).
+    health_xids: Classification = DEFAULT_CLASSIFICATION
+    health_recovery_seconds: float = 600.0  # a recoverable fault's taint is lifted after this long quiet
+    health_reset_effect: str = "NoSchedule"  # the taint effect of faults that need a reset (or NoExecute)
     # Names this instance's kubelet sockets (the pod's UID), so that two pods of a rolling update both
     # stay registered (gpudra.node.kubelet_grpc); None: the names every instance shares.
     instance_id: str | None = None

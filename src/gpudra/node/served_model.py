@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Literal, Protocol
 
 from gpudra.model import devices
-from gpudra.model.devices import DeviceModel
+from gpudra.model.devices import DeviceModel, DeviceTaint
 from gpudra.model.inventory import Inventory
 from gpudra.model.kube_api import FAST_COUNTERS_MINOR
 from gpudra.model.publishing import (
@@ -71,13 +71,13 @@ class ServedModel:
         with self._lock:
             return list(self._withheld.values())
 
-    def model(self, unhealthy: Mapping[str, str]) -> DeviceModel:
-        """What to publish now; `unhealthy`: GPU UUID -> why, tainted or left out."""
+    def model(self, unhealthy: Mapping[str, DeviceTaint]) -> DeviceModel:
+        """What to publish now; `unhealthy`: device name -> its taint, published tainted or left out."""
         with self._lock:
             model, taints = self._model, self._taints
         if taints:
             return devices.with_health_taints(model, unhealthy)
-        return devices.without_gpus(model, unhealthy)
+        return devices.without_devices(model, unhealthy.keys())
 
     def on_server(self, minor: int) -> None:
         """Probe the server and fit the model to it (the slice sync calls this before it builds)."""

@@ -27,7 +27,9 @@ from gpudra.kube.claims import ClaimReader
 from gpudra.kube.events import NodeEvents
 from gpudra.kube.slice_sync import SliceController
 from gpudra.model import devices
+from gpudra.model.gpu_health import CLEAR_ANNOTATION
 from gpudra.node import cdi, checkpoint
+from gpudra.node.gpu_faults import GpuFaults
 from gpudra.node.health import HealthMonitor
 from gpudra.node.instances import PublisherTurn
 from gpudra.node.kubelet_grpc import KubeletServer, Observer
@@ -126,8 +128,8 @@ def _run(options: Options, session: nvml.Nvml, server: KubeletServer, *, stop: t
         client,
         driver=options.driver,
         node_name=options.node_name,
-        # Unhealthy GPUs are published tainted; `health` is bound below, before anything starts.
-        model=lambda: served.model(health.unhealthy_gpus() if health else {}),
+        # Unhealthy devices are published tainted; `health` is bound below, before anything starts.
+        model=lambda: served.model(health.taints() if health else {}),
         resync_seconds=options.resync_seconds,
         on_publish=lambda op: metrics.slice_writes.labels(op).inc(),
         on_server_minor=served.on_server,
@@ -141,6 +143,9 @@ def _run(options: Options, session: nvml.Nvml, server: KubeletServer, *, stop: t
             interval=options.health_interval_seconds,
             on_change=slices.trigger,
             partitions=state.prepared_partitions,
+            faults=_faults(
+                options, model.devices, state=state, client=client, events=events, metrics=metrics
+            ),
         )
     usage = None
     if options.usage_interval_seconds:
@@ -162,7 +167,9 @@ def _run(options: Options, session: nvml.Nvml, server: KubeletServer, *, stop: t
     metrics.track_claim_reads(lambda: claims.gets)
     metrics.track_api_requests(client.request_counts)
     metrics.track_skipped_objects(client.skipped.counts)
-    loops = [*slices.loops, events.loop, retry_checkpoint] + ([health.loop] if health is not None else [])
+    loops = [*slices.loops, events.loop, retry_checkpoint] + (
+        list(health.loops) if health is not None else []
+    )
     loops += [usage.loop] if usage is not None else []
     loops += [keeper.loop] if keeper is not None else []
     metrics.track_loops(loops)
@@ -210,6 +217,40 @@ def _run(options: Options, session: nvml.Nvml, server: KubeletServer, *, stop: t
         stop.wait()
         log.info("stopping")
         server.stop(STOP_TIMEOUT_SECONDS)  # first: no new calls, those in flight finish, streams end
+
+
+def _faults(
+    options: Options,
+    published: list[devices.Device],
+    *,
+    state: DeviceState,
+    client: kube.Kube,
+    events: NodeEvents,
+    metrics: PluginMetrics,
+) -> GpuFaults:
+    log.info("GPU fault classes", extra={"xids": options.health_xids.describe()})
+    return GpuFaults(
+        devices=published,
+        open_nvml=lambda: nvml.connect(options.nvml, driver_root=options.driver_root),
+        classification=options.health_xids,
+        clean_seconds=options.health_recovery_seconds,
+        reset_effect=options.health_reset_effect,
+        state_file=options.state_dir / "health.json",
+        boot_id=checkpoint.current_boot_id(),
+        events=events,
+        metrics=metrics,
+        holders=lambda gpu, device: _holders(state, gpu, device),
+        read_annotation=lambda: client.node_annotation(options.node_name, CLEAR_ANNOTATION),
+    )
+
+
+def _holders(state: DeviceState, gpu_uuid: str, device: str | None) -> list[str]:
+    """namespace/name of the prepared claims holding the device, or any device of the GPU."""
+    return sorted(
+        f"{entry.namespace}/{entry.name}"
+        for entry in state.prepared_claims().values()
+        if any(d.device == device if device else gpu_uuid in d.gpu_uuids for d in entry.devices)
+    )
 
 
 def _counts(state: DeviceState) -> tuple[int, int]:

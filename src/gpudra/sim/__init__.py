@@ -17,7 +17,15 @@ from typing import Any, Protocol
 
 from gpudra import errors
 from gpudra.sim import devnodes, library, machines, procfs, state, sysfs
-from gpudra.sim.hooks import attach_process, detach_process, set_gpu_lost, set_mig_mode, set_utilization
+from gpudra.sim.hooks import (
+    attach_process,
+    detach_process,
+    raise_double_bit_ecc,
+    raise_xid,
+    set_gpu_lost,
+    set_mig_mode,
+    set_utilization,
+)
 from gpudra.sim.tools import write_tools
 
 __all__ = [
@@ -26,6 +34,8 @@ __all__ = [
     "detach_process",
     "install",
     "installed",
+    "raise_double_bit_ecc",
+    "raise_xid",
     "set_gpu_lost",
     "set_mig_mode",
     "set_utilization",

@@ -19,6 +19,7 @@ INVALID_ARGUMENT = 2
 NOT_SUPPORTED = 3
 NOT_FOUND = 6
 DRIVER_NOT_LOADED = 9
+TIMEOUT = 10
 INSUFFICIENT_SIZE = 7
 GPU_IS_LOST = 15
 RESET_REQUIRED = 16
@@ -33,6 +34,7 @@ ERROR_STRINGS = {
     NOT_SUPPORTED: "Not Supported",
     NOT_FOUND: "Not Found",
     DRIVER_NOT_LOADED: "Driver Not Loaded",
+    TIMEOUT: "Timeout",
     INSUFFICIENT_SIZE: "Insufficient Size",
     GPU_IS_LOST: "GPU is lost",
     RESET_REQUIRED: "GPU requires restart",

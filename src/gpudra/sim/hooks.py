@@ -1,17 +1,19 @@
-"""Test hooks for what gpudra's NVML calls never change: processes, MIG mode, load, a lost GPU.
-I/O: the state file.
+"""Test hooks for what gpudra's NVML calls never change: processes, MIG mode, load, a lost GPU, XIDs and
+ECC errors. I/O: the state file.
 
 Real hardware gets processes from workloads, MIG mode from an administrator, utilization from work
-and a lost GPU from a fault; the simulator gets them from these calls, so tests can exercise "destroy
-while in use", the Ampere rule that MIG profiles are hidden while MIG is disabled, or a GPU that fell
-off the bus.
+and a lost GPU, an XID or an ECC error from a fault; the simulator gets them from these calls, so tests
+can exercise "destroy while in use", the Ampere rule that MIG profiles are hidden while MIG is
+disabled, a GPU that fell off the bus, or the events NVML delivers for a fault.
+
+`python -m gpudra.sim` (`gpudra.sim.__main__`) raises the faults from a shell.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from gpudra.sim import hardware, machines, state
+from gpudra.sim import events, hardware, machines, state
 
 _MIB = 1024 * 1024
 
@@ -69,6 +71,54 @@ def set_gpu_lost(*, state_file: Path, gpu_uuid: str, lost: bool) -> None:
     on it, its GPU and compute instances and its MIG devices answers GPU_IS_LOST."""
     with state.StateFile(state_file).update() as machine_state:
         _gpu(machine_state, gpu_uuid)[1].lost = lost
+
+
+def raise_xid(
+    *,
+    state_file: Path,
+    gpu_uuid: str,
+    xid: int,
+    gpu_instance_id: int | None = None,
+    compute_instance_id: int | None = None,
+) -> None:
+    """The driver reports XID `xid` on a GPU, or on one of its GPU (and compute) instances, which must
+    exist: an XID critical-error event for the event sets registered for it."""
+    if not 0 <= xid < 2**32:
+        raise hardware.Refused(hardware.INVALID_ARGUMENT, f"XID {xid} is not within 0..2^32-1")
+    with state.StateFile(state_file).update() as machine_state:
+        index, gpu = _gpu(machine_state, gpu_uuid)
+        _check_instance(gpu, gpu_instance_id, compute_instance_id)
+        events.raise_event(
+            machine_state,
+            gpu=index,
+            type_=machines.EVENT_XID,
+            data=xid,
+            gpu_instance_id=gpu_instance_id,
+            compute_instance_id=compute_instance_id,
+        )
+
+
+def raise_double_bit_ecc(*, state_file: Path, gpu_uuid: str, gpu_instance_id: int | None = None) -> None:
+    """An uncorrectable (double-bit) ECC error, as the driver reports one: the GPU's uncorrected count
+    goes up, and it raises a double-bit ECC event and XID 48."""
+    with state.StateFile(state_file).update() as machine_state:
+        index, gpu = _gpu(machine_state, gpu_uuid)
+        _check_instance(gpu, gpu_instance_id, None)
+        gpu.ecc_uncorrected += 1
+        for type_, data in ((machines.EVENT_DOUBLE_BIT_ECC, 0), (machines.EVENT_XID, 48)):
+            events.raise_event(
+                machine_state, gpu=index, type_=type_, data=data, gpu_instance_id=gpu_instance_id
+            )
+
+
+def _check_instance(gpu: state.Gpu, gpu_instance_id: int | None, compute_instance_id: int | None) -> None:
+    if gpu_instance_id is None:
+        if compute_instance_id is not None:
+            raise hardware.Refused(hardware.INVALID_ARGUMENT, "a compute instance needs its GPU instance")
+        return
+    gi = hardware.gpu_instance(gpu, gpu_instance_id)
+    if compute_instance_id is not None:
+        hardware.compute_instance(gi, compute_instance_id)
 
 
 def _gpu(machine_state: state.MachineState, gpu_uuid: str) -> tuple[int, state.Gpu]:

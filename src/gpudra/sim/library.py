@@ -14,19 +14,30 @@ instance, MIG device) and are checked against the current state on every call, s
 instance another process destroyed is refused like a stale one on real hardware. A GPU marked lost
 in the state (`hooks.set_gpu_lost`) answers GPU_IS_LOST to every call that reaches it: handle lookups,
 queries and MIG calls on it, its instances and its MIG devices.
+
+Event sets (nvmlEventSetCreate, nvmlDeviceRegisterEvents, nvmlEventSetWait_v2, nvmlEventSetFree) live
+in this process, as they do in a real one, and read the events `hooks` raise into the state file
+(`gpudra.sim.events`): a wait polls the file until an event for the set arrives or its timeout passes
+(TIMEOUT). A GPU offers the event types its machine profile lists; registering for any other, or
+through a MIG device handle (NVML registers MIG events through the parent), is NOT_SUPPORTED.
 """
 
 from __future__ import annotations
 
 import ctypes
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
-from gpudra.sim import hardware, machines, state
+from gpudra.sim import events, hardware, machines, state
 from gpudra.sim.hardware import Refused
 
 _MAGIC = 0x6770
-_GPU, _GPU_INSTANCE, _COMPUTE_INSTANCE, _MIG_DEVICE = 1, 2, 3, 4
+_GPU, _GPU_INSTANCE, _COMPUTE_INSTANCE, _MIG_DEVICE, _EVENT_SET = 1, 2, 3, 4, 5
+# How often a waiting nvmlEventSetWait looks at the state file for new events.
+_EVENT_POLL_SECONDS = 0.05
+_ECC_UNCORRECTED = 1  # nvmlMemoryErrorType_t
 _NVLINK_DEVICE_TYPE_SWITCH = 2
 _MIB = 1024 * 1024
 
@@ -111,6 +122,9 @@ class SimulatedLibrary:
         self.installs = 0
         self.previous: object = None  # what pynvml had loaded before, restored on the last uninstall
         self._initialized = 0
+        self._event_sets: dict[int, events.EventSet] = {}
+        self._event_sets_made = 0  # numbers are never reused, so a freed set's handle stays invalid
+        self._event_sets_lock = threading.Lock()
         self._functions = {
             c_name: CFunction(self._guard(c_name, getattr(self, method)))
             for c_name, method in _ENTRY_POINTS.items()
@@ -351,6 +365,77 @@ class SimulatedLibrary:
     def nvlink_remote_pci(self, handle: Any, link: Any, ref: Any) -> int:
         switch = self._link(handle, link)
         _fill_pci(_out(ref), bus=switch.bus, pci_device=switch.pci_device, pci_subsystem=0)
+        return hardware.SUCCESS
+
+    # --- ECC and events ------------------------------------------------------------------------
+
+    @_entry("nvmlDeviceGetTotalEccErrors")
+    def total_ecc_errors(self, handle: Any, error_type: Any, counter_type: Any, ref: Any) -> int:
+        """Uncorrected errors as raised by `hooks.raise_double_bit_ecc`, volatile and aggregate alike
+        (the simulator never reloads its driver); corrected ones are not simulated (0)."""
+        index = self._gpu(handle)
+        gpu = self.state_file.read().gpus[index]
+        _out(ref).value = gpu.ecc_uncorrected if _int(error_type) == _ECC_UNCORRECTED else 0
+        return hardware.SUCCESS
+
+    @_entry("nvmlDeviceGetSupportedEventTypes")
+    def supported_event_types(self, handle: Any, ref: Any) -> int:
+        self._gpu(handle)
+        _out(ref).value = self.machine.event_types
+        return hardware.SUCCESS
+
+    @_entry("nvmlEventSetCreate")
+    def event_set_create(self, ref: Any) -> int:
+        target = _out(ref)
+        newest = self.state_file.read().events_raised
+        with self._event_sets_lock:
+            self._event_sets_made += 1
+            number = self._event_sets_made
+            self._event_sets[number] = events.EventSet(cursor=newest)
+        _store_handle(target, (_MAGIC << 32) | (_EVENT_SET << 24) | number)
+        return hardware.SUCCESS
+
+    def _event_set(self, handle: Any) -> events.EventSet:
+        value = _pointer_value(handle)
+        found = self._event_sets.get(value & 0xFFFFFF) if self._kind(handle) == _EVENT_SET else None
+        if found is None:
+            raise Refused(hardware.INVALID_ARGUMENT, "not an event set")
+        return found
+
+    @_entry("nvmlDeviceRegisterEvents")
+    def register_events(self, handle: Any, types: Any, event_set: Any) -> int:
+        if self._kind(handle) == _MIG_DEVICE:
+            raise Refused(hardware.NOT_SUPPORTED, "events are registered through the parent GPU")
+        index = self._gpu(handle)
+        wanted = _int(types)
+        if not wanted or wanted & ~self.machine.event_types:
+            raise Refused(hardware.NOT_SUPPORTED, f"event types {wanted:#x} are not offered on this GPU")
+        target = self._event_set(event_set)
+        target.register(gpu=index, types=wanted, newest=self.state_file.read().events_raised)
+        return hardware.SUCCESS
+
+    @_entry("nvmlEventSetWait_v2")
+    def event_set_wait(self, event_set: Any, ref: Any, timeout_ms: Any) -> int:
+        source = self._event_set(event_set)
+        data = _out(ref)
+        deadline = time.monotonic() + _int(timeout_ms) / 1000
+        while (event := source.take(self.state_file.read())) is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise Refused(hardware.TIMEOUT, "no event")
+            time.sleep(min(left, _EVENT_POLL_SECONDS))
+        ctypes.c_void_p.from_buffer(data, type(data).device.offset).value = _handle(_GPU, gpu=event.gpu)
+        data.eventType = event.type
+        data.eventData = event.data
+        data.gpuInstanceId = event.gpu_instance_id
+        data.computeInstanceId = event.compute_instance_id
+        return hardware.SUCCESS
+
+    @_entry("nvmlEventSetFree")
+    def event_set_free(self, event_set: Any) -> int:
+        self._event_set(event_set)
+        with self._event_sets_lock:
+            del self._event_sets[_pointer_value(event_set) & 0xFFFFFF]
         return hardware.SUCCESS
 
     # --- MIG: modes, profiles, placements ------------------------------------------------------

@@ -18,6 +18,18 @@ PROFILE_1_SLICE, PROFILE_2_SLICE, PROFILE_3_SLICE, PROFILE_4_SLICE, PROFILE_7_SL
 PROFILE_1_SLICE_REV1, PROFILE_1_SLICE_REV2 = 7, 9
 VIRTUALIZATION_NONE, VIRTUALIZATION_PASSTHROUGH = 0, 1  # nvmlGpuVirtualizationMode_t
 NVIDIA_VENDOR_ID = 0x10DE
+# nvmlEventType bits
+EVENT_SINGLE_BIT_ECC, EVENT_DOUBLE_BIT_ECC, EVENT_PSTATE, EVENT_XID, EVENT_CLOCK = 0x1, 0x2, 0x4, 0x8, 0x10
+EVENT_MIG_CONFIG_CHANGE = 0x100
+# What a bare-metal or passthrough GPU offers to nvmlDeviceRegisterEvents.
+EVENTS_OFFERED = (
+    EVENT_SINGLE_BIT_ECC
+    | EVENT_DOUBLE_BIT_ECC
+    | EVENT_PSTATE
+    | EVENT_XID
+    | EVENT_CLOCK
+    | EVENT_MIG_CONFIG_CHANGE
+)
 
 
 @dataclass(frozen=True)
@@ -101,6 +113,9 @@ class Machine:
     # False: the driver refuses time-slice changes (nvidia-smi compute-policy answers Not Supported) and
     # the MPS control daemon does not start, as on GPUs and guests whose driver offers neither.
     sharing_supported: bool = True
+    # The event types nvmlDeviceGetSupportedEventTypes reports for every GPU; registering for others is
+    # NOT_SUPPORTED (0: a driver that offers no events, as in some vGPU guests).
+    event_types: int = EVENTS_OFFERED
 
     def gpu_uuid(self, index: int) -> str:
         """Deterministic per machine and slot, so test expectations do not drift between runs."""
@@ -343,7 +358,8 @@ VM_H200 = Machine(
 )
 
 # A test machine for refusals: one L4 whose driver offers neither time-slice settings nor MPS, so that
-# claims asking for either fail with the tools' reason and leave nothing behind.
+# claims asking for either fail with the tools' reason and leave nothing behind, nor NVML events, so
+# that health checks fall back to polling (as in a vGPU guest).
 NO_SHARING = Machine(
     name="no-sharing",
     driver_version=DRIVER_VERSION,
@@ -351,6 +367,7 @@ NO_SHARING = Machine(
     mig_enabled=False,
     gpus=(GpuSlot(model=L4, bus=0x17, minor=0, numa_node=0, pcie_root="pci0000:00", nvswitches=()),),
     sharing_supported=False,
+    event_types=0,
 )
 
 MACHINES = {machine.name: machine for machine in (DGX_A100, DGX_H100, MIXED, VM_H100, VM_H200, NO_SHARING)}

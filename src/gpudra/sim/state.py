@@ -54,6 +54,8 @@ class Gpu(_Model):
     timeslice: int = 0  # nvidia-smi compute-policy: 0 default, 1 short, 2 medium, 3 long
     utilization: int = 0  # percent, what nvmlDeviceGetUtilizationRates reports as .gpu
     lost: bool = False  # fallen off the bus: NVML calls on it answer GPU_IS_LOST (hooks.set_gpu_lost)
+    # Uncorrected (double-bit) ECC errors since boot: nvmlDeviceGetTotalEccErrors (hooks.raise_double_bit_ecc)
+    ecc_uncorrected: int = 0
     gpu_instances: list[GpuInstance] = []
 
 
@@ -74,11 +76,25 @@ class MpsDaemon(_Model):
     default_pinned_memory_limits: dict[str, str] = {}
 
 
+class Event(_Model):
+    """One NVML event the driver raised (`hooks.raise_xid`, ...), as event sets deliver it (`sim.events`)."""
+
+    seq: int  # 1, 2, ... in the order raised: an event set delivers those after its registration
+    gpu: int  # the GPU's index
+    type: int  # one nvmlEventType bit
+    data: int = 0  # the XID of an XID event
+    # The GPU and compute instance the driver attributes it to; NVML's "not available" when none.
+    gpu_instance_id: int = 0xFFFFFFFF
+    compute_instance_id: int = 0xFFFFFFFF
+
+
 class MachineState(_Model):
     machine: str
     gpus: list[Gpu]
     processes: list[Process] = []
     mps_daemons: list[MpsDaemon] = []
+    events: list[Event] = []  # the newest raised, oldest first (bounded: `sim.events.KEPT`)
+    events_raised: int = 0  # seq of the newest event ever raised
 
     def memory_used(self, device_uuids: set[str]) -> int:
         """Bytes the processes on any of these GPU or MIG devices hold."""

@@ -1,0 +1,327 @@
+"""GPU faults and what they do to a GPU's devices: the XID classification, the marks faults leave, the
+rules that lift them, and the device taints that follow. Pure.
+
+NVML reports faults as events (gpudra.gpu.nvml): an XID critical error carries the XID number, a
+double-bit ECC event none; either may name the GPU instance it hit. Each XID falls in one class:
+
+- `ignore`: an application error. The application that caused it has to restart; the GPU is fine.
+  Counted (`gpudra_gpu_xid_errors_total`), never tainted.
+- `recoverable`: the GPU may recover by itself. Its devices are tainted, and the taint is lifted once
+  no fault of a tainting class has been seen on it for the recovery time (`clean_seconds`).
+- `reset`: the GPU needs a reset (or the node a reboot). Its devices are tainted until a reset is
+  observed or an operator clears it; never because no new event came.
+
+The defaults (`DEFAULT_XIDS`, `DEFAULT_UNLISTED`) follow NVIDIA's XID catalog and its GPU memory error
+management guide (docs/health.md has the table and the sources); `--health-xids` overrides them entry
+by entry (`parse_xid_classes`). A double-bit ECC event is `reset`: the memory behind it is retired or
+remapped only by a reset.
+
+A fault with a GPU instance marks that MIG partition only; one without marks the whole GPU, and with
+it its shared device and every partition of it. A mark is lifted (`expire`, `observe_reachable`,
+`observe_annotation`) when
+- the node rebooted since it was made (the boot ID changed): the GPU was reset with it;
+- (`reset`) the GPU was seen unreachable after the fault (fell off the bus, reset in progress) and
+  answers again: a reset was observed;
+- (`reset`) the Node's annotation `gpudra.io/clear-health` names the GPU (or says `all`) with a value
+  other than the one read first after the fault: an operator's word, after a reset out of band, that
+  the GPU is fine. A value that was there before the fault never clears it, so a stale annotation
+  cannot hide a new fault;
+- (`recoverable`) `clean_seconds` passed since its last fault.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from gpudra.errors import ConfigError
+from gpudra.model.devices import UNHEALTHY_TAINT_KEY, DeviceTaint, label_value
+
+CLEAR_ANNOTATION = "gpudra.io/clear-health"
+CLEAR_ALL = "all"
+XIDS_FIELD = "--health-xids"
+# NoSchedule keeps new claims off a tainted device; NoExecute also has the device-taint eviction
+# controller delete the pods using it. A lost GPU, and every fault but the `reset` class, taint
+# NoSchedule only: one failed NVML read (a transient error, a driver hiccup) must not kill workloads,
+# and running pods learn of it from their allocatedResourcesStatus. NoExecute for `reset` is an option.
+TAINT_EFFECTS = ("NoSchedule", "NoExecute")
+DOUBLE_BIT_ECC = "DoubleBitEcc"
+
+
+class XidClass(enum.StrEnum):
+    IGNORE = "ignore"
+    RECOVERABLE = "recoverable"
+    RESET = "reset"
+
+
+@dataclass(frozen=True)
+class XidRule:
+    xid: int
+    xid_class: XidClass
+    what: str  # NVIDIA's name for it, short
+
+
+DEFAULT_XIDS: tuple[XidRule, ...] = (
+    # Application errors: the skip list NVIDIA's device plugin and DRA driver use; the catalog's
+    # immediate action for them is restarting the application.
+    XidRule(13, XidClass.IGNORE, "graphics engine exception"),
+    XidRule(31, XidClass.IGNORE, "GPU memory page fault"),
+    XidRule(43, XidClass.IGNORE, "GPU stopped processing (the application's channel was reset)"),
+    XidRule(45, XidClass.IGNORE, "preemptive cleanup after earlier errors"),
+    XidRule(68, XidClass.IGNORE, "video decoder exception"),
+    XidRule(109, XidClass.IGNORE, "context switch timeout"),
+    # The GPU keeps working: a row remap or page retirement is pending until the next reset and new
+    # work may start (memory error management guide); a high single-bit rate; an ECC error contained
+    # to the application that hit it.
+    XidRule(63, XidClass.RECOVERABLE, "row remapping or page retirement recorded, pending a reset"),
+    XidRule(92, XidClass.RECOVERABLE, "high single-bit ECC error rate"),
+    XidRule(94, XidClass.RECOVERABLE, "contained ECC error"),
+    # A reset (or reboot) is the remedy.
+    XidRule(48, XidClass.RESET, "double-bit ECC error"),
+    XidRule(64, XidClass.RESET, "row remapping or page retirement failed"),
+    XidRule(74, XidClass.RESET, "NVLink error"),
+    XidRule(79, XidClass.RESET, "GPU has fallen off the bus"),
+    XidRule(95, XidClass.RESET, "uncontained ECC error"),
+    XidRule(119, XidClass.RESET, "GSP RPC timeout"),
+    XidRule(120, XidClass.RESET, "GSP error"),
+)
+# Any other XID (999 is NVML's "unknown"): tainted, as NVIDIA's device plugin does for every XID off its
+# skip list, but lifted after the recovery time rather than held until a reset.
+DEFAULT_UNLISTED = XidClass.RECOVERABLE
+_DEFAULT_WHAT = {rule.xid: rule.what for rule in DEFAULT_XIDS}
+
+
+@dataclass(frozen=True)
+class Classification:
+    """XID -> class; `unlisted` for XIDs the table does not name."""
+
+    xids: Mapping[int, XidClass]
+    unlisted: XidClass
+
+    def of(self, xid: int) -> XidClass:
+        return self.xids.get(xid, self.unlisted)
+
+    def describe(self) -> str:
+        """One line for the log: each class and its XIDs."""
+        by_class = {c: sorted(x for x, found in self.xids.items() if found == c) for c in XidClass}
+        listed = "; ".join(f"{c}: {', '.join(map(str, xids)) or '-'}" for c, xids in by_class.items())
+        return f"{listed}; other XIDs: {self.unlisted}"
+
+
+DEFAULT_CLASSIFICATION = Classification(
+    xids={rule.xid: rule.xid_class for rule in DEFAULT_XIDS}, unlisted=DEFAULT_UNLISTED
+)
+_CLASSES = ", ".join(XidClass)
+_FORMAT = f"comma-separated <xid>=<class> or default=<class>, class one of {_CLASSES}"
+
+
+def parse_xid_classes(text: str, *, field: str = XIDS_FIELD) -> Classification:
+    """The defaults with `text`'s entries on top: "31=reset,109=recoverable,default=ignore".
+
+    Each entry names an XID (0 to 2^32-1) or `default` (XIDs no entry names) and a class; one
+    ConfigError names the first bad entry, the field and what is allowed."""
+    xids = dict(DEFAULT_CLASSIFICATION.xids)
+    unlisted = DEFAULT_CLASSIFICATION.unlisted
+    for entry in (e.strip() for e in text.split(",")):
+        if not entry:
+            continue
+        key, sep, value = (part.strip() for part in entry.partition("="))
+        if not sep or value not in XidClass.__members__.values():
+            raise ConfigError(f"{entry!r} is not {_FORMAT}", field=field)
+        if key == "default":
+            unlisted = XidClass(value)
+        elif key.isdigit() and int(key) < 2**32:
+            xids[int(key)] = XidClass(value)
+        else:
+            raise ConfigError(f"{entry!r}: {key!r} is not an XID (0 to 4294967295) or default", field=field)
+    return Classification(xids=xids, unlisted=unlisted)
+
+
+# --- faults and marks --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault NVML reported, attributed to a GPU, or to one of its partitions (`device`)."""
+
+    gpu_uuid: str
+    device: str | None  # the partition device a GPU instance's fault hit; None: the whole GPU
+    xid: int | None  # None for a double-bit ECC event
+    xid_class: XidClass
+
+    @property
+    def reason(self) -> str:
+        """The taint's value: `Xid79`, `DoubleBitEcc`."""
+        return DOUBLE_BIT_ECC if self.xid is None else f"Xid{self.xid}"
+
+    @property
+    def what(self) -> str:
+        """For people: "XID 79 (GPU has fallen off the bus)", "a double-bit ECC error"."""
+        if self.xid is None:
+            return "a double-bit ECC error"
+        name = _DEFAULT_WHAT.get(self.xid)
+        return f"XID {self.xid} ({name})" if name else f"XID {self.xid}"
+
+
+def target(gpu_uuid: str, device: str | None) -> str:
+    """What a fault hit, for people: "GPU GPU-…", "GPU GPU-… partition gpu-0-mig-3g40gb-4"."""
+    return f"GPU {gpu_uuid}" + (f" partition {device}" if device else "")
+
+
+def classify_xid(classification: Classification, *, gpu_uuid: str, device: str | None, xid: int) -> Fault:
+    return Fault(gpu_uuid=gpu_uuid, device=device, xid=xid, xid_class=classification.of(xid))
+
+
+def double_bit_ecc(*, gpu_uuid: str, device: str | None) -> Fault:
+    return Fault(gpu_uuid=gpu_uuid, device=device, xid=None, xid_class=XidClass.RESET)
+
+
+@dataclass(frozen=True)
+class Mark:
+    """What a tainting fault left on a GPU or partition until a rule lifts it (module docstring)."""
+
+    gpu_uuid: str
+    device: str | None
+    reason: str  # the taint's value, of the worst fault so far
+    xid_class: XidClass  # RECOVERABLE or RESET: the worst so far
+    what: str
+    first_seen: float  # Unix seconds
+    last_seen: float
+    boot_id: str
+    unreachable_seen: bool = False  # the GPU was seen unreachable after the last fault
+    # The names in the annotation as first read after the last fault, sorted and comma-separated ("" when
+    # absent); None before a read.
+    annotation_baseline: str | None = None
+
+    @property
+    def key(self) -> tuple[str, str | None]:
+        return self.gpu_uuid, self.device
+
+    @property
+    def target(self) -> str:
+        return target(self.gpu_uuid, self.device)
+
+
+@dataclass(frozen=True)
+class Lifted:
+    mark: Mark
+    why: str
+
+
+Marks = dict[tuple[str, str | None], Mark]
+
+
+def record(marks: Mapping[tuple[str, str | None], Mark], fault: Fault, *, now: float, boot_id: str) -> Marks:
+    """`marks` after `fault`: an ignored fault changes nothing; another marks its GPU or partition
+    (again), restarting its recovery time and voiding earlier evidence of a reset or clearance."""
+    result = dict(marks)
+    if fault.xid_class == XidClass.IGNORE:
+        return result
+    key = (fault.gpu_uuid, fault.device)
+    before = marks.get(key)
+    worse = before is None or _rank(fault.xid_class) > _rank(before.xid_class)  # else the first names it
+    result[key] = Mark(
+        gpu_uuid=fault.gpu_uuid,
+        device=fault.device,
+        reason=fault.reason if worse or before is None else before.reason,
+        xid_class=fault.xid_class if worse or before is None else before.xid_class,
+        what=fault.what if worse or before is None else before.what,
+        first_seen=now if before is None else before.first_seen,
+        last_seen=now,
+        boot_id=boot_id,
+    )
+    return result
+
+
+def expire(
+    marks: Mapping[tuple[str, str | None], Mark], *, now: float, boot_id: str, clean_seconds: float
+) -> tuple[Marks, list[Lifted]]:
+    """Lifts marks made before the node's last boot, and recoverable ones quiet for `clean_seconds`."""
+    kept: Marks = {}
+    lifted = []
+    for key, mark in marks.items():
+        if mark.boot_id != boot_id:
+            lifted.append(Lifted(mark, "the node rebooted since"))
+        elif mark.xid_class == XidClass.RECOVERABLE and now - mark.last_seen >= clean_seconds:
+            lifted.append(Lifted(mark, f"no fault for {clean_seconds:g} s"))
+        else:
+            kept[key] = mark
+    return kept, lifted
+
+
+def observe_reachable(
+    marks: Mapping[tuple[str, str | None], Mark], reachable: Mapping[str, bool]
+) -> tuple[Marks, list[Lifted]]:
+    """After a probe: `reachable` says per GPU whether it answered (False: lost, needs a reset, gone;
+    GPUs that could not be probed are absent). A GPU seen unreachable and then answering was reset."""
+    kept: Marks = {}
+    lifted = []
+    for key, mark in marks.items():
+        answered = reachable.get(mark.gpu_uuid)
+        if answered is False and not mark.unreachable_seen:
+            kept[key] = dataclasses.replace(mark, unreachable_seen=True)
+        elif answered and mark.unreachable_seen:
+            lifted.append(Lifted(mark, "a GPU reset was observed: it was unreachable and answers again"))
+        else:
+            kept[key] = mark
+    return kept, lifted
+
+
+def observe_annotation(
+    marks: Mapping[tuple[str, str | None], Mark], value: str
+) -> tuple[Marks, list[Lifted]]:
+    """After reading the Node's `gpudra.io/clear-health` (`value`, "" when absent)."""
+    named = set(value.replace(",", " ").split())
+    normal = ",".join(sorted(named))  # what the annotation says, however it is spelt
+    kept: Marks = {}
+    lifted = []
+    for key, mark in marks.items():
+        if mark.annotation_baseline is None:
+            kept[key] = dataclasses.replace(mark, annotation_baseline=normal)
+        elif normal != mark.annotation_baseline and (mark.gpu_uuid in named or CLEAR_ALL in named):
+            lifted.append(Lifted(mark, f"the Node's annotation {CLEAR_ANNOTATION} names it"))
+        else:
+            kept[key] = mark
+    return kept, lifted
+
+
+def _rank(xid_class: XidClass) -> int:
+    return list(XidClass).index(xid_class)
+
+
+# --- taints ------------------------------------------------------------------------------------------
+
+
+def device_taints(
+    *,
+    device_gpus: Mapping[str, str],
+    lost: Mapping[str, str],
+    marks: Iterable[Mark],
+    reset_effect: str = "NoSchedule",
+) -> dict[str, DeviceTaint]:
+    """Device name -> its unhealthy taint: every device of a `lost` GPU (UUID -> NVML error) and of a
+    GPU with a mark, and each marked partition. Marks of the `reset` class get `reset_effect`, all else
+    NoSchedule (a transient NVML error must not evict workloads). One taint per device: the most severe
+    effect, the GPU's own reason before a partition's."""
+    found: dict[str, tuple[int, str, str]] = {}  # device -> (severity, reason, effect)
+
+    def add(device: str, reason: str, effect: str, severity: int) -> None:
+        if device not in found or severity > found[device][0]:
+            found[device] = (severity, reason, effect)
+
+    ordered = sorted(marks, key=lambda m: m.device is not None)  # a GPU's marks before its partitions'
+    for mark in ordered:
+        effect = reset_effect if mark.xid_class == XidClass.RESET else "NoSchedule"
+        severity = 2 * TAINT_EFFECTS.index(effect) + (mark.device is None)
+        for device, gpu in device_gpus.items():
+            if gpu == mark.gpu_uuid and mark.device in (None, device):
+                add(device, mark.reason, effect, severity)
+    for device, gpu in device_gpus.items():
+        if gpu in lost:
+            add(device, lost[gpu], "NoSchedule", 1)
+    return {
+        device: {"key": UNHEALTHY_TAINT_KEY, "value": label_value(reason), "effect": effect}
+        for device, (_, reason, effect) in found.items()
+    }

@@ -1,0 +1,383 @@
+"""GPU faults from NVML events: XIDs and double-bit ECC errors become marks that taint devices until a
+rule lifts them. I/O: NVML (its own session, from its own thread), the health file in the state
+directory, the Node's annotation (through the reader it is given).
+
+The rules (which XID does what, and what lifts a mark) are gpudra.model.gpu_health's; this module
+feeds them:
+- the `gpu-events` loop waits on an NVML event set (`Nvml.watch_events`, at most `WAIT_SECONDS` per
+  step, so that stop is prompt) and records each fault: a tainting one is logged, posted as a
+  `GpuFault` Warning event on the Node naming the GPU (or partition), the XID and the claims holding
+  it, and the health monitor is woken to republish; every XID is counted
+  (`gpudra_gpu_xid_errors_total{gpu,xid}`). A fault naming a GPU instance marks that partition: the
+  published device at the instance's profile and placement;
+- GPUs that offer no XID or double-bit ECC events (NOT_SUPPORTED: some VMs and vGPU guests) are said
+  once in the log and as a `GpuEventsUnsupported` Node event; the health monitor's poll still finds a
+  lost GPU on them, and reads their uncorrected ECC count (`observe_probe`) so that a double-bit
+  error is found there too, a poll later;
+- the health monitor's poll hands over which GPUs answered (`observe_probe`), which lifts reset marks
+  of GPUs seen unreachable and back, and expires recoverable marks and those of an earlier boot;
+- the `health-clear` loop reads the Node's `gpudra.io/clear-health` annotation every
+  `ANNOTATION_SECONDS` while a mark exists (no request otherwise; a new fault wakes it).
+
+Marks are kept in `health.json` in the state directory, written on every change, so a plugin restart
+(or upgrade) never lifts a taint: only the rules do. A damaged file is logged and ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from gpudra.atomic_file import write_atomically
+from gpudra.errors import GpudraError
+from gpudra.model import gpu_health
+from gpudra.model.devices import SHARED_ATTRIBUTE, UNHEALTHY_TAINT_KEY, Device, gpu_uuid_of, partition_of
+from gpudra.model.gpu_health import Classification, Fault, Lifted, Mark, Marks, XidClass
+from gpudra.model.inventory import MigDevice
+from gpudra.service import Loop
+
+log = logging.getLogger(__name__)
+
+WAIT_SECONDS = 1.0  # one wait on the event set: how long a stop may wait for the loop
+ANNOTATION_SECONDS = 10.0
+RETRY_SECONDS = 60.0  # GPUs whose registration failed (lost at the time) are tried again this often
+IDLE_SECONDS = 3600.0
+FILE_VERSION = 1
+
+
+class EventWatch(Protocol):
+    """gpudra.gpu.nvml.EventWatch."""
+
+    xid_events: frozenset[str]
+    ecc_events: frozenset[str]
+    failed: dict[str, str]
+
+    def wait(self, timeout: float) -> Any: ...  # gpudra.gpu.nvml.GpuEvent | None
+
+    def close(self) -> None: ...
+
+
+class EventSession(Protocol):
+    """An open NVML session: gpudra.gpu.nvml.Nvml."""
+
+    def watch_events(self, gpu_uuids: Iterable[str]) -> EventWatch: ...
+
+    def mig_devices(self, *, gpu_uuid: str) -> tuple[MigDevice, ...]: ...
+
+    def close(self) -> None: ...
+
+
+class Events(Protocol):
+    def post(self, type_: Literal["Normal", "Warning"], reason: str, message: str) -> None: ...
+
+
+class FaultMetrics(Protocol):
+    """gpudra.node.metrics.PluginMetrics."""
+
+    def count_xid(self, gpu: str, xid: int) -> None: ...
+
+    def count_double_bit_ecc(self, gpu: str) -> None: ...
+
+    def set_events_monitored(self, gpu: str, monitored: bool) -> None: ...
+
+
+class GpuFaults:
+    """The node's fault marks, fed by NVML events, the health monitor's probes and the Node annotation."""
+
+    def __init__(
+        self,
+        *,
+        devices: Sequence[Device],
+        open_nvml: Callable[[], EventSession],
+        classification: Classification,
+        clean_seconds: float,
+        reset_effect: str,
+        state_file: Path,
+        boot_id: str,
+        events: Events,
+        metrics: FaultMetrics,
+        holders: Callable[[str, str | None], list[str]] = lambda gpu, device: [],
+        read_annotation: Callable[[], str] | None = None,
+        annotation_interval: float = ANNOTATION_SECONDS,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.classification = classification
+        self.clean_seconds = clean_seconds
+        self.reset_effect = reset_effect
+        self._device_gpus = {d["name"]: gpu_uuid_of(d) for d in devices}
+        self._gpus = tuple(dict.fromkeys(self._device_gpus.values()))
+        self._names = {  # GPU UUID -> its whole-GPU device's name, for metrics and messages
+            gpu_uuid_of(d): d["name"]
+            for d in devices
+            if "parentUUID" not in d["attributes"] and SHARED_ATTRIBUTE not in d["attributes"]
+        }
+        self._partitions = {
+            (gpu_uuid_of(d), *partition_of(d)): d["name"] for d in devices if "parentUUID" in d["attributes"]
+        }
+        self._open_nvml = open_nvml
+        self._file = state_file
+        self._boot_id = boot_id
+        self._events = events
+        self._metrics = metrics
+        self._holders = holders
+        self._read_annotation = read_annotation
+        self._annotation_interval = annotation_interval
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._marks, self._ecc_counts = self._load()
+        self._subscribers: list[Callable[[], None]] = []
+        self._session: EventSession | None = None
+        self._watch: EventWatch | None = None
+        self._opened_at = 0.0
+        self._ecc_watched: frozenset[str] = frozenset()
+        self._told_unsupported = False
+        self.loop = Loop("gpu-events", self._step, on_error=lambda err: self._close_watch())
+        self.clear_loop = Loop("health-clear", self._read_clearance)
+        self.loops = (self.loop,) + ((self.clear_loop,) if read_annotation is not None else ())
+
+    # --- what others read ----------------------------------------------------------------------
+
+    def marks(self) -> tuple[Mark, ...]:
+        with self._lock:
+            return tuple(self._marks.values())
+
+    def ecc_polled(self) -> tuple[str, ...]:
+        """GPUs whose double-bit ECC errors no event reports once the watch is open: the poll reads
+        their counts."""
+        with self._lock:
+            opened = self._watch is not None
+            return tuple(g for g in self._gpus if opened and g not in self._ecc_watched)
+
+    def subscribe(self, changed: Callable[[], None]) -> None:
+        """`changed()` runs (it must not block) after a fault or a rule changed the marks."""
+        self._subscribers.append(changed)
+
+    # --- service -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        for loop in self.loops:
+            loop.start()
+
+    def stop(self, timeout: float) -> None:
+        for loop in self.loops:
+            loop.stop(timeout)
+        if not self.loop.alive:  # else a hung wait still holds the session
+            self._close_watch()
+
+    # --- inputs --------------------------------------------------------------------------------
+
+    def record(self, fault: Fault) -> None:
+        """One fault: counted, and marked unless it is an application error."""
+        gpu = self._names.get(fault.gpu_uuid, fault.gpu_uuid)
+        if fault.xid is None:
+            self._metrics.count_double_bit_ecc(gpu)
+        else:
+            self._metrics.count_xid(gpu, fault.xid)
+        target = gpu_health.target(fault.gpu_uuid, fault.device)
+        if fault.xid_class == XidClass.IGNORE:
+            log.info("application error on a GPU", extra={"gpu": fault.gpu_uuid, "xid": fault.xid})
+            return
+        with self._lock:
+            self._marks = gpu_health.record(self._marks, fault, now=self._clock(), boot_id=self._boot_id)
+            self._save()
+        held = self._holders(fault.gpu_uuid, fault.device)
+        effect = self.reset_effect if fault.xid_class == XidClass.RESET else "NoSchedule"
+        until = (
+            f"a GPU reset is observed, the node reboots, or the Node is annotated "
+            f"{gpu_health.CLEAR_ANNOTATION}={fault.gpu_uuid}"
+            if fault.xid_class == XidClass.RESET
+            else f"no fault for {self.clean_seconds:g} s"
+        )
+        log.warning(
+            "GPU fault",
+            extra={
+                "gpu": fault.gpu_uuid,
+                "device": fault.device,
+                "fault": fault.reason,
+                "class": fault.xid_class,
+            },
+        )
+        self._events.post(
+            "Warning",
+            "GpuFault",
+            f"{target} ({gpu}): {fault.what}, class {fault.xid_class}; tainted "
+            f"{UNHEALTHY_TAINT_KEY}={fault.reason}:{effect} until {until}; "
+            + (f"held by claim {', '.join(held)}" if held else "no claim holds it"),
+        )
+        self._changed()
+        self.clear_loop.wake()
+
+    def observe_probe(self, reachable: Mapping[str, bool], ecc_counts: Mapping[str, int]) -> None:
+        """After a health poll: which GPUs answered (absent: could not be probed), and the uncorrected
+        ECC counts of the GPUs in `ecc_polled()` that report one. A count above the last one read is a
+        double-bit error no event reported. Then marks of an earlier boot and quiet recoverable ones
+        are lifted."""
+        for gpu, count in ecc_counts.items():
+            with self._lock:
+                before = self._ecc_counts.get(gpu)
+                self._ecc_counts[gpu] = count
+                if before != count:
+                    self._save()
+            if before is not None and count > before:
+                self.record(gpu_health.double_bit_ecc(gpu_uuid=gpu, device=None))
+        now = self._clock()
+
+        def rule(marks: Marks) -> tuple[Marks, list[Lifted]]:
+            kept, reset = gpu_health.observe_reachable(marks, reachable)
+            kept, expired = gpu_health.expire(
+                kept, now=now, boot_id=self._boot_id, clean_seconds=self.clean_seconds
+            )
+            return kept, reset + expired
+
+        self._apply(rule)
+
+    # --- the event loop ------------------------------------------------------------------------
+
+    def _step(self) -> float:
+        watch = self._watch
+        if watch is None or (watch.failed and self._clock() - self._opened_at >= RETRY_SECONDS):
+            watch = self._open_watch()
+        if not (watch.xid_events or watch.ecc_events or watch.failed):
+            return IDLE_SECONDS  # nothing offers events: the poll does it all
+        event = watch.wait(WAIT_SECONDS)
+        if event is not None:
+            self.record(self._fault(event))
+        return 0
+
+    def _open_watch(self) -> EventWatch:
+        self._close_watch()
+        self._session = self._open_nvml()
+        watch = self._session.watch_events(self._gpus)
+        with self._lock:
+            self._watch, self._opened_at, self._ecc_watched = watch, self._clock(), watch.ecc_events
+        for gpu in self._gpus:
+            self._metrics.set_events_monitored(self._names.get(gpu, gpu), gpu in watch.xid_events)
+        for gpu, why in watch.failed.items():
+            log.warning("cannot watch GPU events; trying again later", extra={"gpu": gpu, "error": why})
+        unsupported = [g for g in self._gpus if g not in watch.xid_events and g not in watch.failed]
+        if unsupported and not self._told_unsupported:
+            self._told_unsupported = True
+            names = ", ".join(f"{self._names.get(g, g)} ({g})" for g in unsupported)
+            log.warning("GPUs without NVML XID events: polled instead", extra={"gpus": names})
+            self._events.post(
+                "Warning",
+                "GpuEventsUnsupported",
+                f"GPUs {names} offer no NVML XID events (NOT_SUPPORTED): their XIDs are not seen; gpudra "
+                "polls them for a lost GPU and for double-bit ECC errors at each health check instead",
+            )
+        return watch
+
+    def _close_watch(self) -> None:
+        watch, session = self._watch, self._session
+        self._watch = self._session = None
+        for part in (watch, session):
+            if part is None:
+                continue
+            try:
+                part.close()
+            except GpudraError as err:
+                log.warning("closing the GPU event watch failed", extra={"error": str(err)})
+
+    def _fault(self, event: Any) -> Fault:
+        device = (
+            None if event.gpu_instance_id is None else self._partition(event.gpu_uuid, event.gpu_instance_id)
+        )
+        if event.xid is None:
+            return gpu_health.double_bit_ecc(gpu_uuid=event.gpu_uuid, device=device)
+        return gpu_health.classify_xid(
+            self.classification, gpu_uuid=event.gpu_uuid, device=device, xid=event.xid
+        )
+
+    def _partition(self, gpu_uuid: str, gpu_instance_id: int) -> str | None:
+        """The published partition device of this GPU instance; None (the fault then marks the whole
+        GPU) when it cannot be told: the instance is gone, or not published here."""
+        session = self._session
+        try:
+            existing = session.mig_devices(gpu_uuid=gpu_uuid) if session is not None else ()
+        except GpudraError as err:
+            log.warning("cannot list MIG devices for a fault", extra={"gpu": gpu_uuid, "error": str(err)})
+            existing = ()
+        for mig in existing:
+            if mig.gpu_instance_id == gpu_instance_id:
+                name = self._partitions.get((gpu_uuid, mig.profile_name, mig.placement))
+                if name is not None:
+                    return name
+        log.warning(
+            "a fault of a GPU instance that is not a published partition marks its GPU",
+            extra={"gpu": gpu_uuid, "gpu_instance": gpu_instance_id},
+        )
+        return None
+
+    # --- the annotation loop -------------------------------------------------------------------
+
+    def _read_clearance(self) -> float:
+        if self._read_annotation is None or not self.marks():
+            return IDLE_SECONDS  # woken by the next fault
+        value = self._read_annotation()
+        self._apply(lambda marks: gpu_health.observe_annotation(marks, value))
+        return self._annotation_interval
+
+    # --- helpers -------------------------------------------------------------------------------
+
+    def _apply(self, rule: Callable[[Marks], tuple[Marks, list[Lifted]]]) -> None:
+        """Apply a lifting rule to the marks as they are now (under the lock: a fault recorded meanwhile
+        is never lost), keep the result, and report what was lifted."""
+        with self._lock:
+            marks, lifted = rule(self._marks)
+            changed, self._marks = marks != self._marks, marks
+            if changed:
+                self._save()
+        for done in lifted:
+            log.info(
+                "GPU fault cleared",
+                extra={"gpu": done.mark.gpu_uuid, "device": done.mark.device, "why": done.why},
+            )
+            self._events.post(
+                "Normal",
+                "GpuFaultCleared",
+                f"{done.mark.target}: taint {UNHEALTHY_TAINT_KEY}={done.mark.reason} lifted: {done.why}",
+            )
+        if lifted:
+            self._changed()
+
+    def _changed(self) -> None:
+        for subscriber in self._subscribers:
+            subscriber()
+
+    def _load(self) -> tuple[Marks, dict[str, int]]:
+        try:
+            data = json.loads(self._file.read_text())
+            if data.get("version") != FILE_VERSION:
+                raise ValueError(f"version {data.get('version')!r}, not {FILE_VERSION}")
+            marks = [Mark(**{**m, "xid_class": XidClass(m["xid_class"])}) for m in data["marks"]]
+            counts = {str(k): int(v) for k, v in data.get("ecc_counts", {}).items()}
+            if data.get("boot_id") != self._boot_id:
+                counts = {}  # the driver's volatile counts start again at every boot
+        except FileNotFoundError:
+            return {}, {}
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as err:
+            log.error(
+                "GPU health file unreadable; starting without faults",
+                extra={"path": str(self._file), "error": str(err)},
+            )
+            return {}, {}
+        return {m.key: m for m in marks}, counts
+
+    def _save(self) -> None:
+        """Called under the lock; a failed write is logged: the marks in memory still hold."""
+        content = {
+            "version": FILE_VERSION,
+            "boot_id": self._boot_id,
+            "marks": [dataclasses.asdict(m) for m in self._marks.values()],
+            "ecc_counts": self._ecc_counts,
+        }
+        try:
+            write_atomically(self._file, json.dumps(content, indent=1).encode(), mode=0o644)
+        except OSError as err:
+            log.warning("cannot save the GPU health file", extra={"path": str(self._file), "error": str(err)})

@@ -1,0 +1,254 @@
+"""GPU faults through the real control plane: XIDs raised on the simulated DGX H100 reach gpudra's plugin
+as NVML events. A fatal XID taints the GPU, its shared device and its MIG partitions in the
+ResourceSlice within 2 s, shows in the pod's allocatedResourcesStatus through the real kubelet and as a
+Node event naming the claim; an application XID taints nothing; a claim that tolerates the taint still
+gets the GPU from the real scheduler; a partition's own fault taints that partition only; the
+operator's annotation on the Node lifts the taints (the documented rule; absence of events never does)."""
+
+from __future__ import annotations
+
+import functools
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client, utils
+
+from gpudra import sim
+from gpudra.model.gpu_health import CLEAR_ANNOTATION
+from tests.localcluster.node_plugin import DRIVER, PluginProcess
+
+from .kube_helpers import Resources, pod_gone, pod_running, wait_for
+
+NODE = "node-h100"
+ATTRS = f'device.attributes["{DRIVER}"]'
+
+
+def _template(name: str, device_class: str, expression: str, *, tolerate: bool = False) -> dict[str, Any]:
+    request: dict[str, Any] = {
+        "deviceClassName": device_class,
+        "selectors": [{"cel": {"expression": expression}}],
+    }
+    if tolerate:
+        request["tolerations"] = [
+            {"key": "gpudra.io/unhealthy", "operator": "Exists", "effect": "NoSchedule"}
+        ]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": request}]}}},
+    }
+
+
+def _pod(name: str, template: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": NODE},
+            "containers": [{"name": "c", "image": "busybox", "resources": {"claims": [{"name": "gpu"}]}}],
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
+        },
+    }
+
+
+def _devices(api: client.ApiClient) -> dict[str, dict[str, Any]]:
+    """Device name -> device, as published in the newest generation of NODE's pool."""
+    slices = Resources(api).list(
+        "resourceslices", field_selector=f"spec.nodeName={NODE},spec.driver={DRIVER}"
+    )
+    newest = max(s["spec"]["pool"]["generation"] for s in slices)
+    return {
+        d["name"]: d
+        for s in slices
+        if s["spec"]["pool"]["generation"] == newest
+        for d in s["spec"].get("devices", [])
+    }
+
+
+def _tainted(api: client.ApiClient) -> dict[str, str]:
+    """Device name -> "value:effect" of its unhealthy taint, for NODE's tainted devices."""
+    return {
+        name: f"{taint.get('value')}:{taint['effect']}"
+        for name, d in _devices(api).items()
+        for taint in d.get("taints", [])
+        if taint["key"] == "gpudra.io/unhealthy"
+    }
+
+
+def _on_gpu(api: client.ApiClient, minor: int) -> set[str]:
+    return {name for name in _devices(api) if name == f"gpu-{minor}" or name.startswith(f"gpu-{minor}-")}
+
+
+def _gpu_uuid(api: client.ApiClient, minor: int) -> str:
+    return str(_devices(api)[f"gpu-{minor}"]["attributes"]["uuid"]["string"])
+
+
+def _node_events(api: client.ApiClient, reason: str) -> list[str]:
+    events = client.CoreV1Api(api).list_namespaced_event(
+        "default", field_selector=f"involvedObject.kind=Node,involvedObject.name={NODE},reason={reason}"
+    )
+    return [str(event.message) for event in events.items]
+
+
+def _claim_name(core: client.CoreV1Api, pod: str, namespace: str) -> str:
+    found = core.read_namespaced_pod(pod, namespace)
+    return str(found.status.resource_claim_statuses[0].resource_claim_name)
+
+
+def _tainted_exactly(api: client.ApiClient, devices: set[str]) -> dict[str, str] | None:
+    tainted = _tainted(api)
+    return tainted if set(tainted) == devices else None
+
+
+def _resource_health(
+    core: client.CoreV1Api, pod: str, namespace: str, *, health: str
+) -> dict[str, Any] | None:
+    """The one device in the container's allocatedResourcesStatus once its health is `health`, as the
+    API server returns it."""
+    found: dict[str, Any] = core.read_namespaced_pod(pod, namespace, _preload_content=False).json()
+    statuses = [
+        status
+        for c in found.get("status", {}).get("containerStatuses") or []
+        for status in c.get("allocatedResourcesStatus") or []
+    ]
+    found_health: dict[str, Any] | None = statuses[0]["resources"][0] if statuses else None
+    return found_health if found_health is not None and found_health["health"] == health else None
+
+
+def _annotate(core: client.CoreV1Api, value: str | None) -> None:
+    core.patch_node(NODE, {"metadata": {"annotations": {CLEAR_ANNOTATION: value}}})
+
+
+@pytest.fixture
+def namespace(api: client.ApiClient) -> Iterator[str]:
+    core = client.CoreV1Api(api)
+    name = f"faults-{uuid.uuid4().hex[:6]}"
+    core.create_namespace({"metadata": {"name": name}})
+    yield name
+    _annotate(core, "all")  # lift whatever a failed test left, then forget the annotation
+    wait_for("no taint left", lambda: _tainted(api) == {}, timeout=60)
+    _annotate(core, None)
+    for pod in core.list_namespaced_pod(name).items:
+        core.delete_namespaced_pod(pod.metadata.name, name, grace_period_seconds=0)
+    for pod in core.list_namespaced_pod(name).items:
+        wait_for(
+            f"{pod.metadata.name} deleted",
+            functools.partial(pod_gone, core, pod.metadata.name, name),
+            timeout=60,
+        )
+    core.delete_namespace(name)
+
+
+def test_a_fatal_xid_taints_a_gpu_and_its_partitions_an_application_xid_does_not(
+    api: client.ApiClient, gpudra: dict[str, PluginProcess], namespace: str
+) -> None:
+    plugin = gpudra[NODE]
+    core = client.CoreV1Api(api)
+    assert _tainted(api) == {}
+    utils.create_from_yaml(
+        api,
+        yaml_objects=[
+            _template("gpu-1", "gpu.gpudra.io", f"{ATTRS}.minor == 1"),
+            _pod("holder", "gpu-1"),
+        ],
+        namespace=namespace,
+    )
+    wait_for("the holder Running", lambda: pod_running(core, "holder", namespace), timeout=90)
+    claim = _claim_name(core, "holder", namespace)
+    wait_for(
+        "its device Healthy",
+        lambda: _resource_health(core, "holder", namespace, health="Healthy"),
+        timeout=90,
+    )
+    gpu = _gpu_uuid(api, 1)
+
+    sim.raise_xid(state_file=plugin.sim_state, gpu_uuid=gpu, xid=13)  # the application's own error
+    time.sleep(3)
+    assert _tainted(api) == {}
+    assert not [m for m in _node_events(api, "GpuFault") if gpu in m]
+
+    started = time.monotonic()
+    sim.raise_xid(state_file=plugin.sim_state, gpu_uuid=gpu, xid=79)
+    expected = _on_gpu(api, 1)
+    tainted = wait_for("GPU 1 tainted", lambda: _tainted_exactly(api, expected), timeout=30)
+    took = time.monotonic() - started
+    assert took < 2, f"{took:.1f}s from the XID to the taint in the ResourceSlice"
+    print(f"XID 79 -> taint in the ResourceSlice {took:.2f}s")
+    assert set(tainted.values()) == {"Xid79:NoSchedule"}
+    assert {"gpu-1", "gpu-1-shared"} < set(tainted) and any("-mig-" in name for name in tainted)
+    (event,) = wait_for("a GpuFault event", lambda: [m for m in _node_events(api, "GpuFault") if gpu in m])
+    assert "XID 79 (GPU has fallen off the bus), class reset" in event
+    assert event.endswith(f"held by claim {namespace}/{claim}")
+    health = wait_for(
+        "the device Unhealthy in the pod status",
+        lambda: _resource_health(core, "holder", namespace, health="Unhealthy"),
+        timeout=60,
+    )
+    assert health.get("message", f"GPU {gpu}: XID 79 (GPU has fallen off the bus); needs a GPU reset") == (
+        f"GPU {gpu}: XID 79 (GPU has fallen off the bus); needs a GPU reset"
+    )  # the message field is there on kubelets with ResourceHealthStatusMessage (1.36+)
+    time.sleep(3)  # no new event for a while lifts nothing
+    assert set(_tainted(api)) == expected
+
+    # A claim that tolerates the taint still gets a tainted GPU.
+    second = _gpu_uuid(api, 2)
+    sim.raise_double_bit_ecc(state_file=plugin.sim_state, gpu_uuid=second)
+    wait_for("GPU 2 tainted", lambda: _on_gpu(api, 2) <= set(_tainted(api)), timeout=30)
+    utils.create_from_yaml(
+        api,
+        yaml_objects=[
+            _template("gpu-2", "gpu.gpudra.io", f"{ATTRS}.minor == 2", tolerate=True),
+            _pod("tolerant", "gpu-2"),
+        ],
+        namespace=namespace,
+    )
+    wait_for(
+        "the tolerant pod Running on GPU 2", lambda: pod_running(core, "tolerant", namespace), timeout=90
+    )
+    assert _tainted(api)["gpu-2"] == "DoubleBitEcc:NoSchedule"  # the first fault names it (then XID 48)
+
+    # The operator's word after a reset: the annotation names both GPUs.
+    time.sleep(1)  # the plugin has read the annotation (absent) since the faults
+    _annotate(core, f"{gpu},{second}")
+    wait_for("the taints lifted", lambda: _tainted(api) == {}, timeout=60)
+    cleared = wait_for(
+        "GpuFaultCleared events",
+        lambda: [m for m in _node_events(api, "GpuFaultCleared") if gpu in m or second in m],
+    )
+    assert any(gpu in m and "annotation gpudra.io/clear-health names it" in m for m in cleared)
+    wait_for(
+        "the device Healthy again",
+        lambda: _resource_health(core, "holder", namespace, health="Healthy"),
+        timeout=60,
+    )
+
+
+def test_a_partitions_own_fault_taints_that_partition_only(
+    api: client.ApiClient, gpudra: dict[str, PluginProcess], namespace: str
+) -> None:
+    plugin = gpudra[NODE]
+    core = client.CoreV1Api(api)
+    utils.create_from_yaml(
+        api,
+        yaml_objects=[
+            _template("mig", "mig.gpudra.io", f'{ATTRS}.profile == "3g.40gb" && {ATTRS}.parentMinor == 3'),
+            _pod("partition", "mig"),
+        ],
+        namespace=namespace,
+    )
+    wait_for("the partition's pod Running", lambda: pod_running(core, "partition", namespace), timeout=90)
+    claim = Resources(api).get("resourceclaims", _claim_name(core, "partition", namespace), namespace)
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    (device,) = plugin.checkpoint_claims()[claim["metadata"]["uid"]]["devices"]
+    gi = device["mig"]["live"]["gpu_instance_id"]
+
+    sim.raise_xid(state_file=plugin.sim_state, gpu_uuid=_gpu_uuid(api, 3), xid=95, gpu_instance_id=gi)
+    tainted = wait_for("the partition tainted", lambda: _tainted(api), timeout=30)
+    assert tainted == {result["device"]: "Xid95:NoSchedule"}
+    time.sleep(2)
+    assert _tainted(api) == tainted  # and nothing else on its GPU

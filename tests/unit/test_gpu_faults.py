@@ -1,0 +1,345 @@
+"""GPU faults end to end on a simulated machine: NVML events through gpudra.gpu.nvml, the marks
+gpudra.node.gpu_faults keeps, and what the health monitor makes of them (the slices' taints, the
+kubelet's device health, Node events, metrics); the polling fallback where a GPU offers no events;
+the recovery rules; the health file across restarts; the CLI options."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Literal
+
+import pytest
+
+from gpudra import cli, sim
+from gpudra.gpu import nvml
+from gpudra.model import devices
+from gpudra.model.gpu_health import DEFAULT_CLASSIFICATION, XidClass
+from gpudra.node.gpu_faults import GpuFaults
+from gpudra.node.health import Health, HealthMonitor
+from gpudra.node.metrics import PluginMetrics
+
+POOL = "node-a"
+INTERVAL = 0.05
+
+
+class Events:
+    def __init__(self) -> None:
+        self.posted: list[tuple[str, str, str]] = []
+
+    def post(self, type_: Literal["Normal", "Warning"], reason: str, message: str) -> None:
+        self.posted.append((type_, reason, message))
+
+    def reasons(self) -> list[str]:
+        return [reason for _, reason, _ in self.posted]
+
+
+class Node:
+    """A simulated machine with the health monitor and its faults running, as the plugin wires them."""
+
+    def __init__(
+        self, tmp_path: Path, profile: str, *, clean_seconds: float = 600, effect: str = "NoSchedule"
+    ):
+        self.profile = profile
+        self.state_file = tmp_path / "sim" / "machine.json"
+        self.health_file = tmp_path / "state" / "health.json"
+        self.health_file.parent.mkdir(exist_ok=True)
+        with self.session() as session:
+            inventory = session.inventory()
+        self.model = devices.build_devices(
+            inventory, mig_mode="partitionable" if profile == "dgx-h100" else "static"
+        )
+        self.gpus = {f"gpu-{gpu.minor}": gpu.uuid for gpu in inventory.gpus}
+        self.events = Events()
+        self.metrics = PluginMetrics()
+        self.annotation = ""
+        self.boot_id = "boot-1"
+        self.clean_seconds = clean_seconds
+        self.effect = effect
+        self.holders: dict[str, list[str]] = {}
+        self.monitor = self.start()
+
+    def session(self) -> nvml.Nvml:
+        return nvml.connect(f"sim:{self.profile}", state_file=self.state_file)
+
+    def start(self) -> HealthMonitor:
+        self.faults = GpuFaults(
+            devices=self.model.devices,
+            open_nvml=self.session,
+            classification=DEFAULT_CLASSIFICATION,
+            clean_seconds=self.clean_seconds,
+            reset_effect=self.effect,
+            state_file=self.health_file,
+            boot_id=self.boot_id,
+            events=self.events,
+            metrics=self.metrics,
+            holders=lambda gpu, device: self.holders.get(device or gpu, []),
+            read_annotation=lambda: self.annotation,
+            annotation_interval=0.05,
+        )
+        monitor = HealthMonitor(
+            pool=POOL,
+            devices=self.model.devices,
+            open_nvml=self.session,
+            interval=INTERVAL,
+            faults=self.faults,
+        )
+        monitor.start()
+        return monitor
+
+    def restart(self) -> None:
+        self.monitor.stop()
+        self.monitor = self.start()
+
+    def until(self, what: str, done: Callable[[], object], timeout: float = 10) -> None:
+        deadline = time.monotonic() + timeout
+        while not done():
+            assert time.monotonic() < deadline, f"never: {what}; taints {self.monitor.taints()}"
+            time.sleep(0.02)
+
+    def tainted(self) -> dict[str, str]:
+        """Device -> "value:effect" of its taint."""
+        return {name: f"{t.get('value')}:{t['effect']}" for name, t in self.monitor.taints().items()}
+
+    def on_gpu(self, gpu: str) -> set[str]:
+        return {d["name"] for d in self.model.devices if devices.gpu_uuid_of(d) == self.gpus[gpu]}
+
+    def health(self) -> dict[str, tuple[Health, str]]:
+        snapshot = self.monitor.wait(after=0, timeout=10)
+        assert snapshot is not None
+        return {d.device: (d.health, d.message) for d in snapshot.devices}
+
+    def sample(self, name: str, **labels: str) -> float | None:
+        return self.metrics.registry.get_sample_value(name, labels)
+
+
+@pytest.fixture
+def h100(tmp_path: Path) -> Iterator[Node]:
+    node = Node(tmp_path, "dgx-h100")
+    node.until("the event set is open", lambda: node.sample("gpudra_gpu_events_monitored", gpu="gpu-7") == 1)
+    yield node
+    node.monitor.stop()
+
+
+# --- faults on a running monitor ---------------------------------------------------------------------
+
+
+def test_a_fatal_xid_taints_the_gpu_and_its_partitions_and_says_who_holds_it(h100: Node) -> None:
+    gpu = h100.gpus["gpu-3"]
+    h100.holders[gpu] = ["team-a/train"]
+    started = time.monotonic()
+    sim.raise_xid(state_file=h100.state_file, gpu_uuid=gpu, xid=79)
+    h100.until("gpu-3 tainted", lambda: set(h100.tainted()) == h100.on_gpu("gpu-3"))
+    assert time.monotonic() - started < 2
+    assert set(h100.tainted().values()) == {"Xid79:NoSchedule"}
+    assert any("-mig-" in name for name in h100.tainted())  # the partitions follow their GPU
+    health = h100.health()
+    assert health["gpu-3-mig-1g10gb-0"] == (
+        Health.UNHEALTHY,
+        f"GPU {gpu}: XID 79 (GPU has fallen off the bus); needs a GPU reset",
+    )
+    assert health["gpu-2"] == (Health.HEALTHY, "")
+    (posted,) = h100.events.posted
+    assert posted == (
+        "Warning",
+        "GpuFault",
+        f"GPU {gpu} (gpu-3): XID 79 (GPU has fallen off the bus), class reset; tainted "
+        f"gpudra.io/unhealthy=Xid79:NoSchedule until a GPU reset is observed, the node reboots, or the "
+        f"Node is annotated gpudra.io/clear-health={gpu}; held by claim team-a/train",
+    )
+    assert h100.sample("gpudra_gpu_xid_errors_total", gpu="gpu-3", xid="79") == 1
+
+
+def test_an_application_error_is_counted_and_taints_nothing(h100: Node) -> None:
+    gpu = h100.gpus["gpu-1"]
+    for xid in (13, 31, 43, 45, 68, 109):
+        sim.raise_xid(state_file=h100.state_file, gpu_uuid=gpu, xid=xid)
+    h100.until("six XIDs counted", lambda: h100.sample("gpudra_gpu_xid_errors_total", gpu="gpu-1", xid="109"))
+    assert h100.tainted() == {} and h100.events.posted == [] and h100.faults.marks() == ()
+    assert h100.sample("gpudra_gpu_xid_errors_total", gpu="gpu-1", xid="13") == 1
+    assert all(health == Health.HEALTHY for health, _ in h100.health().values())
+
+
+def test_a_partitions_own_fault_taints_that_partition_only(h100: Node) -> None:
+    gpu = h100.gpus["gpu-0"]
+    with h100.session() as session:
+        mig = session.create_mig_device(gpu_uuid=gpu, profile_id=9, placement_start=4)  # 3g.40gb at 4
+    sim.raise_xid(state_file=h100.state_file, gpu_uuid=gpu, xid=95, gpu_instance_id=mig.gpu_instance_id)
+    h100.until("the partition tainted", lambda: h100.tainted() == {"gpu-0-mig-3g40gb-4": "Xid95:NoSchedule"})
+    assert h100.health()["gpu-0-mig-3g40gb-4"][0] == Health.UNHEALTHY
+    assert h100.health()["gpu-0"] == (Health.HEALTHY, "")
+    (posted,) = h100.events.posted
+    assert posted[2].startswith(f"GPU {gpu} partition gpu-0-mig-3g40gb-4 (gpu-0): XID 95 (uncontained ECC")
+    # a fault on the GPU itself then taints all of it
+    sim.raise_xid(state_file=h100.state_file, gpu_uuid=gpu, xid=74)
+    h100.until("all of gpu-0 tainted", lambda: set(h100.tainted()) == h100.on_gpu("gpu-0"))
+    assert h100.tainted()["gpu-0-mig-3g40gb-4"] == "Xid74:NoSchedule"
+
+
+def test_a_double_bit_error_needs_a_reset(h100: Node) -> None:
+    sim.raise_double_bit_ecc(state_file=h100.state_file, gpu_uuid=h100.gpus["gpu-5"])
+    h100.until("gpu-5 tainted", lambda: set(h100.tainted()) == h100.on_gpu("gpu-5"))
+    h100.until("counted", lambda: h100.sample("gpudra_gpu_xid_errors_total", gpu="gpu-5", xid="48"))
+    assert h100.sample("gpudra_gpu_double_bit_ecc_errors_total", gpu="gpu-5") == 1
+    assert {m.xid_class for m in h100.faults.marks()} == {XidClass.RESET}
+
+
+def test_the_reset_effect_option_evicts(tmp_path: Path) -> None:
+    node = Node(tmp_path, "dgx-h100", effect="NoExecute")
+    try:
+        node.until("watching", lambda: node.sample("gpudra_gpu_events_monitored", gpu="gpu-0") == 1)
+        sim.raise_xid(state_file=node.state_file, gpu_uuid=node.gpus["gpu-0"], xid=119)
+        sim.raise_xid(state_file=node.state_file, gpu_uuid=node.gpus["gpu-1"], xid=92)
+        node.until("both tainted", lambda: len(node.tainted()) == len(node.on_gpu("gpu-0")) * 2)
+        assert node.tainted()["gpu-0"] == "Xid119:NoExecute"
+        assert node.tainted()["gpu-1"] == "Xid92:NoSchedule"  # recoverable: never evicts
+    finally:
+        node.monitor.stop()
+
+
+# --- recovery ----------------------------------------------------------------------------------------
+
+
+def test_a_reset_fault_stays_until_the_gpu_was_seen_gone_and_back(h100: Node) -> None:
+    gpu = h100.gpus["gpu-2"]
+    sim.raise_xid(state_file=h100.state_file, gpu_uuid=gpu, xid=79)
+    h100.until("tainted", h100.tainted)
+    time.sleep(20 * INTERVAL)  # many polls without another event: still tainted
+    assert set(h100.tainted()) == h100.on_gpu("gpu-2")
+    sim.set_gpu_lost(state_file=h100.state_file, gpu_uuid=gpu, lost=True)
+    h100.until("unreachable seen", lambda: all(m.unreachable_seen for m in h100.faults.marks()))
+    sim.set_gpu_lost(state_file=h100.state_file, gpu_uuid=gpu, lost=False)
+    h100.until("lifted", lambda: h100.tainted() == {})
+    assert h100.events.reasons() == ["GpuFault", "GpuFaultCleared"]
+    assert h100.events.posted[-1][2] == (
+        f"GPU {gpu}: taint gpudra.io/unhealthy=Xid79 lifted: a GPU reset was observed: it was unreachable "
+        "and answers again"
+    )
+
+
+def test_the_operators_annotation_clears_a_reset_fault(h100: Node) -> None:
+    gpu = h100.gpus["gpu-6"]
+    h100.annotation = gpu  # left from an earlier clearance: it must not clear the new fault
+    sim.raise_xid(state_file=h100.state_file, gpu_uuid=gpu, xid=64)
+    h100.until("baseline read", lambda: [m.annotation_baseline for m in h100.faults.marks()] == [gpu])
+    time.sleep(0.3)
+    assert set(h100.tainted()) == h100.on_gpu("gpu-6")
+    h100.annotation = ""
+    h100.until("removal seen", lambda: h100.faults.marks()[0].annotation_baseline == gpu)  # unchanged
+    h100.annotation = f"GPU-other,{gpu}"
+    h100.until("lifted", lambda: h100.tainted() == {}, timeout=30)
+    assert h100.events.posted[-1][1:] == (
+        "GpuFaultCleared",
+        f"GPU {gpu}: taint gpudra.io/unhealthy=Xid64 lifted: the Node's annotation "
+        "gpudra.io/clear-health names it",
+    )
+
+
+def test_a_recoverable_fault_is_lifted_after_the_clean_time(tmp_path: Path) -> None:
+    node = Node(tmp_path, "dgx-h100", clean_seconds=0.5)
+    try:
+        node.until("watching", lambda: node.sample("gpudra_gpu_events_monitored", gpu="gpu-4") == 1)
+        gpu = node.gpus["gpu-4"]
+        sim.raise_xid(state_file=node.state_file, gpu_uuid=gpu, xid=94)
+        node.until("tainted", node.tainted)
+        started = time.monotonic()
+        sim.raise_xid(state_file=node.state_file, gpu_uuid=gpu, xid=63)  # another: the clock starts again
+        node.until("lifted", lambda: node.tainted() == {})
+        assert time.monotonic() - started >= 0.45
+        assert node.events.reasons() == ["GpuFault", "GpuFault", "GpuFaultCleared"]
+        assert node.events.posted[-1][2].endswith("lifted: no fault for 0.5 s")
+    finally:
+        node.monitor.stop()
+
+
+def test_a_restart_keeps_the_taint_and_a_reboot_lifts_it(h100: Node) -> None:
+    gpu = h100.gpus["gpu-7"]
+    sim.raise_xid(state_file=h100.state_file, gpu_uuid=gpu, xid=48)
+    h100.until("tainted", h100.tainted)
+    saved = json.loads(h100.health_file.read_text())
+    assert [(m["gpu_uuid"], m["reason"], m["xid_class"]) for m in saved["marks"]] == [(gpu, "Xid48", "reset")]
+    h100.restart()
+    h100.until("the restarted monitor polled", lambda: h100.monitor.wait(after=0, timeout=5))
+    assert set(h100.tainted()) == h100.on_gpu("gpu-7")
+    h100.boot_id = "boot-2"
+    h100.restart()
+    h100.until("lifted by the reboot", lambda: h100.tainted() == {} and h100.monitor.wait(after=0, timeout=5))
+    assert h100.events.posted[-1][2].endswith("lifted: the node rebooted since")
+
+
+def test_a_damaged_health_file_is_logged_and_ignored(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "health.json").write_text("{not json")
+    node = Node(tmp_path, "mixed")
+    try:
+        assert node.faults.marks() == ()
+        assert "GPU health file unreadable; starting without faults" in caplog.text
+    finally:
+        node.monitor.stop()
+
+
+# --- the polling fallback ----------------------------------------------------------------------------
+
+
+def test_a_gpu_without_events_is_polled_and_said_so_once(tmp_path: Path) -> None:
+    node = Node(tmp_path, "no-sharing")
+    try:
+        node.until("said", lambda: node.events.reasons() == ["GpuEventsUnsupported"])
+        gpu = node.gpus["gpu-0"]
+        assert node.events.posted[0][2] == (
+            f"GPUs gpu-0 ({gpu}) offer no NVML XID events (NOT_SUPPORTED): their XIDs are not seen; gpudra "
+            "polls them for a lost GPU and for double-bit ECC errors at each health check instead"
+        )
+        assert node.sample("gpudra_gpu_events_monitored", gpu="gpu-0") == 0
+        assert node.faults.ecc_polled() == (gpu,)
+        sim.raise_xid(state_file=node.state_file, gpu_uuid=gpu, xid=79)  # not seen: no event offered
+        time.sleep(10 * INTERVAL)
+        assert node.tainted() == {}
+        sim.raise_double_bit_ecc(state_file=node.state_file, gpu_uuid=gpu)  # seen by the poll
+        node.until("tainted by the poll", lambda: set(node.tainted().values()) == {"DoubleBitEcc:NoSchedule"})
+        assert node.sample("gpudra_gpu_double_bit_ecc_errors_total", gpu="gpu-0") == 1
+        sim.set_gpu_lost(state_file=node.state_file, gpu_uuid=gpu, lost=True)  # the probe sees a lost GPU
+        node.until("lost", lambda: node.health()["gpu-0"][1] == f"GPU {gpu}: NVMLError_GpuIsLost")
+        sim.set_gpu_lost(state_file=node.state_file, gpu_uuid=gpu, lost=False)
+        node.until("back, and the reset lifts the mark", lambda: node.tainted() == {})
+        node.restart()  # a restart reads the count where it was: no new error
+        time.sleep(10 * INTERVAL)
+        assert node.tainted() == {}
+        assert node.events.reasons().count("GpuEventsUnsupported") == 2  # once per start
+    finally:
+        node.monitor.stop()
+
+
+# --- the options -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (
+            "--health-xids=79=fatal",
+            "--health-xids: '79=fatal' is not comma-separated <xid>=<class> or default=<class>, class one "
+            "of ignore, recoverable, reset",
+        ),
+        ("--health-recovery-seconds=soon", "--health-recovery-seconds: 'soon' is not a number of seconds"),
+    ],
+)
+def test_a_bad_health_option_is_one_line_naming_it(
+    capsys: pytest.CaptureFixture[str], option: str, message: str
+) -> None:
+    code = cli.main(["kubelet-plugin", "--node-name=node-a", "--nvml=sim:mixed", option])
+    err = capsys.readouterr().err
+    assert code == 1 and len(err.splitlines()) == 1
+    assert message in err
+
+
+def test_the_reset_effect_option_names_its_choices(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["kubelet-plugin", "--node-name=node-a", "--health-reset-effect=Evict"])
+    assert "--health-reset-effect: invalid choice: 'Evict' (choose from NoSchedule, NoExecute)" in (
+        capsys.readouterr().err.replace("'NoSchedule', 'NoExecute'", "NoSchedule, NoExecute")
+    )

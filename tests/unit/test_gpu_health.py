@@ -1,0 +1,297 @@
+"""The fault rules: every default XID class, the option that overrides them, the marks faults leave,
+the rules that lift them (never the mere absence of events for a fault that needs a reset), and the
+taints that follow, MIG partitions included."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpudra.errors import ConfigError
+from gpudra.model.gpu_health import (
+    DEFAULT_CLASSIFICATION,
+    DEFAULT_XIDS,
+    Classification,
+    Fault,
+    Mark,
+    Marks,
+    XidClass,
+    classify_xid,
+    device_taints,
+    double_bit_ecc,
+    expire,
+    observe_annotation,
+    observe_reachable,
+    parse_xid_classes,
+    record,
+)
+
+GPU, OTHER = "GPU-aaaa", "GPU-bbbb"
+BOOT = "boot-1"
+# gpu-0 with its share and two partitions; gpu-1 alone
+DEVICE_GPUS = {
+    "gpu-0": GPU,
+    "gpu-0-shared": GPU,
+    "gpu-0-mig-3g40gb-0": GPU,
+    "gpu-0-mig-1g10gb-4": GPU,
+    "gpu-1": OTHER,
+}
+
+# Every default, and why (docs/health.md has the sources).
+EXPECTED = {
+    13: XidClass.IGNORE,
+    31: XidClass.IGNORE,
+    43: XidClass.IGNORE,
+    45: XidClass.IGNORE,
+    68: XidClass.IGNORE,
+    109: XidClass.IGNORE,
+    63: XidClass.RECOVERABLE,
+    92: XidClass.RECOVERABLE,
+    94: XidClass.RECOVERABLE,
+    48: XidClass.RESET,
+    64: XidClass.RESET,
+    74: XidClass.RESET,
+    79: XidClass.RESET,
+    95: XidClass.RESET,
+    119: XidClass.RESET,
+    120: XidClass.RESET,
+}
+
+
+@pytest.mark.parametrize(("xid", "expected"), EXPECTED.items(), ids=[f"xid-{x}" for x in EXPECTED])
+def test_every_default_classification_entry(xid: int, expected: XidClass) -> None:
+    assert DEFAULT_CLASSIFICATION.of(xid) == expected
+    fault = classify_xid(DEFAULT_CLASSIFICATION, gpu_uuid=GPU, device=None, xid=xid)
+    assert (fault.xid_class, fault.reason) == (expected, f"Xid{xid}")
+    assert fault.what.startswith(f"XID {xid} (") and fault.what.endswith(")")
+
+
+def test_the_defaults_are_exactly_the_documented_table() -> None:
+    assert {rule.xid: rule.xid_class for rule in DEFAULT_XIDS} == EXPECTED
+    assert len({rule.xid for rule in DEFAULT_XIDS}) == len(DEFAULT_XIDS)
+
+
+@pytest.mark.parametrize("xid", [1, 8, 154, 999, 2**32 - 1])
+def test_an_xid_the_table_does_not_name_is_recoverable(xid: int) -> None:
+    fault = classify_xid(DEFAULT_CLASSIFICATION, gpu_uuid=GPU, device=None, xid=xid)
+    assert fault.xid_class == XidClass.RECOVERABLE
+    assert fault.what == f"XID {xid}"
+
+
+def test_a_double_bit_ecc_error_needs_a_reset() -> None:
+    fault = double_bit_ecc(gpu_uuid=GPU, device=None)
+    assert (fault.xid_class, fault.reason, fault.what) == (
+        XidClass.RESET,
+        "DoubleBitEcc",
+        "a double-bit ECC error",
+    )
+
+
+def test_the_option_overrides_entries_and_the_default() -> None:
+    found = parse_xid_classes(" 31=reset, 79 = recoverable,default=ignore,12345=reset ,")
+    assert found.of(31) == XidClass.RESET
+    assert found.of(79) == XidClass.RECOVERABLE
+    assert found.of(12345) == XidClass.RESET
+    assert found.of(48) == XidClass.RESET  # untouched defaults stay
+    assert found.of(13) == XidClass.IGNORE
+    assert found.of(7) == XidClass.IGNORE  # the new default
+    assert parse_xid_classes("") == DEFAULT_CLASSIFICATION
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "79=fatal",
+            "--health-xids: '79=fatal' is not comma-separated <xid>=<class> or default=<class>, "
+            "class one of ignore, recoverable, reset",
+        ),
+        (
+            "79",
+            "--health-xids: '79' is not comma-separated <xid>=<class> or default=<class>, "
+            "class one of ignore, recoverable, reset",
+        ),
+        ("x79=reset", "--health-xids: 'x79=reset': 'x79' is not an XID (0 to 4294967295) or default"),
+        ("-1=reset", "--health-xids: '-1=reset': '-1' is not an XID (0 to 4294967295) or default"),
+        (
+            "4294967296=reset",
+            "--health-xids: '4294967296=reset': '4294967296' is not an XID (0 to 4294967295) or default",
+        ),
+    ],
+)
+def test_a_bad_entry_is_one_line_naming_the_field_and_what_is_allowed(text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as bad:
+        parse_xid_classes(text)
+    assert str(bad.value) == message
+    assert bad.value.field == "--health-xids"
+    assert "\n" not in str(bad.value)
+
+
+def test_the_classification_describes_itself_in_one_line() -> None:
+    described = Classification(
+        xids={13: XidClass.IGNORE, 79: XidClass.RESET}, unlisted=XidClass.IGNORE
+    ).describe()
+    assert described == "ignore: 13; recoverable: -; reset: 79; other XIDs: ignore"
+
+
+# --- marks -----------------------------------------------------------------------------------------
+
+
+def _xid(xid: int, device: str | None = None, gpu: str = GPU) -> Fault:
+    return classify_xid(DEFAULT_CLASSIFICATION, gpu_uuid=gpu, device=device, xid=xid)
+
+
+def _marked(*faults: Fault, now: float = 100.0) -> Marks:
+    marks: Marks = {}
+    for fault in faults:
+        marks = record(marks, fault, now=now, boot_id=BOOT)
+    return marks
+
+
+def test_an_application_error_leaves_no_mark() -> None:
+    assert _marked(_xid(13), _xid(31), _xid(109)) == {}
+
+
+def test_a_fault_marks_its_gpu_or_its_partition() -> None:
+    marks = _marked(_xid(79), _xid(94, device="gpu-0-mig-1g10gb-4"))
+    assert set(marks) == {(GPU, None), (GPU, "gpu-0-mig-1g10gb-4")}
+    assert marks[GPU, None] == Mark(
+        gpu_uuid=GPU,
+        device=None,
+        reason="Xid79",
+        xid_class=XidClass.RESET,
+        what="XID 79 (GPU has fallen off the bus)",
+        first_seen=100.0,
+        last_seen=100.0,
+        boot_id=BOOT,
+    )
+
+
+def test_the_worst_fault_names_the_mark_and_the_latest_restarts_its_clock() -> None:
+    marks = record(_marked(_xid(48)), _xid(92), now=200.0, boot_id=BOOT)
+    mark = marks[GPU, None]
+    assert (mark.reason, mark.xid_class, mark.first_seen, mark.last_seen) == (
+        "Xid48",
+        XidClass.RESET,
+        100,
+        200,
+    )
+    marks = record(_marked(_xid(92)), _xid(74), now=200.0, boot_id=BOOT)
+    assert (marks[GPU, None].reason, marks[GPU, None].xid_class) == ("Xid74", XidClass.RESET)
+
+
+def test_a_recoverable_mark_is_lifted_after_the_clean_time_only() -> None:
+    marks = _marked(_xid(94), _xid(999, gpu=OTHER))
+    kept, lifted = expire(marks, now=100.0 + 599, boot_id=BOOT, clean_seconds=600)
+    assert (kept, lifted) == (marks, [])
+    kept, lifted = expire(marks, now=100.0 + 600, boot_id=BOOT, clean_seconds=600)
+    assert kept == {}
+    assert [(done.mark.reason, done.why) for done in lifted] == [
+        ("Xid94", "no fault for 600 s"),
+        ("Xid999", "no fault for 600 s"),
+    ]
+
+
+def test_a_mark_that_needs_a_reset_never_expires_without_one() -> None:
+    marks = _marked(_xid(79), double_bit_ecc(gpu_uuid=OTHER, device=None))
+    kept, lifted = expire(marks, now=100.0 + 10**9, boot_id=BOOT, clean_seconds=600)
+    assert (kept, lifted) == (marks, [])
+
+
+def test_a_reboot_lifts_every_mark() -> None:
+    marks = _marked(_xid(79), _xid(94, gpu=OTHER))
+    kept, lifted = expire(marks, now=101.0, boot_id="boot-2", clean_seconds=600)
+    assert kept == {}
+    assert {done.why for done in lifted} == {"the node rebooted since"}
+
+
+def test_a_gpu_seen_unreachable_and_back_was_reset() -> None:
+    marks = _marked(_xid(79), _xid(48, device="gpu-0-mig-3g40gb-0"), _xid(74, gpu=OTHER))
+    kept, lifted = observe_reachable(marks, {GPU: True, OTHER: True})  # answering all along: no reset
+    assert (kept, lifted) == (marks, [])
+    kept, lifted = observe_reachable(marks, {GPU: False})  # OTHER could not be probed: nothing said
+    assert lifted == [] and kept[GPU, None].unreachable_seen and not kept[OTHER, None].unreachable_seen
+    kept, lifted = observe_reachable(kept, {GPU: False})
+    assert lifted == []
+    kept, lifted = observe_reachable(kept, {GPU: True, OTHER: True})
+    assert set(kept) == {(OTHER, None)}
+    assert {(done.mark.device, done.why) for done in lifted} == {
+        (None, "a GPU reset was observed: it was unreachable and answers again"),
+        ("gpu-0-mig-3g40gb-0", "a GPU reset was observed: it was unreachable and answers again"),
+    }
+
+
+def test_a_new_fault_voids_a_reset_seen_before_it() -> None:
+    marks, _ = observe_reachable(_marked(_xid(79)), {GPU: False})
+    marks = record(marks, _xid(48), now=300.0, boot_id=BOOT)
+    kept, lifted = observe_reachable(marks, {GPU: True})
+    assert lifted == [] and not kept[GPU, None].unreachable_seen
+
+
+def test_the_annotation_clears_only_when_it_changes_after_the_fault() -> None:
+    marks = _marked(_xid(79), _xid(79, device="gpu-0-mig-1g10gb-4"), _xid(79, gpu=OTHER))
+    # first read after the faults: the value there (a stale one, naming GPU) is the baseline
+    marks, lifted = observe_annotation(marks, GPU)
+    assert lifted == [] and {m.annotation_baseline for m in marks.values()} == {GPU}
+    marks, lifted = observe_annotation(marks, GPU)  # unchanged: clears nothing
+    assert lifted == []
+    marks, lifted = observe_annotation(marks, "")  # removed: still nothing
+    assert lifted == []
+    marks, lifted = observe_annotation(marks, f"{GPU}, GPU-elsewhere")  # names GPU: its marks go
+    assert set(marks) == {(OTHER, None)}
+    assert {done.why for done in lifted} == {"the Node's annotation gpudra.io/clear-health names it"}
+    marks, lifted = observe_annotation(marks, "all")
+    assert marks == {} and len(lifted) == 1
+
+
+def test_a_new_fault_needs_a_new_annotation() -> None:
+    marks, _ = observe_annotation(_marked(_xid(79)), "")
+    marks = record(marks, _xid(79), now=300.0, boot_id=BOOT)
+    marks, lifted = observe_annotation(marks, GPU)  # the first read after the new fault: a baseline
+    assert lifted == []
+    marks, lifted = observe_annotation(marks, f"{GPU} ")
+    assert lifted == [] and marks  # the same names: not a change the operator made
+    marks, lifted = observe_annotation(marks, "all")
+    assert not marks
+
+
+# --- taints ----------------------------------------------------------------------------------------
+
+
+def _taint(value: str, effect: str = "NoSchedule") -> dict[str, str]:
+    return {"key": "gpudra.io/unhealthy", "value": value, "effect": effect}
+
+
+def test_a_gpus_fault_taints_all_its_devices_and_a_partitions_only_that_partition() -> None:
+    marks = _marked(_xid(79), _xid(94, device="gpu-0-mig-3g40gb-0", gpu=OTHER))
+    assert device_taints(device_gpus=DEVICE_GPUS, lost={}, marks=marks.values()) == {
+        "gpu-0": _taint("Xid79"),
+        "gpu-0-shared": _taint("Xid79"),
+        "gpu-0-mig-3g40gb-0": _taint("Xid79"),
+        "gpu-0-mig-1g10gb-4": _taint("Xid79"),
+    }  # the partition mark names a device of another GPU: nothing
+    marks = _marked(_xid(94, device="gpu-0-mig-1g10gb-4"))
+    assert device_taints(device_gpus=DEVICE_GPUS, lost={}, marks=marks.values()) == {
+        "gpu-0-mig-1g10gb-4": _taint("Xid94")
+    }
+
+
+def test_reset_faults_take_the_reset_effect_and_win_on_a_device() -> None:
+    marks = _marked(_xid(94), _xid(48, device="gpu-0-mig-1g10gb-4"))
+    taints = device_taints(device_gpus=DEVICE_GPUS, lost={}, marks=marks.values(), reset_effect="NoExecute")
+    assert taints["gpu-0"] == _taint("Xid94")
+    assert taints["gpu-0-mig-1g10gb-4"] == _taint("Xid48", "NoExecute")
+    taints = device_taints(device_gpus=DEVICE_GPUS, lost={}, marks=marks.values())
+    assert taints["gpu-0-mig-1g10gb-4"] == _taint("Xid94")  # the GPU's own reason before a partition's
+
+
+def test_a_lost_gpu_is_tainted_no_schedule_with_its_nvml_error() -> None:
+    taints = device_taints(device_gpus=DEVICE_GPUS, lost={OTHER: "NVMLError_GpuIsLost"}, marks=())
+    assert taints == {"gpu-1": _taint("NVMLError_GpuIsLost")}
+    marks = _marked(_xid(79, gpu=OTHER))
+    taints = device_taints(
+        device_gpus=DEVICE_GPUS,
+        lost={OTHER: "NVMLError_GpuIsLost"},
+        marks=marks.values(),
+        reset_effect="NoExecute",
+    )
+    assert taints == {"gpu-1": _taint("Xid79", "NoExecute")}
