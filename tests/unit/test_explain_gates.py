@@ -14,6 +14,7 @@ from gpudra import cli
 from gpudra.cli import explain as explain_cli
 from gpudra.errors import ClusterError
 from gpudra.model import devices
+from gpudra.model.claim import read_spec, read_spec_of
 from gpudra.model.devices import build_devices
 from gpudra.model.publishing import DRA_GATES, Publishing, ServerFields, fit_to_server
 from gpudra.model.slices import build_slices
@@ -65,7 +66,7 @@ WHOLE = request("whole", "gpu.gpudra.io")
 def run(
     fields: ServerFields, *requests: dict[str, Any], slices: list[dict[str, Any]] | None = None
 ) -> Explanation:
-    claim = ClaimToExplain("ns/c", {"devices": {"requests": list(requests)}})
+    claim = ClaimToExplain("ns/c", read_spec({"devices": {"requests": list(requests)}}))
     return explain(
         [claim],
         classes=CLASSES,
@@ -266,7 +267,7 @@ def test_before_1_36_a_constraint_over_partitions_is_noted_as_the_scheduler_may_
     matchAttribute parentUUID stay pending for good, on 1.35.8 examples/mig-mixed.yaml in one cluster
     and not another, while gpudra's rules (and 1.36) allocate them."""
     fields = ServerFields.of_release(minor, ALL_GATES)
-    claim = ClaimToExplain("ns/c", {"devices": MIG_PAIR})
+    claim = ClaimToExplain("ns/c", read_spec({"devices": MIG_PAIR}))
     answer = explain(
         [claim], classes=CLASSES, inventory=Inventory(published(fields)), server=fields, driver=DRIVER
     )
@@ -304,18 +305,18 @@ def test_the_admission_warning_names_the_gate_a_share_or_partition_needs() -> No
     fields = ServerFields.of_release(35)
     reach = reach_on(fields, published(fields))
     share = {"kind": "ResourceClaim", "spec": {"devices": {"requests": [SHARE]}}}
-    assert reach.warnings(share) == [
+    assert reach.warnings(read_spec_of(share)) == [
         "spec.devices.requests[0] (gpu): no GPU published by any node matches class gpu-shared.gpudra.io; "
         "2 devices checked",
         f"spec.devices.requests[0] (gpu): {SHARES_1_36.split(': the API', maxsplit=1)[0]}",
     ]
     mig = {"kind": "ResourceClaimTemplate", "spec": {"spec": {"devices": {"requests": [MIG_1G]}}}}
     assert (
-        reach.warnings(mig)[1]
+        reach.warnings(read_spec_of(mig))[1]
         == f"spec.spec.devices.requests[0] (mig): {PARTITIONS_GATE.split(': the API', maxsplit=1)[0]}"
     )
     whole = {"kind": "ResourceClaim", "spec": {"devices": {"requests": [WHOLE]}}}
-    assert reach.warnings(whole) == []
+    assert reach.warnings(read_spec_of(whole)) == []
 
 
 def test_the_controller_sees_a_gate_turned_on_in_the_slices_the_nodes_stored() -> None:
@@ -329,10 +330,10 @@ def test_the_controller_sees_a_gate_turned_on_in_the_slices_the_nodes_stored() -
     assert fields_seen(37, []) == ServerFields.of_release(37)
     reach = reach_on(gated, slices)
     mig = {"kind": "ResourceClaim", "spec": {"devices": {"requests": [MIG_1G]}}}
-    assert reach.warnings(mig) == []  # partitions published and kept: nothing to warn of
+    assert reach.warnings(read_spec_of(mig)) == []  # partitions published and kept: nothing to warn of
     share = {"kind": "ResourceClaim", "spec": {"devices": {"requests": [SHARE]}}}
     assert (
-        reach.warnings(share)[1]
+        reach.warnings(read_spec_of(share))[1]
         == "spec.devices.requests[0] (gpu): GPU shares are not available before Kubernetes 1.36 (feature "
         "gate DRAConsumableCapacity on by default there)"
     )
