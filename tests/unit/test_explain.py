@@ -11,12 +11,13 @@ from typing import Any
 import pytest
 import yaml
 
+from gpudra.cli.explain import claims_to_explain
 from gpudra.cli.explain_text import render_text
 from gpudra.errors import ConfigError
 from gpudra.model.claim import read_claim, read_spec
 from gpudra.model.devices import build_devices
 from gpudra.model.slices import build_slices
-from gpudra.scheduling.explain import ClaimToExplain, Explanation, claims_to_explain, device_classes, explain
+from gpudra.scheduling.explain import ClaimToExplain, Explanation, device_classes, explain
 from gpudra.scheduling.pools import Inventory
 from tests.unit import inventories as inv
 

@@ -36,15 +36,15 @@ from typing import TYPE_CHECKING, Any
 from gpudra.cli.explain_text import render_text
 from gpudra.cli.manifest_files import read_documents
 from gpudra.errors import ConfigError, GpudraError
-from gpudra.model.claim import Claim, read_claim
+from gpudra.model.claim import Claim, read_claim, read_spec_of
 from gpudra.model.kube_api import NEWEST_MINOR, OLDEST_MINOR
 from gpudra.model.publishing import ServerFields, parse_feature_gates
 from gpudra.scheduling.explain import (
     ClaimToExplain,
     Explanation,
-    claims_to_explain,
     device_classes,
     explain,
+    unpack_lists,
 )
 from gpudra.scheduling.pools import Inventory
 
@@ -274,6 +274,24 @@ def _online(args: argparse.Namespace) -> Inputs:
     else:
         _targets(inputs, _objects(Path(args.target)), cluster=cluster, namespace=namespace)
     return inputs
+
+
+def claims_to_explain(
+    objects: Iterable[Mapping[str, Any]], *, namespace: str = "default"
+) -> list[ClaimToExplain]:
+    """The ResourceClaims and ResourceClaimTemplates among `objects` (Lists unpacked), as claims; those
+    that name no namespace are in `namespace`, as `kubectl apply -n` would put them. The objects come
+    from files or the API server: this is where they are read, so only typed specs go further."""
+    found = []
+    for obj in unpack_lists(objects):
+        spec = read_spec_of(obj)
+        if spec is None:
+            continue
+        meta = obj.get("metadata") or {}
+        name = f"{meta.get('namespace') or namespace}/{meta.get('name', '')}"
+        template = obj.get("kind") == "ResourceClaimTemplate"
+        found.append(ClaimToExplain(f"template {name}" if template else name, spec))
+    return found
 
 
 def _server(inputs: Inputs, cluster: Kube, args: argparse.Namespace) -> None:

@@ -40,7 +40,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from gpudra.model.claim import Claim as ResourceClaim
-from gpudra.model.claim import ClaimSpec, Request, read_spec_of
+from gpudra.model.claim import ClaimSpec, Request
 from gpudra.model.publishing import ServerFields, Withheld
 from gpudra.scheduling import forms
 from gpudra.scheduling.allocator import (
@@ -69,9 +69,9 @@ __all__ = [
     "RequestReport",
     "SelectorRejections",
     "Unusable",
-    "claims_to_explain",
     "device_classes",
     "explain",
+    "unpack_lists",
 ]
 
 _EXAMPLES = 3  # device names shown per group
@@ -162,29 +162,13 @@ class ClaimToExplain:
         return self.spec.path
 
 
-def claims_to_explain(
-    objects: Iterable[Mapping[str, Any]], *, namespace: str = "default"
-) -> list[ClaimToExplain]:
-    """The ResourceClaims and ResourceClaimTemplates among `objects` (Lists unpacked), as claims; those
-    that name no namespace are in `namespace`, as `kubectl apply -n` would put them."""
-    found = []
-    for obj in _unpack(objects):
-        spec = read_spec_of(obj)
-        if spec is None:
-            continue
-        meta = obj.get("metadata") or {}
-        name = f"{meta.get('namespace') or namespace}/{meta.get('name', '')}"
-        template = obj.get("kind") == "ResourceClaimTemplate"
-        found.append(ClaimToExplain(f"template {name}" if template else name, spec))
-    return found
-
-
-def _unpack(objects: Iterable[Mapping[str, Any]]) -> Iterable[Mapping[str, Any]]:
+def unpack_lists(objects: Iterable[Mapping[str, Any]]) -> Iterable[Mapping[str, Any]]:
+    """`objects` with each List (`kind: …List`) replaced by its items, recursively."""
     for obj in objects:
         if isinstance(obj, Mapping):
             items = obj.get("items")
             if str(obj.get("kind", "")).endswith("List") and isinstance(items, list):
-                yield from _unpack(items)
+                yield from unpack_lists(items)
             else:
                 yield obj
 
@@ -192,7 +176,7 @@ def _unpack(objects: Iterable[Mapping[str, Any]]) -> Iterable[Mapping[str, Any]]
 def device_classes(objects: Iterable[Mapping[str, Any]]) -> dict[str, list[str]]:
     """DeviceClass name -> its selectors' CEL expressions."""
     classes: dict[str, list[str]] = {}
-    for obj in _unpack(objects):
+    for obj in unpack_lists(objects):
         if obj.get("kind") != "DeviceClass":
             continue
         name = str((obj.get("metadata") or {}).get("name", ""))
