@@ -92,6 +92,20 @@ class Resources:
             self.custom.delete_cluster_custom_object(*RESOURCE, plural, name)
 
 
+def pool_devices(api: client.ApiClient, *, node: str, driver: str) -> dict[str, dict[str, Any]]:
+    """Device name -> device, as published in the newest generation of `node`'s pool of `driver`."""
+    slices = Resources(api).list(
+        "resourceslices", field_selector=f"spec.nodeName={node},spec.driver={driver}"
+    )
+    newest = max(s["spec"]["pool"]["generation"] for s in slices)
+    return {
+        d["name"]: d
+        for s in slices
+        if s["spec"]["pool"]["generation"] == newest
+        for d in s["spec"].get("devices", [])
+    }
+
+
 def new_namespace(core: client.CoreV1Api, prefix: str) -> str:
     """A namespace named `<prefix>-<6 hex>`, created."""
     name = f"{prefix}-{uuid.uuid4().hex[:6]}"

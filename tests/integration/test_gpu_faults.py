@@ -20,7 +20,7 @@ from gpudra import sim
 from gpudra.model.gpu_health import CLEAR_ANNOTATION
 from tests.localcluster.node_plugin import DRIVER, PluginProcess
 
-from .kube_helpers import Resources, pod_gone, pod_running, wait_for
+from .kube_helpers import Resources, pod_gone, pod_running, pool_devices, wait_for
 
 NODE = "node-h100"
 ATTRS = f'device.attributes["{DRIVER}"]'
@@ -57,17 +57,7 @@ def _pod(name: str, template: str) -> dict[str, Any]:
 
 
 def _devices(api: client.ApiClient) -> dict[str, dict[str, Any]]:
-    """Device name -> device, as published in the newest generation of NODE's pool."""
-    slices = Resources(api).list(
-        "resourceslices", field_selector=f"spec.nodeName={NODE},spec.driver={DRIVER}"
-    )
-    newest = max(s["spec"]["pool"]["generation"] for s in slices)
-    return {
-        d["name"]: d
-        for s in slices
-        if s["spec"]["pool"]["generation"] == newest
-        for d in s["spec"].get("devices", [])
-    }
+    return pool_devices(api, node=NODE, driver=DRIVER)
 
 
 def _tainted(api: client.ApiClient) -> dict[str, str]:

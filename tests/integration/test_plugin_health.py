@@ -17,7 +17,7 @@ from gpudra.model.devices import UNHEALTHY_TAINT_KEY
 from tests.localcluster import LocalCluster
 from tests.localcluster.node_plugin import DRIVER, PluginProcess
 
-from .kube_helpers import Resources, claim_pod, claim_template, pod_gone, pod_running, wait_for
+from .kube_helpers import Resources, claim_pod, claim_template, pod_gone, pod_running, pool_devices, wait_for
 
 NODE = "node-mixed"
 POD = "watched"
@@ -112,17 +112,7 @@ def test_a_lost_gpu_reaches_the_pod_status_through_the_kubelet(
 
 
 def _pool_devices(api: client.ApiClient) -> dict[str, dict[str, Any]]:
-    """Device name -> device, as published in the newest generation of NODE's pool."""
-    slices = Resources(api).list(
-        "resourceslices", field_selector=f"spec.nodeName={NODE},spec.driver={DRIVER}"
-    )
-    newest = max(s["spec"]["pool"]["generation"] for s in slices)
-    return {
-        d["name"]: d
-        for s in slices
-        if s["spec"]["pool"]["generation"] == newest
-        for d in s["spec"].get("devices", [])
-    }
+    return pool_devices(api, node=NODE, driver=DRIVER)
 
 
 def _tainted(api: client.ApiClient) -> dict[str, list[dict[str, Any]]]:
