@@ -9,7 +9,6 @@ import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Literal
 
 import pytest
 
@@ -20,20 +19,10 @@ from gpudra.model.gpu_health import DEFAULT_CLASSIFICATION, XidClass
 from gpudra.node.gpu_faults import GpuFaults
 from gpudra.node.health import Health, HealthMonitor
 from gpudra.node.metrics import PluginMetrics
+from tests.unit.harness.kube import Events
 
 POOL = "node-a"
 INTERVAL = 0.05
-
-
-class Events:
-    def __init__(self) -> None:
-        self.posted: list[tuple[str, str, str]] = []
-
-    def post(self, type_: Literal["Normal", "Warning"], reason: str, message: str) -> None:
-        self.posted.append((type_, reason, message))
-
-    def reasons(self) -> list[str]:
-        return [reason for _, reason, _ in self.posted]
 
 
 class Node:
@@ -307,6 +296,8 @@ def test_a_gpu_without_events_is_polled_and_said_so_once(tmp_path: Path) -> None
         sim.set_gpu_lost(state_file=node.state_file, gpu_uuid=gpu, lost=False)
         node.until("back, and the reset lifts the mark", lambda: node.tainted() == {})
         node.restart()  # a restart reads the count where it was: no new error
+        # Once per start: waited for, as the restarted watcher says it when its loop first runs.
+        node.until("said again", lambda: node.events.reasons().count("GpuEventsUnsupported") == 2)
         time.sleep(10 * INTERVAL)
         assert node.tainted() == {}
         assert node.events.reasons().count("GpuEventsUnsupported") == 2  # once per start
