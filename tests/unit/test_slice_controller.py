@@ -629,7 +629,7 @@ def test_a_write_between_the_watchs_list_and_its_picture_is_not_lost() -> None:
             slices.sync_once()  # writes after the LIST, before the watch stores what it listed
         return listed
 
-    kube.list_slices = list_then_write  # type: ignore[method-assign]
+    kube.list_slices = list_then_write
     slices._watch_step()
     assert raced
     seen = slices._seen_pool()

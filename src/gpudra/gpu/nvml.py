@@ -44,6 +44,7 @@ import pynvml
 from gpudra import errors, sim
 from gpudra.gpu import driver_root as roots
 from gpudra.model import inventory as records
+from gpudra.model.gpu_health import GpuConditions
 
 SPECS = ("real", *(f"sim:{profile}" for profile in sim.PROFILES))
 
@@ -396,6 +397,33 @@ class Nvml:
             xid_events=frozenset(xid_events),
             ecc_events=frozenset(ecc_events),
             failed=failed,
+        )
+
+    def gpu_conditions(self, *, gpu_uuid: str) -> GpuConditions:
+        """The memory repairs waiting for a reset, a failed row remapping, and which NVLinks are up:
+        what no event reports (gpudra.model.gpu_health). Each is None where the GPU does not report it:
+        remapped rows before Ampere and on a GPU with MIG instances, pending page retirement from Ampere
+        on, links on a GPU without NVLink. Read-only."""
+        handle = self._handle(gpu_uuid)
+        absent = (pynvml.NVMLError_NotSupported,)
+        rows = _call_if_present(pynvml.nvmlDeviceGetRemappedRows, handle, gpu=gpu_uuid, absent=absent)
+        pages = _call_if_present(
+            pynvml.nvmlDeviceGetRetiredPagesPendingStatus, handle, gpu=gpu_uuid, absent=absent
+        )
+        up: set[int] = set()
+        links = 0
+        for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+            state = _call_if_present(pynvml.nvmlDeviceGetNvLinkState, handle, link, gpu=gpu_uuid)
+            if state is None:
+                continue
+            links += 1
+            if state == pynvml.NVML_FEATURE_ENABLED:
+                up.add(link)
+        return GpuConditions(
+            row_remap_pending=None if rows is None else bool(rows[2]),
+            row_remap_failed=None if rows is None else bool(rows[3]),
+            retired_pages_pending=None if pages is None else pages == pynvml.NVML_FEATURE_ENABLED,
+            nvlinks_up=frozenset(up) if links else None,
         )
 
     def uncorrected_ecc_errors(self, *, gpu_uuid: str) -> int | None:

@@ -132,6 +132,14 @@ class PluginMetrics(DaemonMetrics):
             ["gpu"],
             registry=self.registry,
         )
+        self.gpu_condition = Gauge(
+            "gpudra_gpu_condition",
+            "1 while the health poll reads the condition on the GPU, 0 when it reads it absent: "
+            "RowRemapPending, RetiredPagesPending (a memory repair waits for a reset), RowRemapFailure, "
+            "NvLinkDown (a link that was up is down). Only the conditions the GPU reports.",
+            ["gpu", "condition"],
+            registry=self.registry,
+        )
 
     def count_xid(self, gpu: str, xid: int) -> None:
         self.xid_errors.labels(gpu, str(xid)).inc()
@@ -141,6 +149,9 @@ class PluginMetrics(DaemonMetrics):
 
     def set_events_monitored(self, gpu: str, monitored: bool) -> None:
         self.events_monitored.labels(gpu).set(1 if monitored else 0)
+
+    def set_condition(self, gpu: str, condition: str, present: bool) -> None:
+        self.gpu_condition.labels(gpu, condition).set(1 if present else 0)
 
     def observe_prepare(self, outcome: str, seconds: float) -> None:
         self.prepare_seconds.labels(outcome).observe(seconds)

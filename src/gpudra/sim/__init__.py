@@ -23,7 +23,9 @@ from gpudra.sim.hooks import (
     raise_double_bit_ecc,
     raise_xid,
     set_gpu_lost,
+    set_memory_condition,
     set_mig_mode,
+    set_nvlink_down,
     set_utilization,
 )
 from gpudra.sim.tools import write_tools
@@ -37,7 +39,9 @@ __all__ = [
     "raise_double_bit_ecc",
     "raise_xid",
     "set_gpu_lost",
+    "set_memory_condition",
     "set_mig_mode",
+    "set_nvlink_down",
     "set_utilization",
     "uninstall",
     "write_device_nodes",

@@ -352,7 +352,8 @@ class SimulatedLibrary:
     @_entry("nvmlDeviceGetNvLinkState")
     def nvlink_state(self, handle: Any, link: Any, ref: Any) -> int:
         self._link(handle, link)
-        _out(ref).value = 1
+        down = self.state_file.read().gpus[self._gpu(handle)].nvlinks_down
+        _out(ref).value = 0 if _int(link) in down else 1
         return hardware.SUCCESS
 
     @_entry("nvmlDeviceGetNvLinkRemoteDeviceType")
@@ -376,6 +377,30 @@ class SimulatedLibrary:
         index = self._gpu(handle)
         gpu = self.state_file.read().gpus[index]
         _out(ref).value = gpu.ecc_uncorrected if _int(error_type) == _ECC_UNCORRECTED else 0
+        return hardware.SUCCESS
+
+    @_entry("nvmlDeviceGetRemappedRows")
+    def remapped_rows(self, handle: Any, corrected: Any, uncorrected: Any, pending: Any, failed: Any) -> int:
+        """Ampere and later; NOT_SUPPORTED before, and on a MIG-enabled GPU with instances (as NVML's
+        documentation says). Counts of remapped rows are not simulated (0)."""
+        index = self._gpu(handle)
+        gpu = self.state_file.read().gpus[index]
+        if self.machine.gpus[index].model.architecture < machines.ARCH_AMPERE:
+            raise Refused(hardware.NOT_SUPPORTED, "row remapping starts with Ampere")
+        if gpu.mig_mode and gpu.gpu_instances:
+            raise Refused(hardware.NOT_SUPPORTED, "remapped rows are not reported while MIG instances exist")
+        _out(corrected).value = _out(uncorrected).value = 0
+        _out(pending).value = int(gpu.row_remap_pending)
+        _out(failed).value = int(gpu.row_remap_failed)
+        return hardware.SUCCESS
+
+    @_entry("nvmlDeviceGetRetiredPagesPendingStatus")
+    def retired_pages_pending(self, handle: Any, ref: Any) -> int:
+        """Page retirement: the GPUs before Ampere (later ones remap rows instead)."""
+        index = self._gpu(handle)
+        if self.machine.gpus[index].model.architecture >= machines.ARCH_AMPERE:
+            raise Refused(hardware.NOT_SUPPORTED, "Ampere and later remap rows instead of retiring pages")
+        _out(ref).value = int(self.state_file.read().gpus[index].retired_pages_pending)
         return hardware.SUCCESS
 
     @_entry("nvmlDeviceGetSupportedEventTypes")
