@@ -448,3 +448,32 @@ def test_retired_pages_pending_on_a_gpu_before_ampere(tmp_path: Path) -> None:
         assert node.events.reasons() == ["GpuFault", "GpuFaultCleared"]
     finally:
         node.monitor.stop()
+
+
+def test_corrected_ecc_and_mig_changes_are_counted_and_slowdowns_shown_never_tainting(h100: Node) -> None:
+    gpu = h100.gpus["gpu-0"]
+    sim.raise_single_bit_ecc(state_file=h100.state_file, gpu_uuid=gpu)
+    sim.raise_single_bit_ecc(state_file=h100.state_file, gpu_uuid=gpu)
+    h100.until(
+        "counted", lambda: h100.sample("gpudra_gpu_events_total", gpu="gpu-0", type="single_bit_ecc") == 2
+    )
+    with h100.session() as session:
+        session.set_mig_mode(gpu_uuid=h100.gpus["gpu-6"], enabled=True)
+        made = session.create_mig_device(gpu_uuid=h100.gpus["gpu-6"], profile_id=0, placement_start=0)
+        session.destroy_mig_device(gpu_uuid=h100.gpus["gpu-6"], gpu_instance_id=made.gpu_instance_id)
+    h100.until(
+        "MIG changes counted",
+        lambda: h100.sample("gpudra_gpu_events_total", gpu="gpu-6", type="mig_config_change") == 2,
+    )
+    sim.set_clock_slowdown(state_file=h100.state_file, gpu_uuid=gpu, reasons=["hw_thermal_slowdown"])
+    h100.until(
+        "slowdown shown",
+        lambda: h100.sample("gpudra_gpu_clock_slowdown", gpu="gpu-0", reason="hw_thermal_slowdown") == 1,
+    )
+    assert h100.sample("gpudra_gpu_clock_slowdown", gpu="gpu-0", reason="sw_power_cap") == 0
+    sim.set_clock_slowdown(state_file=h100.state_file, gpu_uuid=gpu, reasons=[])
+    h100.until(
+        "slowdown gone",
+        lambda: h100.sample("gpudra_gpu_clock_slowdown", gpu="gpu-0", reason="hw_thermal_slowdown") == 0,
+    )
+    assert h100.tainted() == {} and h100.events.posted == []

@@ -202,6 +202,14 @@ ROW_REMAP_FAILURE = "RowRemapFailure"
 RETIRED_PAGES_PENDING = "RetiredPagesPending"
 NVLINK_DOWN = "NvLinkDown"
 CONDITIONS = (ROW_REMAP_PENDING, ROW_REMAP_FAILURE, RETIRED_PAGES_PENDING, NVLINK_DOWN)
+# What may hold a GPU's clocks down, as gpudra names NVML's clocks event reasons (GpuConditions).
+CLOCK_SLOWDOWNS = (
+    "sw_power_cap",
+    "hw_slowdown",
+    "sw_thermal_slowdown",
+    "hw_thermal_slowdown",
+    "hw_power_brake_slowdown",
+)
 _CLEARED_WHY = {
     ROW_REMAP_PENDING: "the pending row remapping was applied: the GPU was reset",
     RETIRED_PAGES_PENDING: "the pending page retirement was applied: the GPU was reset",
@@ -219,6 +227,9 @@ class GpuConditions:
     row_remap_failed: bool | None = None
     retired_pages_pending: bool | None = None
     nvlinks_up: frozenset[int] | None = None
+    # What holds the clocks down now (power cap, thermal or hardware slowdown): shown, never a fault
+    # (a hot or power-capped GPU is slow, not broken).
+    clock_slowdowns: frozenset[str] | None = None
 
     def reported(self) -> set[str]:
         """The conditions this reading can tell present or absent."""

@@ -8,7 +8,8 @@ feeds them:
   step, so that stop is prompt) and records each fault: a tainting one is logged, posted as a
   `GpuFault` Warning event on the Node naming the GPU (or partition), the XID and the claims holding
   it, and the health monitor is woken to republish; every XID is counted
-  (`gpudra_gpu_xid_errors_total{gpu,xid}`). A fault naming a GPU instance marks that partition: the
+  (`gpudra_gpu_xid_errors_total{gpu,xid}`). Single-bit ECC and MIG configuration change events are
+  counted only (`gpudra_gpu_events_total{gpu,type}`). A fault naming a GPU instance marks that partition: the
   published device at the instance's profile and placement;
 - GPUs that offer no XID or double-bit ECC events (NOT_SUPPORTED: some VMs and vGPU guests) are said
   once in the log and as a `GpuEventsUnsupported` Node event; the health monitor's poll still finds a
@@ -49,6 +50,7 @@ from gpudra.service import Loop
 
 log = logging.getLogger(__name__)
 
+DOUBLE_BIT_ECC_EVENT = "double_bit_ecc"  # gpudra.gpu.nvml.DOUBLE_BIT_ECC: the kind of event that is a fault
 WAIT_SECONDS = 1.0  # one wait on the event set: how long a stop may wait for the loop
 ANNOTATION_SECONDS = 10.0
 RETRY_SECONDS = 60.0  # GPUs whose registration failed (lost at the time) are tried again this often
@@ -92,6 +94,10 @@ class FaultMetrics(Protocol):
     def set_events_monitored(self, gpu: str, monitored: bool) -> None: ...
 
     def set_condition(self, gpu: str, condition: str, present: bool) -> None: ...
+
+    def count_event(self, gpu: str, kind: str) -> None: ...
+
+    def set_clock_slowdowns(self, gpu: str, reasons: frozenset[str]) -> None: ...
 
 
 class GpuFaults:
@@ -267,6 +273,8 @@ class GpuFaults:
                 if now != before or self._links.get(gpu) != known:
                     self._save()
             name = self._names.get(gpu, gpu)
+            if reading.clock_slowdowns is not None:
+                self._metrics.set_clock_slowdowns(name, reading.clock_slowdowns)
             for condition in sorted(reported):
                 self._metrics.set_condition(name, condition, condition in now)
             for condition in sorted(set(present) - before):
@@ -286,8 +294,13 @@ class GpuFaults:
         if not (watch.xid_events or watch.ecc_events or watch.failed):
             return IDLE_SECONDS  # nothing offers events: the poll does it all
         event = watch.wait(WAIT_SECONDS)
-        if event is not None:
+        if event is None:
+            return 0
+        if event.xid is not None or event.kind == DOUBLE_BIT_ECC_EVENT:
             self.record(self._fault(event))
+        else:  # a corrected ECC error, a MIG configuration change (gpudra's own too): counted only
+            self._metrics.count_event(self._names.get(event.gpu_uuid, event.gpu_uuid), event.kind)
+            log.debug("GPU event", extra={"gpu": event.gpu_uuid, "event": event.kind})
         return 0
 
     def _open_watch(self) -> EventWatch:

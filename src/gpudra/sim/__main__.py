@@ -1,7 +1,8 @@
 """`python -m gpudra.sim`: raise a fault on a simulated machine from a shell (the demo's), on the machine
 in $GPUDRA_SIM_STATE or `--state`: `xid GPU-… 79 [--gpu-instance N]`, `double-bit-ecc GPU-…`,
 `lost GPU-… on|off`, `memory GPU-… row-remap-pending|row-remap-failed|retired-pages-pending on|off`,
-`nvlink GPU-… LINK down|up`. I/O: the state file (through `hooks`)."""
+`nvlink GPU-… LINK down|up`, `single-bit-ecc GPU-…`, `clocks GPU-… [hw_slowdown …]`. I/O: the state
+file (through `hooks`)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     lost = faults.add_parser("lost", help="the GPU falls off the bus (on) or is back after a reset (off)")
     lost.add_argument("gpu", help="GPU UUID")
     lost.add_argument("state_", choices=["on", "off"], metavar="on|off")
+    single = faults.add_parser("single-bit-ecc", help="a corrected ECC error event")
+    single.add_argument("gpu", help="GPU UUID")
+    clocks = faults.add_parser("clocks", help="what holds the clocks down from now on (none: nothing)")
+    clocks.add_argument("gpu", help="GPU UUID")
+    clocks.add_argument("reasons", nargs="*", choices=list(hooks.CLOCK_SLOWDOWNS), metavar="REASON")
     memory = faults.add_parser("memory", help="a memory repair queued for the next reset, or a failed one")
     memory.add_argument("gpu", help="GPU UUID")
     memory.add_argument("condition", choices=hooks.MEMORY_CONDITIONS)
@@ -49,6 +55,10 @@ def main(argv: list[str] | None = None) -> int:
             )
         elif args.fault == "double-bit-ecc":
             hooks.raise_double_bit_ecc(state_file=path, gpu_uuid=args.gpu, gpu_instance_id=args.gpu_instance)
+        elif args.fault == "single-bit-ecc":
+            hooks.raise_single_bit_ecc(state_file=path, gpu_uuid=args.gpu)
+        elif args.fault == "clocks":
+            hooks.set_clock_slowdown(state_file=path, gpu_uuid=args.gpu, reasons=args.reasons)
         elif args.fault == "memory":
             hooks.set_memory_condition(
                 state_file=path, gpu_uuid=args.gpu, condition=args.condition, on=args.state_ == "on"

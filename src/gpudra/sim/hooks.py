@@ -144,6 +144,33 @@ def raise_double_bit_ecc(*, state_file: Path, gpu_uuid: str, gpu_instance_id: in
             )
 
 
+def raise_single_bit_ecc(*, state_file: Path, gpu_uuid: str) -> None:
+    """A corrected (single-bit) ECC error: the driver raises a single-bit ECC event."""
+    with state.StateFile(state_file).update() as machine_state:
+        index, _ = _gpu(machine_state, gpu_uuid)
+        events.raise_event(machine_state, gpu=index, type_=machines.EVENT_SINGLE_BIT_ECC)
+
+
+CLOCK_SLOWDOWNS = {  # nvmlClocksEventReason bits, by the names gpudra's metric uses
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sw_thermal_slowdown": 0x20,
+    "hw_thermal_slowdown": 0x40,
+    "hw_power_brake_slowdown": 0x80,
+}
+
+
+def set_clock_slowdown(*, state_file: Path, gpu_uuid: str, reasons: list[str]) -> None:
+    """What holds the GPU's clocks down from now on (none: an empty list)."""
+    unknown = sorted(set(reasons) - set(CLOCK_SLOWDOWNS))
+    if unknown:
+        raise hardware.Refused(
+            hardware.INVALID_ARGUMENT, f"{', '.join(unknown)}: one of {', '.join(CLOCK_SLOWDOWNS)}"
+        )
+    with state.StateFile(state_file).update() as machine_state:
+        _gpu(machine_state, gpu_uuid)[1].clock_event_reasons = sum({CLOCK_SLOWDOWNS[r] for r in reasons})
+
+
 def _check_instance(gpu: state.Gpu, gpu_instance_id: int | None, compute_instance_id: int | None) -> None:
     if gpu_instance_id is None:
         if compute_instance_id is not None:

@@ -403,6 +403,12 @@ class SimulatedLibrary:
         _out(ref).value = int(self.state_file.read().gpus[index].retired_pages_pending)
         return hardware.SUCCESS
 
+    @_entry("nvmlDeviceGetCurrentClocksEventReasons")
+    def clocks_event_reasons(self, handle: Any, ref: Any) -> int:
+        """What holds the clocks down now (hooks.set_clock_slowdown); 0: nothing."""
+        _out(ref).value = self.state_file.read().gpus[self._gpu(handle)].clock_event_reasons
+        return hardware.SUCCESS
+
     @_entry("nvmlDeviceGetSupportedEventTypes")
     def supported_event_types(self, handle: Any, ref: Any) -> int:
         self._gpu(handle)
@@ -552,6 +558,7 @@ class SimulatedLibrary:
                 start=requested.start,
                 size=requested.size,
             )
+            events.raise_event(machine_state, gpu=index, type_=machines.EVENT_MIG_CONFIG_CHANGE)
         _store_handle(target, _handle(_GPU_INSTANCE, gpu=index, gi=created.id))
         return hardware.SUCCESS
 
@@ -592,8 +599,9 @@ class SimulatedLibrary:
     @_entry("nvmlGpuInstanceDestroy")
     def destroy_gpu_instance(self, handle: Any) -> int:
         with self.state_file.update() as machine_state:
-            _, gpu, gi = self._gpu_instance(handle, machine_state)
+            index, gpu, gi = self._gpu_instance(handle, machine_state)
             hardware.destroy_gpu_instance(gpu=gpu, gi_id=gi.id)
+            events.raise_event(machine_state, gpu=index, type_=machines.EVENT_MIG_CONFIG_CHANGE)
         return hardware.SUCCESS
 
     # --- MIG: compute instances and MIG devices ------------------------------------------------

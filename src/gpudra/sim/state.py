@@ -64,6 +64,9 @@ class Gpu(_Model):
     row_remap_failed: bool = False
     retired_pages_pending: bool = False
     nvlinks_down: list[int] = []  # links that were trained and are down (hooks.set_nvlink_down)
+    clock_event_reasons: int = (
+        0  # nvmlClocksEventReason* bits holding the clocks down (hooks.set_clock_slowdown)
+    )
     gpu_instances: list[GpuInstance] = []
 
 
