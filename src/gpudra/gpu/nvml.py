@@ -438,7 +438,7 @@ class Nvml:
         for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
             state = _call_if_present(pynvml.nvmlDeviceGetNvLinkState, handle, link, gpu=gpu_uuid)
             if state is None:
-                continue
+                break  # links are numbered from 0: the first that does not exist ends them
             links += 1
             if state == pynvml.NVML_FEATURE_ENABLED:
                 up.add(link)
