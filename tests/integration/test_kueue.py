@@ -29,6 +29,12 @@ QUOTA = REPO / "examples" / "quota"
 NODE = "node-h100"
 TEAMS = ("team-a", "team-b")
 KUEUE = ("kueue.x-k8s.io", "v1beta2")
+PLURALS = {
+    "ResourceFlavor": "resourceflavors",
+    "ClusterQueue": "clusterqueues",
+    "LocalQueue": "localqueues",
+    "WorkloadPriorityClass": "workloadpriorityclasses",
+}
 
 
 def profile_classes() -> list[dict[str, Any]]:
@@ -67,7 +73,7 @@ def kueue(
         running.start()
         custom = client.CustomObjectsApi(api)
         for obj in yaml.safe_load_all((QUOTA / "kueue-queues.yaml").read_text()):
-            plural = obj["kind"].lower() + "s"
+            plural = PLURALS[obj["kind"]]
             if "namespace" in obj["metadata"]:
                 custom.create_namespaced_custom_object(*KUEUE, obj["metadata"]["namespace"], plural, obj)
             else:
