@@ -24,6 +24,7 @@ import json
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -202,7 +203,7 @@ class KueueProcess:
         except OSError:
             return False
 
-    def _wait(self, done: Any, what: str, timeout: float) -> None:
+    def _wait(self, done: Callable[[], bool], what: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while not done():
             if self.process is not None and self.process.poll() is not None:
