@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,20 +23,34 @@ def test_a_new_state_directory_is_made_private_and_an_existing_fit_one_is_kept(t
     assert existing.stat().st_mode & 0o777 == 0o755  # readable by others is fine; nothing is changed
 
 
+def _directory(mode: int = 0o700, owner: int | None = None) -> Callable[[Path], None]:
+    def make(path: Path) -> None:
+        path.mkdir()
+        os.chmod(path, mode)
+        if owner is not None:
+            os.chown(path, owner, 0)
+
+    return make
+
+
+def _file(path: Path) -> None:
+    path.write_text("x")
+
+
 @pytest.mark.parametrize(
     ("make", "problem"),
     [
-        (lambda p: (p.mkdir(), os.chmod(p, 0o777)), "has mode 0777: writable by group or others"),
-        (lambda p: (p.mkdir(), os.chmod(p, 0o775)), "has mode 0775: writable by group or others"),
-        (lambda p: (p.mkdir(), os.chown(p, 4242, 0)), "is owned by uid 4242, not by the plugin's user"),
-        (lambda p: p.write_text("x"), "is not a directory"),
+        (_directory(0o777), "has mode 0777: writable by group or others"),
+        (_directory(0o775), "has mode 0775: writable by group or others"),
+        (_directory(owner=4242), "is owned by uid 4242, not by the plugin's user"),
+        (_file, "is not a directory"),
     ],
 )
 def test_a_state_directory_someone_else_could_write_is_refused_with_the_fix(
-    tmp_path: Path, make: object, problem: str
+    tmp_path: Path, make: Callable[[Path], None], problem: str
 ) -> None:
     path = tmp_path / "state"
-    make(path)  # type: ignore[operator]
+    make(path)
     with pytest.raises(ConfigError) as refused:
         state_dir.ensure(path)
     assert refused.value.field == "--state-dir"
