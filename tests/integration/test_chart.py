@@ -193,6 +193,27 @@ def test_the_plugin_directory_is_at_its_host_path_inside_any_driver_root(root: s
     assert mounts["/driver-root"]["readOnly"] is (root == "/")
 
 
+def _notes(*args: str) -> str:
+    out = subprocess.run(
+        [helm(), "install", "--dry-run=client", RELEASE, str(CHART), "--namespace", NAMESPACE, *args],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return out.partition("NOTES:")[2]
+
+
+def test_the_install_notes_say_where_the_image_and_the_operator_need_care() -> None:
+    default = _notes()
+    assert "localhost/gpudra:0.1.0, which exists only on the machine where `make image` built" in default
+    assert "docs/gpu-operator.md" not in default
+    operator = _notes(
+        "-f", str(CHART / "ci" / "gpu-operator-values.yaml"), "--set", "image.repository=r.io/gpudra"
+    )
+    assert "ErrImagePull" not in operator
+    assert "The driver root is /run/nvidia/driver: see docs/gpu-operator.md" in operator
+
+
 # --- least privilege --------------------------------------------------------------------------------
 
 
