@@ -5,9 +5,9 @@ everything the controller touches, wired here and nowhere else.
 Every replica watches the cluster, serves the webhook (reviews write nothing) and answers `/status`,
 `/metrics` and the GPU map; only the leader writes (the webhook's Secret and configuration,
 housekeeping), and each writer asks `is_leader()` right before each write. Every part is a
-`service.Service` started by `service.running` in order (a part that fails to start stops those already started) and stopped in
-reverse on SIGTERM: the leader stops last but one, releasing the Lease so the other replica takes over
-at once.
+`service.Service` started by `service.running` in order (a part that fails to start stops those
+already started) and stopped in reverse on SIGTERM: the leader stops last but one, releasing the Lease
+so the other replica takes over at once.
 """
 
 from __future__ import annotations
