@@ -1,7 +1,11 @@
 """The GPU map page over HTTP: `/` (one HTML file, its CSS and script inline: no external assets, works
-offline) and `/gpu-map.json`, which the page reads every 10 seconds with its filters as query
-parameters (`gpudra.scheduling.gpu_map.MapQuery`). The controller serves it on its status port, `gpudra
-status --web` on loopback. I/O: none of its own; a WSGI application.
+offline), `/gpu-map.json`, which the page reads every 10 seconds with its filters as query parameters
+(`gpudra.scheduling.gpu_map.MapQuery`), and `/gpu-map-explain.json?claim=NAMESPACE/NAME`, explain's
+reason for one pending claim, which the page asks for each pending claim it shows, one after another.
+One explanation runs at a time (it walks every node): a request while one runs is answered 503 and the
+page asks again at its next refresh, so no number of open pages can take more than one core. The
+controller serves it on its status port, `gpudra status --web` on loopback. I/O: none of its own; a
+WSGI application.
 
 The page is read-only and draws only with `textContent` and attributes, since claim names and namespaces
 are a tenant's. A Content-Security-Policy allows the page's own inline style and script by their hashes
@@ -15,17 +19,20 @@ import base64
 import hashlib
 import json
 import re
+import threading
 from collections.abc import Callable, Iterable
 from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs
 
 from gpudra.errors import GpudraError
-from gpudra.scheduling.gpu_map import MapQuery, QueryError, Survey, draw
+from gpudra.scheduling.gpu_map import MAX_QUERY_VALUE, MapQuery, QueryError, Survey, draw, reason
 
 PAGE = resources.files("gpudra").joinpath("gpu_map.html").read_bytes()
 PAGE_PATHS = ("/", "/index.html")
 JSON_PATH = "/gpu-map.json"
+EXPLAIN_PATH = "/gpu-map-explain.json"
+PATHS = (*PAGE_PATHS, JSON_PATH, EXPLAIN_PATH)
 # A query string longer than this is no filter a person typed.
 MAX_QUERY_STRING = 2048
 
@@ -49,6 +56,7 @@ class GpuMapPage:
 
     def __init__(self, survey: Callable[[], Survey]) -> None:
         self.survey = survey
+        self._explaining = threading.Lock()
 
     def app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "/")
@@ -65,23 +73,41 @@ class GpuMapPage:
                 ],
             )
             return [PAGE]
-        if path != JSON_PATH:
-            return _json(
-                start_response, "404 Not Found", {"error": f"no such page; the map is at {PAGE_PATHS[0]}"}
-            )
+        if path not in (JSON_PATH, EXPLAIN_PATH):
+            return _json(start_response, "404 Not Found", {"error": "no such page; the map is at /"})
         text = str(environ.get("QUERY_STRING", ""))
         try:
             if len(text) > MAX_QUERY_STRING:
                 raise QueryError(f"the query string is {len(text)} characters; at most {MAX_QUERY_STRING}")
-            query = MapQuery.parse(parse_qs(text, keep_blank_values=True, max_num_fields=10))
+            params = parse_qs(text, keep_blank_values=True, max_num_fields=10)
+            if path == EXPLAIN_PATH:
+                return self._explain(start_response, _claim_param(params))
+            body = draw(self.survey(), MapQuery.parse(params)).model_dump_json(by_alias=True).encode()
         except (QueryError, ValueError) as err:
             return _json(start_response, "400 Bad Request", {"error": str(err)})
-        try:
-            body = draw(self.survey(), query).model_dump_json(by_alias=True).encode()
         except GpudraError as err:
             return _json(start_response, "503 Service Unavailable", {"error": str(err)})
         start_response("200 OK", [("Content-Type", "application/json"), *_COMMON])
         return [body]
+
+    def _explain(self, start_response: Callable[..., Any], claim: str) -> list[bytes]:
+        if not self._explaining.acquire(blocking=False):
+            busy = {"error": "explaining another claim; asked again at the next refresh"}
+            return _json(start_response, "503 Service Unavailable", busy)
+        try:
+            found = reason(self.survey(), claim)
+        finally:
+            self._explaining.release()
+        return _json(start_response, "200 OK", {"claim": claim, "reason": found})
+
+
+def _claim_param(params: dict[str, list[str]]) -> str:
+    if set(params) != {"claim"} or len(params["claim"]) != 1:
+        raise QueryError("give one query parameter claim=NAMESPACE/NAME")
+    claim = params["claim"][0]
+    if len(claim) > 2 * MAX_QUERY_VALUE + 1 or "/" not in claim:
+        raise QueryError("query parameter claim must be NAMESPACE/NAME")
+    return claim
 
 
 def _json(start_response: Callable[..., Any], status: str, document: dict[str, str]) -> list[bytes]:

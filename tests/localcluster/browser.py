@@ -9,12 +9,17 @@ finish before the DOM is dumped, and stops before the first 10-second refresh.
 from __future__ import annotations
 
 import functools
+import json
+import re
 import subprocess
 import tempfile
+import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 
 from tests.localcluster import binaries
 
@@ -66,6 +71,78 @@ def screenshot(url: str, path: Path, *, width: int = 1400, height: int = 1000, t
         url,
         timeout=timeout,
     )
+
+
+def drawn_ms(url: str, *, timeout: float = 120) -> float:
+    """Milliseconds from navigating to `url` until the GPU map page first drew its JSON (the page's
+    `data-drawn-ms`, its own performance.now()), in real time over the DevTools protocol."""
+    import websocket  # noqa: PLC0415 (the benchmark's dependency, not the tests')
+
+    with tempfile.TemporaryDirectory(prefix="gpudra-chromium-") as profile:
+        process = subprocess.Popen(
+            [
+                chromium(),
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+                "--remote-debugging-port=0",
+                f"--user-data-dir={profile}",
+                "about:blank",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert process.stderr is not None
+            port = _devtools_port(process.stderr.readline, timeout)
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=timeout) as reply:
+                page = next(t for t in json.loads(reply.read()) if t["type"] == "page")
+            socket = websocket.create_connection(page["webSocketDebuggerUrl"], timeout=timeout)
+            try:
+                ids = iter(range(1, 1_000_000))
+
+                def call(method: str, **params: Any) -> Any:
+                    number = next(ids)
+                    socket.send(json.dumps({"id": number, "method": method, "params": params}))
+                    while True:
+                        answer = json.loads(socket.recv())
+                        if answer.get("id") == number:
+                            return answer.get("result", {})
+
+                call("Page.navigate", url=url)
+                deadline = time.monotonic() + timeout
+                while time.monotonic() < deadline:
+                    found = call(
+                        "Runtime.evaluate",
+                        expression="document.body ? document.body.dataset.drawnMs || '' : ''",
+                        returnByValue=True,
+                    )
+                    value = found.get("result", {}).get("value", "")
+                    if value:
+                        return float(value)
+                    time.sleep(0.02)
+                raise RuntimeError(f"{url} did not draw in {timeout:.0f} s")
+            finally:
+                socket.close()
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+            if process.stderr is not None:
+                process.stderr.close()
+
+
+def _devtools_port(readline: Callable[[], str], timeout: float) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = readline()
+        found = re.search(r"DevTools listening on ws://[^:]+:([0-9]+)/", line)
+        if found:
+            return int(found.group(1))
+        if not line:
+            break
+    raise RuntimeError("chromium did not say where DevTools listens")
 
 
 @dataclass

@@ -8,7 +8,7 @@ import json
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlencode
 
 import pytest
 
@@ -17,13 +17,13 @@ from gpudra.gpu_map_page import CONTENT_SECURITY_POLICY, PAGE, GpuMapPage
 from gpudra.model.claim import read_claim
 from gpudra.scheduling.gpu_map import (
     MAX_PAGE_SIZE,
-    PENDING_EXPLAINED,
     GpuCard,
     GpuMap,
     MapQuery,
     QueryError,
     Survey,
     draw,
+    reason,
     survey,
 )
 
@@ -128,17 +128,14 @@ def test_pending_claims_carry_explains_verdict() -> None:
     never["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [
         {"cel": {"expression": 'device.attributes["gpu.gpudra.io"].productName == "NVIDIA H200"'}}
     ]
-    found = draw(surveyed(fits, never), MapQuery())
-    reasons = {p.name: p.reason for p in found.pending}
-    assert reasons["fits"].startswith("fits on node-")
-    assert reasons["never"].startswith("cannot fit") and "H200" in reasons["never"]
-
-
-def test_only_the_first_pending_claims_of_a_page_are_explained() -> None:
-    waiting = [claim(f"w{i:03}", classes=("gpu.gpudra.io",)) for i in range(PENDING_EXPLAINED + 3)]
-    found = draw(surveyed(*waiting), MapQuery())
-    explained = [p for p in found.pending if p.reason]
-    assert len(found.pending) == PENDING_EXPLAINED + 3 and len(explained) == PENDING_EXPLAINED
+    found = surveyed(fits, never)
+    assert [p.reason for p in draw(found, MapQuery()).pending] == ["", ""]  # drawing explains nothing
+    assert reason(found, "default/fits").startswith("fits on node-")
+    never_reason = reason(found, "default/never")
+    assert never_reason.startswith("cannot fit") and "H200" in never_reason
+    assert {p.name: p.reason for p in draw(found, MapQuery()).pending}["never"] == never_reason  # kept
+    with pytest.raises(QueryError, match="no pending GPU claim 'default/nope'"):
+        reason(found, "default/nope")
 
 
 def test_filters_by_node_product_and_namespace_and_pages() -> None:
@@ -238,3 +235,16 @@ def test_a_cluster_that_cannot_be_read_is_answered_503_with_the_reason() -> None
     status, _, body = get(GpuMapPage(unreachable), "/gpu-map.json")
     assert status == "503 Service Unavailable"
     assert json.loads(body) == {"error": "listing resourceslices: connection refused"}
+
+
+def test_a_pending_claims_reason_is_asked_one_at_a_time() -> None:
+    page = GpuMapPage(hostile_survey())
+    name = f"<b>ns</b>/{HOSTILE}-waits"
+    status, _, body = get(page, "/gpu-map-explain.json", urlencode({"claim": name}))
+    assert status == "200 OK"
+    assert json.loads(body)["claim"] == name and json.loads(body)["reason"].startswith("fits on node-")
+    assert get(page, "/gpu-map-explain.json", "claim=default/nope")[0] == "400 Bad Request"
+    assert get(page, "/gpu-map-explain.json", "claim=a/b&node=x")[0] == "400 Bad Request"
+    with page._explaining:  # another explanation running
+        status, _, body = get(page, "/gpu-map-explain.json", urlencode({"claim": name}))
+    assert status == "503 Service Unavailable" and "next refresh" in json.loads(body)["error"]

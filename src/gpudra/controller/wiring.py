@@ -24,7 +24,7 @@ from gpudra.controller.metrics import ControllerMetrics
 from gpudra.controller.options import Options
 from gpudra.controller.webhook import WebhookServer
 from gpudra.controller.webhook_tls import CertificateKeeper
-from gpudra.gpu_map_page import JSON_PATH, PAGE_PATHS, GpuMapPage
+from gpudra.gpu_map_page import PATHS, GpuMapPage
 from gpudra.http_endpoint import Check, HttpEndpoint, loops_alive
 from gpudra.kube import client as kube
 from gpudra.kube.admission import AdmissionObjects, cluster_role_owner
@@ -107,4 +107,4 @@ def run(options: Options, *, stop: threading.Event) -> None:
 def _gpu_map(cluster: ClusterWatch) -> dict[str, Any]:
     """The GPU map's paths on the status port (docs/gpu-map.md says who can reach it)."""
     page = GpuMapPage(cluster.survey)
-    return {path: page.app for path in (*PAGE_PATHS, JSON_PATH)}
+    return {path: page.app for path in PATHS}

@@ -7,9 +7,12 @@ Built in two steps, so that a server can keep the first while nothing changes:
 - `survey` walks the slices and claims once: every GPU of every node, with what holds it. Counts (idle
   GPUs, pending claims) come from `gpudra.scheduling.cluster_view`, so the page and `gpudra status`
   never disagree.
-- `draw` filters the survey by node, product and namespace, cuts one page of nodes, and explains the
-  pending claims of that page (`gpudra.scheduling.explain`; at most PENDING_EXPLAINED, since each
-  explanation walks every node). A thousand nodes are one survey and a page of MapQuery.size nodes.
+- `draw` filters the survey by node, product and namespace and cuts one page of nodes, with the
+  pending claims of that namespace (all of them without one).
+- `reason` is explain's one-line verdict for one pending claim (`gpudra.scheduling.explain`), asked by
+  the page for each pending claim it shows, one at a time: an explanation walks every node's devices
+  (seconds at a thousand nodes with every MIG placement published), so it is never part of drawing a
+  page, and each is kept in the survey.
 
 Everything here comes from the API server, and claim names and namespaces are a tenant's: the model
 keeps them as plain strings and the page sets them as text, never as markup.
@@ -32,14 +35,12 @@ from gpudra.scheduling import cluster_view
 from gpudra.scheduling.claims import Allocations
 from gpudra.scheduling.cluster_view import ClusterView, attribute, gpu_minor, gpu_uuid
 from gpudra.scheduling.explain import ClaimToExplain, device_classes, explain
-from gpudra.scheduling.pools import Amount, Device, Inventory, quantity
+from gpudra.scheduling.pools import Amount, Device, Inventory, Pool, quantity
 
 # Nodes on one page unless the query says otherwise, and the most it may ask: a page of 200 DGX nodes
 # is about 1,600 GPUs, as much as a browser lays out without stalling.
 PAGE_SIZE = 50
 MAX_PAGE_SIZE = 200
-# Pending claims explained per page: each explanation walks every node's devices.
-PENDING_EXPLAINED = 20
 # A query value is a node name, a product or a namespace: no legitimate one is longer.
 MAX_QUERY_VALUE = 253
 
@@ -94,7 +95,7 @@ class PendingReason(_Model):
     name: str
     age_seconds: float
     device_classes: list[str]
-    reason: str  # explain's verdict; empty when not explained on this page
+    reason: str  # explain's verdict once `reason` was asked for it in this survey, else empty
 
 
 class GpuMap(_Model):
@@ -212,14 +213,15 @@ def survey(
     idle = cluster_view.idle_gpus(inventory, view.idle, claims, driver=driver)
     room = {(m.node, m.uuid): m.largest_placeable for m in view.mig}
     shares = _shares(claims, driver)
-    gpus: dict[str, _Gpu] = {}
+    gpus: dict[tuple[str, str], _Gpu] = {}
     for pool in inventory.pools.values():
         for device in pool.devices:
             uuid = gpu_uuid(device)
             if uuid is None:
                 continue
-            gpu = gpus.setdefault(uuid, _Gpu(node=device.node or pool.name, uuid=uuid))
-            gpu.add(device, allocations, shares)
+            node = device.node or pool.name
+            gpu = gpus.setdefault((node, uuid), _Gpu(node=node, uuid=uuid))
+            gpu.add(device, pool, allocations, shares)
     nodes: dict[str, list[GpuCard]] = {}
     namespaces: dict[str, set[str]] = {}
     for gpu in sorted(gpus.values(), key=lambda g: (g.node, gpu_minor(g.name), g.uuid)):
@@ -238,7 +240,7 @@ def survey(
 
 def draw(found: Survey, query: MapQuery) -> GpuMap:
     """One page of the map: the nodes that pass the query's filters, and the pending claims of its
-    namespace (all of them without one), the first PENDING_EXPLAINED of them explained."""
+    namespace (all of them without one), with the reasons already found."""
     nodes = [
         node
         for node in found.nodes
@@ -269,9 +271,9 @@ def draw(found: Survey, query: MapQuery) -> GpuMap:
                 name=p.name,
                 age_seconds=p.age_seconds,
                 device_classes=p.device_classes,
-                reason=_reason(found, f"{p.namespace}/{p.name}") if index < PENDING_EXPLAINED else "",
+                reason=found.reasons.get(f"{p.namespace}/{p.name}", ""),
             )
-            for index, p in enumerate(pending)
+            for p in pending
         ],
         products=sorted({g.product for n in found.nodes for g in n.gpus}),
         namespaces=sorted(
@@ -283,10 +285,13 @@ def draw(found: Survey, query: MapQuery) -> GpuMap:
     )
 
 
-def _reason(found: Survey, name: str) -> str:
-    """Explain's one-line verdict for the pending claim `name`, cached in the survey."""
+def reason(found: Survey, name: str) -> str:
+    """Explain's one-line verdict for the pending claim `name` ("namespace/name"), kept in the survey;
+    QueryError when no such claim is pending."""
     reason = found.reasons.get(name)
     if reason is None:
+        if not any(f"{p.namespace}/{p.name}" == name for p in found.view.pending):
+            raise QueryError(f"no pending GPU claim {name!r}: give one the map lists, as namespace/name")
         claim = next(c for c in found.claims if c.namespaced_name == name)
         try:
             answer = explain(
@@ -334,7 +339,7 @@ class _Gpu:
     shares: list[Share] = field(default_factory=list)
     unhealthy: str | None = None
 
-    def add(self, device: Device, allocations: Allocations, shares: _Shares) -> None:
+    def add(self, device: Device, pool: Pool, allocations: Allocations, shares: _Shares) -> None:
         kind = attribute(device, "type")
         self.product = self.product or str(attribute(device, "productName") or "")
         holders = allocations.holders(device.id)
@@ -354,6 +359,11 @@ class _Gpu:
                 )
         elif kind == "mig":
             self.name = self.name or f"gpu-{attribute(device, 'parentMinor')}"
+            # Without a whole-GPU device (MIG on, no reset possible), its counter set holds its memory.
+            self.memory = self.memory or max(
+                (int(pool.counter_sets.get(name, {}).get("memory", 0)) for name in device.counters()),
+                default=0,
+            )
             start, size = (
                 int(attribute(device, "placementStart") or 0),
                 int(attribute(device, "placementSize") or 0),
