@@ -12,6 +12,7 @@ from urllib.parse import parse_qs, urlencode
 
 import pytest
 
+from gpudra.controller.cluster import VIEW_SECONDS, ClusterWatch
 from gpudra.errors import ClusterError
 from gpudra.gpu_map_page import CONTENT_SECURITY_POLICY, PAGE, GpuMapPage
 from gpudra.model.claim import read_claim
@@ -248,3 +249,18 @@ def test_a_pending_claims_reason_is_asked_one_at_a_time() -> None:
     with page._explaining:  # another explanation running
         status, _, body = get(page, "/gpu-map-explain.json", urlencode({"claim": name}))
     assert status == "503 Service Unavailable" and "next refresh" in json.loads(body)["error"]
+
+
+def test_the_controller_builds_a_survey_once_per_change_or_view_period() -> None:
+    class NoKube:
+        """Informers never started: every collection is empty."""
+
+    now = [NOW]
+    watch = ClusterWatch(NoKube(), driver=DRIVER, idle_after_seconds=60, clock=lambda: now[0])
+    first = watch.survey()
+    assert watch.survey() is first
+    watch._changed()  # a watch event
+    second = watch.survey()
+    assert second is not first and watch.survey() is second
+    now[0] += timedelta(seconds=VIEW_SECONDS)  # idle times grow with the clock
+    assert watch.survey() is not second

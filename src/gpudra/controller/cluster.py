@@ -87,6 +87,7 @@ class ClusterWatch:
         self._device_changes = 0
         self._view: tuple[int, datetime, cluster_view.ClusterView] | None = None
         self._survey: tuple[int, datetime, gpu_map.Survey] | None = None
+        self._survey_build = threading.Lock()
         self._reach: tuple[int, Reach] | None = None
         # Called after each change to the slices (e.g. housekeeping's wake(): a pool may be gone).
         self.on_slices_change: list[Callable[[], None]] = []
@@ -147,23 +148,26 @@ class ClusterWatch:
 
     def survey(self) -> gpu_map.Survey:
         """The GPU map's survey, rebuilt as `view()` is: a page refreshing every few seconds in many
-        browsers must not walk a thousand nodes' slices each time."""
-        now = self.clock()
-        with self._lock:
-            changes, cached = self._changes, self._survey
-        if cached is not None and cached[0] == changes and (now - cached[1]).total_seconds() < VIEW_SECONDS:
-            return cached[2]
-        found = gpu_map.survey(
-            driver=self.driver,
-            slices=self.slices.objects(),
-            claims=[read_claim(obj) for obj in self.claims.objects()],
-            classes=self.classes.objects(),
-            now=now,
-            idle_after_seconds=self.idle_after_seconds,
-        )
-        with self._lock:
-            self._survey = (changes, now, found)
-        return found
+        browsers must not walk a thousand nodes' slices each time, nor several times at once (pages
+        asking together wait for one build)."""
+        with self._survey_build:
+            now = self.clock()
+            with self._lock:
+                changes, cached = self._changes, self._survey
+            fresh = cached is not None and (now - cached[1]).total_seconds() < VIEW_SECONDS
+            if cached is not None and cached[0] == changes and fresh:
+                return cached[2]
+            found = gpu_map.survey(
+                driver=self.driver,
+                slices=self.slices.objects(),
+                claims=[read_claim(obj) for obj in self.claims.objects()],
+                classes=self.classes.objects(),
+                now=now,
+                idle_after_seconds=self.idle_after_seconds,
+            )
+            with self._lock:
+                self._survey = (changes, now, found)
+            return found
 
     def reach(self) -> Reach:
         with self._lock:
