@@ -14,7 +14,9 @@ import pytest
 
 from gpudra.controller.cluster import VIEW_SECONDS, ClusterWatch
 from gpudra.errors import ClusterError
-from gpudra.gpu_map_page import CONTENT_SECURITY_POLICY, PAGE, GpuMapPage
+from gpudra.gpu_map_page import CONTENT_SECURITY_POLICY, PAGE, PATHS, GpuMapPage
+from gpudra.http_endpoint import HttpEndpoint
+from gpudra.metrics import CollectorRegistry
 from gpudra.model.claim import read_claim
 from gpudra.scheduling.gpu_map import (
     MAX_PAGE_SIZE,
@@ -264,3 +266,20 @@ def test_the_controller_builds_a_survey_once_per_change_or_view_period() -> None
     assert second is not first and watch.survey() is second
     now[0] += timedelta(seconds=VIEW_SECONDS)  # idle times grow with the clock
     assert watch.survey() is not second
+
+
+def test_the_controllers_endpoint_hands_the_map_paths_to_the_page_and_the_rest_to_metrics() -> None:
+    page = GpuMapPage(hostile_survey())
+    endpoint = HttpEndpoint(
+        CollectorRegistry(), address="127.0.0.1", port=0, apps={path: page.app for path in PATHS}
+    )
+    answers: list[str] = []
+
+    def call(path: str) -> bytes:
+        environ = {"PATH_INFO": path, "QUERY_STRING": "", "REQUEST_METHOD": "GET"}
+        return b"".join(endpoint.app(environ, lambda status, headers: answers.append(status)))
+
+    assert call("/") == PAGE
+    assert json.loads(call("/gpu-map.json"))["nodesTotal"] == 2
+    assert b"gpu-map" not in call("/metrics")
+    assert answers == ["200 OK"] * 3
