@@ -35,7 +35,7 @@ def chromium() -> str:
 
 
 def _run(*args: str, timeout: float) -> str:
-    with tempfile.TemporaryDirectory(prefix="gpudra-chromium-") as profile:
+    with tempfile.TemporaryDirectory(prefix="gpudra-chromium-", ignore_cleanup_errors=True) as profile:
         done = subprocess.run(
             [
                 chromium(),
@@ -78,7 +78,8 @@ def drawn_ms(url: str, *, timeout: float = 120) -> float:
     `data-drawn-ms`, its own performance.now()), in real time over the DevTools protocol."""
     import websocket  # noqa: PLC0415 (the benchmark's dependency, not the tests')
 
-    with tempfile.TemporaryDirectory(prefix="gpudra-chromium-") as profile:
+    # Chromium's helper processes may still write to the profile as it is removed.
+    with tempfile.TemporaryDirectory(prefix="gpudra-chromium-", ignore_cleanup_errors=True) as profile:
         process = subprocess.Popen(
             [
                 chromium(),
