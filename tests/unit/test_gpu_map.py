@@ -12,8 +12,9 @@ from urllib.parse import parse_qs, urlencode
 
 import pytest
 
+from gpudra.cli import status_web
 from gpudra.controller.cluster import VIEW_SECONDS, ClusterWatch
-from gpudra.errors import ClusterError
+from gpudra.errors import ClusterError, ConfigError
 from gpudra.gpu_map_page import CONTENT_SECURITY_POLICY, PAGE, PATHS, GpuMapPage
 from gpudra.http_endpoint import HttpEndpoint
 from gpudra.metrics import CollectorRegistry
@@ -283,3 +284,33 @@ def test_the_controllers_endpoint_hands_the_map_paths_to_the_page_and_the_rest_t
     assert json.loads(call("/gpu-map.json"))["nodesTotal"] == 2
     assert b"gpu-map" not in call("/metrics")
     assert answers == ["200 OK"] * 3
+
+
+def test_status_web_draws_the_gpus_without_holders_when_the_caller_may_not_list_claims() -> None:
+    class Caller:
+        """A kubeconfig that may read slices and classes but not claims cluster-wide."""
+
+        def list_all_slices(self) -> list[dict[str, Any]]:
+            return SLICES
+
+        def list_device_classes(self) -> list[dict[str, Any]]:
+            return CLASS_OBJECTS
+
+        def list_all_claims(self) -> list[dict[str, Any]]:
+            raise ClusterError("listing resourceclaims: forbidden (HTTP 403)")
+
+    surveys = status_web._Surveys(Caller(), driver=DRIVER, idle_after_seconds=60)
+    drawn = draw(surveys.get(), MapQuery())
+    assert sum(len(n.gpus) for n in drawn.nodes) == 6
+    assert drawn.notes == [
+        "the GPUs are shown without their claims: listing resourceclaims: forbidden (HTTP 403)"
+    ]
+    assert surveys.get() is surveys.get()  # read at most once per SURVEY_SECONDS
+
+
+def test_status_web_takes_host_and_port_or_names_the_option() -> None:
+    assert status_web.listen_address("127.0.0.1:0") == ("127.0.0.1", 0)
+    assert status_web.listen_address("[::1]:8090") == ("::1", 8090)
+    for bad in ("8090", "localhost:", ":8090", "host:99999", "host:http"):
+        with pytest.raises(ConfigError, match=r"--listen: .* is not HOST:PORT"):
+            status_web.listen_address(bad)
