@@ -21,6 +21,7 @@ from gpudra.metrics import CollectorRegistry
 from gpudra.model.claim import read_claim
 from gpudra.scheduling.gpu_map import (
     MAX_PAGE_SIZE,
+    MAX_PENDING,
     GpuCard,
     GpuMap,
     MapQuery,
@@ -314,3 +315,13 @@ def test_status_web_takes_host_and_port_or_names_the_option() -> None:
     for bad in ("8090", "localhost:", ":8090", "host:99999", "host:http"):
         with pytest.raises(ConfigError, match=r"--listen: .* is not HOST:PORT"):
             status_web.listen_address(bad)
+
+
+def test_a_page_lists_the_oldest_pending_claims_and_counts_them_all() -> None:
+    waiting = [
+        claim(f"w{i:03}", classes=("gpu.gpudra.io",), created=NOW - timedelta(minutes=i))
+        for i in range(MAX_PENDING + 2)
+    ]
+    drawn = draw(surveyed(*waiting), MapQuery())
+    assert drawn.pending_total == MAX_PENDING + 2 and len(drawn.pending) == MAX_PENDING
+    assert drawn.pending[0].name == f"w{MAX_PENDING + 1:03}"  # the oldest first

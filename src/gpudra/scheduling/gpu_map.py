@@ -43,6 +43,8 @@ PAGE_SIZE = 50
 MAX_PAGE_SIZE = 200
 # A query value is a node name, a product or a namespace: no legitimate one is longer.
 MAX_QUERY_VALUE = 253
+# Pending claims a page lists (the oldest first); filtering by namespace shows the others.
+MAX_PENDING = 200
 
 
 class _Model(BaseModel):
@@ -108,7 +110,8 @@ class GpuMap(_Model):
     pages: int
     page_size: int
     nodes: list[NodeMap]
-    pending: list[PendingReason]
+    pending: list[PendingReason]  # the MAX_PENDING oldest
+    pending_total: int
     products: list[str]  # every product in the cluster, for the filter's choices
     namespaces: list[str]  # every namespace with a GPU claim
     query: dict[str, str]  # the filters in effect
@@ -255,6 +258,7 @@ def draw(found: Survey, query: MapQuery) -> GpuMap:
     pages = max(1, -(-len(nodes) // query.size))
     page = min(query.page, pages)
     pending = [p for p in found.view.pending if not query.namespace or p.namespace == query.namespace]
+    oldest = sorted(pending, key=lambda p: -p.age_seconds)[:MAX_PENDING]
     return GpuMap(
         generated=found.view.generated,
         driver=found.view.driver,
@@ -273,8 +277,9 @@ def draw(found: Survey, query: MapQuery) -> GpuMap:
                 device_classes=p.device_classes,
                 reason=found.reasons.get(f"{p.namespace}/{p.name}", ""),
             )
-            for p in pending
+            for p in oldest
         ],
+        pending_total=len(pending),
         products=sorted({g.product for n in found.nodes for g in n.gpus}),
         namespaces=sorted(
             {ns for names in found.namespaces_of_node.values() for ns in names}
@@ -288,8 +293,8 @@ def draw(found: Survey, query: MapQuery) -> GpuMap:
 def reason(found: Survey, name: str) -> str:
     """Explain's one-line verdict for the pending claim `name` ("namespace/name"), kept in the survey;
     QueryError when no such claim is pending."""
-    reason = found.reasons.get(name)
-    if reason is None:
+    verdict = found.reasons.get(name)
+    if verdict is None:
         if not any(f"{p.namespace}/{p.name}" == name for p in found.view.pending):
             raise QueryError(f"no pending GPU claim {name!r}: give one the map lists, as namespace/name")
         claim = next(c for c in found.claims if c.namespaced_name == name)
@@ -301,11 +306,11 @@ def reason(found: Survey, name: str) -> str:
                 allocated=found.claims,
                 driver=found.view.driver,
             )
-            reason = answer.verdict
+            verdict = answer.verdict
         except GpudraError as err:  # a malformed spec: the scheduler refuses it too
-            reason = f"cannot be scheduled: {err}"
-        found.reasons[name] = reason
-    return reason
+            verdict = f"cannot be scheduled: {err}"
+        found.reasons[name] = verdict
+    return verdict
 
 
 # --- one GPU ---------------------------------------------------------------------------------------
