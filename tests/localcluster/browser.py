@@ -76,7 +76,8 @@ def screenshot(url: str, path: Path, *, width: int = 1400, height: int = 1000, t
 def drawn_ms(url: str, *, timeout: float = 120) -> float:
     """Milliseconds from navigating to `url` until the GPU map page first drew its JSON (the page's
     `data-drawn-ms`, its own performance.now()), in real time over the DevTools protocol."""
-    import websocket  # noqa: PLC0415 (the benchmark's dependency, not the tests')
+    # websocket-client comes with the kubernetes client (its watch over websockets).
+    import websocket  # noqa: PLC0415 (only the benchmark speaks the DevTools protocol)
 
     # Chromium's helper processes may still write to the profile as it is removed.
     with tempfile.TemporaryDirectory(prefix="gpudra-chromium-", ignore_cleanup_errors=True) as profile:
