@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install lint test unit integration faults e2e k8s kueue helm chart-lint chart-schema manifests render-manifests bench bench-scale compat cluster-up cluster-down demo proto schemas clean
+.PHONY: install lint test unit integration faults e2e k8s kueue chromium gpu-map-screenshot bench-gpu-map helm chart-lint chart-schema manifests render-manifests bench bench-scale compat cluster-up cluster-down demo proto schemas clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,13 +22,13 @@ lint: $(STAMP)
 
 # The test command named in README.md (and run by .ci/run): lint, unit tests, and the integration
 # tests against a real local control plane and kubelet (built once into ~/.cache/gpudra).
-test: lint k8s kueue chart-lint
+test: lint k8s kueue chart-lint chromium
 	$(BIN)/pytest
 
 unit: $(STAMP)
 	$(BIN)/pytest tests/unit
 
-integration: $(STAMP) k8s kueue
+integration: $(STAMP) k8s kueue chromium
 	$(BIN)/pytest tests/integration
 
 # The fault suite (also part of `make test`): random SIGKILLs with an auditor, disk full at every
@@ -43,6 +43,21 @@ k8s:
 # built once into ~/.cache/gpudra for tests/integration/test_kueue.py (docs/quota.md).
 kueue:
 	bash deploy/local/build-kueue.sh >/dev/null
+
+# Chromium from Debian for the GPU map's browser test (tests/integration/test_gpu_map_browser.py), its
+# screenshot and its benchmark. Needs root the first time; cold about 30 s, warm instant.
+chromium:
+	bash deploy/local/install-chromium.sh >/dev/null
+
+# docs/gpu-map.png: the GPU map page as the controller serves it in `make demo`'s state (fake CRI),
+# taken by headless Chromium after the demo's pods run, before they are deleted. About 3 minutes.
+gpu-map-screenshot: $(STAMP) k8s chromium
+	$(BIN)/python -m tests.localcluster.demo --runtime fakecri --gpu-map-screenshot docs/gpu-map.png
+
+# The GPU map's load time at 1,000 simulated DGX nodes' slices: survey, one page's JSON, and headless
+# Chromium drawing it; prints a table. About a minute on 2 cores.
+bench-gpu-map: $(STAMP) chromium
+	$(BIN)/python -m tests.bench.gpu_map
 
 # Issue 13: the chart installed with Helm on the local cluster with containerd (real containers, CDI,
 # the webhook behind its Service, a rolling upgrade, clean teardown). Needs root; builds the image and

@@ -1,5 +1,6 @@
-"""A daemon's HTTP endpoint: Prometheus metrics, liveness and readiness probes, and JSON documents (the
-controller's `/status`). I/O: one listening socket and its request threads. Both binaries use it.
+"""A daemon's HTTP endpoint: Prometheus metrics, liveness and readiness probes, JSON documents (the
+controller's `/status`) and whole WSGI applications at given paths (the controller's GPU map). I/O: one
+listening socket and its request threads. Both binaries use it.
 
 `/metrics` serves the registry. `/livez` fails only when the process cannot recover by itself (a
 background thread ended): the kubelet restarts the container then. `/readyz` fails while the plugin
@@ -27,6 +28,7 @@ from gpudra.service import Loop
 
 # A probe answers "why not" (a short reason) or None when the check passes.
 Probe = Callable[[], str | None]
+WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
 
 @dataclass(frozen=True)
@@ -67,8 +69,8 @@ class _QuietHandler(WSGIRequestHandler):
 
 
 class HttpEndpoint:
-    """Serves `/metrics`, `/livez`, `/readyz` and the `documents` (path -> JSON bytes, made per request)
-    on `address:port`, as a `service.Service`."""
+    """Serves `/metrics`, `/livez`, `/readyz`, the `documents` (path -> JSON bytes, made per request) and
+    the `apps` (path -> the WSGI application answering it) on `address:port`, as a `service.Service`."""
 
     def __init__(
         self,
@@ -79,18 +81,23 @@ class HttpEndpoint:
         liveness: Sequence[Check] = (),
         readiness: Sequence[Check] = (),
         documents: Mapping[str, Callable[[], bytes]] | None = None,
+        apps: Mapping[str, WsgiApp] | None = None,
     ) -> None:
         self.address = address
         self.port = port
         self.liveness = list(liveness)
         self.readiness = list(readiness)
         self.documents = dict(documents or {})
+        self.apps = dict(apps or {})
         self._metrics = wsgi_app(registry)
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
 
     def app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "/")
+        app = self.apps.get(path)
+        if app is not None:
+            return app(environ, start_response)
         document = self.documents.get(path)
         if document is not None:
             start_response("200 OK", [("Content-Type", "application/json"), ("Cache-Control", "no-store")])

@@ -69,10 +69,14 @@ def _wait(what: str, done: Callable[[], bool], timeout: float) -> None:
         time.sleep(0.2)
 
 
-def run(root: Path, *, runtime: str = "fakecri", image: Path | None = None) -> None:
+def run(
+    root: Path, *, runtime: str = "fakecri", image: Path | None = None, gpu_map_screenshot: Path | None = None
+) -> None:
     """The demo on a new cluster in `root`; with runtime "containerd", `image` is a `make image`
     archive, imported into every node and installed with the chart. The release and its feature gates
-    are the local cluster's (K8S, GPUDRA_FEATURE_GATES, GPUDRA_RUNTIME_CONFIG)."""
+    are the local cluster's (K8S, GPUDRA_FEATURE_GATES, GPUDRA_RUNTIME_CONFIG). `gpu_map_screenshot`:
+    where headless Chromium saves the controller's GPU map page while the examples run (`make
+    gpu-map-screenshot`)."""
     images = (image,) if image is not None else ()
     with_runtime = "a fake container runtime" if runtime == "fakecri" else "containerd, runc and CNI"
     _step(f"starting a real Kubernetes control plane and 3 kubelets ({with_runtime})")
@@ -91,6 +95,8 @@ def run(root: Path, *, runtime: str = "fakecri", image: Path | None = None) -> N
             demo.install()
             demo.apply()
             demo.show()
+            if gpu_map_screenshot is not None:
+                _screenshot(gpudra.controller_url(api), gpu_map_screenshot)
             demo.clean_up()
         finally:
             gpudra.stop()
@@ -394,6 +400,14 @@ def _products(api: DemoApi) -> dict[tuple[str, str], str]:
     }
 
 
+def _screenshot(controller_url: str, path: Path) -> None:
+    from tests.localcluster import browser  # noqa: PLC0415 (only this step needs Chromium)
+
+    _step(f"the GPU map page, as the controller serves it: {path}")
+    browser.screenshot(f"{controller_url}/", path, width=1400, height=1300)
+    print(f"saved {path}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tests.localcluster.demo",
@@ -404,6 +418,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--image", type=Path, help="with containerd: the `make image` archive (deploy/image/archive.sh)"
     )
+    parser.add_argument(
+        "--gpu-map-screenshot", type=Path, help="save the controller's GPU map page here while the pods run"
+    )
     args = parser.parse_args(argv)
     if (args.runtime == "containerd") != (args.image is not None):
         parser.error("--image goes with --runtime containerd, and only with it")
@@ -412,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     prefix = "gpudra-demo-" if args.runtime == "fakecri" else "gd-"
     root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     try:
-        run(root, runtime=args.runtime, image=args.image)
+        run(root, runtime=args.runtime, image=args.image, gpu_map_screenshot=args.gpu_map_screenshot)
     except (GpudraError, ApiException) as err:
         where = "nodes/*/gpudra-plugin.log" if args.image is None else "nodes/*/pod-logs"
         print(f"demo failed: {err}\nlogs: {root}/logs and {root}/{where}", file=sys.stderr)

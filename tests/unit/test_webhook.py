@@ -52,6 +52,7 @@ OPTIONS = Options(
     failure_policy="Fail",
     metrics_port=8080,
     metrics_address="127.0.0.1",
+    gpu_map=True,
     idle_after_seconds=600,
     lease_name="gpudra-controller",
     lease_seconds=15,

@@ -147,6 +147,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="read the view the controller serves at this URL (e.g. http://127.0.0.1:8080)",
     )
+    status.add_argument(
+        "--web",
+        action="store_true",
+        help="serve the GPU map page (read-only, auto-refreshing) from your kubeconfig's view at --listen",
+    )
+    status.add_argument(
+        "--listen", default="127.0.0.1:8090", help="with --web: HOST:PORT to serve the page on (0: any port)"
+    )
 
     plugin = commands.add_parser("kubelet-plugin", help="run the node plugin (DaemonSet)")
     _common(plugin)
@@ -273,6 +281,13 @@ def _controller_parser(ctl: argparse.ArgumentParser) -> None:
         ctl, "metrics-port", default="8080", help="HTTP port for /metrics, /status, /livez, /readyz (0: off)"
     )
     _add(ctl, "metrics-address", default="0.0.0.0", help="address the HTTP port binds")
+    _add(
+        ctl,
+        "gpu-map",
+        default="true",
+        choices=["true", "false"],
+        help="serve the read-only GPU map page at / on the HTTP port (docs/gpu-map.md: who can reach it)",
+    )
     _add(ctl, "idle-after-seconds", default="1800", help="report an allocated GPU idle after this long")
     _add(ctl, "lease-name", default="gpudra-controller", help="the leader election Lease")
     _add(ctl, "lease-seconds", default="15", help="how long a leader holds the Lease without renewing")
@@ -378,6 +393,8 @@ def _explain(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     from gpudra.cli import status  # noqa: PLC0415 (see the imports above)
 
+    if args.web:
+        return _status_web(args)
     view = status.fetch(
         kubeconfig=args.kubeconfig,
         driver=args.driver_name,
@@ -386,6 +403,23 @@ def _status(args: argparse.Namespace) -> int:
     )
     sys.stdout.write(status.show(view, output=args.output))
     return 0
+
+
+def _status_web(args: argparse.Namespace) -> int:
+    from gpudra.cli import status_web  # noqa: PLC0415 (see the imports above)
+
+    if args.controller_url:
+        raise ConfigError(
+            "--web reads the cluster with your kubeconfig; the controller serves the same page at its "
+            "URL's /",
+            field="--controller-url",
+        )
+    return status_web.serve(
+        kubeconfig=args.kubeconfig,
+        driver=args.driver_name,
+        idle_after_seconds=_seconds_option(args.idle_after_seconds, "--idle-after-seconds"),
+        listen=args.listen,
+    )
 
 
 # --- controller ----------------------------------------------------------------------------------
@@ -415,6 +449,7 @@ def _controller(args: argparse.Namespace) -> int:
         failure_policy=args.failure_policy,
         metrics_port=_int_option(args.metrics_port, "--metrics-port"),
         metrics_address=args.metrics_address,
+        gpu_map=args.gpu_map == "true",
         idle_after_seconds=seconds["idle-after-seconds"],
         lease_name=args.lease_name,
         lease_seconds=seconds["lease-seconds"],

@@ -3,7 +3,8 @@ ResourceClaim, every DeviceClass. I/O: the API server, through `gpudra.kube.info
 
 Every replica keeps it (a follower answers `gpudra status` and admission warnings as well as the
 leader). `view()` builds `gpudra.scheduling.cluster_view` from it, again only when a watch saw a change or
-VIEW_SECONDS passed (idle times grow with the clock); `reach()` holds requests against the published
+VIEW_SECONDS passed (idle times grow with the clock), and so `survey()` for the GPU map
+(`gpudra.scheduling.gpu_map`); `reach()` holds requests against the published
 devices for the admission warnings, rebuilt when slices or classes changed. The warnings also name the
 feature gate or release a request's form of the GPUs needs where no node can publish it
 (`gpudra.scheduling.forms`): the server's fields are taken from its release's default gates and what
@@ -25,7 +26,7 @@ from gpudra.kube.client import Kube
 from gpudra.kube.informer import Informer
 from gpudra.model.claim import read_claim, read_spec_of
 from gpudra.model.kube_api import GROUP, VERSION
-from gpudra.scheduling import cluster_view
+from gpudra.scheduling import cluster_view, gpu_map
 from gpudra.scheduling.explain import device_classes
 from gpudra.scheduling.forms import fields_seen, withheld_on
 from gpudra.scheduling.pools import Inventory
@@ -85,6 +86,8 @@ class ClusterWatch:
         self._changes = 0  # watch events seen; a view or reach remembers the count it was built at
         self._device_changes = 0
         self._view: tuple[int, datetime, cluster_view.ClusterView] | None = None
+        self._survey: tuple[int, datetime, gpu_map.Survey] | None = None
+        self._survey_build = threading.Lock()
         self._reach: tuple[int, Reach] | None = None
         # Called after each change to the slices (e.g. housekeeping's wake(): a pool may be gone).
         self.on_slices_change: list[Callable[[], None]] = []
@@ -149,6 +152,29 @@ class ClusterWatch:
         with self._lock:
             self._view = (changes, now, view)
         return view
+
+    def survey(self) -> gpu_map.Survey:
+        """The GPU map's survey, rebuilt as `view()` is: a page refreshing every few seconds in many
+        browsers must not walk a thousand nodes' slices each time, nor several times at once (pages
+        asking together wait for one build)."""
+        with self._survey_build:
+            now = self.clock()
+            with self._lock:
+                changes, cached = self._changes, self._survey
+            fresh = cached is not None and (now - cached[1]).total_seconds() < VIEW_SECONDS
+            if cached is not None and cached[0] == changes and fresh:
+                return cached[2]
+            found = gpu_map.survey(
+                driver=self.driver,
+                slices=self.slices.objects(),
+                claims=[read_claim(obj) for obj in self.claims.objects()],
+                classes=self.classes.objects(),
+                now=now,
+                idle_after_seconds=self.idle_after_seconds,
+            )
+            with self._lock:
+                self._survey = (changes, now, found)
+            return found
 
     def reach(self) -> Reach:
         with self._lock:

@@ -25,6 +25,7 @@ class Options:
     failure_policy: FailurePolicy
     metrics_port: int
     metrics_address: str
+    gpu_map: bool  # the GPU map page at / on the metrics port
     idle_after_seconds: float  # an allocated GPU without activity this long is reported idle
     lease_name: str
     lease_seconds: float  # how long a leader's Lease holds without renewal

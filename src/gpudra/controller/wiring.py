@@ -1,19 +1,20 @@
 """Wires `gpudra controller`: the cluster watches, leader election, the admission webhook and its
-certificates, housekeeping, metrics and `/status`. I/O: everything the controller touches, wired here and
-nowhere else.
+certificates, housekeeping, metrics, `/status` and the GPU map page (`/`, `/gpu-map.json`). I/O:
+everything the controller touches, wired here and nowhere else.
 
-Every replica watches the cluster, serves the webhook (reviews write nothing) and answers `/status` and
-`/metrics`; only the leader writes (the webhook's Secret and configuration, housekeeping), and each
-writer asks `is_leader()` right before each write. Every part is a `service.Service` started by
-`service.running` in order (a part that fails to start stops those already started) and stopped in
-reverse on SIGTERM: the leader stops last but one, releasing the Lease so the other replica takes over
-at once.
+Every replica watches the cluster, serves the webhook (reviews write nothing) and answers `/status`,
+`/metrics` and the GPU map; only the leader writes (the webhook's Secret and configuration,
+housekeeping), and each writer asks `is_leader()` right before each write. Every part is a
+`service.Service` started by `service.running` in order (a part that fails to start stops those
+already started) and stopped in reverse on SIGTERM: the leader stops last but one, releasing the Lease
+so the other replica takes over at once.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from typing import Any
 
 from gpudra import service
 from gpudra.controller.cluster import ClusterWatch
@@ -23,6 +24,7 @@ from gpudra.controller.metrics import ControllerMetrics
 from gpudra.controller.options import Options
 from gpudra.controller.webhook import WebhookServer
 from gpudra.controller.webhook_tls import CertificateKeeper
+from gpudra.gpu_map_page import PATHS, GpuMapPage
 from gpudra.http_endpoint import Check, HttpEndpoint, loops_alive
 from gpudra.kube import client as kube
 from gpudra.kube.admission import AdmissionObjects, cluster_role_owner
@@ -98,9 +100,16 @@ def run(options: Options, *, stop: threading.Event) -> None:
             liveness=loops_alive(loops),
             readiness=readiness,
             documents={"/status": lambda: cluster.view().model_dump_json(by_alias=True).encode()},
+            apps=_gpu_map(cluster) if options.gpu_map else {},
         )
         services.insert(0, endpoint)
     log.info("starting", extra={"identity": options.identity, "namespace": options.namespace})
     with service.running(services, stop_timeout=STOP_TIMEOUT_SECONDS):
         stop.wait()
         log.info("stopping")
+
+
+def _gpu_map(cluster: ClusterWatch) -> dict[str, Any]:
+    """The GPU map's paths on the status port (docs/gpu-map.md says who can reach it)."""
+    page = GpuMapPage(cluster.survey)
+    return {path: page.app for path in PATHS}

@@ -136,7 +136,7 @@ def build(
     gpus = _gpus(inventory, allocations)
     pods = {c.namespaced_name: list(c.pods) for c in claims}
     idle = _idle_devices(claims, driver=driver, now=now, idle_after=idle_after_seconds, pods=pods)
-    idle_by_gpu = _idle_gpus(inventory, idle, claims, driver=driver)
+    idle_by_gpu = idle_gpus(inventory, idle, claims, driver=driver)
     return ClusterView(
         generated=now,
         driver=driver,
@@ -153,19 +153,19 @@ def _gpus(inventory: Inventory, allocations: Allocations) -> dict[str, _Gpu]:
     gpus: dict[str, _Gpu] = {}
     for pool in inventory.pools.values():
         for device in pool.devices:
-            kind, uuid = _attribute(device, "type"), _gpu_uuid(device)
+            kind, uuid = attribute(device, "type"), gpu_uuid(device)
             if not uuid:
                 continue
             gpu = gpus.setdefault(
-                uuid, _Gpu(device.node or pool.name, uuid, _attribute(device, "productName"))
+                uuid, _Gpu(device.node or pool.name, uuid, attribute(device, "productName"))
             )
             if kind == "gpu" and not device.allow_multiple_allocations:
                 gpu.name, gpu.pool = device.name, pool
-                gpu.mig_capable = gpu.mig_capable or _attribute(device, "migCapable") is True
+                gpu.mig_capable = gpu.mig_capable or attribute(device, "migCapable") is True
             if kind == "mig":
                 gpu.mig_capable, gpu.pool = True, gpu.pool or pool
                 # With MIG on and partitions made up front (static), no whole-GPU device names it.
-                gpu.name = gpu.name or f"gpu-{_attribute(device, 'parentMinor')}"
+                gpu.name = gpu.name or f"gpu-{attribute(device, 'parentMinor')}"
             holders = allocations.holders(device.id)
             if holders:
                 gpu.holders |= frozenset(holders)
@@ -197,12 +197,12 @@ def _mig_room(gpu: _Gpu, inventory: Inventory, allocations: Allocations) -> MigR
     if gpu.pool is not None:
         left = counters_left(gpu.pool, allocations)
         for device in gpu.pool.devices:
-            if _attribute(device, "type") != "mig" or _attribute(device, "parentUUID") != gpu.uuid:
+            if attribute(device, "type") != "mig" or attribute(device, "parentUUID") != gpu.uuid:
                 continue
             if allocations.is_allocated(device.id) or not _fits(device, left):
                 continue
             memory = device.capacity_value("memory") if "memory" in device.capacity else 0
-            profile = str(_attribute(device, "profile") or device.name)
+            profile = str(attribute(device, "profile") or device.name)
             if best is None or (memory, profile) > best:
                 best = (memory, profile)
     return MigRoom(
@@ -271,7 +271,7 @@ def _idle_devices(
     return sorted(idle, key=lambda d: (d.namespace, d.claim, d.node, d.device))
 
 
-def _idle_gpus(
+def idle_gpus(
     inventory: Inventory, idle: list[IdleDevice], claims: Iterable[Claim], *, driver: str
 ) -> set[str]:
     """GPUs whose every allocated device, in every claim holding one, is reported idle long enough."""
@@ -285,7 +285,7 @@ def _idle_gpus(
             if result.admin_access:
                 continue
             device = by_id.get((driver, result.pool, result.device))
-            uuid = _gpu_uuid(device) if device is not None else None
+            uuid = gpu_uuid(device) if device is not None else None
             if uuid:
                 key = (claim.namespaced_name, result.pool, result.device)
                 verdict[uuid] = verdict.get(uuid, True) and key in idle_keys
@@ -293,21 +293,22 @@ def _idle_gpus(
 
 
 def _sorted(gpus: Mapping[str, _Gpu]) -> list[_Gpu]:
-    return sorted(gpus.values(), key=lambda g: (g.node, _minor(g.name), g.uuid))
+    return sorted(gpus.values(), key=lambda g: (g.node, gpu_minor(g.name), g.uuid))
 
 
-def _minor(name: str) -> int:
+def gpu_minor(name: str) -> int:
+    """The minor in a whole-GPU device's name (gpu-3: 3), -1 when there is none: GPUs sort by it."""
     digits = name.removeprefix("gpu-")
     return int(digits) if digits.isdigit() else -1
 
 
-def _attribute(device: Device, name: str) -> Any:
+def attribute(device: Device, name: str) -> Any:
     found = lookup_attribute(device, name)
     return found[1] if found else None
 
 
-def _gpu_uuid(device: Device) -> str | None:
+def gpu_uuid(device: Device) -> str | None:
     """The physical GPU a device is (or is a partition of)."""
-    kind = _attribute(device, "type")
-    value = _attribute(device, "uuid" if kind == "gpu" else "parentUUID" if kind == "mig" else "")
+    kind = attribute(device, "type")
+    value = attribute(device, "uuid" if kind == "gpu" else "parentUUID" if kind == "mig" else "")
     return str(value) if value else None

@@ -1,0 +1,287 @@
+"""The GPU map page in a real browser: headless Chromium loads it from a real `gpudra controller` and from
+`gpudra status --web` on the local cluster (real API server, scheduler, kubelets and gpudra's plugins on
+simulated GPUs), and the DOM its script drew is checked against the API's objects: GPUs per node, the
+MIG slots of each GPU and the claim in each, the idle marker, and a pending claim with explain's reason.
+The pending claim's selector carries markup, which explain quotes: the page must show it as text."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from functools import partial
+from typing import Any
+
+import pytest
+from kubernetes import client, utils
+
+from tests.localcluster import LocalCluster
+from tests.localcluster.browser import Element, dump_dom
+from tests.localcluster.cluster import free_port
+from tests.localcluster.controller import ControllerProcess
+from tests.localcluster.node_plugin import DRIVER, PluginProcess
+
+from .kube_helpers import Resources, claim_pod, claim_template, new_namespace, pod_gone, pod_running, wait_for
+
+IDLE_AFTER = 3.0
+MARKUP = "<img src=x onerror=alert(1)>"
+ATTRS = f'device.attributes["{DRIVER}"]'
+
+
+def _mig_template(name: str) -> dict[str, Any]:
+    """One 3g.40gb partition of node-h100's gpu-1."""
+    selector = f'{ATTRS}.profile == "3g.40gb" && {ATTRS}.parentMinor == 1'
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "mig",
+                            "exactly": {
+                                "deviceClassName": "mig.gpudra.io",
+                                "selectors": [{"cel": {"expression": selector}}],
+                            },
+                        }
+                    ]
+                }
+            }
+        },
+    }
+
+
+def _hostile_claim(name: str) -> dict[str, Any]:
+    """A claim no GPU can satisfy, whose selector holds markup (a tenant writes selectors)."""
+    selector = f'{ATTRS}.productName == "{MARKUP}"'
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "exactly": {
+                            "deviceClassName": "gpu.gpudra.io",
+                            "selectors": [{"cel": {"expression": selector}}],
+                        },
+                    }
+                ]
+            }
+        },
+    }
+
+
+class Workload:
+    """Two pods and a pending claim in one namespace; the claims the scheduler made for the pods."""
+
+    def __init__(self, namespace: str, claims: dict[str, dict[str, Any]]) -> None:
+        self.namespace = namespace
+        self.claims = claims  # pod -> its allocated ResourceClaim
+
+
+@pytest.fixture(scope="module")
+def workload(api: client.ApiClient, gpudra: dict[str, PluginProcess]) -> Iterator[Workload]:
+    core = client.CoreV1Api(api)
+    resources = Resources(api)
+    mixed = gpudra["node-mixed"]
+    mixed.stop()
+    mixed.start(usage_interval=1)  # the idle marker comes from the plugin's usage reports
+    namespace = new_namespace(core, "gpumap")
+    try:
+        utils.create_from_yaml(
+            api,
+            yaml_objects=[
+                _mig_template("mig"),
+                claim_template("one-gpu"),
+                claim_pod("mig-pod", {"mig": "mig"}, "node-h100"),
+                claim_pod("sleepy", {"gpu": "one-gpu"}, "node-mixed"),
+            ],
+            namespace=namespace,
+        )
+        resources.create("resourceclaims", _hostile_claim("never"), namespace)
+        claims = {}
+        for pod in ("mig-pod", "sleepy"):
+            running = wait_for(pod, partial(pod_running, core, pod, namespace), timeout=120)
+            name = running.status.resource_claim_statuses[0].resource_claim_name
+            claims[pod] = resources.get("resourceclaims", name, namespace)
+        yield Workload(namespace, claims)
+    finally:
+        core.delete_namespace(namespace)
+        for pod in ("mig-pod", "sleepy"):
+            wait_for("pod gone", partial(pod_gone, core, pod, namespace), timeout=120)
+        mixed.stop()
+        mixed.start()
+
+
+@pytest.fixture(scope="module")
+def controller(cluster: LocalCluster, workload: Workload) -> Iterator[ControllerProcess]:
+    # No webhook: this controller only draws the map (test_controller.py covers admission).
+    replica = ControllerProcess(
+        cluster,
+        "ctl-map",
+        webhook_url_port=free_port(),
+        idle_after_seconds=IDLE_AFTER,
+        extra_args=("--webhook-port=0",),
+    )
+    replica.start()
+    try:
+        yield replica
+    finally:
+        replica.stop()
+
+
+def _slices_by_node(resources: Resources) -> dict[str, list[dict[str, Any]]]:
+    devices: dict[str, list[dict[str, Any]]] = {}
+    for s in resources.list("resourceslices"):
+        if s["spec"]["driver"] == DRIVER:
+            devices.setdefault(s["spec"]["nodeName"], []).extend(s["spec"].get("devices", []))
+    return devices
+
+
+def _attr(device: dict[str, Any], name: str) -> Any:
+    value = device.get("attributes", {}).get(name, {})
+    return next(iter(value.values()), None)
+
+
+def _gpus(devices: list[dict[str, Any]]) -> dict[str, str]:
+    """The physical GPUs a node publishes, name -> UUID: whole GPUs, and the parents of MIG partitions
+    (an A100 with MIG on offers only its partitions)."""
+    found = {
+        f"gpu-{_attr(d, 'parentMinor')}": _attr(d, "parentUUID") for d in devices if _attr(d, "type") == "mig"
+    }
+    for d in devices:
+        if _attr(d, "type") == "gpu" and not d.get("allowMultipleAllocations"):
+            found[d["name"]] = _attr(d, "uuid")
+    return found
+
+
+def _cards(dom: Element, node: str) -> dict[str, Element]:
+    [section] = dom.find_all(lambda e: e.tag == "section" and e.attrs.get("data-node") == node)
+    return {card.attrs["data-gpu"]: card for card in section.by_class("gpu")}
+
+
+def _check_map(dom: Element, workload: Workload, resources: Resources) -> None:
+    assert "hidden" in dom.by_id("error").attrs, dom.by_id("error").text
+    assert not dom.find_all(lambda e: e.tag == "img"), "markup from the API was parsed"
+    slices = _slices_by_node(resources)
+    shown = {e.attrs["data-node"] for e in dom.find_all(lambda e: e.tag == "section")}
+    assert shown == set(slices)
+    for node, devices in slices.items():
+        cards = _cards(dom, node)
+        gpus = _gpus(devices)
+        assert set(cards) == set(gpus), node  # every published GPU, no other
+        for name, uuid in gpus.items():
+            assert cards[name].attrs["data-uuid"] == uuid
+            placements = [
+                _attr(d, "placementStart") + _attr(d, "placementSize")
+                for d in devices
+                if _attr(d, "type") == "mig" and _attr(d, "parentUUID") == uuid
+            ]
+            slots = cards[name].by_class("slots")
+            if cards[name].attrs["data-state"] == "whole":
+                assert not slots
+            elif placements:
+                assert [s.attrs["data-slots"] for s in slots] == [str(max(placements))], (node, name)
+                assert len(slots[0].by_class("slot")) == max(placements)
+            else:
+                assert not slots, (node, name)
+
+    # The MIG claim sits in its placement's slots, and only there.
+    mig_claim = workload.claims["mig-pod"]
+    [result] = mig_claim["status"]["allocation"]["devices"]["results"]
+    partition = next(d for d in slices["node-h100"] if d["name"] == result["device"])
+    start, size = _attr(partition, "placementStart"), _attr(partition, "placementSize")
+    held = f"{workload.namespace}/{mig_claim['metadata']['name']}"
+    h100 = _cards(dom, "node-h100")
+    owner = next(n for n, u in _gpus(slices["node-h100"]).items() if u == _attr(partition, "parentUUID"))
+    assert h100[owner].attrs["data-state"] == "mig"
+    taken = [
+        int(s.attrs["data-slot"]) for s in h100[owner].by_class("slot") if s.attrs.get("data-claim") == held
+    ]
+    assert taken == list(range(start, start + size))
+
+    # The whole GPU that runs nothing is marked idle; no free GPU is.
+    sleepy = workload.claims["sleepy"]
+    [result] = sleepy["status"]["allocation"]["devices"]["results"]
+    mixed = _cards(dom, "node-mixed")
+    assert mixed[result["device"]].attrs["data-idle"] == "true"
+    assert mixed[result["device"]].by_class("idle")
+    assert all(c.attrs["data-idle"] == "false" for c in mixed.values() if c.attrs["data-state"] == "free")
+
+    # The pending claim, with explain's reason quoting the selector's markup as text.
+    [row] = dom.find_all(
+        lambda e: e.attrs.get("data-claim") == f"{workload.namespace}/never" and e.tag == "tr"
+    )
+    [reason] = row.by_class("reason")
+    assert reason.text.startswith("cannot fit") and MARKUP in reason.text, reason.text
+
+
+def _idle_and_allocated(url: str, workload: Workload) -> bool:
+    dom = dump_dom(f"{url}?namespace={workload.namespace}")
+    marks = [c.attrs.get("data-idle") for c in dom.by_class("gpu") if c.attrs.get("data-state") == "whole"]
+    mig = [c for c in dom.by_class("gpu") if c.attrs.get("data-state") == "mig"]
+    return "true" in marks and bool(mig)
+
+
+def test_the_controllers_page_draws_what_the_api_holds(
+    controller: ControllerProcess, workload: Workload, api: client.ApiClient
+) -> None:
+    url = f"{controller.url}/"
+    wait_for("the map to show the allocations and the idle GPU", lambda: _idle_and_allocated(url, workload))
+    resources = Resources(api)
+    _check_map(dump_dom(url), workload, resources)
+    # Filtered by namespace: the nodes holding its claims, with all their GPUs.
+    filtered = dump_dom(f"{url}?namespace={workload.namespace}")
+    shown = {e.attrs["data-node"] for e in filtered.find_all(lambda e: e.tag == "section")}
+    assert shown == {"node-h100", "node-mixed"}
+    product = dump_dom(f"{url}?product=Tesla+T4")
+    t4 = {
+        (node, d["name"])
+        for node, devices in _slices_by_node(resources).items()
+        for d in devices
+        if _attr(d, "productName") == "Tesla T4" and not d.get("allowMultipleAllocations")
+    }
+    drawn = {
+        (s.attrs["data-node"], c.attrs["data-gpu"])
+        for s in product.walk()
+        for c in s.by_class("gpu")
+        if s.tag == "section"
+    }
+    assert drawn == t4 and t4
+
+
+def test_status_web_serves_the_same_page_from_a_kubeconfig(
+    cluster: LocalCluster, workload: Workload, api: client.ApiClient, controller: ControllerProcess
+) -> None:
+    served = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpudra",
+            "status",
+            "--web",
+            "--listen=127.0.0.1:0",
+            f"--kubeconfig={cluster.kubeconfig}",
+            f"--idle-after-seconds={IDLE_AFTER}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert served.stdout is not None
+        line = served.stdout.readline()
+        found = re.search(r"http://127\.0\.0\.1:[0-9]+/", line)
+        assert found, line
+        _check_map(dump_dom(found.group(0)), workload, Resources(api))
+    finally:
+        served.terminate()
+        served.wait(timeout=30)
+        if served.stdout is not None:
+            served.stdout.close()
