@@ -109,7 +109,7 @@ render-manifests:
 # the support matrix of docs/install.md, the chart's server-side dry run; the pinned release runs it in
 # `make test`. Each release is built once into ~/.cache/gpudra (about 6 minutes cold on 2 cores each);
 # warm, 40 to 55 s a release, about 4.5 minutes in all. `pytest -s` shows the demo's output.
-COMPAT_RELEASES ?= v1.34.12 v1.35.8 v1.37.2
+COMPAT_RELEASES ?= v1.34.12 v1.35.8 v1.36.3
 GATED_RELEASES  ?= v1.34.12 v1.35.8
 DRA_GATES := DRAPartitionableDevices=true,DRAConsumableCapacity=true,DRADeviceTaints=true,DRAExtendedResource=true,ResourceHealthStatus=true
 compat: $(STAMP) helm
@@ -125,7 +125,7 @@ compat: $(STAMP) helm
 	    $(BIN)/pytest tests/compat || exit 1; \
 	done
 
-# The cluster-scale benchmark (issue 26): the real kube-scheduler of the pinned release and of 1.37
+# The cluster-scale benchmark (issue 26): the real kube-scheduler of the pinned release (1.37) and of 1.36
 # against 50, 200 and 500 fake DGX H100 nodes with each publishing layout, whole GPUs as the
 # reference in the same run; rewrites the "Cluster scale" section of BENCHMARKS.md. About 40 minutes on
 # 2 cores (the layouts with counter sets on 1.36 are the slow part); SCALE_ARGS narrows it, e.g.

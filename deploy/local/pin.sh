@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Re-pin the local cluster to another Kubernetes release: rewrites go.mod with a replace for every
 # staging module (k8s.io/kubernetes publishes them as v0.0.0, which the proxy does not serve) and
-# refreshes go.sum. Usage: deploy/local/pin.sh v1.36.3 [DIR]
+# refreshes go.sum. Usage: deploy/local/pin.sh v1.37.2 [DIR]
 # With DIR (build.sh does this for K8S=<another release>), the module is written there instead, beside
 # a copy of fakecri, and the repository's pin is left as it is.
 set -euo pipefail

@@ -4,8 +4,8 @@ nodes' PublishingWithheld events and gpudra_publishing_withheld) and left unsche
 goes to two claims; never a failed install or a silent loss.
 
 The tables below are the support matrix docs/install.md states; each cell is checked here on a real
-control plane of that release (`make compat` runs 1.34, 1.35 and 1.37 with default gates and 1.34/1.35
-with the DRA gates on; `make test` the pinned 1.36).
+control plane of that release (`make compat` runs 1.34, 1.35 and 1.36 with default gates and 1.34/1.35
+with the DRA gates on; `make test` the pinned 1.37).
 """
 
 from __future__ import annotations

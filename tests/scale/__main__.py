@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", default="50,200,500", help="node counts, comma-separated (%(default)s)")
     parser.add_argument(
         "--releases",
-        default="pinned,v1.37.2",
+        default="pinned,v1.36.3",
         help="Kubernetes releases, comma-separated; pinned: deploy/local/go.mod's (%(default)s)",
     )
     parser.add_argument("--layouts", default=",".join(layouts.LAYOUTS), help="layouts (%(default)s)")

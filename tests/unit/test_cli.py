@@ -161,7 +161,7 @@ def test_inventory_on_the_newest_release_withholds_nothing(
 ) -> None:
     code, out = _inventory(capsys, tmp_path, "dgx-h100", *EVERYTHING)
     assert code == 0
-    assert "for: Kubernetes 1.36\n" in out and "withheld" not in out
+    assert "for: Kubernetes 1.37\n" in out and "withheld" not in out
 
 
 @pytest.mark.parametrize(

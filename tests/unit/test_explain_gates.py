@@ -275,8 +275,8 @@ def test_before_1_36_a_constraint_over_partitions_is_noted_as_the_scheduler_may_
     assert answer.release == [
         f"the Kubernetes 1.{minor} scheduler may never allocate requests a, b together: they take MIG "
         "partitions under constraint matchAttribute gpu.gpudra.io/parentUUID over all requests, and it "
-        "keeps the counters of a partition the constraint turned down reserved (kubernetes#140436); 1.36 "
-        "allocates them"
+        "keeps the counters of a partition the constraint turned down reserved (kubernetes#140436); 1.36.3 "
+        "and later allocate them"
     ]
     for other in (ServerFields.of_release(36), ServerFields.of_release(minor)):  # no partitions: no note
         assert (

@@ -135,7 +135,7 @@ def test_servers_before_1_34_are_refused() -> None:
 REALISTIC_COUNTS = [
     # inventory, mode, server minor, devices, counter sets, (devices, counter sets) per slice
     # (each whole GPU comes with its shared device; one without MIG partitions, with a one-counter set)
-    ("h100", "partitionable", 34, 216, 8, [(54, 2)] * 4),
+    ("h100", "partitionable", 34, 216, 8, [(81, 3), (81, 3), (54, 2)]),
     ("h100", "partitionable", 36, 216, 8, [(0, 8), (64, 0), (64, 0), (64, 0), (24, 0)]),
     ("h100", "static", 34, 13, 4, [(13, 4)]),
     ("h100", "static", 36, 13, 4, [(0, 4), (13, 0)]),
@@ -254,7 +254,7 @@ def test_a_gpu_with_many_profiles_is_spread_over_slices_from_1_35() -> None:
 
 @pytest.mark.parametrize(
     ("server_minor", "expected"),
-    [(34, [(54, 2)] * 32), (36, [(0, 8)] * 8 + [(64, 0)] * 27)],
+    [(34, [(81, 3)] * 21 + [(27, 1)]), (36, [(0, 8)] * 8 + [(64, 0)] * 27)],
     ids=["1.34", "1.36"],
 )
 def test_64_gpus(server_minor: int, expected: list[tuple[int, int]]) -> None:
@@ -266,8 +266,8 @@ def test_64_gpus(server_minor: int, expected: list[tuple[int, int]]) -> None:
 
 @pytest.mark.parametrize("server_minor", MINORS)
 def test_a_gpu_with_too_many_memory_slices_for_one_counter_set_is_refused(server_minor: int) -> None:
-    one_slice = inv.profile((1, "1g.2gb", 1, 32, range(32), 1, 4, 1, 0, 0, 0, 2048))
-    gpu = inv.synthetic_gpu(0, [one_slice], memory_slices=32, memory_mib=65536)
+    one_slice = inv.profile((1, "1g.2gb", 1, 33, range(33), 1, 4, 1, 0, 0, 0, 2048))
+    gpu = inv.synthetic_gpu(0, [one_slice], memory_slices=33, memory_mib=67584)
     model = build_devices(inv.node(gpu), mig_mode="partitionable")
     with pytest.raises(NotSupported, match="counter set gpu-0-counters has 33 counters"):
         publish(model, server_minor)
@@ -307,6 +307,11 @@ def gpu_counters(slices: list[Any]) -> Any:
 
 def consumption(slices: list[Any]) -> Any:
     return first_device(slices)["consumesCounters"][0]
+
+
+def grow(counters: dict[str, Any], total: int) -> None:
+    """Counters `x-<i>` added until there are `total`."""
+    counters.update({f"x-{i}": {"value": "1"} for i in range(total - len(counters))})
 
 
 def shared_device(slices: list[Any]) -> Any:
@@ -588,7 +593,7 @@ BROKEN: list[tuple[str, list[int], Breaker, str]] = [
     (
         "consumption-counters",
         [35, 36],
-        lambda s: consumption(s)["counters"].update({f"x-{i}": {"value": "1"} for i in range(18)}),
+        lambda s: grow(consumption(s)["counters"], 33),
         "33 counters; at most 32",
     ),
     (
@@ -629,7 +634,7 @@ BROKEN: list[tuple[str, list[int], Breaker, str]] = [
     (
         "device-counters-1.34",
         [34],
-        lambda s: consumption(s)["counters"].update({f"x-{i}": {"value": "1"} for i in range(18)}),
+        lambda s: grow(consumption(s)["counters"], 33),
         "consumes 33 counters; at most 32 on Kubernetes 1.34",
     ),
     (
@@ -669,7 +674,7 @@ BROKEN: list[tuple[str, list[int], Breaker, str]] = [
     (
         "counter-set-33",
         [35, 36],
-        lambda s: gpu_counters(s).update({f"x-{i}": {"value": "1"} for i in range(18)}),
+        lambda s: grow(gpu_counters(s), 33),
         "counter set gpu-0-counters has 33 counters; at most 32",
     ),
     (
@@ -701,13 +706,13 @@ BROKEN: list[tuple[str, list[int], Breaker, str]] = [
     (
         "shared-counters-1.34",
         [34],
-        lambda s: s[0]["spec"]["sharedCounters"].append(counter_set("x", 18)),
+        lambda s: s[0]["spec"]["sharedCounters"].append(counter_set("x", 33 - len(gpu_counters(s)))),
         r"3\d shared counters; at most 32",
     ),
     (
         "device-counters-per-slice-1.34",
         [34],
-        lambda s: s[0]["spec"]["devices"].extend(consuming(gpu_counters_set(s), 69, counters=15)),
+        lambda s: s[0]["spec"]["devices"].extend(consuming(gpu_counters_set(s), 94, counters=10)),
         r"devices consume \d+ counters; at most 1024",
     ),
     (

@@ -9,12 +9,16 @@ Two MIG modes:
 
 - "partitionable" (KEP-4815): every MIG profile x placement of a MIG-capable GPU is a device, and one
   counter set per GPU (`gpu-<minor>-counters`) keeps the scheduler to layouts the GPU can hold. It counts
-  `memory` (bytes), `multiprocessors`, each engine kind, one `memory-slice-<i>` (value 1) per memory slice,
-  and `<profile>-instances` for a profile that allows fewer instances than it has placements. A partition
-  consumes the slices of its placement plus its own amounts; the whole GPU consumes every counter, so it
-  excludes every partition and they exclude it. The slice counters make overlapping placements exclusive;
-  the totals of the others are the GPU's own (its memory and SMs, the engines of the profile that spans
-  it), so partitions never share an engine the chip has only one of (two `+me` partitions on A30).
+  one `memory-slice-<i>` (value 1) per memory slice, and of `memory` (bytes), `multiprocessors`, each
+  engine kind and `<profile>-instances` (for a profile that allows fewer instances than it has
+  placements) those that some mix of non-overlapping offered placements could exceed. A partition
+  consumes the slices of its placement plus its own amounts of those; the whole GPU consumes every
+  counter, so it excludes every partition and they exclude it. The slice counters make overlapping
+  placements exclusive; the totals of the others are the GPU's own (its memory and SMs, the engines of
+  the profile that spans it), so partitions never share an engine the chip has only one of (two `+me`
+  partitions on A30). A counter the slices already keep within its total is left out: each one costs the
+  scheduler on every Filter call (on an H100 with every profile 10 counters instead of 15, and with
+  1g.10gb and 3g.40gb only the 8 slices; BENCHMARKS.md, cluster scale).
 - "static": whole GPUs with MIG off, plus the MIG devices that exist now; no counters but those that
   keep a whole GPU and its shared device apart (below).
 
@@ -414,12 +418,35 @@ def _counter_set(gpu: Gpu, partitions: tuple[_Partition, ...]) -> CounterSet:
     for partition in partitions:
         if partition.instance_limit is not None:
             counters[partition.instance_counter] = partition.instance_limit
+    # A counter that no mix of the offered placements can exceed keeps nothing apart that the memory
+    # slices do not, and every counter costs the scheduler on every node's Filter call (converting and
+    # validating each consumption: BENCHMARKS.md, cluster scale), so only those that can bind are kept.
+    takes = [(p.placement, _amounts(p)) for p in partitions]
+    counters = {name: limit for name, limit in counters.items() if _most_at_once(takes, name) > limit}
     slice_count = max(gpu.mig_memory_slices, *(p.placement.start + p.placement.size for p in partitions))
     counters.update((f"memory-slice-{i}", 1) for i in range(slice_count))
     return {
         "name": f"gpu-{gpu.minor}-counters",
         "counters": {name: {"value": _quantity(name, amount)} for name, amount in counters.items()},
     }
+
+
+def _most_at_once(takes: list[tuple[MigPlacement, dict[str, int]]], counter: str) -> int:
+    """The most of `counter` that partitions of pairwise disjoint placements take together: what the
+    memory-slice counters alone let the scheduler put on the GPU at once. Placements are intervals of
+    memory slices, so this is weighted interval scheduling, the best total up to each slice boundary."""
+    ends = max((placement.start + placement.size for placement, _ in takes), default=0)
+    best = [0] * (ends + 1)
+    for end in range(1, ends + 1):
+        best[end] = max(
+            [best[end - 1]]
+            + [
+                best[placement.start] + amounts.get(counter, 0)
+                for placement, amounts in takes
+                if placement.start + placement.size == end
+            ]
+        )
+    return best[ends]
 
 
 def _quantity(counter: str, amount: int) -> str:

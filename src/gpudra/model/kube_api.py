@@ -19,8 +19,8 @@ API_VERSION: Final = f"{GROUP}/{VERSION}"
 # kubeVersion (deploy/helm/gpudra/Chart.yaml) names the same.
 OLDEST_MINOR: Final = 34
 # The release `make test` runs (deploy/local/go.mod pins k8s.io/kubernetes), and the minor `gpudra
-# inventory` splits slices for unless told otherwise. `make compat` runs 1.34, 1.35 and 1.37 besides.
-NEWEST_MINOR: Final = 36
+# inventory` splits slices for unless told otherwise. `make compat` runs 1.34, 1.35 and 1.36 besides.
+NEWEST_MINOR: Final = 37
 
 # The first minor whose scheduler counts the counters that a device allowing multiple allocations
 # consumes (a share device and its whole GPU stay exclusive): 1.34 and 1.35 do not, even with every gate.

@@ -31,8 +31,13 @@ _EVERYTHING = Publishing(mig_mode="partitionable", shares=True)
 # constraint reserved while it searches on. Observed with the gates on: on 1.34.12 a claim of two
 # 2g.20gb partitions of one H100 under matchAttribute parentUUID is never allocated (one of 3g.40gb and
 # 2g.20gb is), and on 1.35.8 examples/mig-mixed.yaml is allocated in one cluster and never in another
-# that differs only in what other claims hold; 1.36.3 and 1.37.2 allocate it every time. Upstream, most
-# likely kubernetes#140436 (the structured allocator leaking counter reservations).
+# that differs only in what other claims hold; 1.36.3 and 1.37.2 allocate it every time. Confirmed in the
+# scheduler's source, kubernetes#140436: in k8s.io/dynamic-resource-allocation v0.34.12 and v0.35.8
+# (structured/internal/{incubating,experimental}), allocateDevice reserves the candidate's counters in
+# checkAvailableCounters, then returns on a device taint or a constraint that turns the candidate down
+# without deallocateCountersForDevice; the counter set looks used up to every later candidate of the
+# search. kubernetes#140431 (rollbackDevice) fixes it in v0.36.3, v0.36.4 and v0.37.0 on; v0.36.2 does
+# not have it, so 1.36.0-1.36.2 leak too, which a minor alone cannot tell (docs/install.md says so).
 _COUNTER_LEAK_FIXED_MINOR = 36
 
 # The forms a class may select. "mig-devices" (MIG devices that exist) is never withheld.
@@ -178,7 +183,7 @@ def release_limits(
                 f"scheduler may never allocate requests {', '.join(sorted(over))} together: they take MIG "
                 f"partitions under constraint {constraint.description}, and it keeps the counters of a "
                 f"partition the constraint turned down reserved (kubernetes#140436); "
-                f"1.{_COUNTER_LEAK_FIXED_MINOR} allocates them"
+                f"1.{_COUNTER_LEAK_FIXED_MINOR}.3 and later allocate them"
             )
     return found
 
