@@ -162,6 +162,12 @@ def schema() -> dict[str, Any]:
                     },
                 },
             ),
+            "mpsHost": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["enabled"],
+                "properties": {"enabled": {"type": "boolean"}, "resources": {"type": "object"}},
+            },
             "controller": _merge(
                 sections["controller"],
                 {
