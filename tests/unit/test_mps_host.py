@@ -9,6 +9,7 @@ import socket
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -85,8 +86,13 @@ def test_a_daemon_that_dies_is_reaped_and_no_longer_running(
     [device] = node.state(sharing=sharing).prepare(claim)
     record = device.sharing
     assert isinstance(record, ckpt.MpsRecord)
-    os.kill(daemon_of(node, uid(1)).pid, signal.SIGKILL)
-    assert sharing.mps.daemons.running(Daemon(record.root, record.token)) is None  # not a zombie: gone
+    pid = daemon_of(node, uid(1)).pid
+    os.kill(pid, signal.SIGKILL)
+    while Path(f"/proc/{pid}").exists() and _state(pid) not in ("Z", "X"):
+        time.sleep(0.01)  # the kill lands when the process is next scheduled
+    assert sharing.mps.daemons.running(Daemon(record.root, record.token)) is None
+    while Path(f"/proc/{pid}").exists():  # mps-host, its parent, reaps it: no zombie is left
+        time.sleep(0.05)
     assert daemons(node) == []
 
 
@@ -136,3 +142,10 @@ def test_only_its_own_user_can_reach_the_socket(
         [sys.executable, "-c", probe, str(host.socket)], capture_output=True, text=True, check=False
     )
     assert result.returncode != 0 and "PermissionError" in result.stderr
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except OSError:
+        return "X"

@@ -35,6 +35,7 @@ import re
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Final
@@ -63,6 +64,7 @@ _DAEMON_DIRECTORY: Final = re.compile(r"[0-9a-f]{12}")  # see mps_daemons.daemon
 _REQUEST_TIMEOUT_S: Final = 5.0  # to read a request: the plugin writes it at once
 _MAX_CONNECTIONS: Final = 32  # the plugin's gRPC workers and its keeper, with room
 _REAP_INTERVAL_S: Final = 1.0
+_DRAIN_TIMEOUT_S: Final = 20.0  # within the pod's default grace period of 30 s
 
 
 class _ReapedTools(GpuTools):
@@ -124,7 +126,20 @@ class MpsHost:
                 threading.Thread(target=self._answer, args=(connection,), daemon=True).start()
         finally:
             listener.close()
+            self._drain()
             reaper.join(_REAP_INTERVAL_S * 2)
+
+    def _drain(self) -> None:
+        """Let the requests in flight finish (a start sets the daemon's limits before it answers), up to
+        the pod's grace period."""
+        deadline = time.monotonic() + _DRAIN_TIMEOUT_S
+        taken = 0
+        while taken < _MAX_CONNECTIONS and self._slots.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            taken += 1
+        if taken < _MAX_CONNECTIONS:
+            log.warning(
+                "mps-host: requests still in flight at exit", extra={"requests": _MAX_CONNECTIONS - taken}
+            )
 
     def _listen(self) -> socket.socket:
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)
@@ -183,7 +198,7 @@ class MpsHost:
                 assert isinstance(operation, Stop)
                 self.daemons.stop(daemon)
             error = None
-        except GpudraError as err:
+        except (GpudraError, OSError) as err:  # OSError: its directories could not be made
             process, error = None, str(err)
         found: list[Tampering] = self._found.list
         return Reply(
