@@ -39,6 +39,7 @@ CHART_OWNED: dict[str, dict[str, str]] = {
         "driver-root": "kubeletPlugin.driverRoot, mounted at /driver-root",
         "metrics-port": "kubeletPlugin.port (the probes use it)",
         "metrics-address": "all of the pod's addresses",
+        "mps-host-socket": "mpsHost.enabled (the mps-host DaemonSet's socket in the plugin directory)",
     },
     "controller": {
         "driver-name": "driverName",
@@ -161,6 +162,12 @@ def schema() -> dict[str, Any]:
                     },
                 },
             ),
+            "mpsHost": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["enabled"],
+                "properties": {"enabled": {"type": "boolean"}, "resources": {"type": "object"}},
+            },
             "controller": _merge(
                 sections["controller"],
                 {

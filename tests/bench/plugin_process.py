@@ -24,7 +24,7 @@ from tests.bench.control_plane import RESOURCE, Objects
 from tests.bench.errors import BenchError
 from tests.bench.kubelet_client import DraClient, notify_registered, wait_for_info
 from tests.bench.procfs import rss_mib
-from tests.bench.subjects import NodeDirs, Subject
+from tests.bench.subjects import Command, NodeDirs, Subject
 from tests.localcluster.processes import stop_groups
 
 START_TIMEOUT_SECONDS = 120.0
@@ -108,6 +108,7 @@ class PluginRun:
         self.kubeconfig = kubeconfig
         self.resync_seconds = resync_seconds
         self.process: subprocess.Popen[bytes] | None = None
+        self.beside: subprocess.Popen[bytes] | None = None
         self._client: DraClient | None = None
 
     @property
@@ -134,6 +135,8 @@ class PluginRun:
         slices = _SliceWatch(watch_api, driver=self.subject.driver, node=self.dirs.node)
         slices.start()
         try:
+            if command.beside is not None:
+                self._start_beside(command)
             with self.dirs.log.open("ab") as log:
                 spawned = time.perf_counter()
                 self.process = subprocess.Popen(
@@ -169,6 +172,23 @@ class PluginRun:
             rss_mib=rss_mib(self.pid),
         )
 
+    def _start_beside(self, command: Command) -> None:
+        assert command.beside is not None and command.beside_ready is not None
+        with self.dirs.log.open("ab") as log:
+            self.beside = subprocess.Popen(
+                command.beside,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **command.env},
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + START_TIMEOUT_SECONDS
+        while not command.beside_ready.exists():
+            if self.beside.poll() is not None or time.monotonic() > deadline:
+                raise BenchError(f"{self.subject.label}: {command.beside_ready} not ready\n{self.log_tail()}")
+            time.sleep(0.01)
+
     def stop(self) -> list[str]:
         """SIGTERM, as the kubelet stops a plugin; its slices are then removed as a kubelet would. What
         went wrong on the way out is returned for the report."""
@@ -190,6 +210,10 @@ class PluginRun:
             stop_groups([self.process.pid])  # whatever it started and left behind goes too
             self.process.wait()
             self.process = None
+        if self.beside is not None:
+            stop_groups([self.beside.pid])
+            self.beside.wait()
+            self.beside = None
         self.objects.delete_slices(node=self.dirs.node)
         return problems
 

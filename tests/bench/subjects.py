@@ -55,6 +55,10 @@ class NodeDirs:
 class Command:
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
+    # A process the plugin needs beside it (gpudra's mps-host, as the chart runs it), started first and
+    # waited for until `beside_ready` exists; it gets the same `env`.
+    beside: list[str] | None = None
+    beside_ready: Path | None = None
 
 
 class Subject(ABC):
@@ -89,6 +93,7 @@ class Gpudra(Subject):
 
     def command(self, dirs: NodeDirs, *, kubeconfig: Path, resync_seconds: float | None) -> Command:
         resync = [] if resync_seconds is None else [f"--resync-seconds={resync_seconds:g}"]
+        socket = dirs.state / "mps-host" / "mps-host.sock"
         return Command(
             argv=[
                 sys.executable,
@@ -103,11 +108,22 @@ class Gpudra(Subject):
                 f"--plugin-dir={dirs.plugins / self.driver}",
                 f"--cdi-root={dirs.cdi_root}",
                 f"--state-dir={dirs.state}",
+                f"--mps-host-socket={socket}",
                 "--toolkit-cdi-dirs=",
                 *resync,
             ],
             # The simulated card's state (MIG instances, MPS daemons), private to this instance.
             env={"GPUDRA_SIM_STATE": str(dirs.root / "sim" / f"{self.profile}.json")},
+            beside=[
+                sys.executable,
+                "-m",
+                "gpudra",
+                "mps-host",
+                f"--nvml=sim:{self.profile}",
+                f"--state-dir={dirs.state}",
+                f"--mps-host-socket={socket}",
+            ],
+            beside_ready=socket,
         )
 
 

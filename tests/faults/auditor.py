@@ -14,8 +14,12 @@ each side effect and unprepare removes it only after the last one is undone:
  4. every GPU's time-slice is what the checkpoint says: the recorded interval under a PrepareCompleted
     entry, Default where no claim holds the GPU, either of the two under an entry that is being
     prepared or unprepared. An entry rebuilt from its CDI spec after a damaged checkpoint (no request
-    names) does not know the interval its claim asked for: any is accepted there. Compute mode is
-    Default and no MPS daemon runs anywhere: this gpudra sets neither;
+    names) does not know the interval its claim asked for: any is accepted there. The compute mode is
+    EXCLUSIVE_PROCESS under a PrepareCompleted entry with MPS on a whole GPU, either that or Default
+    under one being prepared or unprepared, Default everywhere else;
+ 6. every MPS daemon that runs is the one a checkpoint entry records: in that entry's directory and
+    carrying its token (the mark the plugin put in its environment), one per directory; none runs for
+    a claim that is not recorded, and every PrepareCompleted entry's daemon runs;
  5. every GPU instance on the card is one a checkpoint entry records (profile and placement, and its
     MIG UUID where the live ids were saved; under an entry being prepared or unprepared it may also
     be a GPU instance without its compute instance, caught between the two steps), and every MIG
@@ -29,15 +33,20 @@ state directory.
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
+from pathlib import Path
 
 from gpudra.api.v1beta1 import TIMESLICE
 from gpudra.errors import GpudraError
 from gpudra.node import cdi
 from gpudra.node import checkpoint as ckpt
+from gpudra.node.sharing.mps_processes import TOKEN_VARIABLE
 from gpudra.sim import state as sim_state
 from tests.faults.node import BOOT, SimNode
 from tests.unit.claims import DRIVER
+
+_EXCLUSIVE_PROCESS = 3  # NVML's compute mode
 
 
 def audit(node: SimNode, *, settled: bool, boot: str = BOOT) -> list[str]:
@@ -52,6 +61,7 @@ def audit(node: SimNode, *, settled: bool, boot: str = BOOT) -> list[str]:
     findings += _exclusive(entries)
     findings += _gpus(node, entries)
     findings += _mig(node, entries, settled=settled)
+    findings += _mps(node, entries)
     if settled:
         findings += [f"temporary file left behind: {path}" for path in leftover_temp_files(node)]
         findings += [
@@ -82,7 +92,7 @@ def _specs(node: SimNode, entries: dict[str, ckpt.ClaimEntry], *, settled: bool)
         except GpudraError as err:
             findings.append(str(err))
             continue
-        expected = {f"{uid}-{device.device}" for device in entry.devices}
+        expected = {f"{uid}-{cdi.device_name(device.device, device.share_id)}" for device in entry.devices}
         if names != expected:
             findings.append(f"CDI spec of claim {uid} names {sorted(names)}, its entry {sorted(expected)}")
     for uid, entry in sorted(entries.items()):
@@ -156,14 +166,63 @@ def _gpus(node: SimNode, entries: dict[str, ckpt.ClaimEntry]) -> list[str]:
             levels = {recorded} if entry.state == "PrepareCompleted" else {recorded, TIMESLICE["Default"]}
             for uuid in device.gpu_uuids:
                 allowed[uuid] = set(TIMESLICE.values()) if rebuilt else levels
+    exclusive: dict[str, set[int]] = {}  # GPU UUID -> acceptable compute modes
+    for entry in entries.values():
+        for device in entry.devices:
+            if isinstance(device.sharing, ckpt.MpsRecord) and device.sharing.restore_compute_mode is not None:
+                modes = {_EXCLUSIVE_PROCESS} if entry.state == "PrepareCompleted" else {0, _EXCLUSIVE_PROCESS}
+                exclusive.update((uuid, modes) for uuid in device.gpu_uuids)
     machine = sim_state.StateFile(node.state_file).read()
-    findings = [f"an MPS daemon runs ({daemon.pipe_directory})" for daemon in machine.mps_daemons]
+    findings = []
     for gpu in machine.gpus:
         levels = allowed.get(gpu.uuid, {TIMESLICE["Default"]})
         if gpu.timeslice not in levels:
             findings.append(
                 f"GPU {gpu.uuid} has time-slice {gpu.timeslice}, the checkpoint says {sorted(levels)}"
             )
-        if gpu.compute_mode != 0:
-            findings.append(f"GPU {gpu.uuid} has compute mode {gpu.compute_mode}, not Default")
+        modes = exclusive.get(gpu.uuid, {0})
+        if gpu.compute_mode not in modes:
+            findings.append(
+                f"GPU {gpu.uuid} has compute mode {gpu.compute_mode}, the checkpoint says {modes}"
+            )
     return findings
+
+
+def _mps(node: SimNode, entries: dict[str, ckpt.ClaimEntry]) -> list[str]:
+    recorded: dict[Path, tuple[str | None, ckpt.ClaimEntry]] = {}  # daemon directory -> token, entry
+    for entry in entries.values():
+        for device in entry.devices:
+            if isinstance(device.sharing, ckpt.MpsRecord):
+                recorded[device.sharing.root] = (device.sharing.token, entry)
+    running: dict[Path, list[int]] = defaultdict(list)
+    findings = []
+    for daemon in sim_state.StateFile(node.state_file).read().mps_daemons:
+        environment = _environment(daemon.pid)
+        if environment is None:
+            continue  # exited (a daemon killed by signal stays in the card's list)
+        root = Path(daemon.pipe_directory).parent
+        running[root].append(daemon.pid)
+        if root not in recorded:
+            findings.append(f"an MPS daemon runs in {root}, which no checkpoint entry records (orphan)")
+        elif environment.get(TOKEN_VARIABLE) != recorded[root][0]:
+            findings.append(f"the MPS daemon in {root} does not carry its entry's token")
+    findings += [
+        f"{len(pids)} MPS daemons run in {root}: {pids}" for root, pids in running.items() if len(pids) > 1
+    ]
+    findings += [
+        f"claim {entry.uid} is PrepareCompleted but its MPS daemon in {root} does not run"
+        for root, (_, entry) in sorted(recorded.items())
+        if entry.state == "PrepareCompleted" and root not in running
+    ]
+    return findings
+
+
+def _environment(pid: int) -> dict[str, str] | None:
+    """The environment process `pid` was started with; None when it does not run (or is a zombie)."""
+    try:
+        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] in ("Z", "X"):
+            return None
+        pairs = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    return dict(os.fsdecode(pair).partition("=")[::2] for pair in pairs if pair)

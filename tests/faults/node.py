@@ -6,8 +6,10 @@ claims the fake API server holds (`claims.json`). Everything the fault tests nee
 so a process started on the same directory is the plugin restarted on the same node.
 
 `CLAIMS` mixes whole-GPU claims with and without time-slicing, claims of two devices, an admin-access
-claim, and claims allocated a GPU another claim also has, which the plugin must refuse while that
-claim holds it. This module imports no pytest: the worker process imports it and starts quickly.
+claim, MIG partitions, MPS on a whole GPU and on a share, and claims allocated a GPU another claim
+also has, which the plugin must refuse while that claim holds it. MPS claims need the node's
+`gpudra mps-host` (`mps_host`), as the chart runs it. This module imports no pytest: the worker
+process imports it and starts quickly.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from gpudra.node.sharing import GpuSharing
 from gpudra.sim import nvidia_smi
 from gpudra.sim import state as sim_state
 from tests.sim_nvml import mig_partitions
-from tests.unit.claims import DRIVER, NODE, from_claim, resource_claim, result, time_slicing
+from tests.unit.claims import DRIVER, NODE, from_claim, mps, resource_claim, result, time_slicing
 
 PROFILE = "dgx-h100"
 BOOT = "5c1d7e9a-2b3f-4a6c-8d0e-9f1a2b3c4d5e"
@@ -70,6 +72,20 @@ def _claims() -> list[dict[str, Any]]:
         ),
         resource_claim(uid(11), results=[result("mig", "gpu-6-mig-1g10gb-0")]),
         resource_claim(uid(12), results=[result("gpu", "gpu-6")]),
+        # MPS: a whole GPU (compute mode EXCLUSIVE_PROCESS while prepared) that competes with 5, and a
+        # share of gpu-7 (a daemon with the share's limits) that competes with 9's whole GPU. Their
+        # daemons run in the node's `gpudra mps-host`, which the kills do not reach.
+        resource_claim(uid(13), results=[result("gpu", "gpu-3")], config=[from_claim(mps(40))]),
+        resource_claim(
+            uid(14),
+            results=[
+                {
+                    **result("gpu", "gpu-7"),
+                    "shareID": "5f0c3a8e-1b2d-4c6e-8f90-a1b2c3d4e5f6",
+                    "consumedCapacity": {"memory": "20Gi", "compute": "25"},
+                }
+            ],
+        ),
     ]
 
 
@@ -154,6 +170,7 @@ class SimNode:
         self, root: Path, *, inventory: Inventory | None = None, in_process_tools: bool = False
     ) -> None:
         self.root = root
+        self.profile = PROFILE
         self.state_file = root / "sim" / "machine.json"
         if inventory is None:
             with nvml.connect(f"sim:{PROFILE}", state_file=self.state_file) as session:
@@ -186,7 +203,7 @@ class SimNode:
             inventory=self.inventory,
             devices=self.device_model,
             claims=self.claims,
-            sharing=GpuSharing(self.tools, mps_root=self.root / "mps"),
+            sharing=GpuSharing(self.tools, mps_root=self.root / "mps", mps_host=self.mps_host),
             mig=mig_partitions(f"sim:{PROFILE}", self.state_file, self.inventory.gpus),
             cdi_root=self.cdi_root,
             checkpoint_path=self.checkpoint_path,
@@ -196,6 +213,12 @@ class SimNode:
         if recover:
             node_recovery.recover(device_state)
         return device_state
+
+    @property
+    def mps_host(self) -> Path | None:
+        """The socket of the node's `gpudra mps-host`, once one was started on it."""
+        socket = self.root / "mps-host" / "mps-host.sock"
+        return socket if socket.exists() else None
 
     def copy(self, root: Path) -> SimNode:
         """This node's files as they are now, in `root`: the same machine, the same disk, run apart."""

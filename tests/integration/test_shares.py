@@ -214,7 +214,9 @@ def test_mps_daemons_survive_a_plugin_sigkill_and_are_adopted(
     before = {d["pid"]: d["default_active_thread_percentage"] for d in daemons(plugin)}
     assert sorted(before.values()) == [25.0, 50.0]
 
-    assert plugin.process is not None
+    assert plugin.process is not None and plugin.mps_host.process is not None
+    host = plugin.mps_host.process.pid
+    assert {_parent(pid) for pid in before} == {host}  # mps-host's children, not the plugin's
     plugin.process.send_signal(signal.SIGKILL)
     assert plugin.wait_killed() == -signal.SIGKILL
     assert {d["pid"] for d in daemons(plugin)} == set(before)  # the workloads' daemons keep running
@@ -226,6 +228,10 @@ def test_mps_daemons_survive_a_plugin_sigkill_and_are_adopted(
     [left] = daemons(plugin)
     assert before[left["pid"]] == 25.0  # exactly the other claim's daemon is left
     _cleanup(core, ns, plugin)
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[1])
 
 
 def _serving(plugin: PluginProcess) -> dict[str, dict[str, Any]]:

@@ -4,6 +4,7 @@ I/O: a child process and the node's files. Used by the demo and the integration 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -110,6 +111,59 @@ def _answers(control: Path) -> bool:
     return True
 
 
+class MpsHostProcess:
+    """`gpudra mps-host` of one node, as a process (in a cluster with containers it is a DaemonSet's pod):
+    the node's plugin processes run their claims' MPS daemons there. Started with the node's first
+    plugin, stopped with its last (`PluginProcess.stop`), so a plugin restart or crash leaves it running."""
+
+    def __init__(self, node: NodePaths, profile: str, state_dir: Path, sim_state: Path) -> None:
+        self.node = node
+        self.profile = profile
+        self.state_dir = state_dir
+        self.sim_state = sim_state
+        self.socket = state_dir / "mps-host" / "mps-host.sock"
+        self.log = node.root / "gpudra-mps-host.log"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.users: set[int] = set()  # the PluginProcess objects (by id) started and not stopped
+
+    def ensure(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            return
+        env = {**os.environ, "GPUDRA_SIM_STATE": str(self.sim_state)}
+        env.pop("GPUDRA_CRASH_AT", None)  # the plugin's crash points, never mps-host's
+        with contextlib.suppress(FileNotFoundError):
+            self.socket.unlink()
+        with self.log.open("ab") as out:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "gpudra",
+                    "mps-host",
+                    f"--nvml=sim:{self.profile}",
+                    f"--state-dir={self.state_dir}",
+                    f"--mps-host-socket={self.socket}",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + 60
+        while not self.socket.exists():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                tail = "\n".join(self.log.read_text(errors="replace").splitlines()[-20:])
+                raise ClusterError(f"gpudra mps-host on {self.node.name} did not listen:\n{tail}")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        terminate(self.process)
+        self.process = None
+
+
+_MPS_HOSTS: dict[Path, MpsHostProcess] = {}  # by state directory: the plugins of a node share one
+
+
 class PluginProcess(NodeFiles):
     """One node's gpudra plugin on a simulated machine; restartable, with its log kept across runs."""
 
@@ -139,6 +193,9 @@ class PluginProcess(NodeFiles):
         self.log = node.root / (f"gpudra-plugin-{instance_id}.log" if instance_id else "gpudra-plugin.log")
         self.process: subprocess.Popen[bytes] | None = None
         self.metrics_port = 0
+        self.mps_host = _MPS_HOSTS.setdefault(
+            self.state_dir, MpsHostProcess(node, profile, self.state_dir, self.sim_state)
+        )
 
     def start(
         self,
@@ -160,6 +217,8 @@ class PluginProcess(NodeFiles):
             env["GPUDRA_CRASH_AT"] = crash_at
         seen, serving = self.registrations(), self._log_count("serving claims")
         self.metrics_port = metrics_port
+        self.mps_host.ensure()
+        self.mps_host.users.add(id(self))
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
                 [
@@ -175,6 +234,7 @@ class PluginProcess(NodeFiles):
                     f"--plugin-dir={self.node.plugins_dir / DRIVER}",
                     f"--cdi-root={self.node.cdi_root}",
                     f"--state-dir={self.state_dir}",
+                    f"--mps-host-socket={self.mps_host.socket}",
                     "--toolkit-cdi-dirs=",
                     f"--resync-seconds={resync_seconds}",
                     f"--usage-interval-seconds={usage_interval}",
@@ -233,6 +293,9 @@ class PluginProcess(NodeFiles):
     def stop(self) -> None:
         terminate(self.process)
         self.process = None
+        self.mps_host.users.discard(id(self))
+        if not self.mps_host.users:  # the node's last plugin: its daemons were unprepared or are adopted
+            self.mps_host.stop()
 
     def tail(self, lines: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])

@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from gpudra.sim import state as sim_state
 from tests.unit.claims import DRIVER, from_claim, mps, resource_claim, result, time_slicing, whole_gpus
 from tests.unit.harness.crash import child
 from tests.unit.harness.mps import (
+    MpsHost,
     answers,
     assert_no_daemon,
     daemon_of,
@@ -34,6 +36,7 @@ from tests.unit.harness.mps import (
     kill_leftover_daemons,  # noqa: F401 (an autouse fixture: every test kills what it left)
     mps_claim,
     mps_config,
+    mps_host,  # noqa: F401 (a fixture)
     mps_root,
     reporting_sharing,
     returns_in_time,
@@ -60,9 +63,17 @@ def compute_modes(node: Node) -> dict[str, int]:
     return {gpu.uuid: gpu.compute_mode for gpu in sim_state.StateFile(node.state_file).read().gpus}
 
 
-@pytest.fixture
-def h100(tmp_path: Path) -> Node:
-    return Node(tmp_path, "dgx-h100")
+@pytest.fixture(params=["plugin", "mps-host"])
+def h100(
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    mps_host: Callable[[Node], MpsHost],  # noqa: F811 (the fixture imported above)
+) -> Node:
+    """A node whose MPS daemons the plugin runs itself, or `gpudra mps-host` runs (as the chart does)."""
+    node = Node(tmp_path, "dgx-h100")
+    if request.param == "mps-host":
+        mps_host(node)
+    return node
 
 
 # --- MPS on whole GPUs -------------------------------------------------------------------------------

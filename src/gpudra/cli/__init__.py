@@ -1,5 +1,5 @@
-"""The `gpudra` command: inventory, validate, explain, status, kubelet-plugin, controller. The one place
-that wires objects together.
+"""The `gpudra` command: inventory, validate, explain, status, kubelet-plugin, mps-host, controller. The
+one place that wires objects together.
 
 Every option of kubelet-plugin and controller can also come from an environment variable,
 GPUDRA_<OPTION> (e.g. GPUDRA_NODE_NAME), which is how the Helm chart sets them.
@@ -243,8 +243,45 @@ def build_parser() -> argparse.ArgumentParser:
         "sim:..., a dev root other than / is where the plugin creates the simulated machine's stand-in "
         "nodes at start (needs CAP_MKNOD): mount that host directory at the same path in its container",
     )
+    _add(
+        plugin,
+        "mps-host-socket",
+        default="",
+        help="the socket of `gpudra mps-host` on this node, which then runs the claims' MPS control daemons "
+        "outside the plugin, so that they outlive its restarts and upgrades (the chart's default); empty: "
+        "the plugin runs them itself, and they end with its container",
+    )
+    _mps_host_parser(
+        commands.add_parser("mps-host", help="run the claims' MPS daemons for the plugin (DaemonSet)")
+    )
     _controller_parser(commands.add_parser("controller", help="run the cluster controller (Deployment)"))
     return parser
+
+
+def _mps_host_parser(host: argparse.ArgumentParser) -> None:
+    _add(host, "nvml", default="real", help=f"NVML to use: real, or sim:{'|'.join(SIM_MACHINES)}")
+    _add(host, "driver-name", default=DRIVER, help="DRA driver name")
+    _add(
+        host,
+        "state-dir",
+        default=None,
+        help="the kubelet plugin's --state-dir, whose mps/ holds the daemons' directories (default: "
+        "/var/lib/kubelet/plugins/<driver>)",
+    )
+    _add(
+        host,
+        "mps-host-socket",
+        default=None,
+        help="the socket the plugin's --mps-host-socket names (default: <state-dir>/mps-host/mps-host.sock); "
+        "its directory must be mounted by the plugin and mps-host only",
+    )
+    _add(
+        host,
+        "driver-root",
+        default="/",
+        help="the kubelet plugin's --driver-root: nvidia-cuda-mps-control runs chrooted into it",
+    )
+    _logging(host)
 
 
 def _controller_parser(ctl: argparse.ArgumentParser) -> None:
@@ -338,6 +375,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _status(args)
         if args.command == "controller":
             return _controller(args)
+        if args.command == "mps-host":
+            return _mps_host(args)
         return _kubelet_plugin(args)
     except GpudraError as err:
         print(f"gpudra {args.command}: {err}", file=sys.stderr)
@@ -495,8 +534,30 @@ def _kubelet_plugin(args: argparse.Namespace) -> int:
         health_xids=parse_xid_classes(args.health_xids, field="--health-xids"),
         health_recovery_seconds=_seconds_option(args.health_recovery_seconds, "--health-recovery-seconds"),
         health_reset_effect=args.health_reset_effect,
+        mps_host_socket=Path(args.mps_host_socket) if args.mps_host_socket else None,
     )
     return _run_daemon(args, lambda stop: daemon.run(options, stop=stop))
+
+
+# --- mps-host ------------------------------------------------------------------------------------
+
+
+def _mps_host(args: argparse.Namespace) -> int:
+    from gpudra.node import mps_host  # noqa: PLC0415 (see the imports above)
+
+    state_dir = _absolute_path_option(
+        args.state_dir or f"/var/lib/kubelet/plugins/{args.driver_name}", "--state-dir"
+    )
+    socket_path = _absolute_path_option(
+        args.mps_host_socket or str(state_dir / "mps-host" / "mps-host.sock"), "--mps-host-socket"
+    )
+    driver_root = _absolute_path_option(args.driver_root, "--driver-root")
+    return _run_daemon(
+        args,
+        lambda stop: mps_host.run(
+            nvml=args.nvml, state_dir=state_dir, socket_path=socket_path, driver_root=driver_root, stop=stop
+        ),
+    )
 
 
 def _publishing_option(args: argparse.Namespace) -> Publishing:

@@ -38,6 +38,8 @@ class Options:
     # Names this instance's kubelet sockets (the pod's UID), so that two pods of a rolling update both
     # stay registered (gpudra.node.kubelet_grpc); None: the names every instance shares.
     instance_id: str | None = None
+    # `gpudra mps-host`'s socket: the claims' MPS daemons run there (gpudra.node.mps_host); None: here.
+    mps_host_socket: Path | None = None
 
     @property
     def sim_dev_dir(self) -> Path | None:

@@ -40,7 +40,7 @@ from gpudra.node.options import Options
 from gpudra.node.prepare import DeviceState
 from gpudra.node.recovery import Recovery, recover
 from gpudra.node.served_model import ServedModel
-from gpudra.node.sharing import GpuSharing
+from gpudra.node.sharing import GpuSharing, tools_for
 from gpudra.node.usage import ClaimUsage
 
 log = logging.getLogger(__name__)
@@ -53,12 +53,7 @@ IDLE_SECONDS = 3600.0
 
 
 def _tools(options: Options) -> GpuTools:
-    if not options.nvml.startswith("sim:"):
-        return GpuTools(driver_root=options.driver_root)
-    state_file = nvml.sim_state_file(options.nvml)
-    return GpuTools.with_directory_first(
-        sim.write_tools(options.state_dir / "sim-tools", state_file=state_file)
-    )
+    return tools_for(options.nvml, driver_root=options.driver_root, directory=options.state_dir / "sim-tools")
 
 
 def _log_mps_reach(options: Options) -> None:
@@ -117,7 +112,12 @@ def _run(options: Options, session: nvml.Nvml, server: KubeletServer, *, stop: t
         inventory=inventory,
         devices={d["name"]: d for d in model.devices},
         claims=claims,
-        sharing=GpuSharing(_tools(options), mps_root=options.state_dir / "mps", on_tampering=tampering),
+        sharing=GpuSharing(
+            _tools(options),
+            mps_root=options.state_dir / "mps",
+            mps_host=options.mps_host_socket,
+            on_tampering=tampering,
+        ),
         mig=MigPartitions(session, gpus={gpu.uuid: gpu for gpu in inventory.gpus}),
         cdi_root=options.cdi_root,
         checkpoint_path=options.state_dir / "checkpoint.json",

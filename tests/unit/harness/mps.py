@@ -7,7 +7,10 @@ import contextlib
 import hashlib
 import os
 import signal
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -34,6 +37,57 @@ def mps_config(threads: int | None = None, memory: str | None = None) -> dict[st
 
 def mps_claim(claim_uid: str, *devices: str, threads: int = 50) -> dict[str, Any]:
     return whole_gpus(claim_uid, *devices, config=[from_claim(mps_config(threads))])
+
+
+class MpsHost:
+    """`gpudra mps-host` for `node`, as a process (as on the fakecri cluster): the node's plugin states
+    then run their MPS daemons there (`Node.mps_host`)."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.socket = node.root / "mps-host" / "mps-host.sock"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> MpsHost:
+        command = [sys.executable, "-m", "gpudra", "mps-host", "--nvml", f"sim:{self.node.profile}"]
+        command += ["--state-dir", str(self.node.root), "--log-format", "json"]
+        env = {**os.environ, "GPUDRA_SIM_STATE": str(self.node.state_file)}
+        with (self.node.root / "mps-host.log").open("ab") as log:
+            self.process = subprocess.Popen(command, env=env, stdout=log, stderr=log)
+        deadline = time.monotonic() + 30
+        while not self.socket.exists():
+            assert self.process.poll() is None, (self.node.root / "mps-host.log").read_text()
+            assert time.monotonic() < deadline, "mps-host did not listen within 30 s"
+            time.sleep(0.02)
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(10)
+
+
+@pytest.fixture
+def mps_host(tmp_path: Path) -> Iterator[Callable[[Node], MpsHost]]:
+    """Starts `gpudra mps-host` for a node; stops it after the test."""
+    started: list[MpsHost] = []
+
+    def start(node: Node) -> MpsHost:
+        started.append(MpsHost(node).start())
+        return started[-1]
+
+    yield start
+    for host in started:
+        host.stop()
+
+
+def parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[1])
 
 
 def mps_root(node: Node, claim_uid: str) -> Path:
@@ -64,7 +118,10 @@ def answers(node: Node, claim_uid: str) -> bool:
 def reporting_sharing(node: Node) -> tuple[GpuSharing, list[Tampering]]:
     """The node's GpuSharing, and the list of what it reports tampered with."""
     found: list[Tampering] = []
-    return GpuSharing(node.tools, mps_root=node.root / "mps", on_tampering=found.append), found
+    sharing = GpuSharing(
+        node.tools, mps_root=node.root / "mps", mps_host=node.mps_host, on_tampering=found.append
+    )
+    return sharing, found
 
 
 def returns_in_time(action: Callable[[], object], seconds: float = 60.0) -> None:

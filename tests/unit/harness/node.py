@@ -61,6 +61,16 @@ class Node:
         self.toolkit_dir = root / "toolkit"
         self.claims = Claims(root / "claims.json")
 
+    @property
+    def mps_host(self) -> Path | None:
+        """The socket of the node's `gpudra mps-host`, when one was started (`harness.mps.MpsHost`): the
+        plugin's MPS daemons then run there."""
+        socket = self.root / "mps-host" / "mps-host.sock"
+        return socket if socket.exists() else None
+
+    def sharing(self) -> GpuSharing:
+        return GpuSharing(self.tools, mps_root=self.root / "mps", mps_host=self.mps_host)
+
     def uuid(self, minor: int) -> str:
         return next(gpu.uuid for gpu in self.inventory.gpus if gpu.minor == minor)
 
@@ -83,7 +93,7 @@ class Node:
             inventory=inventory,
             devices={device["name"]: device for device in model.devices},
             claims=self.claims,
-            sharing=sharing or GpuSharing(self.tools, mps_root=self.root / "mps"),
+            sharing=sharing or self.sharing(),
             mig=mig or mig_partitions(f"sim:{self.profile}", self.state_file, inventory.gpus),
             cdi_root=self.cdi_root,
             checkpoint_path=self.checkpoint_path,

@@ -26,6 +26,11 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
 {{- define "gpudra.pluginName" -}}{{ include "gpudra.fullname" . }}-kubelet-plugin{{- end -}}
+{{- define "gpudra.mpsHostName" -}}{{ include "gpudra.fullname" . }}-mps-host{{- end -}}
+{{/* mps-host's socket, in the plugin directory (mounted by the plugin and mps-host only). */}}
+{{- define "gpudra.mpsHostSocket" -}}
+{{- printf "%s/plugins/%s/mps-host/mps-host.sock" .Values.kubeletPlugin.kubeletDir .Values.driverName -}}
+{{- end -}}
 {{- define "gpudra.controllerName" -}}{{ include "gpudra.fullname" . }}-controller{{- end -}}
 
 {{/* The plugin's service account as the API server names it (RBAC subjects, the policy's match). */}}

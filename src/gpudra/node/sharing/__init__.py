@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from gpudra import sim
+from gpudra.gpu import nvml
 from gpudra.gpu.tools import GpuTools
 from gpudra.node import checkpoint as ckpt
 from gpudra.node.allocation import Allocated
@@ -29,14 +31,29 @@ from gpudra.node.sharing.time_slicing import TimeSlicing
 _CLASSES: dict[str, type[TimeSlicing] | type[Mps]] = {TimeSlicing.name: TimeSlicing, Mps.name: Mps}
 
 
+def tools_for(spec: str, *, driver_root: Path, directory: Path) -> GpuTools:
+    """The driver's tools (NVML `spec` real), or the simulator's stand-ins (sim:...) written into
+    `directory`."""
+    if not spec.startswith("sim:"):
+        return GpuTools(driver_root=driver_root)
+    return GpuTools.with_directory_first(sim.write_tools(directory, state_file=nvml.sim_state_file(spec)))
+
+
 class GpuSharing:
     def __init__(
-        self, tools: GpuTools, *, mps_root: Path, on_tampering: Callable[[Tampering], None] | None = None
+        self,
+        tools: GpuTools,
+        *,
+        mps_root: Path,
+        mps_host: Path | None = None,
+        on_tampering: Callable[[Tampering], None] | None = None,
     ) -> None:
-        """`on_tampering` hears of what a tenant changed in an MPS pipe directory (see `mps_daemons`)."""
+        """`mps_host`: the socket of `gpudra mps-host`, which then runs the MPS daemons (None: this
+        process does). `on_tampering` hears of what a tenant changed in an MPS pipe directory (see
+        `mps_daemons`)."""
         self.tools = tools
         self.mps_root = mps_root
-        self.mps = Mps(tools, mps_root=mps_root, on_tampering=on_tampering)
+        self.mps = Mps(tools, mps_root=mps_root, mps_host=mps_host, on_tampering=on_tampering)
         # Time-slicing first: a share asking for it gets it instead of MPS, a share's default.
         self.strategies: tuple[Strategy, ...] = (TimeSlicing(tools), self.mps)
 

@@ -9,7 +9,9 @@
   compute, when asked: the active thread percentage); a config may lower them, never raise them. Several
   claims' daemons share the GPU in its DEFAULT compute mode, which shares do not change.
 
-All MPS devices of one claim are served by one daemon (`MpsDaemons`, in `<state dir>/mps/<daemon id>/`),
+All MPS devices of one claim are served by one daemon (`MpsDaemons`, in `<state dir>/mps/<daemon id>/`;
+run by `gpudra mps-host` through `MpsHostDaemons` when the plugin is given its socket, so that it outlives
+the plugin's container),
 so a process that uses several of them reaches all through the one pipe directory the container is given.
 The plan gives the daemon its token (`mps_processes`), by which it is found again: every record of the
 claim holds the same root and token.
@@ -40,6 +42,7 @@ from gpudra.node.sharing.mps_daemons import (
     pipe_dir,
     shm_dir,
 )
+from gpudra.node.sharing.mps_host_client import MpsHostDaemons
 
 EXCLUSIVE_PROCESS = COMPUTE_MODES["Exclusive_Process"]
 DEFAULT_COMPUTE_MODE = COMPUTE_MODES["Default"]
@@ -51,11 +54,20 @@ class Mps:
     runs_process: ClassVar[bool] = True
 
     def __init__(
-        self, tools: GpuTools, *, mps_root: Path, on_tampering: Callable[[Tampering], None] | None = None
+        self,
+        tools: GpuTools,
+        *,
+        mps_root: Path,
+        mps_host: Path | None = None,
+        on_tampering: Callable[[Tampering], None] | None = None,
     ) -> None:
         self.tools = tools
         self.mps_root = mps_root
-        self.daemons = MpsDaemons(tools, on_tampering=on_tampering)
+        self.daemons: MpsDaemons | MpsHostDaemons = (
+            MpsDaemons(tools, on_tampering=on_tampering)
+            if mps_host is None
+            else MpsHostDaemons(mps_host, on_tampering=on_tampering)
+        )
 
     def wants(self, device: Allocated) -> bool:
         config = device.config

@@ -8,8 +8,10 @@ would take 36 of them):
     log/    CUDA_MPS_LOG_DIRECTORY: control.log and server.log
     shm/    mounted as the containers' /dev/shm: MPS clients and their server share memory through it
 
-The daemon is started with `nvidia-cuda-mps-control -d`, which detaches it into its own session, so a
-plugin restart or upgrade (a SIGKILL included) leaves it and its clients running.
+The daemon is started with `nvidia-cuda-mps-control -d`, which detaches it into its own session, so the
+end of the process that started it (a SIGKILL included) leaves it and its clients running; the end of
+that process's container does not (its cgroup's processes are killed with it), which is why the chart
+runs this code in `gpudra mps-host` (gpudra.node.mps_host), not in the plugin's container.
 
 Nothing in `pipe/` is trusted: the claim's containers can write there (replace the pid file by a FIFO,
 write another daemon's pid into it, delete it, put a symlink where the control socket was). The daemon
