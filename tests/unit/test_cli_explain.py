@@ -139,12 +139,12 @@ def test_what_cannot_be_explained_is_one_line_on_stderr(
 ) -> None:
     claims = write(tmp_path / "claims.yaml", *objects) if objects else tmp_path / "empty.yaml"
     claims.touch()
-    assert cli.main(["explain", str(claims), "--slices", str(node_file)]) == 1
+    assert cli.main(["explain", str(claims), "--slices", str(node_file)]) == 2
     assert message in capsys.readouterr().err
 
 
 def test_a_cluster_object_needs_a_cluster(node_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["explain", "claim/x", "--slices", str(node_file)]) == 1
+    assert cli.main(["explain", "claim/x", "--slices", str(node_file)]) == 2
     assert (
         "claim/x names an object in a cluster; with --slices, pass a file of claims"
         in capsys.readouterr().err

@@ -246,7 +246,7 @@ def test_explain_refuses_a_bad_release_option(
 ) -> None:
     nodes = write(tmp_path / "node.yaml", {"apiVersion": "v1", "kind": "List", "items": []})
     claims = write(tmp_path / "claims.yaml", template("share", SHARE))
-    assert cli.main(["explain", str(claims), "--slices", str(nodes), option]) == 1
+    assert cli.main(["explain", str(claims), "--slices", str(nodes), option]) == 2
     assert message in capsys.readouterr().err
 
 

@@ -37,7 +37,7 @@ from gpudra.cli.explain_text import render_text
 from gpudra.cli.manifest_files import read_documents
 from gpudra.errors import ConfigError, GpudraError
 from gpudra.model.claim import Claim, read_claim, read_spec_of
-from gpudra.model.kube_api import NEWEST_MINOR, OLDEST_MINOR
+from gpudra.model.kube_api import NEWEST_MINOR
 from gpudra.model.publishing import ServerFields, parse_feature_gates
 from gpudra.scheduling.explain import (
     ClaimToExplain,
@@ -131,11 +131,6 @@ def _offline(args: argparse.Namespace) -> Inputs:
 
 
 def _gates(args: argparse.Namespace) -> dict[str, bool]:
-    if args.server_minor is not None and args.server_minor < OLDEST_MINOR:
-        raise ConfigError(
-            f"1.{args.server_minor} is older than 1.{OLDEST_MINOR}, the oldest gpudra supports",
-            field="--server-minor",
-        )
     return parse_feature_gates(args.feature_gates)
 
 

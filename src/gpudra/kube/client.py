@@ -34,13 +34,14 @@ from typing import Any, cast
 from urllib.parse import quote
 
 import urllib3
+import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
 from gpudra import bounded_json
 from gpudra.bounded_json import Poisoned
-from gpudra.errors import ClusterError
+from gpudra.errors import ClusterError, ConfigError
 from gpudra.model.kube_api import GROUP, VERSION
 
 log = logging.getLogger(__name__)
@@ -153,6 +154,29 @@ def _api_errors(what: str) -> Iterator[None]:
         raise ClusterError(_transport_message(what, err)) from err
 
 
+def _load_kubeconfig(path: str, configuration: client.Configuration) -> None:
+    """The kubeconfig at `path` into `configuration`. What the client's loader trips over in a file that
+    is not a kubeconfig (YAML errors, a list where a map belongs, a missing file) is a ConfigError
+    naming the file."""
+    if not os.path.isfile(path):
+        raise ConfigError("is not a file (--kubeconfig, else $KUBECONFIG)", field=f"kubeconfig {path}")
+    try:
+        config.load_kube_config(path, client_configuration=configuration)
+    except config.ConfigException:
+        raise  # the loader's own message (a missing context, an exec plugin that failed)
+    except OSError as err:
+        raise ConfigError(f"cannot be read: {err.strerror or err}", field=f"kubeconfig {path}") from err
+    except yaml.YAMLError as err:
+        raise ConfigError(
+            f"is not valid YAML: {str(err).splitlines()[0]}", field=f"kubeconfig {path}"
+        ) from err
+    except (TypeError, AttributeError, KeyError, ValueError, IndexError) as err:
+        raise ConfigError(
+            f"is not a kubeconfig (apiVersion: v1, kind: Config, clusters, users, contexts): {err}",
+            field=f"kubeconfig {path}",
+        ) from err
+
+
 def connect(kubeconfig: str | None) -> client.ApiClient:
     """An API client from a kubeconfig file, or the in-cluster service account when none is given;
     it never retries a call (NO_RETRIES)."""
@@ -160,7 +184,7 @@ def connect(kubeconfig: str | None) -> client.ApiClient:
     configuration.retries = NO_RETRIES  # read when the client makes its connection pools, below
     with _api_errors("loading cluster credentials"):
         if kubeconfig:
-            config.load_kube_config(kubeconfig, client_configuration=configuration)
+            _load_kubeconfig(kubeconfig, configuration)
         else:
             config.load_incluster_config(client_configuration=configuration)
     api = client.ApiClient(configuration)
