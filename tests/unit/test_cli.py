@@ -299,7 +299,10 @@ def test_validate_reports_each_bad_config_with_file_object_and_field(
                 "metadata": {"name": "c", "namespace": "ns"},
                 "spec": {
                     "devices": {
-                        "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.gpudra.io"}}],
+                        "requests": [
+                            {"name": "gpu", "exactly": {"deviceClassName": "gpu.gpudra.io"}},
+                            {"name": "fpga", "exactly": {"deviceClassName": "fpga.example.com"}},
+                        ],
                         "config": [
                             {
                                 "opaque": {
@@ -314,7 +317,10 @@ def test_validate_reports_each_bad_config_with_file_object_and_field(
                                     },
                                 }
                             },
-                            {"opaque": {"driver": "other.example.com", "parameters": {"anything": True}}},
+                            {
+                                "requests": ["fpga"],
+                                "opaque": {"driver": "other.example.com", "parameters": {"anything": True}},
+                            },
                         ],
                     }
                 },

@@ -191,7 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         type=Path,
         metavar="PATH",
-        help="a YAML or JSON file, or a directory: its *.yaml, *.yml and *.json files (not subdirectories)",
+        help="a YAML or JSON file; a directory: its *.yaml, *.yml and *.json files (not subdirectories); "
+        "- : standard input",
     )
     _add(
         val,
