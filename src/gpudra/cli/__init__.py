@@ -244,6 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument(
         "--controller-url",
         default=None,
+        type=Pattern(r"https?://\S+", "an http:// or https:// URL (e.g. http://127.0.0.1:8080)"),
         help="read the view the controller serves at this URL (e.g. http://127.0.0.1:8080)",
     )
 

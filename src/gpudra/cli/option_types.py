@@ -176,7 +176,7 @@ class Checked(OptionType[str]):
         return text
 
     def schema(self) -> dict[str, Any]:
-        return {"type": ["string", "null"], "pattern": self.pattern}
+        return {"type": ["string", "null"], "pattern": f"^({self.pattern})$"}
 
 
 @dataclass(frozen=True)
