@@ -204,8 +204,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     why = _command(commands, "explain", "why a claim fits a node or not, by the scheduler's rules")
     why.add_argument("target", help="a file of claims, templates or pods; or claim/NAME or pod/NAME")
-    why.add_argument("-n", "--namespace", default=None, help="namespace of claim/NAME, pod/NAME (default)")
+    why.add_argument(
+        "-n",
+        "--namespace",
+        default=None,
+        help="namespace of claim/NAME, pod/NAME and of objects in the file that name none (default: the "
+        "kubeconfig context's, else default)",
+    )
     why.add_argument("--kubeconfig", default=None, help="kubeconfig (default $KUBECONFIG, ~/.kube/config)")
+    why.add_argument("--context", default=None, help="the kubeconfig context to use (default: its current)")
     why.add_argument(
         "--slices",
         action="append",
@@ -234,6 +241,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     status.add_argument("-o", "--output", type=Choice(("table", "wide", "json")), default="table")
     status.add_argument("--kubeconfig", default=None, help="kubeconfig (default $KUBECONFIG, ~/.kube/config)")
+    status.add_argument(
+        "--context", default=None, help="the kubeconfig context to use (default: its current)"
+    )
     status.add_argument("--driver-name", default=DRIVER, type=_DRIVER_NAME, help="DRA driver name")
     status.add_argument(
         "--idle-after-seconds",
@@ -578,6 +588,7 @@ def _status(args: argparse.Namespace) -> int:
         driver=args.driver_name,
         idle_after_seconds=args.idle_after_seconds,
         controller_url=args.controller_url,
+        context=args.context,
     )
     sys.stdout.write(status.show(view, output=args.output))
     return 0

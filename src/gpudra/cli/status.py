@@ -29,10 +29,15 @@ URL_TIMEOUT_SECONDS = 10.0
 
 
 def fetch(
-    *, kubeconfig: str | None, driver: str, idle_after_seconds: float, controller_url: str | None
+    *,
+    kubeconfig: str | None,
+    driver: str,
+    idle_after_seconds: float,
+    controller_url: str | None,
+    context: str | None = None,
 ) -> ClusterView:
     if not controller_url:
-        api = kube.Kube(kube.connect(kubeconfig), report_skipped=_warn)
+        api = kube.Kube(kube.connect(kube.kubeconfig_path(kubeconfig), context), report_skipped=_warn)
         return cluster_view.build(
             driver=driver,
             slices=[s for s in api.list_all_slices() if (s.get("spec") or {}).get("driver") == driver],
