@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from gpudra import cli
+from gpudra.cli.output_format import documents
 from gpudra.model.devices import build_devices
 from gpudra.model.slices import build_slices
 from tests.unit import inventories as inv
@@ -81,8 +82,7 @@ def test_the_claims_of_a_pod_are_explained_together_and_json_is_one_object_per_l
         pod("p", "a", "b"),
     )
     assert cli.main(["explain", str(claims), "--slices", str(node_file), "-o", "json"]) == 1
-    [line] = capsys.readouterr().out.splitlines()
-    result = json.loads(line)
+    [result] = documents(capsys.readouterr().out)
     assert result["claims"] == ["template default/a", "template default/b"]
     assert not result["fits"]
     written = write(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import zipfile
@@ -60,10 +61,13 @@ def test_every_command_works_from_the_wheel_outside_the_checkout(tmp_path: Path)
     )
     [wheel] = wheels.glob("gpudra-*.whl")
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
+    # Without PYTHONPATH: pip would take a source tree on it (with its egg-info) for gpudra installed.
+    outside = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     subprocess.run(
         [str(venv / "bin" / "pip"), "install", "--quiet", "--disable-pip-version-check", str(wheel)],
         check=True,
         capture_output=True,
+        env=outside,
     )
     env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(work)}  # no PYTHONPATH: the wheel only
 

@@ -36,6 +36,7 @@ from gpudra.cli.option_types import (
     comma_list,
     one_of,
 )
+from gpudra.cli.output_format import OUTPUT, OUTPUT_HELP
 from gpudra.errors import ConfigError, GpudraError
 from gpudra.model.gpu_health import XidClass, parse_xid_classes
 from gpudra.model.kube_api import NEWEST_MINOR, OLDEST_MINOR
@@ -175,7 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
     inv = _command(commands, "inventory", "show the GPUs and the ResourceSlices gpudra would publish")
     _common(inv)
     _add(inv, "node-name", default=socket.gethostname(), help="node (and pool) name")
-    inv.add_argument("-o", "--output", type=Choice(("table", "json", "yaml")), default="table")
+    inv.add_argument(
+        "-o", "--output", type=OUTPUT, default="table", help=f"{OUTPUT_HELP}; json, yaml: the slices"
+    )
     inv.add_argument(
         "--server-minor",
         type=Minor(OLDEST_MINOR),
@@ -201,6 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="DRA driver name whose configs are checked",
         type=_DRIVER_NAME,
     )
+    val.add_argument(
+        "-o", "--output", type=OUTPUT, default="table", help=f"{OUTPUT_HELP}; json, yaml: a List of problems"
+    )
 
     why = _command(commands, "explain", "why a claim fits a node or not, by the scheduler's rules")
     why.add_argument("target", help="a file of claims, templates or pods; or claim/NAME or pod/NAME")
@@ -222,8 +228,10 @@ def build_parser() -> argparse.ArgumentParser:
         "instead of the cluster's; repeatable",
     )
     why.add_argument("--classes", type=Path, default=None, help="DeviceClasses (offline default: gpudra's)")
-    why.add_argument("-o", "--output", type=Choice(("text", "json")), default="text")
-    why.add_argument("-v", "--verbose", action="store_true", help="list every device in the text output")
+    why.add_argument(
+        "-o", "--output", type=OUTPUT, default="table", help=f"{OUTPUT_HELP}; wide: every device"
+    )
+    why.add_argument("-v", "--verbose", action="store_true", help="the same as -o wide")
     why.add_argument(
         "--server-minor",
         type=Minor(OLDEST_MINOR),
@@ -239,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     status = _command(
         commands, "status", "the cluster's GPUs: allocated, shared, free, idle; MIG room; claims waiting"
     )
-    status.add_argument("-o", "--output", type=Choice(("table", "wide", "json")), default="table")
+    status.add_argument("-o", "--output", type=OUTPUT, default="table", help=OUTPUT_HELP)
     status.add_argument("--kubeconfig", default=None, help="kubeconfig (default $KUBECONFIG, ~/.kube/config)")
     status.add_argument(
         "--context", default=None, help="the kubeconfig context to use (default: its current)"
@@ -565,7 +573,7 @@ def _inventory(args: argparse.Namespace) -> int:
 def _validate(args: argparse.Namespace) -> int:
     from gpudra.cli import validate  # noqa: PLC0415 (see the imports above)
 
-    return validate.run(args.files, driver=args.driver_name)
+    return validate.run(args.files, driver=args.driver_name, output=args.output)
 
 
 # --- explain -------------------------------------------------------------------------------------

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpudra.cli.explain_text import render_text
 from gpudra.cli.manifest_files import read_documents
+from gpudra.cli.output_format import dump, one_or_list
 from gpudra.errors import ConfigError, GpudraError
 from gpudra.model.claim import Claim, read_claim, read_spec_of
 from gpudra.model.kube_api import NEWEST_MINOR
@@ -110,14 +111,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print(results: Sequence[Explanation], args: argparse.Namespace) -> None:
-    if args.output == "json":
-        for result in results:
-            print(result.model_dump_json())
+    if args.output in ("json", "yaml"):
+        objects = [r.model_dump(mode="json", by_alias=True) for r in results]
+        sys.stdout.write(dump(one_or_list(objects), args.output))
         return
     for index, result in enumerate(results):
         if len(results) > 1:
             print(("\n" if index else "") + f"== {', '.join(result.claims)} ==")
-        sys.stdout.write(render_text(result, verbose=args.verbose))
+        sys.stdout.write(render_text(result, verbose=args.verbose or args.output == "wide"))
 
 
 # --- offline ----------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from gpudra.cli.output_format import dump
 from gpudra.cli.status_text import render
 from gpudra.errors import ClusterError
 from gpudra.kube import client as kube
@@ -70,4 +71,6 @@ def _get(url: str) -> Any:
 def show(view: ClusterView, *, output: str) -> str:
     if output == "json":
         return view.model_dump_json(by_alias=True, indent=2) + "\n"
+    if output == "yaml":
+        return dump(view.model_dump(mode="json", by_alias=True), "yaml")
     return render(view, wide=output == "wide")

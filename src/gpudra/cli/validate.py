@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from gpudra.cli.manifest_files import STDIN, Unreadable, read_documents
+from gpudra.cli.output_format import as_list, dump
 from gpudra.model.manifests import Problem, validate_documents
 from gpudra.model.migration import migration_problems
 
@@ -37,15 +38,18 @@ class Checked:
     unreadable: list[Problem] = field(default_factory=list)
 
 
-def run(paths: Sequence[Path], *, driver: str) -> int:
-    """Print every problem (stdout) and every path that cannot be read (stderr), or that the files are
-    valid; the exit code as the module says."""
+def run(paths: Sequence[Path], *, driver: str, output: str = "table") -> int:
+    """Print every problem (stdout; json, yaml: a List of them) and every path that cannot be read
+    (stderr), or that the files are valid; the exit code as the module says."""
     found = check(paths, driver=driver)
-    for problem in found.problems:
+    structured = output in ("json", "yaml")
+    if structured:
+        sys.stdout.write(dump(as_list([asdict(p) for p in found.problems]), output))
+    for problem in [] if structured else found.problems:
         print(problem)
     for problem in found.unreadable:
         print(f"gpudra validate: {problem}", file=sys.stderr)
-    if not found.problems and not found.unreadable:
+    if not found.problems and not found.unreadable and not structured:
         print(f"{found.files} file(s) valid")
     return EXIT_UNREADABLE if found.unreadable else EXIT_PROBLEMS if found.problems else 0
 

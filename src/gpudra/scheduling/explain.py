@@ -37,7 +37,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
+from pydantic.alias_generators import to_camel
 
 from gpudra.model.claim import Claim as ResourceClaim
 from gpudra.model.claim import ClaimSpec, Request
@@ -82,7 +83,13 @@ _VALUES = 5  # published values shown in a hint
 # --- the result ----------------------------------------------------------------------------------
 
 
-class SelectorRejections(BaseModel):
+class _Model(BaseModel):
+    """camelCase in JSON, as Kubernetes objects are (`-o json`); the Python names stay snake_case."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
+
+
+class SelectorRejections(_Model):
     """Devices one selector turned down."""
 
     selector: str  # "class gpu.gpudra.io selector #0" or "request selector #1"
@@ -91,14 +98,14 @@ class SelectorRejections(BaseModel):
     examples: list[str]
 
 
-class Unusable(BaseModel):
+class Unusable(_Model):
     """A device that matches the request but cannot be allocated to it, and why."""
 
     device: str
     reason: str
 
 
-class RequestReport(BaseModel):
+class RequestReport(_Model):
     """One request (or `firstAvailable` subrequest) against the devices of one node."""
 
     claim: str
@@ -113,7 +120,7 @@ class RequestReport(BaseModel):
     errors: list[str]
 
 
-class AllocatedDevice(BaseModel):
+class AllocatedDevice(_Model):
     claim: str
     request: str
     driver: str
@@ -123,7 +130,7 @@ class AllocatedDevice(BaseModel):
     consumed_capacity: dict[str, str] | None = None
 
 
-class NodeReport(BaseModel):
+class NodeReport(_Model):
     node: str
     fits: bool
     devices: list[AllocatedDevice]
@@ -132,7 +139,7 @@ class NodeReport(BaseModel):
     notes: list[str]
 
 
-class Explanation(BaseModel):
+class Explanation(_Model):
     claims: list[str]
     fits: bool
     verdict: str
