@@ -92,7 +92,7 @@ def test_every_command_works_from_the_wheel_outside_the_checkout(tmp_path: Path)
         check=True,
     )
     assert located.stdout.startswith(str(venv))
-    slices = gpudra("inventory", "--nvml=sim:dgx-h100", "--node-name=node-a", "-o", "yaml")
+    slices = gpudra("inventory", "--nvml=sim:vm-h100", "--node-name=node-a", "-o", "yaml")
     assert slices.returncode == 0, slices.stderr
     (work / "slices.yaml").write_text(slices.stdout)
     claim = (REPO / "examples" / "single-gpu.yaml").read_text()
