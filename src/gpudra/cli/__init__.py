@@ -307,7 +307,11 @@ def build_parser() -> argparse.ArgumentParser:
         "toolkit-cdi-dirs",
         default="/etc/cdi:/var/run/cdi",
         help="directories searched for the NVIDIA Container Toolkit's CDI spec, ':'-separated absolute paths",
-        type=Pattern(r"/[^:]*(:/[^:]*)*", "':'-separated absolute paths (e.g. /etc/cdi:/var/run/cdi)"),
+        type=Pattern(
+            r"/[^:]*(:/[^:]*)*",
+            "':'-separated absolute paths (e.g. /etc/cdi:/var/run/cdi)",
+            empty="no toolkit spec is looked for",
+        ),
     )
     _add(
         plugin,
