@@ -69,7 +69,9 @@ CASES = {
         ["inventory", "--nvml=sim:dgx-h200"], USAGE, "--nvml: 'sim:dgx-h200' is not one of real, sim:dgx-a100"
     ),
     "inventory: output": Case(
-        ["inventory", "--nvml=sim:dgx-h100", "-o", "xml"], USAGE, "'xml' is not one of table, wide, json, yaml"
+        ["inventory", "--nvml=sim:dgx-h100", "-o", "xml"],
+        USAGE,
+        "'xml' is not one of table, wide, json, yaml",
     ),
     "inventory: old release": Case(
         ["inventory", "--server-minor=30"], USAGE, "--server-minor: 1.30 is older than 1.34"
