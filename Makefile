@@ -84,16 +84,20 @@ chart-lint: $(STAMP)
 	  $(HELM) lint --strict $(CHART) -f $$values && \
 	  $(HELM) template gpudra $(CHART) -n gpudra -f $$values >/dev/null || exit 1; \
 	done
-	$(MAKE) -s render-manifests | diff -u deploy/manifests/deviceclasses.yaml - \
-	  || { echo "deploy/manifests/deviceclasses.yaml is stale: run make manifests"; exit 1; }
+	for classes in deploy/manifests/deviceclasses.yaml $(PACKAGED_CLASSES); do \
+	  $(MAKE) -s render-manifests | diff -u $$classes - \
+	  || { echo "$$classes is stale: run make manifests"; exit 1; }; \
+	done
 
 chart-schema: $(STAMP)
 	$(BIN)/python scripts/gen_chart_schema.py
 
-# The DeviceClasses for clusters without Helm (and gpudra explain's offline default), rendered from
-# the chart with its default values.
+# The DeviceClasses for clusters without Helm, rendered from the chart with its default values; the
+# same file is package data of the CLI (gpudra explain's offline default, wherever the wheel is installed).
+PACKAGED_CLASSES := src/gpudra/cli/deviceclasses.yaml
 manifests:
 	$(MAKE) -s render-manifests > deploy/manifests/deviceclasses.yaml
+	cp deploy/manifests/deviceclasses.yaml $(PACKAGED_CLASSES)
 
 render-manifests:
 	@echo "# gpudra's DeviceClasses, rendered from deploy/helm/gpudra by make manifests (do not edit)."

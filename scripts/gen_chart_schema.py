@@ -3,7 +3,9 @@
 `kubeletPlugin.options` and `controller.options` in the chart's values are `gpudra kubelet-plugin` and
 `gpudra controller` options in camelCase, passed as GPUDRA_<OPTION> variables. Their schema is made
 from the argparse parser, so a new option is settable in the chart after one `make chart-schema`, and
-`helm install` refuses a misspelt one (additionalProperties: false) with the field's name. Options the
+`helm install` refuses a misspelt one (additionalProperties: false) with the field's name. Each value's
+rule is its option type's (`gpudra.cli.option_types`), the one the binary parses it with: a value the
+pods would refuse at start (and crash-loop on) is refused by `helm install` instead. Options the
 chart sets itself (paths it mounts, ports its probes use, names it gives) are left out on purpose:
 CHART_OWNED says which and why. tests/unit/test_chart_schema.py checks the file is current.
 
@@ -21,6 +23,7 @@ from typing import Any
 from unittest import mock
 
 from gpudra import cli
+from gpudra.cli.option_types import OptionType
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = REPO / "deploy" / "helm" / "gpudra" / "values.schema.json"
@@ -87,30 +90,35 @@ def options(command: str) -> dict[str, argparse.Action]:
     return found
 
 
-def _property(option: str, action: argparse.Action) -> dict[str, Any]:
-    """One option's schema: its help as the description, its type from its choices or its default
-    (environment-free: the CLI's default as written in gpudra.cli, read with GPUDRA_* unset)."""
+def _property(action: argparse.Action) -> dict[str, Any]:
+    """One option's schema: its help as the description, and the rule of its value type
+    (`gpudra.cli.option_types`), the one the binary checks the value with."""
     description = (action.help or "").split(" (env GPUDRA_")[0]
-    schema: dict[str, Any] = {"description": description}
-    default = action.default
-    if action.choices:
-        schema["enum"] = [*action.choices, None]
-    elif isinstance(default, str) and default.isdigit():
-        # Ports and counts are integers; durations in seconds take fractions.
-        schema["type"] = ["number", "null"] if option.endswith("seconds") else ["integer", "null"]
-        schema["minimum"] = 0
-    else:
-        schema["type"] = ["string", "null"]
-    if option == "nvml":
-        schema["pattern"] = "^(real|sim:[a-z0-9-]+)$"
-    return schema
+    if not isinstance(action.type, OptionType):
+        raise TypeError(f"{action.option_strings[0]} has no gpudra.cli.option_types type")
+    return {"description": description, **action.type.schema()}
+
+
+def _mig_profiles_need_partitionable() -> dict[str, Any]:
+    """--mig-profiles with anything in it needs --mig-mode partitionable (gpudra.cli refuses it
+    otherwise): the same rule across the two options."""
+    return {
+        "if": {
+            "properties": {"migProfiles": {"type": "string", "pattern": "[^\\s,]"}},
+            "required": ["migProfiles"],
+        },
+        "then": {
+            "properties": {"migMode": {"const": "partitionable"}},
+            "required": ["migMode"],
+        },
+    }
 
 
 def schema() -> dict[str, Any]:
     sections: dict[str, Any] = {}
     for command, key in _VALUES_KEY.items():
         owned = CHART_OWNED[command]
-        props = {camel(o): _property(o, a) for o, a in sorted(options(command).items()) if o not in owned}
+        props = {camel(o): _property(a) for o, a in sorted(options(command).items()) if o not in owned}
         sections[key] = {
             "type": "object",
             "properties": {
@@ -119,6 +127,7 @@ def schema() -> dict[str, Any]:
                     "type": "object",
                     "additionalProperties": False,
                     "properties": props,
+                    **(_mig_profiles_need_partitionable() if "migProfiles" in props else {}),
                 }
             },
         }

@@ -39,6 +39,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from gpudra import cli
+from gpudra.cli.output_format import documents
 from gpudra.errors import GpudraError
 from tests.localcluster import binaries, examples
 from tests.localcluster.api import DemoApi
@@ -235,7 +236,8 @@ class Demo:
         argv = ["explain", str(example), f"--kubeconfig={self.kubeconfig}", f"-n={NAMESPACE}", "-o=json"]
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
             cli.main(argv)
-        answers = [json.loads(line) for line in out.getvalue().splitlines() if line.startswith("{")]
+        printed = out.getvalue()
+        answers = documents(printed[printed.index("{") :]) if "{" in printed else []
         if len(answers) != len(pods):
             raise GpudraError(f"gpudra explain {example.name}: {out.getvalue()}")
         return [

@@ -175,7 +175,7 @@ def test_inventory_refuses_a_bad_release_option(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, option: str, message: str
 ) -> None:
     code = cli.main(["inventory", "--nvml=sim:dgx-h100", "--node-name=n", option])
-    assert code == 1 and message in capsys.readouterr().err
+    assert code == 2 and message in capsys.readouterr().err
 
 
 def test_inventory_table_shows_the_largest_profile_the_existing_instances_leave_room_for(
@@ -276,14 +276,14 @@ def test_mig_profiles_refused_with_one_line(
 ) -> None:
     code = cli.main(["inventory", "--nvml=sim:dgx-h100", "--node-name=node-a", *extra])
     err = capsys.readouterr().err
-    assert code == 1 and len(err.splitlines()) == 1
+    assert code == 2 and len(err.splitlines()) == 1
     assert message in err
 
 
 def test_unknown_nvml_is_a_clear_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     code = cli.main(["inventory", "--nvml=sim:dgx-z900"])
     err = capsys.readouterr().err
-    assert code == 1
+    assert code == 2
     assert "--nvml" in err and "sim:dgx-h100" in err
 
 
@@ -299,7 +299,10 @@ def test_validate_reports_each_bad_config_with_file_object_and_field(
                 "metadata": {"name": "c", "namespace": "ns"},
                 "spec": {
                     "devices": {
-                        "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.gpudra.io"}}],
+                        "requests": [
+                            {"name": "gpu", "exactly": {"deviceClassName": "gpu.gpudra.io"}},
+                            {"name": "fpga", "exactly": {"deviceClassName": "fpga.example.com"}},
+                        ],
                         "config": [
                             {
                                 "opaque": {
@@ -314,7 +317,10 @@ def test_validate_reports_each_bad_config_with_file_object_and_field(
                                     },
                                 }
                             },
-                            {"opaque": {"driver": "other.example.com", "parameters": {"anything": True}}},
+                            {
+                                "requests": ["fpga"],
+                                "opaque": {"driver": "other.example.com", "parameters": {"anything": True}},
+                            },
                         ],
                     }
                 },
@@ -339,35 +345,36 @@ def test_validate_accepts_the_examples(capsys: pytest.CaptureFixture[str]) -> No
 @pytest.mark.parametrize("value", ["-1", "soon", "nan", "inf"], ids=["negative", "word", "nan", "infinite"])
 def test_a_bad_health_interval_is_a_clear_error(capsys: pytest.CaptureFixture[str], value: str) -> None:
     code = cli.main(["kubelet-plugin", "--node-name=node-a", f"--health-interval-seconds={value}"])
-    assert code == 1
+    assert code == 2
     assert capsys.readouterr().err == (
-        f"gpudra kubelet-plugin: --health-interval-seconds: {value!r} is not a number of seconds >= 0 "
-        "(0: off)\n"
+        f"gpudra kubelet-plugin: argument --health-interval-seconds: {value!r} is not a number of "
+        "seconds >= 0 (0: no health service) (see gpudra kubelet-plugin --help)\n"
     )
 
 
 def test_a_relative_dev_root_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
     code = cli.main(["kubelet-plugin", "--node-name=node-a", "--dev-root=run/nvidia/driver"])
-    assert code == 1
+    assert code == 2
     assert capsys.readouterr().err == (
-        "gpudra kubelet-plugin: --dev-root: 'run/nvidia/driver' is not an absolute path\n"
+        "gpudra kubelet-plugin: argument --dev-root: 'run/nvidia/driver' is not an absolute path (one "
+        "starting with /) (see gpudra kubelet-plugin --help)\n"
     )
 
 
 @pytest.mark.parametrize(
     ("option", "environment", "expected"),
     [
-        ("health-interval-seconds", None, "10"),
-        ("health-interval-seconds", "0", "0"),
-        ("health-interval-seconds", "2.5", "2.5"),
-        ("driver-root", None, "/"),
-        ("driver-root", "/driver-root", "/driver-root"),
-        ("dev-root", None, "/"),
-        ("dev-root", "/run/nvidia/driver", "/run/nvidia/driver"),
+        ("health-interval-seconds", None, 10.0),
+        ("health-interval-seconds", "0", 0.0),
+        ("health-interval-seconds", "2.5", 2.5),
+        ("driver-root", None, Path("/")),
+        ("driver-root", "/driver-root", Path("/driver-root")),
+        ("dev-root", None, Path("/")),
+        ("dev-root", "/run/nvidia/driver", Path("/run/nvidia/driver")),
     ],
 )
 def test_plugin_option_defaults_and_environment(
-    monkeypatch: pytest.MonkeyPatch, option: str, environment: str | None, expected: str
+    monkeypatch: pytest.MonkeyPatch, option: str, environment: str | None, expected: object
 ) -> None:
     variable = "GPUDRA_" + option.upper().replace("-", "_")
     if environment is None:

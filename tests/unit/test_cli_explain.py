@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from gpudra import cli
+from gpudra.cli.output_format import documents
 from gpudra.model.devices import build_devices
 from gpudra.model.slices import build_slices
 from tests.unit import inventories as inv
@@ -81,8 +82,7 @@ def test_the_claims_of_a_pod_are_explained_together_and_json_is_one_object_per_l
         pod("p", "a", "b"),
     )
     assert cli.main(["explain", str(claims), "--slices", str(node_file), "-o", "json"]) == 1
-    [line] = capsys.readouterr().out.splitlines()
-    result = json.loads(line)
+    [result] = documents(capsys.readouterr().out)
     assert result["claims"] == ["template default/a", "template default/b"]
     assert not result["fits"]
     written = write(
@@ -139,12 +139,12 @@ def test_what_cannot_be_explained_is_one_line_on_stderr(
 ) -> None:
     claims = write(tmp_path / "claims.yaml", *objects) if objects else tmp_path / "empty.yaml"
     claims.touch()
-    assert cli.main(["explain", str(claims), "--slices", str(node_file)]) == 1
+    assert cli.main(["explain", str(claims), "--slices", str(node_file)]) == 2
     assert message in capsys.readouterr().err
 
 
 def test_a_cluster_object_needs_a_cluster(node_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["explain", "claim/x", "--slices", str(node_file)]) == 1
+    assert cli.main(["explain", "claim/x", "--slices", str(node_file)]) == 2
     assert (
         "claim/x names an object in a cluster; with --slices, pass a file of claims"
         in capsys.readouterr().err
@@ -187,3 +187,138 @@ def test_a_tenant_claim_nested_too_deeply_in_the_cluster_dump_is_left_out_with_a
     assert captured.err == (
         f"gpudra explain: warning: left out {dump}: document 1, items[0]: nests deeper than 100 levels\n"
     )
+
+
+# --- what rules a node out before its devices, invalid configs, workloads ---------------------------
+
+BAD_MPS = {
+    "opaque": {
+        "driver": DRIVER,
+        "parameters": {
+            "apiVersion": "resource.gpudra.io/v1beta1",
+            "kind": "GpuConfig",
+            "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 150}},
+        },
+    }
+}
+
+
+def _with_config(obj: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    obj["spec"]["spec"]["devices"]["config"] = [config]
+    return obj
+
+
+def test_a_claim_with_an_invalid_config_cannot_fit(
+    tmp_path: Path, node_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    claims = write(tmp_path / "claims.yaml", _with_config(template("t4", "true"), BAD_MPS))
+    assert cli.main(["explain", str(claims), "--slices", str(node_file)]) == 1
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith(
+        "cannot fit: invalid config: spec.spec.devices.config[0].opaque.parameters.sharing"
+    )
+    assert "1 to 100" in first
+
+
+def _node(
+    name: str, *, taints: list[dict[str, str]] | None = None, labels: dict[str, str] | None = None
+) -> Any:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": labels or {}},
+        "spec": {"taints": taints or []},
+    }
+
+
+def _pod(**spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p", "namespace": "default"},
+        "spec": {
+            "containers": [],
+            "resourceClaims": [{"name": "g", "resourceClaimTemplateName": "t4"}],
+            **spec,
+        },
+    }
+
+
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+
+
+@pytest.mark.parametrize(
+    ("node", "pod", "fits", "says"),
+    [
+        (
+            _node("node-mixed", taints=[GPU_TAINT]),
+            _pod(),
+            False,
+            "the taint nvidia.com/gpu=present:NoSchedule",
+        ),
+        (
+            _node("node-mixed", taints=[GPU_TAINT]),
+            _pod(tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists"}]),
+            True,
+            "fits on node-mixed",
+        ),
+        (_node("node-mixed"), _pod(nodeSelector={"pool": "a"}), False, "nodeSelector pool=a"),
+        (_node("node-mixed", labels={"pool": "a"}), _pod(nodeSelector={"pool": "a"}), True, "fits"),
+        (
+            _node("node-mixed", labels={"zone": "b"}),
+            _pod(
+                affinity={
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [
+                                {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+                            ]
+                        }
+                    }
+                }
+            ),
+            False,
+            "required node affinity",
+        ),
+    ],
+    ids=["taint", "tolerated", "selector", "selected", "affinity"],
+)
+def test_a_pod_goes_only_where_the_scheduler_would_send_it(
+    tmp_path: Path,
+    node_file: Path,
+    capsys: pytest.CaptureFixture[str],
+    node: dict[str, Any],
+    pod: dict[str, Any],
+    fits: bool,
+    says: str,
+) -> None:
+    nodes = write(tmp_path / "nodes.yaml", node)
+    claims = write(tmp_path / "pod.yaml", pod, template("t4", f'{A}.productName == "Tesla T4"'))
+    code = cli.main(["explain", str(claims), "--slices", str(node_file), "--slices", str(nodes)])
+    first = capsys.readouterr().out.splitlines()[0]
+    assert code == (0 if fits else 1) and says in first, first
+
+
+@pytest.mark.parametrize(
+    ("kind", "path"),
+    [
+        ("Deployment", ["spec", "template"]),
+        ("StatefulSet", ["spec", "template"]),
+        ("Job", ["spec", "template"]),
+        ("DaemonSet", ["spec", "template"]),
+        ("CronJob", ["spec", "jobTemplate", "spec", "template"]),
+    ],
+)
+def test_a_workload_is_explained_as_a_pod_of_its_template(
+    tmp_path: Path, node_file: Path, capsys: pytest.CaptureFixture[str], kind: str, path: list[str]
+) -> None:
+    workload: dict[str, Any] = {"spec": _pod(nodeSelector={"pool": "x"})["spec"]}
+    for key in reversed(path):
+        workload = {key: workload}
+    workload.update(
+        {"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": "w", "namespace": "default"}}
+    )
+    nodes = write(tmp_path / "nodes.yaml", _node("node-mixed"))
+    claims = write(tmp_path / "w.yaml", workload, template("t4", f'{A}.productName == "Tesla T4"'))
+    assert cli.main(["explain", str(claims), "--slices", str(node_file), "--slices", str(nodes)]) == 1
+    assert "nodeSelector pool=x" in capsys.readouterr().out.splitlines()[0]

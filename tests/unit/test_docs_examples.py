@@ -31,6 +31,7 @@ import yaml
 
 from gpudra import cli
 from gpudra.api import config_problems
+from gpudra.cli.output_format import documents
 from gpudra.cli.validate import validate_files
 from gpudra.gpu import nvml
 from gpudra.model.devices import build_devices
@@ -345,7 +346,7 @@ def test_the_block_s_claims_fit_a_simulated_dgx(
     slices = [arg for path in node_slices for arg in ("--slices", str(path))]
     code = cli.main(["explain", str(target), *slices, "--classes", str(classes), "-o", "json"])
     captured = capsys.readouterr()
-    results = [json.loads(line) for line in captured.out.splitlines() if line.strip()]
+    results = documents(captured.out)
     verdicts = "\n".join(f"{', '.join(r['claims'])}: {r['verdict']}" for r in results) + captured.err
     assert len(results) == targets.verdicts, f"{block.where}:\n{verdicts}"
     assert code == 0 and all(r["fits"] for r in results), f"{block.where}:\n{verdicts}"

@@ -388,7 +388,8 @@ def test_the_plugin_gets_the_driver_root(monkeypatch: pytest.MonkeyPatch, tmp_pa
 
 
 def test_a_relative_driver_root_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["kubelet-plugin", "--node-name=node-a", "--driver-root=driver-root"]) == 1
+    assert cli.main(["kubelet-plugin", "--node-name=node-a", "--driver-root=driver-root"]) == 2
     assert capsys.readouterr().err == (
-        "gpudra kubelet-plugin: --driver-root: 'driver-root' is not an absolute path\n"
+        "gpudra kubelet-plugin: argument --driver-root: 'driver-root' is not an absolute path (one starting "
+        "with /) (see gpudra kubelet-plugin --help)\n"
     )

@@ -12,6 +12,7 @@ import yaml
 
 from gpudra import cli
 from gpudra.cli import explain as explain_cli
+from gpudra.cli.output_format import documents
 from gpudra.errors import ClusterError
 from gpudra.model import devices
 from gpudra.model.claim import read_spec, read_spec_of
@@ -209,7 +210,7 @@ def test_explain_offline_takes_the_server_minor_and_gates(
         cli.main(["explain", str(claims), "--slices", str(nodes), "--server-minor=35", gates, "-o", "json"])
         == 1
     )
-    lines = [yaml.safe_load(line) for line in capsys.readouterr().out.splitlines()]
+    lines = documents(capsys.readouterr().out)
     assert lines[0]["needs"] == [
         "request gpu (class gpu-shared.gpudra.io): GPU shares are not available before Kubernetes 1.36: the "
         "1.35 scheduler does not count the counters shares consume (fixed in 1.36), so a share and its whole "
@@ -246,7 +247,7 @@ def test_explain_refuses_a_bad_release_option(
 ) -> None:
     nodes = write(tmp_path / "node.yaml", {"apiVersion": "v1", "kind": "List", "items": []})
     claims = write(tmp_path / "claims.yaml", template("share", SHARE))
-    assert cli.main(["explain", str(claims), "--slices", str(nodes), option]) == 1
+    assert cli.main(["explain", str(claims), "--slices", str(nodes), option]) == 2
     assert message in capsys.readouterr().err
 
 

@@ -61,10 +61,11 @@ def test_the_instance_id_comes_from_the_option_or_its_environment_variable(
 
 @pytest.mark.parametrize("value", ["a/b", ".hidden", "-a", "a b", "x" * 64, "ü"])
 def test_a_bad_instance_id_is_a_clear_error(capsys: pytest.CaptureFixture[str], value: str) -> None:
-    assert cli.main(["kubelet-plugin", "--node-name=node-a", f"--instance-id={value}"]) == 1
+    assert cli.main(["kubelet-plugin", "--node-name=node-a", f"--instance-id={value}"]) == 2
     assert capsys.readouterr().err == (
-        f"gpudra kubelet-plugin: --instance-id: {value!r} is not an instance ID: 1 to 63 letters, digits, "
-        "'-', '_' and '.', starting with a letter or digit\n"
+        f"gpudra kubelet-plugin: argument --instance-id: {value!r} is not an instance ID: 1 to 63 letters, "
+        "digits, '-', '_' and '.', starting with a letter or digit (empty: <driver>-reg.sock and dra.sock) "
+        "(see gpudra kubelet-plugin --help)\n"
     )
 
 

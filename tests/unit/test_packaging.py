@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -41,3 +44,66 @@ def test_the_wheel_holds_no_harness_and_no_tests(tmp_path: Path) -> None:
         "gpudra/py.typed",
     ):
         assert module in names
+
+
+# Installing the dependencies into a fresh venv takes about 3 minutes on 2 busy cores.
+@pytest.mark.timeout(600)
+def test_every_command_works_from_the_wheel_outside_the_checkout(tmp_path: Path) -> None:
+    """`pip install gpudra-*.whl` into a fresh venv (dependencies from PyPI, through pip's cache that
+    `make install` warms), run from a directory outside the checkout with nothing of it on the path:
+    each command finds what it needs in the package (explain: gpudra's DeviceClasses)."""
+    wheels, venv, work = tmp_path / "wheels", tmp_path / "venv", tmp_path / "work"
+    work.mkdir()
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(wheels), str(REPO)],
+        check=True,
+        capture_output=True,
+    )
+    [wheel] = wheels.glob("gpudra-*.whl")
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
+    # Without PYTHONPATH: pip would take a source tree on it (with its egg-info) for gpudra installed.
+    outside = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    subprocess.run(
+        [str(venv / "bin" / "pip"), "install", "--quiet", "--disable-pip-version-check", str(wheel)],
+        check=True,
+        capture_output=True,
+        env=outside,
+    )
+    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(work)}  # no PYTHONPATH: the wheel only
+
+    def gpudra(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(venv / "bin" / "gpudra"), *args],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+
+    where = gpudra("validate", "--help")
+    assert where.returncode == 0 and "exit codes:" in where.stdout
+    located = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import gpudra; print(gpudra.__file__)"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert located.stdout.startswith(str(venv))
+    slices = gpudra("inventory", "--nvml=sim:vm-h100", "--node-name=node-a", "-o", "yaml")
+    assert slices.returncode == 0, slices.stderr
+    (work / "slices.yaml").write_text(slices.stdout)
+    claim = (REPO / "examples" / "single-gpu.yaml").read_text()
+    (work / "claim.yaml").write_text(claim)
+    assert gpudra("validate", "claim.yaml").returncode == 0
+    explained = gpudra("explain", "claim.yaml", "--slices", "slices.yaml")
+    assert explained.returncode == 0, explained.stderr
+    assert explained.stdout.startswith("fits on node-a")
+    status = gpudra("status", "--controller-url=http://127.0.0.1:1")
+    assert status.returncode == 2 and status.stderr.startswith("gpudra status: reading http://127.0.0.1:1")
+    for daemon in ("kubelet-plugin", "controller"):
+        assert gpudra(daemon, "--help").returncode == 0
+    refused = gpudra("kubelet-plugin", "--node-name=n", "--log-level=LOUD")
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr

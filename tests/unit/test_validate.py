@@ -15,6 +15,7 @@ from gpudra import cli
 from gpudra.cli.manifest_files import read_documents
 from gpudra.cli.validate import validate_files
 from gpudra.model.manifests import Problem, validate_documents
+from gpudra.model.migration import migration_problems
 
 DRIVER = "gpu.gpudra.io"
 DATA = Path(__file__).parent / "data"
@@ -68,6 +69,10 @@ def test_bad_manifests_name_file_object_and_field() -> None:
         f"{class_at}.apiVersion: must be resource.gpudra.io/v1beta1 "
         "(the fields are those of resource.nvidia.com/v1beta1: only the apiVersion differs)",
         f"{class_at}.sharing.timeSlicingConfig.interval: must be one of: Default, Short, Medium, Long",
+        # the NVIDIA entry of a claim whose requests are gpudra's: ignored by gpudra (gpudra.model.migration)
+        f"{file}: ResourceClaim ml/bad-mps: spec.devices.config[0].opaque.driver: gpu.nvidia.com is another "
+        "driver's: gpudra ignores this config on request(s) gpu, without a word; gpudra's is opaque.driver: "
+        "gpu.gpudra.io with parameters.apiVersion: resource.gpudra.io/v1beta1 (docs/migrate.md)",
     ]
 
 
@@ -408,16 +413,137 @@ def test_a_directory_stands_for_its_manifests_as_kubectl_reads_it(
     assert len(out) == 1 and out[0].startswith(f"{tmp_path / 'c.json'}: ResourceClaim ns/c: spec.devices")
 
 
-def test_a_directory_without_manifests_is_one_line_and_exit_code_1(
+def test_a_directory_without_manifests_is_one_line_and_exit_code_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     (tmp_path / "README").write_text("x")
-    assert cli.main(["validate", str(tmp_path)]) == 1
+    assert cli.main(["validate", str(tmp_path)]) == 2
     captured = capsys.readouterr()
-    assert captured.out == f"{tmp_path}: is a directory holding no .yaml, .yml, .json file\n"
-    assert captured.err == ""
+    assert captured.err == f"gpudra validate: {tmp_path}: is a directory holding no .yaml, .yml, .json file\n"
+    assert captured.out == ""
 
 
 def test_a_directory_where_a_file_must_be_is_one_line() -> None:
     with pytest.raises(ValueError, match=r"^is a directory, not a file$"):
         read_documents(Path("/"))
+
+
+# --- what a move from NVIDIA's DRA driver leaves behind (gpudra.model.migration) ------------------
+
+NVIDIA_CLAIM = """\
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: old, namespace: ml}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpus
+        exactly:
+          deviceClassName: gpu.nvidia.com
+          selectors:
+          - cel: {expression: 'device.attributes["gpu.nvidia.com"].architecture == "Hopper"'}
+          tolerations: [{key: gpu.nvidia.com/xid, operator: Exists}]
+      constraints:
+      - {requests: [gpus], matchAttribute: gpu.nvidia.com/parentUUID}
+      config:
+      - opaque:
+          driver: gpu.nvidia.com
+          parameters: {apiVersion: resource.nvidia.com/v1beta1, kind: GpuConfig}
+"""
+
+
+def _lines(tmp_path: Path, name: str, text: str) -> list[str]:
+    path = tmp_path / name
+    path.write_text(text)
+    return [str(p).removeprefix(f"{path}: ") for p in validate_files([path], driver=DRIVER)]
+
+
+def test_an_unmigrated_nvidia_claim_is_named_at_every_leftover(tmp_path: Path) -> None:
+    at = "ResourceClaimTemplate ml/old: spec.spec.devices"
+    assert _lines(tmp_path, "old.yaml", NVIDIA_CLAIM) == [
+        f"{at}.requests[0].exactly.deviceClassName: gpu.nvidia.com is NVIDIA's DRA driver's name "
+        "(docs/migrate.md); gpudra's is gpu.gpudra.io (gpu-shared.gpudra.io for a share)",
+        f"{at}.requests[0].exactly.selectors[0].cel.expression: names gpu.nvidia.com, NVIDIA's DRA "
+        "driver's attributes and capacities (docs/migrate.md); gpudra's are under \"gpu.gpudra.io\" (this "
+        "selector matches no gpudra device)",
+        f"{at}.requests[0].exactly.tolerations[0].key: gpu.nvidia.com/xid is NVIDIA's DRA driver's taint "
+        "(docs/migrate.md); gpudra's is gpudra.io/unhealthy",
+        f"{at}.constraints[0].matchAttribute: gpu.nvidia.com/parentUUID is NVIDIA's DRA driver's name "
+        "(docs/migrate.md); gpudra's is gpu.gpudra.io/parentUUID",
+        f"{at}.config[0].opaque.driver: gpu.nvidia.com is another driver's: gpudra ignores this config on "
+        "request(s) gpus, without a word; gpudra's is opaque.driver: gpu.gpudra.io with "
+        "parameters.apiVersion: resource.gpudra.io/v1beta1 (docs/migrate.md)",
+    ]
+
+
+def test_a_half_migrated_claim_whose_config_gpudra_would_ignore(tmp_path: Path) -> None:
+    half = NVIDIA_CLAIM.replace("deviceClassName: gpu.nvidia.com", "deviceClassName: gpu.gpudra.io")
+    half = half.replace("gpu.nvidia.com/parentUUID", "gpu.gpudra.io/parentUUID")
+    half = half.replace('"gpu.nvidia.com"', '"gpu.gpudra.io"').replace("gpu.nvidia.com/xid", "gpudra.io/x")
+    [only] = _lines(tmp_path, "half.yaml", half)
+    assert only.startswith("ResourceClaimTemplate ml/old: spec.spec.devices.config[0].opaque.driver: ")
+    assert "gpudra ignores this config on request(s) gpus" in only
+
+
+def test_another_drivers_config_on_gpudra_requests_only_is_a_problem(tmp_path: Path) -> None:
+    def fields(document: dict[str, Any]) -> list[str]:
+        return [p.field for p in migration_problems([("f.yaml", document)], driver=DRIVER)]
+
+    assert fields(claim([opaque({"x": 1}, driver="other.example.com")])) == [
+        "spec.devices.config[0].opaque.driver"
+    ]
+    fpga = {"name": "fpga", "exactly": {"deviceClassName": "fpga.example.com"}}
+    gpu = {"name": "gpu", "exactly": {"deviceClassName": "gpu.gpudra.io"}}
+    both = claim([opaque({"x": 1}, driver="other.example.com")], requests=[gpu, fpga])
+    assert fields(both) == []  # for all requests, fpga among them: the other driver's own
+
+
+def test_a_template_without_its_spec_spec_level(tmp_path: Path) -> None:
+    flat = NVIDIA_CLAIM.replace("spec:\n  spec:\n", "spec:\n  x:\n").replace("\n  x:\n", "\n")
+    assert _lines(tmp_path, "flat.yaml", flat) == [
+        "ResourceClaimTemplate ml/old: spec.devices: a ResourceClaimTemplate holds the claim's spec one "
+        "level down: spec.spec.devices, not spec.devices (the API server drops or refuses the misplaced "
+        "field, and pods get claims without devices)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "apiVersion: resource.gpudra.io/v1beta1\nkind: GpuConfig\nsharing: {strategy: Sometimes}\n",
+            "GpuConfig: sharing.strategy: must be one of",
+        ),
+        (
+            "apiVersion: resource.nvidia.com/v1beta1\nkind: GpuConfig\n",
+            "GpuConfig: apiVersion: must be resource.gpudra.io/v1beta1",
+        ),
+    ],
+)
+def test_a_bare_config_file_is_validated_as_a_config(tmp_path: Path, text: str, expected: str) -> None:
+    [problem] = _lines(tmp_path, "config.yaml", text)
+    assert problem.startswith(expected)
+
+
+def test_a_good_bare_config_is_valid(tmp_path: Path) -> None:
+    assert _lines(tmp_path, "ok.yaml", "apiVersion: resource.gpudra.io/v1beta1\nkind: GpuConfig\n") == []
+
+
+@pytest.mark.parametrize("text", ["", "\n# only a comment\n", "---\n---\n"])
+def test_an_empty_file_is_a_problem(tmp_path: Path, text: str) -> None:
+    assert _lines(tmp_path, "empty.yaml", text) == ["holds no Kubernetes object (it is empty)"]
+
+
+def test_standard_input_is_read_for_a_dash(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import io  # noqa: PLC0415
+
+    stdin = io.TextIOWrapper(io.BytesIO(NVIDIA_CLAIM.encode()))
+    monkeypatch.setattr("sys.stdin", stdin)
+    assert cli.main(["validate", "-"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 5 and all(
+        line.startswith("(standard input): ResourceClaimTemplate ml/old") for line in out
+    )

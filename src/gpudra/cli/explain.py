@@ -4,12 +4,21 @@ files named, the API server.
 Offline (`--slices FILE`, repeatable): the ResourceSlices `gpudra inventory -o yaml` prints (several
 nodes' outputs may be concatenated, or `kubectl get resourceslices -o yaml`), plus any ResourceClaims
 there whose allocations hold devices (`kubectl get resourceclaims -A -o yaml`); DeviceClasses from
-`--classes FILE`, by default gpudra's own (deploy/manifests/deviceclasses.yaml). FILE holds the claims:
+`--classes FILE`, by default gpudra's own (deploy/manifests/deviceclasses.yaml, which the package carries
+as its data: `make manifests` writes both). FILE holds the claims:
 ResourceClaims, ResourceClaimTemplates, or Pods (whose claims are explained together, as the scheduler
 allocates them), and may add DeviceClasses and ResourceSlices of its own.
 
 Online (no `--slices`): slices, classes and every claim's allocation come from the cluster, and
 `claim/NAME` or `pod/NAME` names the object there; FILE then asks whether claims not yet created would fit.
+The namespace is -n, else the kubeconfig context's (--context), else default, as kubectl's.
+
+A workload in FILE (Deployment, StatefulSet, ReplicaSet, DaemonSet, Job, CronJob) stands for a pod of its
+template. A pod goes only to the nodes whose taints it tolerates and whose labels its nodeSelector and
+required node affinity accept (`gpudra.scheduling.node_fit`): the cluster's Nodes online, the Nodes in
+the files offline (`kubectl get nodes -o yaml` beside the slices; none: no node is ruled out). A claim
+whose gpudra config is invalid (the admission webhook's checks, `gpudra.model.manifests`) cannot fit.
+Exit codes: 0 every claim fits, 1 one does not, 2 an error (gpudra.cli.EXIT_CODES).
 
 What the API server keeps decides which forms of a GPU nodes can publish there (shares, MIG partitions
 on demand: `gpudra.model.publishing.fit_to_server`, the kubelet plugin's own rule), so a request for a
@@ -26,7 +35,6 @@ with `gpudra.kube.client` (bounded per object); an object left out is named on s
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,9 +43,11 @@ from typing import TYPE_CHECKING, Any
 
 from gpudra.cli.explain_text import render_text
 from gpudra.cli.manifest_files import read_documents
+from gpudra.cli.output_format import dump, one_or_list
 from gpudra.errors import ConfigError, GpudraError
 from gpudra.model.claim import Claim, read_claim, read_spec_of
-from gpudra.model.kube_api import NEWEST_MINOR, OLDEST_MINOR
+from gpudra.model.kube_api import NEWEST_MINOR
+from gpudra.model.manifests import validate_documents
 from gpudra.model.publishing import ServerFields, parse_feature_gates
 from gpudra.scheduling.explain import (
     ClaimToExplain,
@@ -46,6 +56,7 @@ from gpudra.scheduling.explain import (
     explain,
     unpack_lists,
 )
+from gpudra.scheduling.node_fit import node_refusals
 from gpudra.scheduling.pools import Inventory
 
 if TYPE_CHECKING:
@@ -53,8 +64,8 @@ if TYPE_CHECKING:
 
 # The node the probe slice names (a dry run: nothing is stored, no node need exist).
 PROBE_NODE = "gpudra-explain-probe"
-# gpudra's DeviceClasses in a source checkout; installed elsewhere, pass --classes.
-DEFAULT_CLASSES = Path(__file__).resolve().parents[3] / "deploy" / "manifests" / "deviceclasses.yaml"
+# gpudra's DeviceClasses, package data (a copy of deploy/manifests/deviceclasses.yaml: make manifests).
+DEFAULT_CLASSES = Path(__file__).with_name("deviceclasses.yaml")
 
 
 @dataclass
@@ -65,6 +76,9 @@ class Inputs:
     slices: list[Mapping[str, Any]] = field(default_factory=list)
     allocated: list[Claim] = field(default_factory=list)
     targets: list[list[ClaimToExplain]] = field(default_factory=list)  # each explained on its own
+    pods: list[Mapping[str, Any] | None] = field(default_factory=list)  # each target's pod spec, if any
+    nodes: list[Mapping[str, Any]] = field(default_factory=list)
+    driver: str = ""
     fields: ServerFields | None = None  # what the API server keeps
     notes: list[str] = field(default_factory=list)
 
@@ -77,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("holds no ResourceClaim, ResourceClaimTemplate or Pod", field=args.target)
     inventory = Inventory(inputs.slices)
     fields = inputs.fields or ServerFields.of_release(NEWEST_MINOR)
+    pods = inputs.pods + [None] * (len(inputs.targets) - len(inputs.pods))
     results = [
         explain(
             target,
@@ -85,8 +100,9 @@ def run(args: argparse.Namespace) -> int:
             allocated=inputs.allocated,
             server=fields,
             driver=args.driver_name,
+            node_refusals=node_refusals(pod, inputs.nodes) if pod is not None else None,
         )
-        for target in inputs.targets
+        for target, pod in zip(inputs.targets, pods, strict=True)
     ]
     for result in results:
         result.notes += inputs.notes
@@ -95,14 +111,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print(results: Sequence[Explanation], args: argparse.Namespace) -> None:
-    if args.output == "json":
-        for result in results:
-            print(result.model_dump_json())
+    if args.output in ("json", "yaml"):
+        objects = [r.model_dump(mode="json", by_alias=True) for r in results]
+        sys.stdout.write(dump(one_or_list(objects), args.output))
         return
     for index, result in enumerate(results):
         if len(results) > 1:
             print(("\n" if index else "") + f"== {', '.join(result.claims)} ==")
-        sys.stdout.write(render_text(result, verbose=args.verbose))
+        sys.stdout.write(render_text(result, verbose=args.verbose or args.output == "wide"))
 
 
 # --- offline ----------------------------------------------------------------------------------
@@ -111,13 +127,15 @@ def _print(results: Sequence[Explanation], args: argparse.Namespace) -> None:
 def _offline(args: argparse.Namespace) -> Inputs:
     if args.target.startswith(("claim/", "pod/")) and not Path(args.target).exists():
         raise ConfigError(f"{args.target} names an object in a cluster; with --slices, pass a file of claims")
-    inputs = Inputs()
+    inputs = Inputs(driver=args.driver_name)
     for path in args.slices:
         for obj in _objects(path):
             if obj.get("kind") == "ResourceSlice":
                 inputs.slices.append(obj)
             elif obj.get("kind") == "ResourceClaim":
                 inputs.allocated.append(read_claim(obj))
+            elif obj.get("kind") == "Node":
+                inputs.nodes.append(obj)
     classes_file = args.classes or DEFAULT_CLASSES
     if not classes_file.exists():
         raise ConfigError(
@@ -131,11 +149,6 @@ def _offline(args: argparse.Namespace) -> Inputs:
 
 
 def _gates(args: argparse.Namespace) -> dict[str, bool]:
-    if args.server_minor is not None and args.server_minor < OLDEST_MINOR:
-        raise ConfigError(
-            f"1.{args.server_minor} is older than 1.{OLDEST_MINOR}, the oldest gpudra supports",
-            field="--server-minor",
-        )
     return parse_feature_gates(args.feature_gates)
 
 
@@ -167,12 +180,48 @@ def _targets(
     objects = list(objects)
     inputs.classes.update(device_classes(objects))
     inputs.slices += [o for o in objects if o.get("kind") == "ResourceSlice"]
-    pods = [o for o in objects if o.get("kind") == "Pod"]
+    inputs.nodes += [o for o in objects if o.get("kind") == "Node"]
+    pods = [pod for o in objects if (pod := _pod_of(o)) is not None]
     if not pods:
-        inputs.targets += [[claim] for claim in claims_to_explain(objects, namespace=namespace or "default")]
+        found = claims_to_explain(objects, namespace=namespace or "default", driver=inputs.driver)
+        inputs.targets += [[claim] for claim in found]
         return
     for pod in pods:
-        inputs.targets.append(_pod_claims(pod, objects, cluster=cluster, namespace=namespace))
+        inputs.targets.append(
+            _pod_claims(pod, objects, cluster=cluster, namespace=namespace, driver=inputs.driver)
+        )
+        inputs.pods.append(pod.get("spec") or {})
+
+
+# kind -> the path of its pod template
+WORKLOADS = {
+    "Deployment": ("spec", "template"),
+    "StatefulSet": ("spec", "template"),
+    "ReplicaSet": ("spec", "template"),
+    "DaemonSet": ("spec", "template"),
+    "Job": ("spec", "template"),
+    "CronJob": ("spec", "jobTemplate", "spec", "template"),
+}
+
+
+def _pod_of(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """A Pod, or the pod a workload's template makes (named "<Kind>/<name>"); None for other objects."""
+    kind = str(obj.get("kind", ""))
+    if kind == "Pod":
+        return obj
+    if kind not in WORKLOADS:
+        return None
+    template: Any = obj
+    for key in WORKLOADS[kind]:
+        template = template.get(key) if isinstance(template, Mapping) else None
+    meta = obj.get("metadata") or {}
+    spec = template.get("spec") if isinstance(template, Mapping) else None
+    if not isinstance(spec, Mapping):
+        raise ConfigError(
+            f"has no pod template at {'.'.join(WORKLOADS[kind])}.spec", field=f"{kind} {meta.get('name')}"
+        )
+    named = {k: v for k, v in meta.items() if k in ("name", "namespace")}
+    return {"kind": "Pod", "metadata": {**named, "name": f"{kind}/{meta.get('name', '')}"}, "spec": spec}
 
 
 def _pod_claims(
@@ -181,6 +230,7 @@ def _pod_claims(
     *,
     cluster: Kube | None,
     namespace: str | None,
+    driver: str,
 ) -> list[ClaimToExplain]:
     """The claims a pod's `resourceClaims` name, from `objects` first, then from the cluster. A template
     whose claim the pod already has (status.resourceClaimStatuses) is explained as that claim."""
@@ -196,7 +246,11 @@ def _pod_claims(
         where = f"Pod {pod_namespace}/{meta.get('name')}: spec.resourceClaims[{index}]"
         if entry.get("resourceClaimName") or entry.get("name") in generated:
             name = entry.get("resourceClaimName") or generated[entry.get("name")]
-            claims.append(_find(objects, "ResourceClaim", pod_namespace, name, cluster=cluster, where=where))
+            claims.append(
+                _find(
+                    objects, "ResourceClaim", pod_namespace, name, cluster=cluster, where=where, driver=driver
+                )
+            )
         elif entry.get("resourceClaimTemplateName"):
             claims.append(
                 _find(
@@ -206,6 +260,7 @@ def _pod_claims(
                     entry["resourceClaimTemplateName"],
                     cluster=cluster,
                     where=where,
+                    driver=driver,
                 )
             )
         else:
@@ -223,6 +278,7 @@ def _find(
     *,
     cluster: Kube | None,
     where: str,
+    driver: str,
 ) -> ClaimToExplain:
     for obj in objects:
         meta = obj.get("metadata") or {}
@@ -231,7 +287,7 @@ def _find(
             and meta.get("name") == name
             and meta.get("namespace", namespace) == namespace
         ):
-            return _one_claim(obj, where, namespace)
+            return _one_claim(obj, where, namespace, driver)
     if cluster is None:
         raise ConfigError(
             f"{kind} {namespace}/{name} is not in the file (and no cluster is read)", field=where
@@ -241,11 +297,11 @@ def _find(
         if kind == "ResourceClaim"
         else cluster.get_claim_template(namespace, name)
     )
-    return _one_claim(obj, where, namespace)
+    return _one_claim(obj, where, namespace, driver)
 
 
-def _one_claim(obj: Mapping[str, Any], where: str, namespace: str) -> ClaimToExplain:
-    found = claims_to_explain([obj], namespace=namespace)
+def _one_claim(obj: Mapping[str, Any], where: str, namespace: str, driver: str) -> ClaimToExplain:
+    found = claims_to_explain([obj], namespace=namespace, driver=driver)
     if len(found) != 1:
         raise ConfigError(f"is not a ResourceClaim or ResourceClaimTemplate: {obj.get('kind')}", field=where)
     return found[0]
@@ -255,33 +311,43 @@ def _one_claim(obj: Mapping[str, Any], where: str, namespace: str) -> ClaimToExp
 
 
 def _online(args: argparse.Namespace) -> Inputs:
-    from gpudra.kube.client import Kube, connect  # noqa: PLC0415 (offline runs need no API client)
+    # offline runs need no API client
+    from gpudra.kube.client import Kube, connect, context_namespace, kubeconfig_path  # noqa: PLC0415
 
-    cluster = Kube(connect(_kubeconfig(args.kubeconfig)), report_skipped=_warn)
-    inputs = Inputs(classes=device_classes(cluster.list_device_classes()))
+    kubeconfig = kubeconfig_path(args.kubeconfig)
+    cluster = Kube(connect(kubeconfig, args.context), report_skipped=_warn)
+    inputs = Inputs(classes=device_classes(cluster.list_device_classes()), driver=args.driver_name)
     _server(inputs, cluster, args)
     inputs.slices.extend(cluster.list_all_slices())
+    inputs.nodes.extend(cluster.list_nodes())
     inputs.allocated.extend(read_claim(obj) for obj in cluster.list_all_claims())
     if args.classes is not None:
         inputs.classes.update(device_classes(_objects(args.classes)))
-    namespace = args.namespace or "default"
+    namespace = (
+        args.namespace or (context_namespace(kubeconfig, args.context) if kubeconfig else None) or "default"
+    )
     kind, _, name = args.target.partition("/")
     if kind == "claim" and name and not Path(args.target).exists():
-        inputs.targets.append([_one_claim(cluster.get_claim(namespace, name), args.target, namespace)])
+        claim = _one_claim(cluster.get_claim(namespace, name), args.target, namespace, args.driver_name)
+        inputs.targets.append([claim])
     elif kind == "pod" and name and not Path(args.target).exists():
         pod = cluster.get_pod(namespace, name)
-        inputs.targets.append(_pod_claims(pod, [], cluster=cluster, namespace=namespace))
+        inputs.targets.append(
+            _pod_claims(pod, [], cluster=cluster, namespace=namespace, driver=args.driver_name)
+        )
+        inputs.pods.append(pod.get("spec") or {})
     else:
         _targets(inputs, _objects(Path(args.target)), cluster=cluster, namespace=namespace)
     return inputs
 
 
 def claims_to_explain(
-    objects: Iterable[Mapping[str, Any]], *, namespace: str = "default"
+    objects: Iterable[Mapping[str, Any]], *, namespace: str = "default", driver: str = ""
 ) -> list[ClaimToExplain]:
     """The ResourceClaims and ResourceClaimTemplates among `objects` (Lists unpacked), as claims; those
     that name no namespace are in `namespace`, as `kubectl apply -n` would put them. The objects come
-    from files or the API server: this is where they are read, so only typed specs go further."""
+    from files or the API server: this is where they are read, so only typed specs go further, with
+    what is wrong with their `driver` config entries."""
     found = []
     for obj in unpack_lists(objects):
         spec = read_spec_of(obj)
@@ -290,7 +356,11 @@ def claims_to_explain(
         meta = obj.get("metadata") or {}
         name = f"{meta.get('namespace') or namespace}/{meta.get('name', '')}"
         template = obj.get("kind") == "ResourceClaimTemplate"
-        found.append(ClaimToExplain(f"template {name}" if template else name, spec))
+        invalid = tuple(
+            f"{p.field}: {p.message}"
+            for p in (validate_documents([("", obj)], driver=driver) if driver else [])
+        )
+        found.append(ClaimToExplain(f"template {name}" if template else name, spec, invalid))
     return found
 
 
@@ -317,13 +387,3 @@ def _server(inputs: Inputs, cluster: Kube, args: argparse.Namespace) -> None:
 def _warn(line: str) -> None:
     """An object left out of what is explained (nested too deeply, see gpudra.bounded_json)."""
     print(f"gpudra explain: warning: {line}", file=sys.stderr)
-
-
-def _kubeconfig(given: str | None) -> str | None:
-    """--kubeconfig, else $KUBECONFIG, else ~/.kube/config if there is one; None: in-cluster."""
-    if given:
-        return given
-    if os.environ.get("KUBECONFIG"):
-        return os.environ["KUBECONFIG"].split(os.pathsep)[0]
-    default = Path.home() / ".kube" / "config"
-    return str(default) if default.exists() else None

@@ -31,8 +31,8 @@ def show(
         model, driver=driver, node_name=node_name, generation=1, server_minor=fields.minor
     )
     problems = slices.validate_slices(built, server_minor=fields.minor)
-    if output == "table":
-        print(_table(inventory, model, fitted, withheld_lines(fields, withheld)))
+    if output in ("table", "wide"):
+        print(_table(inventory, model, fitted, withheld_lines(fields, withheld), wide=output == "wide"))
     else:
         listing = {"apiVersion": "v1", "kind": "List", "items": built}
         print(json.dumps(listing, indent=2) if output == "json" else yaml.safe_dump(listing, sort_keys=False))
@@ -51,8 +51,14 @@ def withheld_lines(fields: ServerFields, withheld: list[Withheld]) -> list[str]:
 
 
 def _table(
-    inventory: Inventory, model: devices.DeviceModel, publishing: Publishing, release: list[str]
+    inventory: Inventory,
+    model: devices.DeviceModel,
+    publishing: Publishing,
+    release: list[str],
+    *,
+    wide: bool = False,
 ) -> str:
+    """The GPUs, one row each (`wide`: with their UUIDs), their MIG partitions, what is published."""
     lines = [
         f"driver {inventory.driver_version}, CUDA {inventory.cuda_driver_version}, "
         f"{len(inventory.gpus)} GPUs",
@@ -68,11 +74,13 @@ def _table(
         "MIG",
         "SHARED",
         "LARGEST PLACEABLE",
+        *(("UUID",) if wide else ()),
     )
     # the shared device of each GPU that has one (several claims each get a share of it)
     shared = {devices.gpu_uuid_of(d): d["name"] for d in model.devices if d.get("allowMultipleAllocations")}
     rows = [header] + [
-        _gpu_row(gpu, shared.get(gpu.uuid)) for gpu in sorted(inventory.gpus, key=lambda g: g.minor)
+        _gpu_row(gpu, shared.get(gpu.uuid)) + ((gpu.uuid,) if wide else ())
+        for gpu in sorted(inventory.gpus, key=lambda g: g.minor)
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]

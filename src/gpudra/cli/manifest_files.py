@@ -5,7 +5,9 @@ A file may come from anyone (a pull request, a tenant), so reading it is bounded
 judged: only regular files (a FIFO would block forever, /dev/zero would never end), at most
 MAX_FILE_BYTES, YAML aliases counted as the nodes they expand to (a kilobyte "billion laughs" file
 would otherwise become gigabytes once walked), at most MAX_NODES expanded nodes per file. Each breach
-is one line naming the file and the limit (a ValueError the command turns into its message).
+is one line naming the file and the limit (a ValueError the command turns into its message; an
+`Unreadable` one when the file could not be read at all, which `gpudra validate` counts as an I/O
+error rather than a problem in the file). `-` names standard input, read within the same bounds.
 
 Nesting is bounded per object, as in everything gpudra reads that others write (`gpudra.bounded_json`):
 a document, or an item of a List (`kubectl get resourceclaims -A -o yaml` holds every tenant's claims),
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +35,13 @@ MAX_FILE_BYTES = 8 * 1024 * 1024
 MAX_NODES = 1_000_000
 MAX_DEPTH = bounded_json.MAX_DEPTH
 _TOO_DEEP = f"nests deeper than {MAX_DEPTH} levels"
+
+
+STDIN = Path("-")
+
+
+class Unreadable(ValueError):
+    """The file cannot be read: missing, not a regular file, a directory, too large, unreadable."""
 
 
 @dataclass(frozen=True)
@@ -52,8 +62,9 @@ class Documents:
 
 
 def read_documents(path: Path) -> Documents:
-    """The documents of a YAML or (by suffix) JSON file; ValueError says what is wrong with the file."""
-    text = _read_text(path)
+    """The documents of a YAML or (by suffix) JSON file, or of standard input (`-`: YAML, of which JSON
+    is a part); ValueError says what is wrong with the file."""
+    text = _read_stdin() if path == STDIN else _read_text(path)
     if path.suffix == ".json":
         return _json_documents(text)
     loader = _BoundedLoader(text)
@@ -107,22 +118,36 @@ def _leave_out(found: Documents, number: int, item: int | None, reason: str) -> 
         found.skipped.append(Skipped(f"document {number}", reason))
 
 
+def _read_stdin() -> str:
+    try:
+        content = sys.stdin.buffer.read(MAX_FILE_BYTES + 1)
+    except OSError as err:
+        raise Unreadable(f"cannot be read: {err.strerror}") from err
+    return _decoded(content)
+
+
 def _read_text(path: Path) -> str:
     try:
         # O_NONBLOCK: opening a FIFO with no writer must not wait for one.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as err:
-        raise ValueError(f"cannot be read: {err.strerror}") from err
+        raise Unreadable(f"cannot be read: {err.strerror}") from err
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise ValueError("is a directory, not a file" if stat.S_ISDIR(mode) else "is not a regular file")
+            raise Unreadable("is a directory, not a file" if stat.S_ISDIR(mode) else "is not a regular file")
         with os.fdopen(os.dup(fd), "rb") as file:
             content = file.read(MAX_FILE_BYTES + 1)
+    except OSError as err:
+        raise Unreadable(f"cannot be read: {err.strerror}") from err
     finally:
         os.close(fd)
+    return _decoded(content)
+
+
+def _decoded(content: bytes) -> str:
     if len(content) > MAX_FILE_BYTES:
-        raise ValueError(f"is larger than {MAX_FILE_BYTES // (1024 * 1024)} MiB")
+        raise Unreadable(f"is larger than {MAX_FILE_BYTES // (1024 * 1024)} MiB")
     try:
         return content.decode("utf-8")
     except UnicodeDecodeError as err:

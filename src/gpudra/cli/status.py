@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from gpudra.cli.output_format import dump
 from gpudra.cli.status_text import render
 from gpudra.errors import ClusterError
 from gpudra.kube import client as kube
@@ -29,10 +30,15 @@ URL_TIMEOUT_SECONDS = 10.0
 
 
 def fetch(
-    *, kubeconfig: str | None, driver: str, idle_after_seconds: float, controller_url: str | None
+    *,
+    kubeconfig: str | None,
+    driver: str,
+    idle_after_seconds: float,
+    controller_url: str | None,
+    context: str | None = None,
 ) -> ClusterView:
     if not controller_url:
-        api = kube.Kube(kube.connect(kubeconfig), report_skipped=_warn)
+        api = kube.Kube(kube.connect(kube.kubeconfig_path(kubeconfig), context), report_skipped=_warn)
         return cluster_view.build(
             driver=driver,
             slices=[s for s in api.list_all_slices() if (s.get("spec") or {}).get("driver") == driver],
@@ -65,4 +71,6 @@ def _get(url: str) -> Any:
 def show(view: ClusterView, *, output: str) -> str:
     if output == "json":
         return view.model_dump_json(by_alias=True, indent=2) + "\n"
+    if output == "yaml":
+        return dump(view.model_dump(mode="json", by_alias=True), "yaml")
     return render(view, wide=output == "wide")

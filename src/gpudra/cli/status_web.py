@@ -36,11 +36,12 @@ def serve(
     driver: str,
     idle_after_seconds: float,
     listen: str,
+    context: str | None = None,
     ready: Callable[[str], None] = lambda url: None,
 ) -> int:
     """Serve the map until interrupted (exit 0). `ready` gets the page's URL once it is bound."""
     address, port = listen_address(listen)
-    api = kube.Kube(kube.connect(kubeconfig), report_skipped=_warn)
+    api = kube.Kube(kube.connect(kube.kubeconfig_path(kubeconfig), context), report_skipped=_warn)
     surveys = _Surveys(api, driver=driver, idle_after_seconds=idle_after_seconds)
     server_class = _Server6 if ":" in address else _Server
     try:

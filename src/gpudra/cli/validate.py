@@ -1,55 +1,79 @@
 """`gpudra validate PATH...`: the gpudra configs in ResourceClaims, templates and DeviceClasses, checked
-before they reach a cluster. I/O: the files named (read by `gpudra.cli.manifest_files`, bounded) and
-stdout; the judging is `gpudra.model.manifests`, the admission webhook's own.
+before they reach a cluster, and what a move from NVIDIA's DRA driver left behind. I/O: the files named
+(read by `gpudra.cli.manifest_files`, bounded; `-` is standard input) and stdout; the judging is
+`gpudra.model.manifests` (the admission webhook's own config checks) and `gpudra.model.migration` (NVIDIA
+leftovers, another driver's config on gpudra's requests, a template without spec.spec, bare configs).
 
 A directory stands for the files directly in it whose names end in .yaml, .yml or .json, in name order,
-as `kubectl apply -f DIR` reads it (subdirectories are not entered); one holding none is a problem.
+as `kubectl apply -f DIR` reads it (subdirectories are not entered).
+
+Exit codes: 0 when every file is valid; 1 when there is a problem in one (a bad config, a leftover, a
+file that is not YAML, an empty file); 2 when a path cannot be read (missing, not a regular file, a
+directory holding no manifests, too large) or the command line is wrong.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from gpudra.cli.manifest_files import read_documents
+from gpudra.cli.manifest_files import STDIN, Unreadable, read_documents
+from gpudra.cli.output_format import as_list, dump
 from gpudra.model.manifests import Problem, validate_documents
+from gpudra.model.migration import migration_problems
 
 SUFFIXES = (".yaml", ".yml", ".json")
+EXIT_PROBLEMS = 1
+EXIT_UNREADABLE = 2
 
 
-def run(paths: Sequence[Path], *, driver: str) -> int:
-    """Print every problem, or that the files are valid. The exit code: 0 when every file is valid, 1
-    when there is a problem (a bad config, a file that cannot be read, a directory without manifests)."""
-    files, problems = check(paths, driver=driver)
-    for problem in problems:
+@dataclass
+class Checked:
+    """What `check` found: how many files were read, the problems in them, the paths not read."""
+
+    files: int = 0
+    problems: list[Problem] = field(default_factory=list)
+    unreadable: list[Problem] = field(default_factory=list)
+
+
+def run(paths: Sequence[Path], *, driver: str, output: str = "table") -> int:
+    """Print every problem (stdout; json, yaml: a List of them) and every path that cannot be read
+    (stderr), or that the files are valid; the exit code as the module says."""
+    found = check(paths, driver=driver)
+    structured = output in ("json", "yaml")
+    if structured:
+        sys.stdout.write(dump(as_list([asdict(p) for p in found.problems]), output))
+    for problem in [] if structured else found.problems:
         print(problem)
-    if not problems:
-        print(f"{files} file(s) valid")
-    return 1 if problems else 0
+    for problem in found.unreadable:
+        print(f"gpudra validate: {problem}", file=sys.stderr)
+    if not found.problems and not found.unreadable and not structured:
+        print(f"{found.files} file(s) valid")
+    return EXIT_UNREADABLE if found.unreadable else EXIT_PROBLEMS if found.problems else 0
 
 
 def validate_files(paths: Sequence[Path], *, driver: str) -> list[Problem]:
     """Every problem in the YAML (multi-document) or JSON files and directories; an unreadable file is
     a Problem too."""
-    return check(paths, driver=driver)[1]
+    found = check(paths, driver=driver)
+    return found.unreadable + found.problems
 
 
-def check(paths: Sequence[Path], *, driver: str) -> tuple[int, list[Problem]]:
-    """How many files were read, and every problem in them (see `validate_files`)."""
-    problems: list[Problem] = []
-    files = 0
+def check(paths: Sequence[Path], *, driver: str) -> Checked:
+    found = Checked()
     for given in paths:
-        found, problem = _files(given)
-        problems += [problem] if problem is not None else []
-        for path in found:
-            files += 1
-            problems += _file_problems(path, driver=driver)
-    return files, problems
+        files, problem = _files(given)
+        found.unreadable += [problem] if problem is not None else []
+        for path in files:
+            _check_file(path, driver=driver, found=found)
+    return found
 
 
 def _files(path: Path) -> tuple[list[Path], Problem | None]:
     """`path` itself, or the manifests of the directory it names (see the module docstring)."""
-    if not path.is_dir():
+    if path == STDIN or not path.is_dir():
         return [path], None
     try:
         found = sorted(p for p in path.iterdir() if p.suffix in SUFFIXES and not p.is_dir())
@@ -61,12 +85,18 @@ def _files(path: Path) -> tuple[list[Path], Problem | None]:
     return found, None
 
 
-def _file_problems(path: Path, *, driver: str) -> list[Problem]:
-    file = str(path)
+def _check_file(path: Path, *, driver: str, found: Checked) -> None:
+    file = "(standard input)" if path == STDIN else str(path)
     try:
         read = read_documents(path)
+    except Unreadable as err:
+        found.unreadable.append(Problem(file, "", "", str(err)))
+        return
     except ValueError as err:
-        return [Problem(file, "", "", str(err))]
+        found.files += 1
+        found.problems.append(Problem(file, "", "", str(err)))
+        return
+    found.files += 1
     problems = [Problem(file, skipped.where, "", skipped.reason) for skipped in read.skipped]
     objects = []
     for number, document in enumerate(read.documents, start=1):
@@ -78,4 +108,8 @@ def _file_problems(path: Path, *, driver: str) -> list[Problem]:
             problems.append(
                 Problem(file, f"document {number}", "", "is not a Kubernetes object (no apiVersion and kind)")
             )
-    return problems + validate_documents(objects, driver=driver)
+    if not objects and not problems:
+        problems.append(Problem(file, "", "", "holds no Kubernetes object (it is empty)"))
+    found.problems += (
+        problems + validate_documents(objects, driver=driver) + migration_problems(objects, driver=driver)
+    )

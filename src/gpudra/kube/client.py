@@ -35,13 +35,14 @@ from typing import Any, cast
 from urllib.parse import quote
 
 import urllib3
+import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
 from gpudra import bounded_json
 from gpudra.bounded_json import Poisoned
-from gpudra.errors import ClusterError
+from gpudra.errors import ClusterError, ConfigError
 from gpudra.model.kube_api import GROUP, VERSION
 
 log = logging.getLogger(__name__)
@@ -207,15 +208,62 @@ def _quiet_transport() -> None:
             found.addFilter(_NoAddresses())
 
 
-def connect(kubeconfig: str | None) -> client.ApiClient:
-    """An API client from a kubeconfig file, or the in-cluster service account when none is given;
-    it never retries a call (NO_RETRIES)."""
+def _load_kubeconfig(path: str, configuration: client.Configuration, context: str | None) -> None:
+    """The kubeconfig at `path` into `configuration`. What the client's loader trips over in a file that
+    is not a kubeconfig (YAML errors, a list where a map belongs, a missing file) is a ConfigError
+    naming the file."""
+    if not os.path.isfile(path):
+        raise ConfigError("is not a file (--kubeconfig, else $KUBECONFIG)", field=f"kubeconfig {path}")
+    try:
+        config.load_kube_config(path, context=context, client_configuration=configuration)
+    except config.ConfigException:
+        raise  # the loader's own message (a missing context, an exec plugin that failed)
+    except OSError as err:
+        raise ConfigError(f"cannot be read: {err.strerror or err}", field=f"kubeconfig {path}") from err
+    except yaml.YAMLError as err:
+        raise ConfigError(
+            f"is not valid YAML: {str(err).splitlines()[0]}", field=f"kubeconfig {path}"
+        ) from err
+    except (TypeError, AttributeError, KeyError, ValueError, IndexError) as err:
+        raise ConfigError(
+            f"is not a kubeconfig (apiVersion: v1, kind: Config, clusters, users, contexts): {err}",
+            field=f"kubeconfig {path}",
+        ) from err
+
+
+def kubeconfig_path(given: str | None) -> str | None:
+    """--kubeconfig, else $KUBECONFIG's first file, else ~/.kube/config if there is one, as kubectl
+    finds it; None: in-cluster."""
+    if given:
+        return given
+    if os.environ.get("KUBECONFIG"):
+        return os.environ["KUBECONFIG"].split(os.pathsep)[0]
+    default = os.path.expanduser("~/.kube/config")
+    return default if os.path.exists(default) else None
+
+
+def context_namespace(kubeconfig: str, context: str | None = None) -> str | None:
+    """The namespace the kubeconfig's `context` (default: its current context) names, as kubectl's
+    default for -n; None when it names none."""
+    with _api_errors("loading cluster credentials"):
+        try:
+            contexts, current = config.list_kube_config_contexts(kubeconfig)
+        except (OSError, yaml.YAMLError, TypeError, AttributeError, KeyError, ValueError):
+            return None  # connect() names what is wrong with the file
+    chosen = next((c for c in contexts if c.get("name") == context), None) if context else current
+    namespace = ((chosen or {}).get("context") or {}).get("namespace")
+    return str(namespace) if namespace else None
+
+
+def connect(kubeconfig: str | None, context: str | None = None) -> client.ApiClient:
+    """An API client from a kubeconfig file (its `context`, default the current one), or the in-cluster
+    service account when none is given; it never retries a call (NO_RETRIES)."""
     _quiet_transport()
     configuration = client.Configuration()
     configuration.retries = NO_RETRIES  # read when the client makes its connection pools, below
     with _api_errors("loading cluster credentials"):
         if kubeconfig:
-            config.load_kube_config(kubeconfig, client_configuration=configuration)
+            _load_kubeconfig(kubeconfig, configuration, context)
         else:
             config.load_incluster_config(client_configuration=configuration)
     if not configuration.verify_ssl:
@@ -632,6 +680,10 @@ class Kube:
         return self.request(
             f"reading ResourceClaimTemplate {namespace}/{name}", "GET", f"{path}/{quote(name, safe='')}"
         )
+
+    def list_nodes(self) -> list[Obj]:
+        """Every Node (their taints and labels decide where a pod may go)."""
+        return self._list_all("nodes", "/api/v1/nodes")
 
     def get_pod(self, namespace: str, name: str) -> Obj:
         path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}"

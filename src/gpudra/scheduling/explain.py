@@ -37,7 +37,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
+from pydantic.alias_generators import to_camel
 
 from gpudra.model.claim import Claim as ResourceClaim
 from gpudra.model.claim import ClaimSpec, Request
@@ -75,13 +76,20 @@ __all__ = [
 ]
 
 _EXAMPLES = 3  # device names shown per group
+_REFUSED_BUT_DEVICES_FIT = 1_000  # a _Why stage above every device stage
 _VALUES = 5  # published values shown in a hint
 
 
 # --- the result ----------------------------------------------------------------------------------
 
 
-class SelectorRejections(BaseModel):
+class _Model(BaseModel):
+    """camelCase in JSON, as Kubernetes objects are (`-o json`); the Python names stay snake_case."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
+
+
+class SelectorRejections(_Model):
     """Devices one selector turned down."""
 
     selector: str  # "class gpu.gpudra.io selector #0" or "request selector #1"
@@ -90,14 +98,14 @@ class SelectorRejections(BaseModel):
     examples: list[str]
 
 
-class Unusable(BaseModel):
+class Unusable(_Model):
     """A device that matches the request but cannot be allocated to it, and why."""
 
     device: str
     reason: str
 
 
-class RequestReport(BaseModel):
+class RequestReport(_Model):
     """One request (or `firstAvailable` subrequest) against the devices of one node."""
 
     claim: str
@@ -112,7 +120,7 @@ class RequestReport(BaseModel):
     errors: list[str]
 
 
-class AllocatedDevice(BaseModel):
+class AllocatedDevice(_Model):
     claim: str
     request: str
     driver: str
@@ -122,7 +130,7 @@ class AllocatedDevice(BaseModel):
     consumed_capacity: dict[str, str] | None = None
 
 
-class NodeReport(BaseModel):
+class NodeReport(_Model):
     node: str
     fits: bool
     devices: list[AllocatedDevice]
@@ -131,7 +139,7 @@ class NodeReport(BaseModel):
     notes: list[str]
 
 
-class Explanation(BaseModel):
+class Explanation(_Model):
     claims: list[str]
     fits: bool
     verdict: str
@@ -155,6 +163,9 @@ class ClaimToExplain:
 
     name: str
     spec: ClaimSpec
+    # what is wrong with its gpudra config entries (gpudra.model.manifests, the webhook's own checks):
+    # such a claim is refused at admission or fails at prepare, so it cannot fit anywhere
+    invalid_config: tuple[str, ...] = ()
 
     @property
     def path(self) -> str:
@@ -198,6 +209,7 @@ def explain(
     driver: str = "",
     list_type_attributes: bool = False,
     budget: int = DEFAULT_BUDGET,
+    node_refusals: Mapping[str, str] | None = None,
 ) -> Explanation:
     """Whether `claims` can be allocated together, on which node and devices, and if not why.
 
@@ -206,10 +218,17 @@ def explain(
     explained claims among them are ignored). `server`: what the API server keeps, which decides what
     `driver`'s nodes can publish (`gpudra.scheduling.forms`): a request for a form none can and that gets
     no devices anywhere is reported as needing the feature gate or release that would serve it, and
-    what the release's scheduler does otherwise than these rules is noted. ConfigError when a claim
-    spec is malformed.
+    what the release's scheduler does otherwise than these rules is noted. `node_refusals`: the nodes
+    the pod cannot go to whatever their devices (`gpudra.scheduling.node_fit`: taints, nodeSelector,
+    required node affinity), and why. ConfigError when a claim spec is malformed.
     """
     names = [c.name for c in claims]
+    invalid = [
+        f"{c.name}: {problem}" if len(claims) > 1 else problem for c in claims for problem in c.invalid_config
+    ]
+    if invalid:
+        verdict = f"cannot fit: invalid config: {invalid[0]}"
+        return Explanation(claims=names, fits=False, verdict=verdict, nodes=[], errors=invalid, notes=[])
     parsed = [claim_from_spec(c.name, c.spec) for c in claims]
     allocations = Allocations.from_claims(allocated, skip=names)
     matcher = Matcher(classes, list_type_attributes=list_type_attributes)
@@ -225,6 +244,13 @@ def explain(
         for node in nodes:
             explainer = _NodeExplainer(inventory, node, parsed, allocations, matcher=matcher, budget=budget)
             report, why = explainer.report()
+            refused = (node_refusals or {}).get(node)
+            if refused is not None:
+                # The scheduler filters the node out before devices; one whose devices would fit
+                # came closest of all.
+                stage = _REFUSED_BUT_DEVICES_FIT if report.fits else why.stage
+                report = report.model_copy(update={"fits": False, "devices": [], "reason": refused})
+                why = _Why(stage, refused, progress=why.progress)
             reports.append(report)
             whys[node] = why
             fatal.extend(explainer.fatal)

@@ -1,0 +1,174 @@
+"""What a manifest can still get wrong that the API server accepts and gpudra would silently not see:
+what is left of NVIDIA's DRA driver in a claim moved to gpudra, a config for another driver on gpudra's
+requests, a template without its `spec.spec` level, and bare config files. Pure.
+
+`gpudra validate` reports these beside the config checks of `gpudra.model.manifests` (the admission
+webhook's, which judges only gpudra's own config entries: a claim that still names NVIDIA's driver
+never reaches it). The names follow docs/migrate.md's table of what changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+from gpudra.api import config_problems
+from gpudra.model.kube_api import GROUP
+from gpudra.model.manifests import Problem
+
+NVIDIA_DRIVER = "gpu.nvidia.com"
+NVIDIA_CONFIG_GROUP = "resource.nvidia.com"
+# NVIDIA's DeviceClasses -> the kind of gpudra class that replaces each
+NVIDIA_CLASSES = {"gpu.nvidia.com": "gpu", "mig.nvidia.com": "mig"}
+CONFIG_KINDS = ("GpuConfig", "MigDeviceConfig")
+CONFIG_GROUP = "resource.gpudra.io"
+MIGRATE = "docs/migrate.md"
+
+
+def gpudra_classes(driver: str) -> dict[str, str]:
+    """gpudra's DeviceClasses for `driver`, as the chart names them: form -> class name."""
+    suffix = driver.removeprefix("gpu.")
+    return {form: f"{form}.{suffix}" for form in ("gpu", "gpu-shared", "mig")}
+
+
+def migration_problems(docs: Iterable[tuple[str, Mapping[str, Any]]], *, driver: str) -> list[Problem]:
+    """Every problem of the kinds above in the (file name, parsed object) pairs, `v1 List`s unpacked."""
+    problems = []
+    for file, document in docs:
+        for prefix, obj in _objects(document, ""):
+            problems += [Problem(file, label, prefix + at, why) for label, at, why in _check(obj, driver)]
+    return problems
+
+
+def _objects(obj: Mapping[str, Any], prefix: str) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    kind, items = obj.get("kind"), obj.get("items")
+    if isinstance(kind, str) and kind.endswith("List") and isinstance(items, list):
+        for index, item in enumerate(items):
+            if isinstance(item, Mapping):
+                yield from _objects(item, f"{prefix}items[{index}].")
+        return
+    yield prefix, obj
+
+
+def _check(obj: Mapping[str, Any], driver: str) -> list[tuple[str, str, str]]:
+    """(object label, field, message) for one object."""
+    kind, api_version = obj.get("kind"), str(obj.get("apiVersion", ""))
+    if kind in CONFIG_KINDS and api_version.startswith((f"{CONFIG_GROUP}/", f"{NVIDIA_CONFIG_GROUP}/")):
+        # A config on its own, as a user drafts one before pasting it into a claim.
+        return [(str(kind), err.field or "", err.reason) for err in config_problems(obj)]
+    if not api_version.startswith(f"{GROUP}/") or kind not in ("ResourceClaim", "ResourceClaimTemplate"):
+        return []
+    label = f"{kind} {_name(obj)}"
+    spec = _map(obj.get("spec"))
+    at = "spec"
+    if kind == "ResourceClaimTemplate":
+        if "spec" not in spec:
+            found = "spec.devices" if "devices" in spec else "spec.spec"
+            return [(label, found, _NO_SPEC_SPEC)]
+        spec, at = _map(spec.get("spec")), "spec.spec"
+    devices = _map(spec.get("devices"))
+    return [(label, f"{at}.devices.{field}", message) for field, message in _devices(devices, driver)]
+
+
+_NO_SPEC_SPEC = (
+    "a ResourceClaimTemplate holds the claim's spec one level down: spec.spec.devices, not spec.devices "
+    "(the API server drops or refuses the misplaced field, and pods get claims without devices)"
+)
+
+
+def _devices(devices: Mapping[str, Any], driver: str) -> list[tuple[str, str]]:
+    classes = gpudra_classes(driver)
+    ours = set(classes.values())
+    found: list[tuple[str, str]] = []
+    request_classes: dict[str, set[str]] = {}
+    for index, item in enumerate(_list(devices.get("requests"))):
+        request = _map(item)
+        name = str(request.get("name", ""))
+        for field, chosen in _choices(request):
+            request_classes.setdefault(name, set()).add(str(chosen.get("deviceClassName", "")))
+            leftovers = _request_leftovers(chosen, classes, driver)
+            found += [(f"requests[{index}].{field}.{f}", m) for f, m in leftovers]
+    for index, constraint in enumerate(_list(devices.get("constraints"))):
+        attribute = str(_map(constraint).get("matchAttribute", ""))
+        if attribute.startswith(f"{NVIDIA_DRIVER}/"):
+            renamed = f"{driver}/{attribute.partition('/')[2]}"
+            message = f"{_nvidia(attribute)}; gpudra's is {renamed}"
+            found.append((f"constraints[{index}].matchAttribute", message))
+    for index, entry in enumerate(_list(devices.get("config"))):
+        opaque = _map(_map(entry).get("opaque"))
+        other = opaque.get("driver")
+        if not isinstance(other, str) or other == driver:
+            continue
+        named = _list(_map(entry).get("requests"))
+        targets = [str(n).partition("/")[0] for n in named] if named else list(request_classes)
+        # NVIDIA's driver is a leftover wherever it is; another driver's config is for its own requests,
+        # unless every request it applies to is gpudra's.
+        only_ours = bool(targets) and all(
+            request_classes.get(t) and request_classes[t] <= ours for t in targets
+        )
+        if other == NVIDIA_DRIVER or only_ours:
+            found.append((f"config[{index}].opaque.driver", _foreign_config(other, driver, targets)))
+    return found
+
+
+def _choices(request: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """A request's device choices: `exactly`, or each of `firstAvailable`."""
+    if isinstance(request.get("exactly"), Mapping):
+        yield "exactly", request["exactly"]
+    for index, sub in enumerate(_list(request.get("firstAvailable"))):
+        if isinstance(sub, Mapping):
+            yield f"firstAvailable[{index}]", sub
+
+
+def _request_leftovers(
+    chosen: Mapping[str, Any], classes: Mapping[str, str], driver: str
+) -> list[tuple[str, str]]:
+    found = []
+    name = chosen.get("deviceClassName")
+    if name in NVIDIA_CLASSES:
+        form = NVIDIA_CLASSES[str(name)]
+        instead = classes[form] + (f" ({classes['gpu-shared']} for a share)" if form == "gpu" else "")
+        found.append(("deviceClassName", f"{_nvidia(str(name))}; gpudra's is {instead}"))
+    for index, selector in enumerate(_list(chosen.get("selectors"))):
+        expression = str(_map(_map(selector).get("cel")).get("expression", ""))
+        if f'"{NVIDIA_DRIVER}"' in expression or f"'{NVIDIA_DRIVER}'" in expression:
+            found.append(
+                (
+                    f"selectors[{index}].cel.expression",
+                    f"names {NVIDIA_DRIVER}, NVIDIA's DRA driver's attributes and capacities ({MIGRATE}); "
+                    "gpudra's are under "
+                    f'"{driver}" (this selector matches no gpudra device)',
+                )
+            )
+    for index, toleration in enumerate(_list(chosen.get("tolerations"))):
+        key = str(_map(toleration).get("key", ""))
+        if key.startswith(f"{NVIDIA_DRIVER}/"):
+            message = f"{key} is NVIDIA's DRA driver's taint ({MIGRATE}); gpudra's is gpudra.io/unhealthy"
+            found.append((f"tolerations[{index}].key", message))
+    return found
+
+
+def _foreign_config(other: str, driver: str, targets: Sequence[str]) -> str:
+    which = f"request(s) {', '.join(targets)}" if targets else "this claim"
+    return (
+        f"{other} is another driver's: gpudra ignores this config on {which}, without a word; gpudra's is "
+        f"opaque.driver: {driver} with parameters.apiVersion: {CONFIG_GROUP}/v1beta1 ({MIGRATE})"
+    )
+
+
+def _nvidia(name: str) -> str:
+    return f"{name} is NVIDIA's DRA driver's name ({MIGRATE})"
+
+
+def _name(obj: Mapping[str, Any]) -> str:
+    meta = _map(obj.get("metadata"))
+    name = meta.get("name") or "(no name)"
+    return f"{meta['namespace']}/{name}" if meta.get("namespace") else str(name)
+
+
+def _map(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: object) -> list[Any]:
+    return value if isinstance(value, list) else []
