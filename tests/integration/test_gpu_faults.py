@@ -8,6 +8,9 @@ operator's annotation on the Node lifts the taints (the documented rule; absence
 from __future__ import annotations
 
 import functools
+import json
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -18,6 +21,7 @@ from kubernetes import client, utils
 
 from gpudra import sim
 from gpudra.model.gpu_health import CLEAR_ANNOTATION
+from tests.localcluster.cluster import LocalCluster
 from tests.localcluster.node_plugin import DRIVER, PluginProcess
 
 from .kube_helpers import Resources, pod_gone, pod_running, pool_devices, wait_for
@@ -245,9 +249,10 @@ def test_a_partitions_own_fault_taints_that_partition_only(
 
 
 def test_an_nvlink_down_taints_its_gpu_until_the_link_is_up_again(
-    api: client.ApiClient, gpudra: dict[str, PluginProcess], namespace: str
+    api: client.ApiClient, cluster: LocalCluster, gpudra: dict[str, PluginProcess], namespace: str
 ) -> None:
-    """A condition no event reports, read by the health poll: the taint, the Node event and the lift."""
+    """A condition no event reports, read by the health poll: the taint, the Node event, `gpudra status`
+    and the lift."""
     plugin = gpudra[NODE]
     gpu = _gpu_uuid(api, 4)
     sim.set_nvlink_down(state_file=plugin.sim_state, gpu_uuid=gpu, link=2, down=True)
@@ -256,6 +261,17 @@ def test_an_nvlink_down_taints_its_gpu_until_the_link_is_up_again(
     assert set(tainted.values()) == {"NvLinkDown:NoSchedule"}
     (event,) = wait_for("a GpuFault event", lambda: [m for m in _node_events(api, "GpuFault") if gpu in m])
     assert "NVLink 2 down (was up), class reset" in event
+    shown = subprocess.run(
+        [sys.executable, "-m", "gpudra", "status", "--kubeconfig", str(cluster.kubeconfig), "-o", "json"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    unhealthy = json.loads(shown.stdout)["unhealthy"]
+    assert [(d["node"], d["device"], d["reason"], d["uuid"]) for d in unhealthy] == [
+        (NODE, "gpu-4", "NvLinkDown", gpu)
+    ]
     sim.set_nvlink_down(state_file=plugin.sim_state, gpu_uuid=gpu, link=2, down=False)
     wait_for("the taint lifted", lambda: _tainted(api) == {}, timeout=60)
     cleared = wait_for(

@@ -245,3 +245,37 @@ def test_housekeeping_removes_reports_of_pools_without_slices_only() -> None:
     [(found, keep)] = stale_reports([gone, here], SLICES, driver=DRIVER)
     assert found is gone
     assert keep == [{"driver": "other.example.com", "pool": "x", "device": "y"}]
+
+
+def _tainted(pieces: list[dict[str, Any]], names: dict[str, str]) -> list[dict[str, Any]]:
+    """The slices with gpudra's unhealthy taint on the named devices (name -> reason), as the plugin
+    publishes it (gpudra.model.gpu_health.device_taints)."""
+    out = []
+    for piece in pieces:
+        copy = {
+            **piece,
+            "spec": {**piece["spec"], "devices": [dict(d) for d in piece["spec"].get("devices", [])]},
+        }
+        for device in copy["spec"]["devices"]:
+            if device["name"] in names:
+                device["taints"] = [
+                    {"key": "gpudra.io/unhealthy", "value": names[device["name"]], "effect": "NoSchedule"}
+                ]
+        out.append(copy)
+    return out
+
+
+def test_unhealthy_gpus_are_listed_once_and_a_partitions_own_fault_alone() -> None:
+    gpu0 = {"gpu-0": "Xid79", "gpu-0-shared": "Xid79", "gpu-0-mig-1g10gb-0": "Xid79"}
+    partition = {"gpu-1-mig-3g40gb-4": "Xid95"}
+    v = view(slices=_tainted(H100, gpu0 | partition) + MIXED)
+    assert [(d.node, d.device, d.reason, d.effect) for d in v.unhealthy] == [
+        ("node-h100", "gpu-0", "Xid79", "NoSchedule"),
+        ("node-h100", "gpu-1-mig-3g40gb-4", "Xid95", "NoSchedule"),
+    ]
+    assert v.unhealthy[0].product == "NVIDIA H100 80GB HBM3"
+    text = render(v)
+    assert "Unhealthy GPUs (tainted gpudra.io/unhealthy" in text
+    assert "gpu-1-mig-3g40gb-4" in text.split("Unhealthy GPUs")[1]
+    assert "Unhealthy GPUs" not in render(view())
+    assert ClusterView.model_validate_json(v.model_dump_json(by_alias=True)) == v

@@ -1,8 +1,8 @@
 """`gpudra status` as text: the cluster view as tables readable at a glance. Pure.
 
-`table` shows GPUs per node and product with a total, the MIG GPUs that have partitions allocated
-(with the largest partition still placeable), idle allocated devices and pending claims; `wide` lists
-every MIG-capable GPU, busy or not.
+`table` shows GPUs per node and product with a total, the unhealthy GPUs and partitions, the MIG GPUs
+that have partitions allocated (with the largest partition still placeable), idle allocated devices and
+pending claims; `wide` lists every MIG-capable GPU, busy or not.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ _GIB = 1024**3
 
 
 def render(view: ClusterView, *, wide: bool = False) -> str:
-    sections = [_gpus(view), _mig(view, wide=wide), _idle(view), _pending(view)]
+    sections = [_gpus(view), _unhealthy(view), _mig(view, wide=wide), _idle(view), _pending(view)]
     return "\n\n".join(s for s in sections if s) + "\n"
 
 
@@ -30,6 +30,16 @@ def _gpus(view: ClusterView) -> str:
     total = [sum(getattr(r, f) for r in view.nodes) for f in ("gpus", "allocated", "shared", "free", "idle")]
     rows.append(("TOTAL", "", *(str(t) for t in total)))
     return _table(header, rows)
+
+
+def _unhealthy(view: ClusterView) -> str:
+    if not view.unhealthy:
+        return ""
+    header = ("NODE", "DEVICE", "PRODUCT", "REASON", "EFFECT", "GPU")
+    rows = [(d.node, d.device, d.product, d.reason, d.effect, d.uuid) for d in view.unhealthy]
+    return "Unhealthy GPUs (tainted gpudra.io/unhealthy; docs/health.md says what lifts it):\n" + _table(
+        header, rows
+    )
 
 
 def _mig(view: ClusterView, *, wide: bool) -> str:

@@ -34,6 +34,7 @@ from pydantic.alias_generators import to_camel
 
 from gpudra.model.claim import Claim
 from gpudra.model.claim_usage import idle_since
+from gpudra.model.devices import UNHEALTHY_TAINT_KEY
 from gpudra.scheduling.allocator import counters_left, lookup_attribute
 from gpudra.scheduling.claims import Allocations
 from gpudra.scheduling.pools import Amount, Device, Inventory, Pool
@@ -85,6 +86,18 @@ class IdleDevice(_Model):
     idle_seconds: float
 
 
+class UnhealthyDevice(_Model):
+    """A GPU, or one MIG partition of it, that its node published with gpudra's unhealthy taint
+    (docs/health.md): the scheduler keeps claims that do not tolerate it off."""
+
+    node: str
+    device: str  # the whole GPU's device name, or the partition's when only it is tainted
+    uuid: str  # the GPU's
+    product: str
+    reason: str  # the taint's value: Xid79, DoubleBitEcc, RowRemapPending, NVMLError_GpuIsLost, ...
+    effect: str  # NoSchedule or NoExecute
+
+
 class ClusterView(_Model):
     generated: datetime
     driver: str
@@ -93,6 +106,7 @@ class ClusterView(_Model):
     mig: list[MigRoom]
     pending: list[PendingClaim]
     idle: list[IdleDevice]
+    unhealthy: list[UnhealthyDevice] = []
 
 
 @dataclass
@@ -145,7 +159,35 @@ def build(
         mig=[_mig_room(gpu, inventory, allocations) for gpu in _sorted(gpus) if gpu.mig_capable],
         pending=_pending(claims, driver_classes(classes, driver=driver), now),
         idle=idle,
+        unhealthy=_unhealthy(inventory),
     )
+
+
+def _unhealthy(inventory: Inventory) -> list[UnhealthyDevice]:
+    """The tainted GPUs (whole-GPU device tainted: its shared device and partitions follow it, listed
+    once), and the tainted partitions of GPUs that are not."""
+    whole: dict[str, UnhealthyDevice] = {}
+    parts: list[UnhealthyDevice] = []
+    for pool in inventory.pools.values():
+        for device in pool.devices:
+            taint = next((t for t in device.taints if t.get("key") == UNHEALTHY_TAINT_KEY), None)
+            uuid, kind = gpu_uuid(device), attribute(device, "type")
+            if taint is None or not uuid:
+                continue
+            found = UnhealthyDevice(
+                node=device.node or pool.name,
+                device=device.name,
+                uuid=uuid,
+                product=str(attribute(device, "productName") or ""),
+                reason=str(taint.get("value") or ""),
+                effect=str(taint.get("effect") or ""),
+            )
+            if kind == "gpu" and not device.allow_multiple_allocations:
+                whole[uuid] = found
+            elif kind == "mig":
+                parts.append(found)
+    listed = list(whole.values()) + [p for p in parts if p.uuid not in whole]
+    return sorted(listed, key=lambda d: (d.node, d.device))
 
 
 def _gpus(inventory: Inventory, allocations: Allocations) -> dict[str, _Gpu]:
