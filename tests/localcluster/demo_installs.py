@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -178,10 +178,21 @@ class HelmReleases:
     )
     received_heading = "WHAT ITS CONTAINERS FOUND IN /dev (THEIR OWN OUTPUT)"
 
-    def __init__(self, cluster: LocalCluster, machines: Mapping[str, str], *, image: str) -> None:
+    def __init__(
+        self,
+        cluster: LocalCluster,
+        machines: Mapping[str, str],
+        *,
+        image: str,
+        values: Sequence[str] = (),
+        first_values: Sequence[str] = (),
+    ) -> None:
+        """`values`: more helm arguments for every release; `first_values`: for the controller's only."""
         self.cluster = cluster
         self.machines = machines
         self.image = image
+        self.values = list(values)
+        self.first_values = list(first_values)
         self.nodes = {
             name: NodeFiles(
                 cdi_root=cluster.nodes[name].cdi_root,
@@ -215,6 +226,8 @@ class HelmReleases:
                     "--set",
                     f"kubeletPlugin.nodeSelector.kubernetes\\.io/hostname={node}",
                     *helm.node_values(self.cluster.nodes[node]),
+                    *self.values,
+                    *(self.first_values if first else []),
                     "--wait",
                     "--timeout=240s",
                 ]
