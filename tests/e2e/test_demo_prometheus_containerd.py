@@ -27,11 +27,11 @@ import pytest
 from kubernetes import client, config, utils
 
 from tests.integration.kube_helpers import wait_for
+from tests.integration.test_prometheus_demo import unsatisfiable_claim
 from tests.localcluster import LocalCluster, prometheus
 from tests.localcluster.api import DemoApi
 from tests.localcluster.demo import MACHINES, NAMESPACE, Demo
 from tests.localcluster.demo_installs import HelmReleases, image_of
-from tests.localcluster.node_plugin import DRIVER
 
 from .conftest import REPO, Image
 
@@ -48,25 +48,6 @@ CONTROLLER_VALUES = (
     "--set=monitoring.dashboard.enabled=true",
     "--set=controller.options.idleAfterSeconds=10",
 )
-
-
-def unsatisfiable_claim() -> dict[str, Any]:
-    """A claim no pod uses, asking more GPUs than the cluster has: it stays pending."""
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": "waits-for-64-gpus"},
-        "spec": {
-            "devices": {
-                "requests": [
-                    {
-                        "name": "gpus",
-                        "exactly": {"deviceClassName": DRIVER, "allocationMode": "ExactCount", "count": 64},
-                    }
-                ]
-            }
-        },
-    }
 
 
 def operator_objects(api: client.ApiClient) -> list[dict[str, Any]]:
@@ -137,30 +118,15 @@ def test_prometheus_through_the_charts_monitors_has_data_for_every_dashboard_and
             firing = [a["labels"]["alertname"] for a in server.firing()]
             assert firing == [], f"alerts firing on a healthy cluster: {firing}"
             demo.clean_up()
-            queries = prometheus.panel_queries(prometheus.dashboard(demo_dashboard(api)))
-            for alert in prometheus.alerts(rules):
-                for index, selector in enumerate(prometheus.selectors(alert["expr"])):
-                    queries[f"alert {alert['alert']} / {index}"] = selector
-
-            def empty() -> list[str]:
-                return [
-                    name
-                    for name, expr in queries.items()
-                    if not server.series_over(expr, start=started, end=time.time())
-                ]
-
+            queries = prometheus.checked_queries(prometheus.dashboard(installed_dashboard(api)), rules)
             # Over the whole run: the claims' series while they were prepared, the unprepares' rates
             # once two scrapes have followed them.
-            try:
-                wait_for("every query to return series", lambda: not empty(), timeout=60)
-            except AssertionError:
-                missing = "\n".join(f"  {name}: {queries[name]}" for name in empty())
-                raise AssertionError(f"queries without data:\n{missing}") from None
+            server.wait_for_series(queries, since=started, timeout=60)
     for runtime_of_node in cluster.runtimes.values():
         shutil.rmtree(runtime_of_node.root / "root", ignore_errors=True)
 
 
-def demo_dashboard(api: client.ApiClient) -> list[dict[str, Any]]:
+def installed_dashboard(api: client.ApiClient) -> list[dict[str, Any]]:
     """The dashboard's ConfigMap as installed (the controller's release, in the demo's namespace)."""
     config_maps = client.CoreV1Api(api).list_config_map_for_all_namespaces(
         label_selector="grafana_dashboard=1"

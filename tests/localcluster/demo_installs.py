@@ -92,24 +92,31 @@ class HostProcesses:
         *,
         metrics: bool = False,
         groups: Mapping[str, dict[str, str]] | None = None,
+        usage_interval: float = 0,
+        idle_after_seconds: float = 1800,
     ) -> None:
         """`metrics`: each plugin serves /metrics and /readyz on a port of its own (`metrics_port`);
-        `groups`: node -> publishing options, for nodes not in their machine's NODE_GROUPS entry."""
+        `groups`: node -> publishing options, for nodes not in their machine's NODE_GROUPS entry;
+        `usage_interval`: the plugins sample claims' GPU use (0: off); `idle_after_seconds`: the
+        controller's."""
         self.cluster = cluster
         self.repo = helm.chart().parents[2]
         self.metrics = metrics
+        self.usage_interval = usage_interval
         self.plugins = {
             n: PluginProcess(cluster, cluster.nodes[n], p, group=(groups or {}).get(n))
             for n, p in machines.items()
         }
         self.nodes = self.plugins
-        self.controller = ControllerProcess(cluster, "demo", webhook_url_port=free_port())
+        self.controller = ControllerProcess(
+            cluster, "demo", webhook_url_port=free_port(), idle_after_seconds=idle_after_seconds
+        )
 
     def install(self, api: DemoApi) -> None:
         classes = self.repo / "deploy" / "manifests" / "deviceclasses.yaml"
         api.create(list(yaml.safe_load_all(classes.read_text())), namespace="default")
         for plugin in self.plugins.values():
-            plugin.start(metrics_port=free_port() if self.metrics else 0)
+            plugin.start(metrics_port=free_port() if self.metrics else 0, usage_interval=self.usage_interval)
         api.create_namespace(CONTROLLER_NAMESPACE)
         self.controller.start()
 

@@ -135,6 +135,16 @@ def panel_queries(document: Mapping[str, Any]) -> dict[str, str]:
     return queries
 
 
+def checked_queries(dashboard_document: Mapping[str, Any], rules: Mapping[str, Any]) -> dict[str, str]:
+    """What must return series on a cluster running the demo's workload: every dashboard query, and
+    every series an alert reads (its expression as a whole returns nothing while all is well)."""
+    queries = panel_queries(dashboard_document)
+    for alert in alerts(rules):
+        for index, selector in enumerate(selectors(alert["expr"])):
+            queries[f"alert {alert['alert']} / {index}"] = selector
+    return queries
+
+
 def selectors(expr: str) -> list[str]:
     """The gpudra series an expression selects (name and matchers), each once, in order."""
     return list(dict.fromkeys(name + (matchers or "") for name, matchers in _SELECTOR.findall(expr)))
@@ -380,6 +390,23 @@ class Prometheus:
             "query_range", query=expr, start=f"{start:.3f}", end=f"{end:.3f}", step="5"
         )["result"]
         return result
+
+    def without_series(self, queries: Mapping[str, str], *, since: float) -> dict[str, str]:
+        """The `queries` (name -> expression) that returned no series at any step since `since`."""
+        now = time.time()
+        return {
+            name: expr for name, expr in queries.items() if not self.series_over(expr, start=since, end=now)
+        }
+
+    def wait_for_series(self, queries: Mapping[str, str], *, since: float, timeout: float) -> None:
+        """Until every query has returned series since `since`; AssertionError naming those that have
+        not after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while missing := self.without_series(queries, since=since):
+            if time.monotonic() > deadline:
+                names = "\n".join(f"  {name}: {expr}" for name, expr in missing.items())
+                raise AssertionError(f"queries without data after {timeout:.0f}s:\n{names}")
+            time.sleep(2)
 
     def firing(self) -> Iterator[dict[str, Any]]:
         for alert in self.api("alerts")["alerts"]:
