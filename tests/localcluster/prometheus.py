@@ -334,17 +334,18 @@ class Prometheus:
         self.stop()
 
     def start(self) -> None:
-        log = (self.root / "prometheus.log").open("wb")
-        self._process = subprocess.Popen(
-            [
-                str(prometheus_binary()),
-                f"--config.file={self.root / 'prometheus.yaml'}",
-                f"--storage.tsdb.path={self.root / 'data'}",
-                f"--web.listen-address=127.0.0.1:{self.port}",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+        # The child keeps its own copy of the log's descriptor.
+        with (self.root / "prometheus.log").open("wb") as log:
+            self._process = subprocess.Popen(
+                [
+                    str(prometheus_binary()),
+                    f"--config.file={self.root / 'prometheus.yaml'}",
+                    f"--storage.tsdb.path={self.root / 'data'}",
+                    f"--web.listen-address=127.0.0.1:{self.port}",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         deadline = time.monotonic() + 60
         while not self._ready():
             if self._process.poll() is not None or time.monotonic() > deadline:
