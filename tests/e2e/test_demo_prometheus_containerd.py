@@ -64,7 +64,7 @@ def test_prometheus_through_the_charts_monitors_has_data_for_every_dashboard_and
     image: Image,
 ) -> None:
     # A short root: the plugins' MPS pipes live under it, within a unix socket path's 107 bytes.
-    root = Path(tempfile.mkdtemp(prefix="gd-prom-", dir="/tmp"))
+    root = Path(tempfile.mkdtemp(prefix="gd-", dir="/tmp"))
     with LocalCluster(root, nodes=tuple(MACHINES), runtime="containerd", images=(image.archive,)) as cluster:
         api = config.new_client_from_config(str(cluster.kubeconfig))
         utils.create_from_yaml(api, yaml_objects=prometheus.crds())
