@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install lint test unit integration faults e2e k8s kueue chromium gpu-map-screenshot bench-gpu-map helm chart-lint chart-schema manifests render-manifests bench bench-scale compat cluster-up cluster-down demo proto schemas clean
+.PHONY: install lint test unit integration faults e2e k8s kueue chromium gpu-map-screenshot bench-gpu-map helm prometheus chart-lint chart-schema manifests render-manifests bench bench-scale compat cluster-up cluster-down demo proto schemas clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,13 +22,13 @@ lint: $(STAMP)
 
 # The test command named in README.md (and run by .ci/run): lint, unit tests, and the integration
 # tests against a real local control plane and kubelet (built once into ~/.cache/gpudra).
-test: lint k8s kueue chart-lint chromium
+test: lint k8s kueue chart-lint chromium prometheus
 	$(BIN)/pytest
 
 unit: $(STAMP)
 	$(BIN)/pytest tests/unit
 
-integration: $(STAMP) k8s kueue chromium
+integration: $(STAMP) k8s kueue chromium prometheus
 	$(BIN)/pytest tests/integration
 
 # The fault suite (also part of `make test`): random SIGKILLs with an auditor, disk full at every
@@ -62,10 +62,15 @@ bench-gpu-map: $(STAMP) chromium
 # Issue 13: the chart installed with Helm on the local cluster with containerd (real containers, CDI,
 # the webhook behind its Service, a rolling upgrade, clean teardown). Needs root; builds the image and
 # containerd first (deploy/local/build-runtime.sh). CI runs it after `make test`.
-e2e: $(STAMP) k8s image
+e2e: $(STAMP) k8s image prometheus
 	bash deploy/local/build-runtime.sh >/dev/null
 	bash deploy/local/build-helm.sh >/dev/null
 	$(BIN)/pytest -m e2e tests/e2e
+
+# Prometheus and promtool from Debian's package (tests/integration/test_monitoring.py, and the e2e's
+# Prometheus scraping the chart's monitors): cold about 30 s, warm a dpkg query.
+prometheus:
+	@bash deploy/local/build-prometheus.sh >/dev/null
 
 # Helm from its Go module (pinned in deploy/local/build-helm.sh), built once into ~/.cache/gpudra.
 HELM  = $(shell bash deploy/local/build-helm.sh)
@@ -74,7 +79,11 @@ CHART := deploy/helm/gpudra
 helm:
 	@bash deploy/local/build-helm.sh
 
-# helm lint --strict and helm template for the default values and every example in the chart's ci/;
+# The Prometheus Operator's kinds, for the objects the chart renders only where its CRDs are installed.
+MONITORING_APIS := $(foreach kind,PodMonitor ServiceMonitor PrometheusRule,-a monitoring.coreos.com/v1/$(kind))
+
+# helm lint --strict and helm template for the default values and every example in the chart's ci/
+# (with the Prometheus Operator's kinds, so its objects render too);
 # the schema and deploy/manifests must be current. tests/integration/test_chart.py sends every
 # rendered object to the real API server (server-side dry run).
 chart-lint: $(STAMP)
@@ -82,7 +91,7 @@ chart-lint: $(STAMP)
 	$(HELM) lint --strict $(CHART)
 	for values in $(CHART)/ci/*.yaml; do \
 	  $(HELM) lint --strict $(CHART) -f $$values && \
-	  $(HELM) template gpudra $(CHART) -n gpudra -f $$values >/dev/null || exit 1; \
+	  $(HELM) template gpudra $(CHART) -n gpudra -f $$values $(MONITORING_APIS) >/dev/null || exit 1; \
 	done
 	for classes in deploy/manifests/deviceclasses.yaml $(PACKAGED_CLASSES); do \
 	  $(MAKE) -s render-manifests | diff -u $$classes - \

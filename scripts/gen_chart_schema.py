@@ -221,6 +221,57 @@ def schema() -> dict[str, Any]:
                 "additionalProperties": False,
                 "properties": {"enabled": {"type": "boolean"}},
             },
+            "monitoring": _monitoring(),
+        },
+    }
+
+
+def _monitoring() -> dict[str, Any]:
+    labels = {"type": "object", "additionalProperties": {"type": "string"}}
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "monitors": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    "enabled": {"type": "boolean"},
+                    "interval": {
+                        "description": "the scrape interval, a Prometheus duration",
+                        "type": "string",
+                        "pattern": "^([0-9]+(ms|s|m|h))+$",
+                    },
+                    "labels": labels,
+                },
+            },
+            "rules": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    "enabled": {"type": "boolean"},
+                    "labels": labels,
+                    "idleAlertSeconds": {
+                        "description": "GpudraAllocatedGpuIdle fires for a device idle longer than this",
+                        "type": "integer",
+                        "minimum": 1,
+                    },
+                    "runbookUrl": {
+                        "description": "docs/troubleshooting.md as your users reach it",
+                        "type": "string",
+                    },
+                },
+            },
+            "dashboard": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    "enabled": {"type": "boolean"},
+                    "labels": labels,
+                    "annotations": labels,
+                    "namespace": {"type": "string"},
+                },
+            },
         },
     }
 

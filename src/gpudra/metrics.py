@@ -2,8 +2,8 @@
 exports. Pure but for the callbacks it reads at each scrape.
 
 `DaemonMetrics` holds a daemon's registry and the series both daemons export: the requests it made to
-the API server (`track_api_requests`), the objects it left out of their replies (`track_skipped_objects`)
-and the health of its background loops (`track_loops`). Each
+the API server (`track_api_requests`), the objects it left out of their replies (`track_skipped_objects`),
+the health of its background loops (`track_loops`) and its readiness checks (`track_readiness`). Each
 daemon's own series are defined beside it (gpudra.node.metrics, gpudra.controller.metrics), in a
 subclass, with the classes this module hands on. Names are prefixed `gpudra_`.
 """
@@ -54,6 +54,19 @@ class DaemonMetrics:
         gpudra.bounded_json's bounds, by resource and reason (`SkippedObjects.counts`), read at scrape
         time."""
         self.registry.register(_SkippedObjects(skipped))
+
+    def track_readiness(self, daemon: str, checks: Mapping[str, Callable[[], str | None]]) -> None:
+        """Each readiness check of /readyz (name -> probe: None when it passes, else why not), run at
+        scrape time, so an alert sees what the kubelet's probe sees without kube-state-metrics."""
+        ready = Gauge(
+            "gpudra_ready",
+            "1 while the daemon's readiness check passes, 0 while it fails (/readyz says why), by daemon "
+            "(kubelet-plugin, controller) and check.",
+            ["daemon", "check"],
+            registry=self.registry,
+        )
+        for name, probe in checks.items():
+            ready.labels(daemon, name).set_function(_passes(probe))
 
     def track_loops(self, loops: Sequence[Loop]) -> None:
         """Each background loop's failed steps since start, whether its last step succeeded, and when a
@@ -117,6 +130,16 @@ class _SkippedObjects(Collector):
         for (resource, reason), count in sorted(self.skipped().items()):
             family.add_metric([resource, reason], count)
         yield family
+
+
+def _passes(probe: Callable[[], str | None]) -> Callable[[], float]:
+    def value() -> float:
+        try:
+            return float(probe() is None)
+        except Exception:  # a broken probe fails its check, as on /readyz
+            return 0.0
+
+    return value
 
 
 def _failures_of(loop: Loop) -> Callable[[], float]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -94,24 +94,31 @@ class HostProcesses:
         *,
         metrics: bool = False,
         groups: Mapping[str, dict[str, str]] | None = None,
+        usage_interval: float = 0,
+        idle_after_seconds: float = 1800,
     ) -> None:
         """`metrics`: each plugin serves /metrics and /readyz on a port of its own (`metrics_port`);
-        `groups`: node -> publishing options, for nodes not in their machine's NODE_GROUPS entry."""
+        `groups`: node -> publishing options, for nodes not in their machine's NODE_GROUPS entry;
+        `usage_interval`: the plugins sample claims' GPU use (0: off); `idle_after_seconds`: the
+        controller's."""
         self.cluster = cluster
         self.repo = helm.chart().parents[2]
         self.metrics = metrics
+        self.usage_interval = usage_interval
         self.plugins = {
             n: PluginProcess(cluster, cluster.nodes[n], p, group=(groups or {}).get(n))
             for n, p in machines.items()
         }
         self.nodes = self.plugins
-        self.controller = ControllerProcess(cluster, "demo", webhook_url_port=free_port())
+        self.controller = ControllerProcess(
+            cluster, "demo", webhook_url_port=free_port(), idle_after_seconds=idle_after_seconds
+        )
 
     def install(self, api: DemoApi) -> None:
         classes = self.repo / "deploy" / "manifests" / "deviceclasses.yaml"
         api.create(list(yaml.safe_load_all(classes.read_text())), namespace="default")
         for plugin in self.plugins.values():
-            plugin.start(metrics_port=free_port() if self.metrics else 0)
+            plugin.start(metrics_port=free_port() if self.metrics else 0, usage_interval=self.usage_interval)
         api.create_namespace(CONTROLLER_NAMESPACE)
         self.controller.start()
 
@@ -182,10 +189,21 @@ class HelmReleases:
     )
     received_heading = "WHAT ITS CONTAINERS FOUND IN /dev (THEIR OWN OUTPUT)"
 
-    def __init__(self, cluster: LocalCluster, machines: Mapping[str, str], *, image: str) -> None:
+    def __init__(
+        self,
+        cluster: LocalCluster,
+        machines: Mapping[str, str],
+        *,
+        image: str,
+        values: Sequence[str] = (),
+        first_values: Sequence[str] = (),
+    ) -> None:
+        """`values`: more helm arguments for every release; `first_values`: for the controller's only."""
         self.cluster = cluster
         self.machines = machines
         self.image = image
+        self.values = list(values)
+        self.first_values = list(first_values)
         self.nodes = {
             name: NodeFiles(
                 cdi_root=cluster.nodes[name].cdi_root,
@@ -220,6 +238,8 @@ class HelmReleases:
                     "--set",
                     f"kubeletPlugin.nodeSelector.kubernetes\\.io/hostname={node}",
                     *helm.node_values(self.cluster.nodes[node]),
+                    *self.values,
+                    *(self.first_values if first else []),
                     "--wait",
                     "--timeout=240s",
                 ]

@@ -12,6 +12,7 @@ import pytest
 
 from gpudra import logs
 from gpudra.logs import JsonFormatter, TextFormatter
+from gpudra.model.devices import DeviceTaint
 from gpudra.node.metrics import PluginMetrics
 
 UID = "5f7c2a9e-8b1d-4e3f-a6c0-2d9b8e7f1a34"
@@ -73,6 +74,34 @@ def test_slice_writes_count_per_operation() -> None:
     metrics.slice_writes.labels("update").inc()
     assert sample(metrics, "gpudra_resourceslice_writes_total", operation="update") == 2
     assert sample(metrics, "gpudra_resourceslice_writes_total", operation="create") == 0
+
+
+def test_readiness_checks_are_run_at_scrape_time_and_a_raising_probe_fails() -> None:
+    metrics = PluginMetrics()
+    why: list[str | None] = [None]
+
+    def broken() -> str | None:
+        raise OSError("no such directory")
+
+    metrics.track_readiness("kubelet-plugin", {"checkpoint": lambda: why[-1], "cdi-root": broken})
+    ready = "gpudra_ready"
+    assert sample(metrics, ready, daemon="kubelet-plugin", check="checkpoint") == 1
+    assert sample(metrics, ready, daemon="kubelet-plugin", check="cdi-root") == 0
+    why.append("the checkpoint is damaged")
+    assert sample(metrics, ready, daemon="kubelet-plugin", check="checkpoint") == 0
+
+
+def test_tainted_devices_are_counted_by_effect_from_zero() -> None:
+    metrics = PluginMetrics()
+    taints: dict[str, DeviceTaint] = {}
+    metrics.track_tainted_devices(lambda: taints)
+    assert sample(metrics, "gpudra_tainted_devices", effect="NoSchedule") == 0
+    assert sample(metrics, "gpudra_tainted_devices", effect="NoExecute") == 0
+    taints["gpu-0"] = {"key": "gpu.gpudra.io/xid", "value": "reset", "effect": "NoExecute"}
+    taints["gpu-1"] = {"key": "gpu.gpudra.io/unhealthy", "value": "lost", "effect": "NoSchedule"}
+    taints["gpu-1-mig-1g10gb-0"] = {"key": "gpu.gpudra.io/unhealthy", "effect": "NoSchedule"}
+    assert sample(metrics, "gpudra_tainted_devices", effect="NoSchedule") == 2
+    assert sample(metrics, "gpudra_tainted_devices", effect="NoExecute") == 1
 
 
 def test_two_instances_do_not_share_a_registry() -> None:

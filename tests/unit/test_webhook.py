@@ -22,6 +22,7 @@ from gpudra.controller.certs import Material, read_certificates
 from gpudra.controller.metrics import ControllerMetrics
 from gpudra.controller.options import Options
 from gpudra.controller.webhook import (
+    JUDGED_KINDS,
     MAX_WARNING_CHARS,
     MAX_WARNINGS_CHARS,
     WebhookServer,
@@ -427,11 +428,23 @@ def post(
     return response.status, response.read(), response.getheader("Content-Type", "")
 
 
-def counted(metrics: ControllerMetrics) -> dict[tuple[str, str], float]:
+def reviews(metrics: ControllerMetrics) -> dict[tuple[str, str], float]:
     """gpudra_admission_reviews_total, by (kind, result)."""
     (family,) = [m for m in metrics.registry.collect() if m.name == "gpudra_admission_reviews"]
     return {
         (s.labels["kind"], s.labels["result"]): s.value for s in family.samples if s.name.endswith("_total")
+    }
+
+
+def counted(metrics: ControllerMetrics) -> dict[tuple[str, str], float]:
+    """The reviews counted so far (the judged kinds' series start at 0)."""
+    return {labels: value for labels, value in reviews(metrics).items() if value}
+
+
+def test_the_judged_kinds_review_series_start_at_zero(metrics: ControllerMetrics) -> None:
+    metrics.admission_reviews(JUDGED_KINDS)
+    assert reviews(metrics) == {
+        (kind, result): 0 for kind in JUDGED_KINDS for result in ("allowed", "denied", "error")
     }
 
 
@@ -447,7 +460,7 @@ def server(metrics: ControllerMetrics) -> Any:
         0,
         DRIVER,
         warnings=lambda obj: ["mind the gap"],
-        count_review=metrics.admission_reviews(),
+        count_review=metrics.admission_reviews(JUDGED_KINDS),
     )
     assert webhook.problem() == "the webhook server is not listening"
     webhook.start()
@@ -537,7 +550,7 @@ def test_an_object_nested_too_deeply_is_refused_only_when_it_carries_a_gpudra_co
         0,
         DRIVER,
         warnings=lambda obj: ["mind the gap"],
-        count_review=metrics.admission_reviews(),
+        count_review=metrics.admission_reviews(JUDGED_KINDS),
         skipped=lambda resource, poisoned: skipped.append((resource, poisoned.ref, poisoned.reason)),
     )
 

@@ -22,7 +22,7 @@ from gpudra.controller.housekeeping import Housekeeping
 from gpudra.controller.leader import LeaderElector
 from gpudra.controller.metrics import ControllerMetrics
 from gpudra.controller.options import Options
-from gpudra.controller.webhook import WebhookServer
+from gpudra.controller.webhook import JUDGED_KINDS, WebhookServer
 from gpudra.controller.webhook_tls import CertificateKeeper
 from gpudra.gpu_map_page import PATHS, GpuMapPage
 from gpudra.http_endpoint import Check, HttpEndpoint, loops_alive
@@ -76,7 +76,7 @@ def run(options: Options, *, stop: threading.Event) -> None:
             port=options.webhook_port,
             driver=options.driver,
             warnings=cluster.warnings,
-            count_review=metrics.admission_reviews(),
+            count_review=metrics.admission_reviews(JUDGED_KINDS),
             skipped=client.skipped.record,
         )
         keeper = CertificateKeeper(
@@ -92,6 +92,7 @@ def run(options: Options, *, stop: threading.Event) -> None:
         services += [webhook, keeper]
     services.append(housekeeping)
     metrics.track_loops(loops)
+    metrics.track_readiness("controller", {check.name: check.probe for check in readiness})
     if options.metrics_port:
         endpoint = HttpEndpoint(
             metrics.registry,

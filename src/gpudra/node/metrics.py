@@ -19,7 +19,8 @@ from gpudra.metrics import (
     Histogram,
     Metric,
 )
-from gpudra.model.gpu_health import CLOCK_SLOWDOWNS
+from gpudra.model.devices import DeviceTaint
+from gpudra.model.gpu_health import CLOCK_SLOWDOWNS, TAINT_EFFECTS
 from gpudra.model.publishing import WITHHELD_FORMS
 from gpudra.node.sharing.mps_daemons import TAMPERING_KINDS
 
@@ -157,6 +158,19 @@ class PluginMetrics(DaemonMetrics):
             registry=self.registry,
         )
 
+    def track_tainted_devices(self, taints: Callable[[], Mapping[str, DeviceTaint]]) -> None:
+        """Published devices tainted for their health (gpudra.node.health), by effect, read at scrape
+        time: the GPU-unhealthy alert's series, 0 on a healthy node."""
+        tainted = Gauge(
+            "gpudra_tainted_devices",
+            "Devices this node publishes with a health taint (a lost GPU, or an XID or ECC fault on it or "
+            "its MIG partition; docs/health.md), by the taint's effect.",
+            ["effect"],
+            registry=self.registry,
+        )
+        for effect in TAINT_EFFECTS:
+            tainted.labels(effect).set_function(_count_effect(taints, effect))
+
     def count_xid(self, gpu: str, xid: int) -> None:
         self.xid_errors.labels(gpu, str(xid)).inc()
 
@@ -215,6 +229,10 @@ class PluginMetrics(DaemonMetrics):
     def track_claim_usage(self, usage: Callable[[], Iterable[ClaimDeviceUsage]]) -> None:
         """Per prepared device of each claim: GPU utilization, memory used, and how long it has been idle."""
         self.registry.register(_ClaimUsage(usage))
+
+
+def _count_effect(taints: Callable[[], Mapping[str, DeviceTaint]], effect: str) -> Callable[[], float]:
+    return lambda: float(sum(1 for taint in taints().values() if taint["effect"] == effect))
 
 
 class _ClaimUsage(Collector):

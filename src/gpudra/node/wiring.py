@@ -165,6 +165,8 @@ def _run(options: Options, session: nvml.Nvml, server: KubeletServer, *, stop: t
                 options, model.devices, state=state, client=client, events=events, metrics=metrics
             ),
         )
+    # Zeros where health is off: the series is there, an alert on it quiet.
+    metrics.track_tainted_devices(health.taints if health is not None else dict)
     usage = None
     if options.usage_interval_seconds:
         usage = ClaimUsage(
@@ -200,6 +202,15 @@ def _run(options: Options, session: nvml.Nvml, server: KubeletServer, *, stop: t
         # Standing by, the instance that publishes is alive: a rolling update must go on.
         return None if slices.synced.is_set() or publishing.standing_by else "not published yet"
 
+    readiness = [
+        Check("checkpoint", lambda: state.refusal),
+        Check("kubelet-registration", server.registration_problem),
+        Check("kubelet-calls", server.serving),
+        Check("resourceslices", slices_published),
+        Check("cdi-root", writable_directory(options.cdi_root)),
+        Check("state-dir", writable_directory(options.state_dir)),
+    ]
+    metrics.track_readiness("kubelet-plugin", {check.name: check.probe for check in readiness})
     services: list[service.Service] = []
     if options.metrics_port:
         services.append(
@@ -208,14 +219,7 @@ def _run(options: Options, session: nvml.Nvml, server: KubeletServer, *, stop: t
                 address=options.metrics_address,
                 port=options.metrics_port,
                 liveness=loops_alive(loops),
-                readiness=[
-                    Check("checkpoint", lambda: state.refusal),
-                    Check("kubelet-registration", server.registration_problem),
-                    Check("kubelet-calls", server.serving),
-                    Check("resourceslices", slices_published),
-                    Check("cdi-root", writable_directory(options.cdi_root)),
-                    Check("state-dir", writable_directory(options.state_dir)),
-                ],
+                readiness=readiness,
             )
         )
     services += [events, retry_checkpoint]
