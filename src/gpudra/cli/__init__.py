@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from gpudra import logs
+from gpudra import build, logs
 from gpudra.errors import ConfigError, GpudraError
 from gpudra.model.kube_api import NEWEST_MINOR, OLDEST_MINOR
 from gpudra.model.publishing import Publishing, ServerFields, parse_feature_gates
@@ -81,6 +81,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpudra", description="Kubernetes DRA driver for NVIDIA GPUs")
+    parser.add_argument("--version", action="version", version=build.describe())
     commands = parser.add_subparsers(dest="command", required=True)
 
     inv = commands.add_parser("inventory", help="show the GPUs and the ResourceSlices gpudra would publish")

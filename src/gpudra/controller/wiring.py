@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from gpudra import service
+from gpudra import build, service
 from gpudra.controller.cluster import ClusterWatch
 from gpudra.controller.housekeeping import Housekeeping
 from gpudra.controller.leader import LeaderElector
@@ -95,7 +95,15 @@ def run(options: Options, *, stop: threading.Event) -> None:
             documents={"/status": lambda: cluster.view().model_dump_json(by_alias=True).encode()},
         )
         services.insert(0, endpoint)
-    log.info("starting", extra={"identity": options.identity, "namespace": options.namespace})
+    log.info(
+        "starting",
+        extra={
+            "version": build.version(),
+            "revision": build.revision(),
+            "identity": options.identity,
+            "namespace": options.namespace,
+        },
+    )
     with service.running(services, stop_timeout=STOP_TIMEOUT_SECONDS):
         stop.wait()
         log.info("stopping")
