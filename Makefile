@@ -167,5 +167,20 @@ image-push:
 lock:
 	PYTHON=$(PYTHON) bash deploy/image/lock.sh $(if $(UPGRADE),--upgrade)
 
+# Issue 31: a release. `make release VERSION=x.y.z` (x.y.z: pyproject.toml's version) builds the wheel,
+# sdist, the chart package, the image for linux/amd64 and linux/arm64 (arm64 under qemu-user emulation,
+# every ELF checked to be aarch64) as one manifest list, an SBOM per image and SHA256SUMS into
+# dist/release/x.y.z/ (deploy/release/release.sh); root. `make publish REGISTRY=host[:port]` pushes the
+# image and the chart (an OCI artifact, oci://REGISTRY/charts/gpudra) there; PLAIN_HTTP=1 for a registry
+# without TLS.
+.PHONY: release publish
+release: $(STAMP) helm
+	@test -n "$(VERSION)" || { echo "make release: give VERSION=x.y.z (pyproject.toml's version)"; exit 2; }
+	bash deploy/release/release.sh $(VERSION)
+
+publish: helm
+	@test -n "$(REGISTRY)" || { echo "make publish: give REGISTRY=host[:port][/path]"; exit 2; }
+	PLAIN_HTTP=$(PLAIN_HTTP) bash deploy/release/publish.sh $(REGISTRY)
+
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

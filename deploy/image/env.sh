@@ -4,6 +4,10 @@
 export GPUDRA_CACHE=${GPUDRA_CACHE:-$HOME/.cache/gpudra}
 IMAGE_CACHE=$GPUDRA_CACHE/image
 IMAGE_REPO=localhost/gpudra
+RELEASE_REPO=localhost/gpudra-release  # `make release`'s manifest list of both architectures
+# Stamped into the image's labels; the chart's home and pyproject.toml's license.
+SOURCE_URL=https://github.com/gpudra/gpudra
+LICENSE=Apache-2.0
 # The architecture built: the host's unless GPUDRA_ARCH names another (Debian's names: amd64, arm64).
 # A foreign one is built under qemu-user emulation (base.sh registers it with the kernel's binfmt_misc).
 HOST_ARCH=$(dpkg --print-architecture)

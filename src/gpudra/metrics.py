@@ -1,11 +1,11 @@
 """Prometheus metrics: the one owner of `prometheus_client` (.importlinter), and the series every daemon
 exports. Pure but for the callbacks it reads at each scrape.
 
-`DaemonMetrics` holds a daemon's registry and the series both daemons export: the requests it made to
-the API server (`track_api_requests`), which build runs (`gpudra_build_info`), the objects it left out of their replies (`track_skipped_objects`)
-and the health of its background loops (`track_loops`). Each
-daemon's own series are defined beside it (gpudra.node.metrics, gpudra.controller.metrics), in a
-subclass, with the classes this module hands on. Names are prefixed `gpudra_`.
+`DaemonMetrics` holds a daemon's registry and the series both daemons export: which build runs
+(`gpudra_build_info`), the requests it made to the API server (`track_api_requests`), the objects it
+left out of their replies (`track_skipped_objects`) and the health of its background loops
+(`track_loops`). Each daemon's own series are defined beside it (gpudra.node.metrics,
+gpudra.controller.metrics), in a subclass, with the classes this module hands on. Names are prefixed `gpudra_`.
 """
 
 from __future__ import annotations

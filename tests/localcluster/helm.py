@@ -45,9 +45,12 @@ def helm(kubeconfig: Path, *args: str, namespace: str, timeout: float = 300) -> 
 
 def node_values(node: NodePaths) -> list[str]:
     """The chart's --set for a node of the local cluster: its kubelet root, CDI root and (empty,
-    simulated GPUs) driver root are under the cluster's directory, and the image is never pulled (it
-    was imported into the node's containerd)."""
+    simulated GPUs) driver root are under the cluster's directory, and the image is `make image`'s
+    localhost/gpudra (not the chart's default, the published one), never pulled: it was imported into
+    the node's containerd."""
     return [
+        "--set",
+        "image.repository=localhost/gpudra",
         "--set",
         f"kubeletPlugin.driverRoot={node.driver_root}",
         "--set",
