@@ -5,7 +5,8 @@ exports. Pure but for the callbacks it reads at each scrape.
 (`gpudra_build_info`), the requests it made to the API server (`track_api_requests`), the objects it
 left out of their replies (`track_skipped_objects`) and the health of its background loops
 (`track_loops`). Each daemon's own series are defined beside it (gpudra.node.metrics,
-gpudra.controller.metrics), in a subclass, with the classes this module hands on. Names are prefixed `gpudra_`.
+gpudra.controller.metrics), in a subclass, with the classes this module hands on.
+Names are prefixed `gpudra_`.
 """
 
 from __future__ import annotations
