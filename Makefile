@@ -42,7 +42,13 @@ k8s:
 # Issue 13: the chart installed with Helm on the local cluster with containerd (real containers, CDI,
 # the webhook behind its Service, a rolling upgrade, clean teardown). Needs root; builds the image and
 # containerd first (deploy/local/build-runtime.sh). CI runs it after `make test`.
+# Issue 31: the user's path: `make release` of pyproject.toml's version, published to a loopback
+# registry (Debian's docker-registry, installed here), pulled by containerd, installed from oci://, and
+# upgraded to from the previous release (deploy/release/previous.sh).
+PROJECT_VERSION := $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' pyproject.toml | head -n 1)
 e2e: $(STAMP) k8s image
+	bash -c 'source deploy/packages.sh && ensure_packages docker-registry'
+	bash deploy/release/release.sh $(PROJECT_VERSION)
 	bash deploy/local/build-runtime.sh >/dev/null
 	bash deploy/local/build-helm.sh >/dev/null
 	$(BIN)/pytest -m e2e tests/e2e
