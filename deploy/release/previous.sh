@@ -36,6 +36,6 @@ bah bud --quiet --pull=never --layers "${ca[@]}" --arch "$ARCH" --os linux --bui
   --tag "localhost/gpudra-previous:$version" --file "$tree/Dockerfile" "$tree" >/dev/null
 bah push --quiet "${tls[@]}" "localhost/gpudra-previous:$version" "docker://$registry/gpudra:$version"
 "$helm" package "$tree/deploy/helm/gpudra" --version "$version" --app-version "$version" --destination "$tree" >/dev/null
-"$helm" push "$tree/gpudra-$version.tgz" "oci://$registry/charts" "${plain[@]}" >/dev/null 2>&1
+"$helm" push "$tree/gpudra-$version.tgz" "oci://$registry/charts" "${plain[@]}" >&2
 echo "previous: $commit as $registry/gpudra:$version and oci://$registry/charts/gpudra --version $version" >&2
 echo "$version"

@@ -38,6 +38,9 @@ step "wheel and sdist" "$t"
 
 t=$(date +%s)
 "$helm" package deploy/helm/gpudra --version "$version" --app-version "$version" --destination "$out" >/dev/null
+# helm package takes values.schema.json along: `helm install` from the registry checks values with it.
+tar -tzf "$out/gpudra-$version.tgz" | grep -qx 'gpudra/values.schema.json' ||
+  { echo "release: the chart package has no values.schema.json" >&2; exit 1; }
 step "chart" "$t"
 
 for arch in "${arches[@]}"; do
