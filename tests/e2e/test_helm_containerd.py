@@ -140,6 +140,14 @@ def test_helm_install_from_the_registry_runs_the_plugin_and_controller_in_contai
     images = cluster.runtimes[NODE].images(cluster.runtime_bin)
     assert f"{published.repository}:{published.version}" in images, images
     assert not [name for name in images if name.startswith("localhost/gpudra")], images
+    # Its first line names the build: the version from pyproject.toml, the revision the image was built at.
+    lines = [
+        json.loads(line)
+        for line in core.read_namespaced_pod_log(plugin.metadata.name, NAMESPACE).splitlines()
+    ]
+    [starting] = [line for line in lines if line.get("msg") == "starting"]
+    assert starting["version"] == published.version
+    assert re.fullmatch(r"[0-9a-f]{40}", starting["revision"]), starting
     # The plugin registered with the kubelet through the mounted plugins_registry, under its pod's UID.
     sockets = registration_sockets(cluster)
     assert len(sockets) == 1, sockets
