@@ -140,11 +140,9 @@ def test_helm_install_from_the_registry_runs_the_plugin_and_controller_in_contai
     images = cluster.runtimes[NODE].images(cluster.runtime_bin)
     assert f"{published.repository}:{published.version}" in images, images
     assert not [name for name in images if name.startswith("localhost/gpudra")], images
-    # Its first line names the build: the version from pyproject.toml, the revision the image was built at.
-    lines = [
-        json.loads(line)
-        for line in core.read_namespaced_pod_log(plugin.metadata.name, NAMESPACE).splitlines()
-    ]
+    # Its start-up line names the build: pyproject.toml's version, the revision the image was built at.
+    log = core.read_namespaced_pod_log(plugin.metadata.name, NAMESPACE)
+    lines = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
     [starting] = [line for line in lines if line.get("msg") == "starting"]
     assert starting["version"] == published.version
     assert re.fullmatch(r"[0-9a-f]{40}", starting["revision"]), starting
