@@ -4,8 +4,8 @@ pulling the image from it (no archive import), and gpudra installed with `helm i
 oci://<registry>/charts/gpudra --version <version>` with the values of
 `deploy/helm/gpudra/ci/sim-values.yaml` (what docs/install.md tells a kind user to use) plus the paths
 of this cluster's node. The previous release (deploy/release/previous.sh: a fixed earlier commit) is
-published beside it for the upgrade test. The demo's test (test_demo_containerd.py) still imports
-`make image`'s archive."""
+published beside it for the upgrade test; the containerd demo (test_demo_containerd.py) installs from
+the same registry."""
 
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ from kubernetes import client, config
 
 from tests.layers import default_timeout
 from tests.localcluster import LocalCluster
-from tests.localcluster import containerd as ctrd
 from tests.localcluster import helm as localhelm
 from tests.localcluster.registry import LoopbackRegistry
 
@@ -32,23 +31,6 @@ NODE = "node-1"
 NAMESPACE = "gpudra"
 RELEASE = "gpudra"
 VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
-
-
-@dataclass(frozen=True)
-class Image:
-    archive: Path
-    tags: tuple[str, ...]  # localhost/gpudra:<version> and localhost/gpudra:<version>-<sha>
-
-
-@pytest.fixture(scope="session")
-def image() -> Image:
-    """The newest `make image` build as a docker-archive (make e2e builds it first)."""
-    built = subprocess.run(
-        ["bash", str(REPO / "deploy" / "image" / "archive.sh")], capture_output=True, text=True, check=False
-    )
-    assert built.returncode == 0, f"deploy/image/archive.sh failed (run make image):\n{built.stderr}"
-    archive = Path(built.stdout.strip().splitlines()[-1])
-    return Image(archive, ctrd.archive_tags(archive))
 
 
 @dataclass(frozen=True)
