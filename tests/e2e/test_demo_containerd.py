@@ -1,7 +1,8 @@
 """The containerd demo (`make demo RUNTIME=containerd`'s steps) works and leaves nothing behind: gpudra
 installed with Helm from the loopback registry (`helm install oci://...`, the image pulled by each
 node), one release per node, on three nodes with containerd; every example pod runs for real and its
-containers show the GPUs CDI gave them; the summary is the fake-CRI demo's (tests/integration/test_demo.py), from containers.
+containers show the GPUs CDI gave them; the summary is the fake-CRI demo's
+(tests/integration/test_demo.py), from containers.
 
 It starts a cluster of its own, so it runs before test_helm_containerd.py's (only one cluster with
 containerd runs on a machine at a time), which pytest's file order gives.
