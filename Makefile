@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install lint test unit integration faults e2e k8s helm chart-lint chart-schema manifests render-manifests bench bench-scale compat cluster-up cluster-down demo proto schemas clean
+.PHONY: install lint test unit integration faults e2e k8s kueue helm chart-lint chart-schema manifests render-manifests bench bench-scale compat cluster-up cluster-down demo proto schemas clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,13 +22,13 @@ lint: $(STAMP)
 
 # The test command named in README.md (and run by .ci/run): lint, unit tests, and the integration
 # tests against a real local control plane and kubelet (built once into ~/.cache/gpudra).
-test: lint k8s chart-lint
+test: lint k8s kueue chart-lint
 	$(BIN)/pytest
 
 unit: $(STAMP)
 	$(BIN)/pytest tests/unit
 
-integration: $(STAMP) k8s
+integration: $(STAMP) k8s kueue
 	$(BIN)/pytest tests/integration
 
 # The fault suite (also part of `make test`): random SIGKILLs with an auditor, disk full at every
@@ -38,6 +38,11 @@ faults: $(STAMP)
 
 k8s:
 	bash deploy/local/build.sh >/dev/null
+
+# Issue 36: Kueue's manager and manifests from its Go module (pinned in deploy/local/build-kueue.sh),
+# built once into ~/.cache/gpudra for tests/integration/test_kueue.py (docs/quota.md).
+kueue:
+	bash deploy/local/build-kueue.sh >/dev/null
 
 # Issue 13: the chart installed with Helm on the local cluster with containerd (real containers, CDI,
 # the webhook behind its Service, a rolling upgrade, clean teardown). Needs root; builds the image and

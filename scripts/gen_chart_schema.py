@@ -178,7 +178,15 @@ def schema() -> dict[str, Any]:
             "deviceClasses": {
                 "type": "object",
                 "additionalProperties": False,
-                "properties": {k: {"type": "boolean"} for k in ("gpu", "shared", "mig")},
+                "properties": {
+                    **{k: {"type": "boolean"} for k in ("gpu", "shared", "mig")},
+                    "migProfiles": {
+                        "description": "MIG profiles that get a DeviceClass of their own (quota by size)",
+                        "type": "array",
+                        "items": {"type": "string", "pattern": r"^[1-7]g\.[0-9]+gb(\+[a-z.]+|-me)?$"},
+                        "uniqueItems": True,
+                    },
+                },
             },
             "extendedResource": {
                 "type": "object",

@@ -1,7 +1,8 @@
 """The containerd demo (`make demo RUNTIME=containerd`'s steps) works and leaves nothing behind: gpudra
 installed with Helm from the loopback registry (`helm install oci://...`, the image pulled by each
-node), one release per node, on three nodes with containerd; every example pod runs for real and its
-containers show the GPUs CDI gave them; the summary is the fake-CRI demo's
+node), one release per node, on three nodes with containerd; every example pod runs for real, its
+containers show the GPUs CDI gave them, then run the example's own command, which prints what the
+example says and keeps running (no restart); the summary is the fake-CRI demo's
 (tests/integration/test_demo.py), from containers.
 
 It starts a cluster of its own, so it runs before test_helm_containerd.py's (only one cluster with
@@ -35,7 +36,10 @@ def test_the_demo_with_containerd_runs_end_to_end_and_cleans_up(published: Publi
             "helm install gpudra-node-a100: deployed",
             "helm install gpudra-node-mixed: deployed",
             "mps-client-a     node-h100",
-            # What the containers printed about themselves, checked against the allocation and the specs.
+            # What the containers printed about themselves, checked against the allocation and the specs,
+            # and what each example's own command printed, against what the example says it prints.
+            "containers whose logs show what their example says: 17 of 17",
+            "container restarts: 0",
             "containers with /dev/nvidiactl, /dev/nvidia-uvm and /dev/nvidia-uvm-tools: 17 of 17",
             "containers whose NVIDIA_VISIBLE_DEVICES is a UUID in their claims' CDI specs: 17 of 17",
             "pods whose /dev/nvidia<N> are exactly their claims' GPUs: 14 of 14",

@@ -164,6 +164,12 @@ def test_helm_install_from_the_registry_runs_the_plugin_and_controller_in_contai
     assert sorted(wait_for("8 GPUs published", gpus)) == [f"gpu-{i}" for i in range(8)]
     # The stand-in device nodes the CDI specs will name, made by the plugin in its own directory.
     assert (plugin_dir(cluster) / "sim" / "dev" / "nvidia0").is_char_device()
+    # This node's driver root is not / (a directory of the cluster's, as /run/nvidia/driver with the
+    # GPU Operator): the chart mounts the plugin's directory at its own path inside it, where MPS
+    # daemons run, and the plugin found it there.
+    assert cluster.nodes[NODE].driver_root != Path("/")
+    log = core.read_namespaced_pod_log(plugin.metadata.name, NAMESPACE)
+    assert "the state directory is at its own path inside the driver root: MPS can run" in log
 
 
 def test_the_webhook_behind_its_service_refuses_a_bad_config(

@@ -121,3 +121,20 @@ def test_profile_names_match_the_drivers_own() -> None:
                 except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_InvalidArgument):
                     continue
                 assert info.name.removeprefix("MIG ") == names[info.id]
+
+
+def test_conditions_are_read_as_the_simulator_reports_them(tmp_path: Path) -> None:
+    """The health poll's reading (remapped rows, pending page retirement, NVLink states) on the real card:
+    what is reported is what the simulator's twin of the model reports (read-only calls)."""
+    with nvml.connect("real") as session:
+        real = [(gpu, session.gpu_conditions(gpu_uuid=gpu.uuid)) for gpu in session.inventory().gpus]
+    for gpu, conditions in real:
+        ampere_or_later = gpu.architecture not in ("Turing", "Volta", "Pascal", "Maxwell", "Kepler")
+        assert (conditions.retired_pages_pending is None) == ampere_or_later, gpu.name
+        if ampere_or_later and not (gpu.mig_enabled and gpu.mig_devices):
+            assert conditions.row_remap_pending is not None, gpu.name
+        if gpu.name in SIMULATED:
+            state = tmp_path / f"{SIMULATED[gpu.name]}.json"
+            with nvml.connect(f"sim:{SIMULATED[gpu.name]}", state_file=state) as sim_session:
+                twin = sim_session.gpu_conditions(gpu_uuid=sim_session.inventory().gpus[0].uuid)
+            assert twin.reported() >= conditions.reported() - {"NvLinkDown"}, gpu.name

@@ -176,6 +176,44 @@ def test_a_misspelt_option_is_refused_by_the_schema_with_its_name() -> None:
     assert "/kubeletPlugin/options" in result.stderr and "migMod" in result.stderr
 
 
+@pytest.mark.parametrize("root", ["/", "/run/nvidia/driver"], ids=["host", "gpu-operator"])
+def test_the_plugin_directory_is_at_its_host_path_inside_any_driver_root(root: str) -> None:
+    """MPS daemons run chrooted into the driver root and keep their pipes in the plugin directory,
+    which must be the same directory there: with the host's / and with the GPU Operator's root."""
+    [plugin] = [o for o in render("--set", f"kubeletPlugin.driverRoot={root}") if o["kind"] == "DaemonSet"]
+    spec = plugin["spec"]["template"]["spec"]
+    [container] = spec["containers"]
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    plugin_dir = "/var/lib/kubelet/plugins/gpu.gpudra.io"
+    assert mounts[plugin_dir]["name"] == mounts[f"/driver-root{plugin_dir}"]["name"] == "plugin-dir"
+    assert volumes["plugin-dir"] == plugin_dir
+    assert mounts["/driver-root"]["name"] == "driver-root" and volumes["driver-root"] == root
+    # The runtime makes the mount point inside the root: possible only where the root is writable.
+    assert mounts["/driver-root"]["readOnly"] is (root == "/")
+
+
+def _notes(*args: str) -> str:
+    out = subprocess.run(
+        [helm(), "install", "--dry-run=client", RELEASE, str(CHART), "--namespace", NAMESPACE, *args],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return out.partition("NOTES:")[2]
+
+
+def test_the_install_notes_say_where_the_image_and_the_operator_need_care() -> None:
+    default = _notes()
+    assert "localhost/gpudra:0.1.0, which exists only on the machine where `make image` built" in default
+    assert "docs/gpu-operator.md" not in default
+    operator = _notes(
+        "-f", str(CHART / "ci" / "gpu-operator-values.yaml"), "--set", "image.repository=r.io/gpudra"
+    )
+    assert "ErrImagePull" not in operator
+    assert "The driver root is /run/nvidia/driver: see docs/gpu-operator.md" in operator
+
+
 # --- least privilege --------------------------------------------------------------------------------
 
 

@@ -18,14 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client, utils
 from kubernetes.client.exceptions import ApiException
 
 from gpudra import sim
 from gpudra.model import claim_usage
 from gpudra.model.manifests import validate_documents
-from tests.localcluster import LocalCluster
+from tests.localcluster import LocalCluster, examples
 from tests.localcluster.cluster import free_port
 from tests.localcluster.controller import NAMESPACE, ControllerProcess
 from tests.localcluster.node_plugin import DRIVER, PluginProcess
@@ -280,8 +279,8 @@ def test_status_equals_a_hand_count_after_the_examples_run(
     controller: ControllerProcess, api: client.ApiClient, core: client.CoreV1Api, resources: Resources
 ) -> None:
     namespace = new_namespace(core, "examples")
-    for example in sorted((REPO / "examples").glob("*.yaml")):
-        for obj in yaml.safe_load_all(example.read_text()):
+    for example in examples.files(REPO):
+        for obj in examples.objects(example, namespace=namespace):
             if obj["kind"] == "Pod":
                 core.create_namespaced_pod(namespace, obj)
             else:

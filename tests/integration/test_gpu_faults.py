@@ -242,3 +242,23 @@ def test_a_partitions_own_fault_taints_that_partition_only(
     assert tainted == {result["device"]: "Xid95:NoSchedule"}
     time.sleep(2)
     assert _tainted(api) == tainted  # and nothing else on its GPU
+
+
+def test_an_nvlink_down_taints_its_gpu_until_the_link_is_up_again(
+    api: client.ApiClient, gpudra: dict[str, PluginProcess], namespace: str
+) -> None:
+    """A condition no event reports, read by the health poll: the taint, the Node event and the lift."""
+    plugin = gpudra[NODE]
+    gpu = _gpu_uuid(api, 4)
+    sim.set_nvlink_down(state_file=plugin.sim_state, gpu_uuid=gpu, link=2, down=True)
+    expected = _on_gpu(api, 4)
+    tainted = wait_for("GPU 4 tainted", lambda: _tainted_exactly(api, expected), timeout=60)
+    assert set(tainted.values()) == {"NvLinkDown:NoSchedule"}
+    (event,) = wait_for("a GpuFault event", lambda: [m for m in _node_events(api, "GpuFault") if gpu in m])
+    assert "NVLink 2 down (was up), class reset" in event
+    sim.set_nvlink_down(state_file=plugin.sim_state, gpu_uuid=gpu, link=2, down=False)
+    wait_for("the taint lifted", lambda: _tainted(api) == {}, timeout=60)
+    cleared = wait_for(
+        "a GpuFaultCleared event", lambda: [m for m in _node_events(api, "GpuFaultCleared") if gpu in m]
+    )
+    assert cleared[-1].endswith("lifted: every NVLink that was up is up again")

@@ -17,10 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client, utils
 
-from tests.localcluster import LocalCluster
+from tests.localcluster import LocalCluster, examples
 from tests.localcluster.node_plugin import DRIVER, PluginProcess, publishing_flags
 
 from .conftest import MACHINES, REPO
@@ -129,9 +128,9 @@ def test_example_runs_and_cleans_up(
     devices: int,
 ) -> None:
     core = client.CoreV1Api(api)
-    objects = list(yaml.safe_load_all((EXAMPLES / example).read_text()))
-    pod_name = next(o["metadata"]["name"] for o in objects if o["kind"] == "Pod")
     ns = _namespace(api, "example")
+    objects = examples.objects(EXAMPLES / example, namespace=ns)
+    pod_name = next(o["metadata"]["name"] for o in objects if o["kind"] == "Pod")
     _apply(api, objects, ns)
 
     pod = wait_for(f"{example} pod Running", lambda: pod_running(core, pod_name, ns), timeout=90)

@@ -247,6 +247,7 @@ class LocalCluster:
     def _write_credentials(self) -> None:
         pki = self.directory / "pki"
         pki.mkdir(exist_ok=True)
+        drop_stale_serving_certificate(pki, self._address)
         sa_key = pki / "sa.key"
         if not sa_key.exists():
             subprocess.run(
@@ -531,6 +532,35 @@ class LocalCluster:
             return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
         wait_until(kubelet, ready, what=f"node {node.name} Ready", timeout=120)
+
+
+def drop_stale_serving_certificate(pki: Path, address: str) -> bool:
+    """Remove the API server's self-signed serving certificate (and its key) from `pki` when it does not
+    name `address`, so that the API server makes a new one for it; whether it removed them.
+
+    The API server writes that certificate into its --cert-dir on its first start and reuses it after,
+    for the addresses of that start only: a cluster directory first run with the fake CRI (127.0.0.1)
+    and then with containerd (the host's address) would otherwise keep the old one, and every client
+    would refuse it (x509: certificate is valid for 127.0.0.1, not <host address>)."""
+    certificate, key = pki / "apiserver.crt", pki / "apiserver.key"
+    if not certificate.exists() or certificate_names(certificate, address):
+        return False
+    certificate.unlink()
+    key.unlink(missing_ok=True)
+    return True
+
+
+def certificate_names(certificate: Path, address: str) -> bool:
+    """Whether the PEM `certificate` names the IP `address` among its subject alternative names."""
+    checked = subprocess.run(
+        ["openssl", "x509", "-in", str(certificate), "-noout", "-checkip", address],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if checked.returncode != 0:
+        return False  # not a certificate openssl reads: made again, like one for another address
+    return checked.stdout.strip() == f"IP {address} does match certificate"
 
 
 def stop_cluster(directory: Path) -> bool:

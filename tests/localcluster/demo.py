@@ -43,7 +43,7 @@ from kubernetes.client.exceptions import ApiException
 
 from gpudra import cli
 from gpudra.errors import GpudraError
-from tests.localcluster import binaries
+from tests.localcluster import binaries, examples
 from tests.localcluster.api import DemoApi
 from tests.localcluster.cluster import LocalCluster
 from tests.localcluster.demo_installs import (
@@ -58,7 +58,7 @@ from tests.localcluster.demo_installs import (
 from tests.localcluster.node_plugin import DRIVER
 
 MACHINES = {"node-h100": "dgx-h100", "node-a100": "dgx-a100", "node-mixed": "mixed"}
-NAMESPACE = "demo"
+NAMESPACE = examples.NAMESPACE
 
 
 def _step(text: str) -> None:
@@ -187,9 +187,9 @@ class Demo:
         """Each example judged by `gpudra explain` against the cluster as it is, then every example
         applied; the pods this release can serve are waited for, the others must stay unscheduled."""
         api, gpudra = self.api, self.gpudra
-        examples = sorted((self.repo / "examples").glob("*.yaml"))
+        files = examples.files(self.repo)
         _step("what this cluster can serve: gpudra explain of each example, before it is applied")
-        for example in examples:
+        for example in files:
             for judged in self._explain(example):
                 self.judged[judged.pod] = judged
                 for line in judged.needs:
@@ -205,13 +205,17 @@ class Demo:
             print(gpudra.workload_note)
         api.create_namespace(NAMESPACE)
         _admission(api)
-        for example in examples:
+        for example in files:
             waits = [j.pod for j in self.judged.values() if j.example == example.name and not j.served]
             print(f"  {example.name}" + (f" (waits here: {', '.join(waits)})" if waits else ""))
-            objects = list(yaml.safe_load_all(example.read_text()))
-            api.create(
-                [gpudra.workload(o) if o["kind"] == "Pod" else o for o in objects], namespace=NAMESPACE
-            )
+            logs = examples.expected_logs(example)
+            objects = [
+                gpudra.workload(o, {c: e for (p, c), e in logs.items() if p == o["metadata"]["name"]})
+                if o["kind"] == "Pod"
+                else o
+                for o in examples.objects(example)
+            ]
+            api.create(objects, namespace=NAMESPACE)
 
         served = set(self.served)
 

@@ -28,6 +28,7 @@ from tests.localcluster.api import DemoApi
 from tests.localcluster.cluster import LocalCluster, free_port
 from tests.localcluster.controller import NAMESPACE as CONTROLLER_NAMESPACE
 from tests.localcluster.controller import ControllerProcess
+from tests.localcluster.examples import Expected
 from tests.localcluster.node_plugin import DRIVER, NodeFiles, PluginProcess, publishing_values
 from tests.localcluster.processes import http_get
 
@@ -45,8 +46,9 @@ class Gpudra(Protocol):
     def install(self, api: DemoApi) -> None:
         """DeviceClasses, a kubelet plugin on every node, the controller; returns once they serve."""
 
-    def workload(self, pod: Obj) -> Obj:
-        """An example's pod as this runtime can run it."""
+    def workload(self, pod: Obj, logs: Mapping[str, Expected]) -> Obj:
+        """An example's pod as this runtime can run it; `logs`: container -> what the example says
+        it prints."""
 
     def checks(self, pods: Mapping[str, tuple[Obj, list[Obj]]]) -> str:
         """What the runtime's side shows about the running pods, checked against their claims; `pods`:
@@ -114,8 +116,8 @@ class HostProcesses:
         api.create_namespace(CONTROLLER_NAMESPACE)
         self.controller.start()
 
-    def workload(self, pod: Obj) -> Obj:
-        return pod  # the fake CRI pulls nothing and runs nothing
+    def workload(self, pod: Obj, logs: Mapping[str, Expected]) -> Obj:
+        return pod  # the fake CRI pulls nothing and runs nothing: no logs
 
     def started(self, api: DemoApi, pod: Obj) -> bool:
         return bool(pod["status"].get("phase") == "Running")
@@ -145,7 +147,8 @@ class HostProcesses:
             plugin.stop()
 
 
-# Each example container's command with containerd: what CDI gave it, then it waits to be deleted.
+# Each example container's command with containerd: what CDI gave it, then the example's own command
+# (its arguments follow the script: "$0" "$@"), which prints what the example says and sleeps.
 # `[ -c ]` keeps a pattern that matched nothing out; `-S` sees the MPS daemon's socket through the mount.
 SHOW = (
     'for d in /dev/nvidia[0-9]* /dev/nvidia-caps/*; do [ -c "$d" ] && echo "gpu-node $d"; done; '
@@ -153,7 +156,7 @@ SHOW = (
     '[ -c "$d" ] && echo "control-node $d"; done; '
     'echo "visible $NVIDIA_VISIBLE_DEVICES"; '
     '[ -S "$CUDA_MPS_PIPE_DIRECTORY/control" ] && echo "mps-pipe $CUDA_MPS_PIPE_DIRECTORY"; '
-    "echo shown; exec sleep 3600"
+    'echo shown; exec "$0" "$@"'
 )
 CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 RELEASE = "gpudra"
@@ -202,8 +205,9 @@ class HelmReleases:
     node's paths and its machine (`kubeletPlugin.options.nvml`)."""
 
     workload_note = (
-        "  (every container runs the gpudra image's shell instead of its own image, which cannot be\n"
-        "   pulled here, and prints the GPU device nodes, NVIDIA_VISIBLE_DEVICES and MPS pipe it got)"
+        "  (every container runs in the gpudra image instead of its own, which cannot be pulled here:\n"
+        "   it prints the GPU device nodes, NVIDIA_VISIBLE_DEVICES and MPS pipe it got, then runs the\n"
+        "   example's own command, whose output is checked against what the example says it prints)"
     )
     received_heading = "WHAT ITS CONTAINERS FOUND IN /dev (THEIR OWN OUTPUT)"
 
@@ -224,6 +228,7 @@ class HelmReleases:
             for name, profile in machines.items()
         }
         self.outputs: dict[tuple[str, str], list[str]] = {}  # (pod, container) -> its output
+        self.expected: dict[tuple[str, str], Expected] = {}  # (pod, container) -> the example's word
 
     def releases(self) -> list[list[str]]:
         """`helm install` arguments per node, the controller's release first."""
@@ -272,24 +277,33 @@ class HelmReleases:
             rows.append((pod["metadata"]["name"], pod["spec"]["nodeName"], "yes" if ready else "no"))
         print(table([("GPUDRA POD", "NODE", "READY"), *sorted(rows, key=lambda row: (row[1], row[0]))]))
 
-    def workload(self, pod: Obj) -> Obj:
-        """The example's pod with every container running the gpudra image's shell (nothing can be
-        pulled here) to print what it got; its claims, requests and everything else unchanged."""
+    def workload(self, pod: Obj, logs: Mapping[str, Expected]) -> Obj:
+        """The example's pod with every container in the gpudra image (nothing can be pulled here),
+        printing what it got before it runs the example's own command; its claims, requests and
+        everything else unchanged."""
         containers = []
         for container in pod["spec"]["containers"]:
+            own = [*container.get("command", []), *container.get("args", [])]
+            if not own:
+                raise ClusterError(
+                    f"pod {pod['metadata']['name']}: container {container['name']} has no command"
+                )
             changed = {k: v for k, v in container.items() if k not in ("command", "args")}
             changed |= {
                 "image": self.source.image,
                 "imagePullPolicy": self.source.pull_policy,
-                "command": ["/bin/sh", "-c", SHOW],
+                "command": ["/bin/sh", "-c", SHOW, *own],
             }
             containers.append(changed)
+            self.expected[(pod["metadata"]["name"], container["name"])] = logs[container["name"]]
         return {
             **pod,
             "spec": {**pod["spec"], "containers": containers, "terminationGracePeriodSeconds": 1},
         }
 
     def started(self, api: DemoApi, pod: Obj) -> bool:
+        """Running, and every container has printed what CDI gave it and as many lines of its own as
+        its example says it prints."""
         if pod["status"].get("phase") != "Running":
             return False
         name, namespace = pod["metadata"]["name"], pod["metadata"]["namespace"]
@@ -297,17 +311,18 @@ class HelmReleases:
             key = (name, container["name"])
             if key not in self.outputs:
                 try:
-                    output = api.pod_log(namespace, name, container["name"])
+                    output = api.pod_log(namespace, name, container["name"]).splitlines()
                 except ApiException:
                     return False  # the container is starting again (its log is not there yet)
-                if "shown" not in output.splitlines():
+                if "shown" not in output or len(_own(output)) < len(self.expected[key].lines):
                     return False
-                self.outputs[key] = output.splitlines()
+                self.outputs[key] = output
         return True
 
     def _lines(self, pod: Obj, container: str, kind: str) -> list[str]:
-        key = (pod["metadata"]["name"], container)
-        return [line.split(" ", 1)[1] for line in self.outputs[key] if line.startswith(f"{kind} ")]
+        output = self.outputs[(pod["metadata"]["name"], container)]
+        shown = output[: output.index("shown")]  # the demo's own lines, before the example's
+        return [line.split(" ", 1)[1] for line in shown if line.startswith(f"{kind} ")]
 
     def received(self, pod: Obj, claim: Obj) -> str:
         """Per container: its GPU device nodes, its MIG capability nodes, and whether the MPS
@@ -354,7 +369,23 @@ class HelmReleases:
             }
             matching += seen == allocated
         of = f" of {len(containers)}"
+        differ = []  # what a container printed where its example says otherwise
+        for pod, c in containers:
+            key = (pod["metadata"]["name"], c)
+            own = _own(self.outputs[key])
+            if not self.expected[key].matches(own):
+                differ.append(
+                    f"  {key[0]} -c {c} printed {own}, its example says {list(self.expected[key].lines)}"
+                )
+        restarts = sum(
+            s.get("restartCount", 0)
+            for p, _ in pods.values()
+            for s in p["status"].get("containerStatuses") or []
+        )
         return (
+            "".join(f"{line}\n" for line in differ)
+            + f"containers whose logs show what their example says: {len(containers) - len(differ)}{of}\n"
+            f"container restarts: {restarts}\n"
             f"containers with /dev/nvidiactl, /dev/nvidia-uvm and /dev/nvidia-uvm-tools: {control}{of}\n"
             f"containers whose NVIDIA_VISIBLE_DEVICES is a UUID in their claims' CDI specs: {visible}{of}\n"
             f"pods whose /dev/nvidia<N> are exactly their claims' GPUs: {matching} of {len(pods)}"
@@ -368,6 +399,11 @@ class HelmReleases:
 
     def stop(self) -> None:
         """Nothing: stopping the cluster stops every container."""
+
+
+def _own(output: list[str]) -> list[str]:
+    """What the example's own command printed: the lines after the demo's `shown`."""
+    return output[output.index("shown") + 1 :]
 
 
 def _gpu_node(device: str) -> str:

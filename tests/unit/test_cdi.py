@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from gpudra.errors import ConfigError
+from gpudra.errors import ConfigError, GpudraError
 from gpudra.node import cdi
 from gpudra.node.cdi import CdiSpec, ClaimDevice, MigAccess, Mount, ToolkitSpecs
 
@@ -675,3 +675,32 @@ def test_unchanged_toolkit_spec_is_not_reparsed(tmp_path: Path, caplog: pytest.L
     with caplog.at_level(logging.WARNING, logger="gpudra.node.cdi"):
         assert specs.device_ids(gpu()) == (f"nvidia.com/gpu={GPU0}",)
     assert caplog.records == []
+
+
+def test_only_a_spec_this_user_wrote_is_read_back(tmp_path: Path) -> None:
+    """The rebuild holds GPUs for the claims specs name: a planted spec must not be trusted."""
+    spec = cdi.build_claim_spec(driver=DRIVER, claim_uid=CLAIM, devices=[mig_device()])
+    path = cdi.write_spec(tmp_path, spec, claim_uid=CLAIM)
+    assert cdi.read_spec(path) == spec
+    os.chmod(path, 0o666)
+    with pytest.raises(GpudraError, match="is not one gpudra wrote: mode 0666: writable by others"):
+        cdi.read_spec(path)
+    os.chmod(path, 0o644)
+    os.chown(path, 4242, 4242)
+    with pytest.raises(GpudraError, match=f"not one gpudra wrote: owned by uid 4242, not {os.geteuid()}"):
+        cdi.read_spec(path)
+    planted = tmp_path / "elsewhere.json"
+    planted.write_text(spec.to_json())
+    path.unlink()
+    path.symlink_to(planted)
+    with pytest.raises(GpudraError, match="cannot be read"):
+        cdi.read_spec(path)  # not followed
+    assert cdi.list_claim_specs(tmp_path, driver=DRIVER) == {}  # and not listed
+    path.unlink()
+    os.mkfifo(path)
+    with pytest.raises(GpudraError, match="not a regular file"):
+        cdi.read_spec(path)  # a FIFO: never blocks
+    path.unlink()
+    path.write_bytes(b" " * (cdi.MAX_SPEC_BYTES + 1))
+    with pytest.raises(GpudraError, match="more than 1048576"):
+        cdi.read_spec(path)

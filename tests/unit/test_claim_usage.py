@@ -106,6 +106,27 @@ def test_idle_since_reads_back_what_the_plugin_wrote() -> None:
     assert idleness[(NODE, "gpu-1", None)] == claim_usage.active(T0, mig=False)
 
 
+def test_a_node_clock_behind_never_makes_a_device_idle_before_its_claim_existed() -> None:
+    created = T0 + timedelta(hours=1)  # the API server's clock
+    entries = [
+        claim_usage.device_entry(  # the node's clock, an hour behind
+            driver=DRIVER, key=(NODE, "gpu-0", None), idleness=claim_usage.no_activity(T0, mig=False)
+        ),
+        claim_usage.device_entry(
+            driver=DRIVER,
+            key=(NODE, "gpu-1", None),
+            idleness=claim_usage.no_activity(created + timedelta(minutes=3), mig=False),
+        ),
+    ]
+    claim = read_claim(
+        {"metadata": {"creationTimestamp": claim_usage.format_time(created)}, "status": {"devices": entries}}
+    )
+    assert claim_usage.idle_since(claim, driver=DRIVER) == {
+        (NODE, "gpu-0"): created,
+        (NODE, "gpu-1"): created + timedelta(minutes=3),
+    }
+
+
 @pytest.mark.parametrize(
     "claim",
     [

@@ -47,7 +47,7 @@ def claim(
     pods: tuple[str, ...] = ("pod",),
     share: bool = False,
     classes: tuple[str, ...] = (),
-    created: datetime = NOW - timedelta(minutes=5),
+    created: datetime = NOW - timedelta(days=1),
     usage: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """A claim in `default`, allocated the (pool, device)s given, reserved by `pods`; unallocated

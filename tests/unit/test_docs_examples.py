@@ -45,6 +45,7 @@ MARK = "<!-- not-gpudra -->"
 NVIDIA = ("resource.nvidia.com/", "gpu.nvidia.com", "mig.nvidia.com")
 SIMULATED_NODES = ("dgx-h100", "dgx-a100")
 CLAIM_KINDS = ("ResourceClaim", "ResourceClaimTemplate")
+QUOTA_SUFFIX = ".deviceclass.resource.k8s.io/devices"
 FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>[\w-]*)[ \t]*$")
 PROBE = "docsProbe"  # an unknown field put into each gpudra config: validate must report every one
 
@@ -95,10 +96,19 @@ class Page:
         if kind == "Pod":
             spec = obj.get("spec") or {}
             return bool(spec.get("resourceClaims")) or bool(extended_requests(obj, self.extended))
+        if kind == "ResourceQuota":
+            return bool(quota_classes(obj))
         return False
 
     def checked(self) -> list[Block]:
         return [b for b in self.blocks if not b.skipped and any(self.is_gpudra(o) for o in b.manifests)]
+
+
+def quota_classes(obj: Mapping[str, Any]) -> list[str]:
+    """The gpudra DeviceClasses a ResourceQuota caps (`<class>.deviceclass.resource.k8s.io/devices`)."""
+    hard = (obj.get("spec") or {}).get("hard") or {}
+    found = [str(name).removesuffix(QUOTA_SUFFIX) for name in hard if str(name).endswith(QUOTA_SUFFIX)]
+    return [name for name in found if name.endswith(".gpudra.io")]
 
 
 def yaml_blocks(path: Path) -> list[Block]:
@@ -190,6 +200,21 @@ def test_every_unmarked_manifest_block_is_gpudra_s(page: Page) -> None:
 @pytest.mark.parametrize("block", SKIPPED, ids=[block.where for block in SKIPPED])
 def test_a_skipped_block_holds_nothing_of_gpudra_s(block: Block) -> None:
     assert "gpudra" not in block.text, f"{block.where} is skipped but names gpudra"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=PAGE_IDS)
+def test_a_quota_names_deviceclasses_gpudra_makes(page: Page) -> None:
+    """A ResourceQuota on the page caps classes that exist: gpudra's own, the page's, or a per-profile
+    MIG class of the chart's deviceClasses.migProfiles (mig-<profile as a DNS label>.gpudra.io)."""
+    own = {d["metadata"]["name"] for d in yaml.safe_load_all(OWN_CLASSES.read_text()) if isinstance(d, dict)}
+    own |= {c["metadata"]["name"] for c in page.classes}
+    for block in page.checked():
+        for obj in block.manifests:
+            if obj.get("kind") == "ResourceQuota":
+                for name in quota_classes(obj):
+                    assert name in own or re.fullmatch(r"mig-[1-7]g[0-9]+gb[a-z]*\.gpudra\.io", name), (
+                        f"{block.where}: ResourceQuota caps {name}, which no chart value makes"
+                    )
 
 
 @pytest.mark.parametrize("page", PAGES, ids=PAGE_IDS)

@@ -334,3 +334,146 @@ def test_the_reset_effect_option_names_its_choices(capsys: pytest.CaptureFixture
     assert "--health-reset-effect: invalid choice: 'Evict' (choose from NoSchedule, NoExecute)" in (
         capsys.readouterr().err.replace("'NoSchedule', 'NoExecute'", "NoSchedule, NoExecute")
     )
+
+
+# --- conditions the poll reads -----------------------------------------------------------------------
+
+
+def test_a_pending_row_remap_taints_the_gpu_until_a_reset_applies_it(h100: Node) -> None:
+    gpu = h100.gpus["gpu-2"]
+    h100.holders[gpu] = ["team-a/train"]
+    sim.set_memory_condition(state_file=h100.state_file, gpu_uuid=gpu, condition="row-remap-pending", on=True)
+    h100.until("tainted", h100.tainted)
+    assert h100.tainted() == {name: "RowRemapPending:NoSchedule" for name in h100.on_gpu("gpu-2")}
+    assert h100.sample("gpudra_gpu_condition", gpu="gpu-2", condition="RowRemapPending") == 1
+    assert h100.sample("gpudra_gpu_condition", gpu="gpu-3", condition="RowRemapPending") == 0
+    time.sleep(20 * INTERVAL)  # read again and again: one fault, one event
+    assert h100.events.posted == [
+        (
+            "Warning",
+            "GpuFault",
+            f"GPU {gpu} (gpu-2): a row remapping is pending: the GPU needs a reset to apply it, class reset; "
+            "tainted gpudra.io/unhealthy=RowRemapPending:NoSchedule until a GPU reset is observed, the node "
+            f"reboots, or the Node is annotated gpudra.io/clear-health={gpu}; held by claim team-a/train",
+        )
+    ]
+    assert h100.sample("gpudra_gpu_double_bit_ecc_errors_total", gpu="gpu-2") is None  # not an ECC error
+    sim.set_memory_condition(
+        state_file=h100.state_file, gpu_uuid=gpu, condition="row-remap-pending", on=False
+    )
+    h100.until("lifted", lambda: h100.tainted() == {})
+    assert h100.events.posted[-1][1:] == (
+        "GpuFaultCleared",
+        f"GPU {gpu}: taint gpudra.io/unhealthy=RowRemapPending lifted: the pending row remapping was "
+        "applied: the GPU was reset",
+    )
+    assert h100.sample("gpudra_gpu_condition", gpu="gpu-2", condition="RowRemapPending") == 0
+
+
+def test_a_condition_gone_does_not_lift_a_fault_that_came_after_it(h100: Node) -> None:
+    gpu = h100.gpus["gpu-1"]
+    sim.set_memory_condition(state_file=h100.state_file, gpu_uuid=gpu, condition="row-remap-pending", on=True)
+    h100.until("tainted", h100.tainted)
+    sim.raise_xid(state_file=h100.state_file, gpu_uuid=gpu, xid=48)
+    h100.until("the XID recorded", lambda: h100.events.reasons() == ["GpuFault", "GpuFault"])
+    sim.set_memory_condition(
+        state_file=h100.state_file, gpu_uuid=gpu, condition="row-remap-pending", on=False
+    )
+    h100.until(
+        "read gone",
+        lambda: h100.sample("gpudra_gpu_condition", gpu="gpu-1", condition="RowRemapPending") == 0,
+    )
+    time.sleep(10 * INTERVAL)
+    assert set(h100.tainted()) == h100.on_gpu("gpu-1")
+
+
+def test_a_failed_row_remap_survives_a_reset_and_yields_to_the_annotation(h100: Node) -> None:
+    gpu = h100.gpus["gpu-5"]
+    sim.set_memory_condition(state_file=h100.state_file, gpu_uuid=gpu, condition="row-remap-failed", on=True)
+    h100.until("tainted", h100.tainted)
+    assert set(h100.tainted().values()) == {"RowRemapFailure:NoSchedule"}
+    sim.set_gpu_lost(state_file=h100.state_file, gpu_uuid=gpu, lost=True)
+    h100.until("unreachable seen", lambda: all(m.unreachable_seen for m in h100.faults.marks()))
+    sim.set_gpu_lost(state_file=h100.state_file, gpu_uuid=gpu, lost=False)
+    h100.until("answering again", lambda: gpu not in h100.monitor.unhealthy_gpus())
+    time.sleep(10 * INTERVAL)
+    assert set(h100.tainted()) == h100.on_gpu("gpu-5")  # the memory still cannot be repaired
+    h100.until("baseline read", lambda: [m.annotation_baseline for m in h100.faults.marks()] == [""])
+    h100.annotation = gpu
+    h100.until("lifted", lambda: h100.tainted() == {}, timeout=30)
+    time.sleep(10 * INTERVAL)
+    assert h100.tainted() == {}  # still read, but no new fault: the operator's word holds until a reboot
+    assert h100.events.reasons() == ["GpuFault", "GpuFaultCleared"]
+
+
+def test_an_nvlink_that_was_up_and_is_down_taints_until_it_trains_again(h100: Node) -> None:
+    gpu = h100.gpus["gpu-4"]
+    h100.until(
+        "links read", lambda: h100.sample("gpudra_gpu_condition", gpu="gpu-4", condition="NvLinkDown") == 0
+    )
+    sim.set_nvlink_down(state_file=h100.state_file, gpu_uuid=gpu, link=3, down=True)
+    h100.until("tainted", h100.tainted)
+    assert set(h100.tainted().values()) == {"NvLinkDown:NoSchedule"}
+    assert "NVLink 3 down (was up)" in h100.events.posted[0][2]
+    h100.restart()  # the expected links and the condition are kept: no second event
+    h100.until("the restarted monitor polled", lambda: h100.monitor.wait(after=0, timeout=5))
+    time.sleep(10 * INTERVAL)
+    assert h100.events.reasons() == ["GpuFault"]
+    sim.set_nvlink_down(state_file=h100.state_file, gpu_uuid=gpu, link=3, down=False)
+    h100.until("lifted", lambda: h100.tainted() == {})
+    assert h100.events.posted[-1][2].endswith("lifted: every NVLink that was up is up again")
+
+
+def test_retired_pages_pending_on_a_gpu_before_ampere(tmp_path: Path) -> None:
+    node = Node(tmp_path, "mixed")
+    try:
+        t4 = next(name for name, uuid in node.gpus.items() if name in ("gpu-4", "gpu-5"))
+        gpu = node.gpus[t4]
+        node.until(
+            "read", lambda: node.sample("gpudra_gpu_condition", gpu=t4, condition="RetiredPagesPending") == 0
+        )
+        assert (
+            node.sample("gpudra_gpu_condition", gpu=t4, condition="RowRemapPending") is None
+        )  # not reported
+        sim.set_memory_condition(
+            state_file=node.state_file, gpu_uuid=gpu, condition="retired-pages-pending", on=True
+        )
+        node.until("tainted", node.tainted)
+        assert node.tainted() == {name: "RetiredPagesPending:NoSchedule" for name in node.on_gpu(t4)}
+        sim.set_gpu_lost(state_file=node.state_file, gpu_uuid=gpu, lost=True)  # the reset applies it
+        node.until("unreachable seen", lambda: all(m.unreachable_seen for m in node.faults.marks()))
+        sim.set_gpu_lost(state_file=node.state_file, gpu_uuid=gpu, lost=False)
+        node.until("lifted", lambda: node.tainted() == {})
+        time.sleep(10 * INTERVAL)
+        assert node.events.reasons() == ["GpuFault", "GpuFaultCleared"]
+    finally:
+        node.monitor.stop()
+
+
+def test_corrected_ecc_and_mig_changes_are_counted_and_slowdowns_shown_never_tainting(h100: Node) -> None:
+    gpu = h100.gpus["gpu-0"]
+    sim.raise_single_bit_ecc(state_file=h100.state_file, gpu_uuid=gpu)
+    sim.raise_single_bit_ecc(state_file=h100.state_file, gpu_uuid=gpu)
+    h100.until(
+        "counted", lambda: h100.sample("gpudra_gpu_events_total", gpu="gpu-0", type="single_bit_ecc") == 2
+    )
+    with h100.session() as session:
+        session.set_mig_mode(gpu_uuid=h100.gpus["gpu-6"], enabled=True)
+        made = session.create_mig_device(gpu_uuid=h100.gpus["gpu-6"], profile_id=0, placement_start=0)
+        session.destroy_mig_device(gpu_uuid=h100.gpus["gpu-6"], gpu_instance_id=made.gpu_instance_id)
+    h100.until(
+        "MIG changes counted",
+        lambda: h100.sample("gpudra_gpu_events_total", gpu="gpu-6", type="mig_config_change") == 2,
+    )
+    sim.set_clock_slowdown(state_file=h100.state_file, gpu_uuid=gpu, reasons=["hw_thermal_slowdown"])
+    h100.until(
+        "slowdown shown",
+        lambda: h100.sample("gpudra_gpu_clock_slowdown", gpu="gpu-0", reason="hw_thermal_slowdown") == 1,
+    )
+    assert h100.sample("gpudra_gpu_clock_slowdown", gpu="gpu-0", reason="sw_power_cap") == 0
+    sim.set_clock_slowdown(state_file=h100.state_file, gpu_uuid=gpu, reasons=[])
+    h100.until(
+        "slowdown gone",
+        lambda: h100.sample("gpudra_gpu_clock_slowdown", gpu="gpu-0", reason="hw_thermal_slowdown") == 0,
+    )
+    assert h100.tainted() == {} and h100.events.posted == []

@@ -12,14 +12,17 @@ from gpudra.model.gpu_health import (
     DEFAULT_XIDS,
     Classification,
     Fault,
+    GpuConditions,
     Mark,
     Marks,
     XidClass,
     classify_xid,
+    condition_fault,
     device_taints,
     double_bit_ecc,
     expire,
     observe_annotation,
+    observe_cleared,
     observe_reachable,
     parse_xid_classes,
     record,
@@ -295,3 +298,53 @@ def test_a_lost_gpu_is_tainted_no_schedule_with_its_nvml_error() -> None:
         reset_effect="NoExecute",
     )
     assert taints == {"gpu-1": _taint("Xid79", "NoExecute")}
+
+
+# --- polled conditions -------------------------------------------------------------------------------
+
+
+def test_a_reading_tells_only_what_the_gpu_reports() -> None:
+    assert GpuConditions().reported() == set()
+    hopper = GpuConditions(row_remap_pending=False, row_remap_failed=True, nvlinks_up=frozenset({0, 2}))
+    assert hopper.reported() == {"RowRemapPending", "RowRemapFailure", "NvLinkDown"}
+    assert hopper.present([0, 1, 2, 3]) == {
+        "RowRemapFailure": "a row remapping failed: the GPU's memory cannot be repaired",
+        "NvLinkDown": "NVLink 1, 3 down (was up)",
+    }
+    assert hopper.present([0, 2]) == {
+        "RowRemapFailure": "a row remapping failed: the GPU's memory cannot be repaired"
+    }
+    turing = GpuConditions(retired_pages_pending=True)
+    assert turing.reported() == {"RetiredPagesPending"}
+    assert list(turing.present([])) == ["RetiredPagesPending"]
+
+
+def test_a_condition_is_a_reset_fault_named_by_its_reason() -> None:
+    fault = condition_fault(gpu_uuid=GPU, condition="NvLinkDown", what="NVLink 3 down (was up)")
+    assert (fault.reason, fault.what, fault.xid_class, fault.xid) == (
+        "NvLinkDown",
+        "NVLink 3 down (was up)",
+        XidClass.RESET,
+        None,
+    )
+
+
+def test_a_condition_read_gone_lifts_only_the_mark_it_made_alone() -> None:
+    pending = condition_fault(gpu_uuid=GPU, condition="RowRemapPending", what="pending")
+    links = condition_fault(gpu_uuid=OTHER, condition="NvLinkDown", what="down")
+    marks = _marked(pending, links)
+    later = record(marks, _xid(48, gpu=OTHER), now=200.0, boot_id=BOOT)  # a fault after the condition
+    kept, lifted = observe_cleared(later, {GPU: {"RowRemapPending"}, OTHER: {"NvLinkDown"}})
+    assert [(x.mark.gpu_uuid, x.why) for x in lifted] == [
+        (GPU, "the pending row remapping was applied: the GPU was reset")
+    ]
+    assert set(kept) == {(OTHER, None)}
+    assert observe_cleared(marks, {GPU: {"NvLinkDown"}})[1] == []  # another condition than the mark's
+
+
+def test_a_failed_remap_is_not_lifted_by_an_observed_reset() -> None:
+    failed = _marked(condition_fault(gpu_uuid=GPU, condition="RowRemapFailure", what="failed"))
+    seen, _ = observe_reachable(failed, {GPU: False})
+    kept, lifted = observe_reachable(seen, {GPU: True})
+    assert lifted == [] and set(kept) == {(GPU, None)}
+    assert observe_cleared(kept, {GPU: {"RowRemapFailure"}})[1] == []

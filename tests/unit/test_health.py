@@ -25,6 +25,7 @@ from gpudra._proto import (
 )
 from gpudra.gpu import nvml
 from gpudra.model import devices
+from gpudra.model.gpu_health import GpuConditions
 from gpudra.model.inventory import MigDevice
 from gpudra.model.publishing import MigMode
 from gpudra.node.allocation import ClaimRef
@@ -482,6 +483,9 @@ class _FlakyProbe:
 
     def uncorrected_ecc_errors(self, *, gpu_uuid: str) -> int | None:
         return self.session.uncorrected_ecc_errors(gpu_uuid=gpu_uuid)
+
+    def gpu_conditions(self, *, gpu_uuid: str) -> GpuConditions:
+        return self.session.gpu_conditions(gpu_uuid=gpu_uuid)
 
     def close(self) -> None:
         self.session.close()

@@ -12,6 +12,7 @@ import email.errors
 import http.client
 import inspect
 import json
+import logging
 import socket
 import ssl
 import struct
@@ -287,6 +288,46 @@ def test_api_exceptions_keep_their_status(
     translated = _translated(error)
     assert type(translated) is kind
     assert str(translated) == f"x: HTTP {error.status} Reason"  # nothing of the headers or body
+
+
+def test_the_api_servers_status_message_is_kept_on_one_bounded_line() -> None:
+    """A refusal says why (which field, which rule): the Status's message, not a proxy's page."""
+    status = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "message": 'ResourceClaim.resource.k8s.io "c" is invalid:\n status.devices[0].data: Too long: '
+        + "x" * 400,
+        "reason": "Invalid",
+        "code": 422,
+    }
+    response = urllib3.HTTPResponse(
+        body=json.dumps(status).encode(), status=422, reason="Unprocessable Entity"
+    )
+    message = str(_translated(api_exceptions.ApiException(http_resp=response)))
+    assert message.startswith(
+        'x: HTTP 422 Unprocessable Entity: ResourceClaim.resource.k8s.io "c" is invalid: '
+        "status.devices[0].data: Too long: xxx"
+    )
+    assert "\n" not in message and message.endswith("…")
+    assert len(message) == len("x: HTTP 422 Unprocessable Entity: ") + 300
+    for body in (b"<html>502 from 10.1.2.3</html>", b'{"message": "not a Status"}', b"[" * 10_000):
+        proxied = urllib3.HTTPResponse(body=body, status=502, reason="Bad Gateway")
+        assert str(_translated(api_exceptions.ApiException(http_resp=proxied))) == "x: HTTP 502 Bad Gateway"
+
+
+def test_urllib3s_own_log_lines_lose_the_address(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with contextlib.suppress(ClusterError):
+        connect(None)  # installs the filters whatever the credentials
+    with caplog.at_level("DEBUG", logger="urllib3"):
+        logging.getLogger("urllib3.connectionpool").warning(
+            "Connection pool is full, discarding connection: %s. Connection pool size: %s", HOST, 4
+        )
+    (record,) = [r for r in caplog.records if r.name == "urllib3.connectionpool"]
+    assert record.getMessage() == "Connection pool is full, discarding connection: …. Connection pool size: …"
 
 
 def test_config_exception_becomes_cluster_error() -> None:

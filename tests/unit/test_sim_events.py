@@ -236,3 +236,55 @@ def test_faults_are_raised_from_a_shell(event_set: Any, h100: list[Any], state_f
         "refused: Not Found: no GPU with UUID GPU-nope",
     )
     assert hook("--state", "/nonexistent", "xid", gpu, "1").returncode == 2
+
+
+def test_memory_repairs_and_nvlinks_are_read_as_nvml_reports_them(h100: list[Any], state_file: Path) -> None:
+    gpu = _uuid(h100[2])
+    assert pynvml.nvmlDeviceGetRemappedRows(h100[2]) == (0, 0, 0, 0)
+    with pytest.raises(pynvml.NVMLError_NotSupported):  # Hopper remaps rows instead
+        pynvml.nvmlDeviceGetRetiredPagesPendingStatus(h100[2])
+    sim.set_memory_condition(state_file=state_file, gpu_uuid=gpu, condition="row-remap-pending", on=True)
+    sim.set_memory_condition(state_file=state_file, gpu_uuid=gpu, condition="row-remap-failed", on=True)
+    sim.set_nvlink_down(state_file=state_file, gpu_uuid=gpu, link=5, down=True)
+    assert pynvml.nvmlDeviceGetRemappedRows(h100[2]) == (0, 0, 1, 1)
+    assert pynvml.nvmlDeviceGetNvLinkState(h100[2], 5) == 0
+    assert pynvml.nvmlDeviceGetNvLinkState(h100[2], 4) == 1
+    sim.set_gpu_lost(state_file=state_file, gpu_uuid=gpu, lost=True)
+    sim.set_gpu_lost(state_file=state_file, gpu_uuid=gpu, lost=False)  # the reset applies what was pending
+    assert pynvml.nvmlDeviceGetRemappedRows(h100[2]) == (0, 0, 0, 1)  # a failure is kept
+    assert pynvml.nvmlDeviceGetNvLinkState(h100[2], 5) == 1
+    with pytest.raises(hardware.Refused, match=r"link 18: the GPU has links 0\.\.17"):
+        sim.set_nvlink_down(state_file=state_file, gpu_uuid=gpu, link=18, down=True)
+    with pytest.raises(hardware.Refused, match="condition 'hot'"):
+        sim.set_memory_condition(state_file=state_file, gpu_uuid=gpu, condition="hot", on=True)
+
+
+def test_remapped_rows_are_not_reported_while_mig_instances_exist(tmp_path: Path) -> None:
+    with nvml.connect("sim:dgx-h100", state_file=tmp_path / "machine.json") as session:
+        gpu = session.inventory().gpus[0].uuid
+        session.set_mig_mode(gpu_uuid=gpu, enabled=True)
+        assert session.gpu_conditions(gpu_uuid=gpu).row_remap_pending is False  # no instance yet
+        session.create_mig_device(
+            gpu_uuid=gpu, profile_id=pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE, placement_start=0
+        )
+        conditions = session.gpu_conditions(gpu_uuid=gpu)
+        assert (conditions.row_remap_pending, conditions.row_remap_failed) == (None, None)
+        assert conditions.nvlinks_up == frozenset(range(18))
+
+
+def test_memory_and_nvlink_faults_are_raised_from_a_shell(h100: list[Any], state_file: Path) -> None:
+    gpu = _uuid(h100[3])
+    command = [sys.executable, "-m", "gpudra.sim", "--state", str(state_file)]
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*command, *args], capture_output=True, text=True, check=False, timeout=60)
+
+    assert run("memory", gpu, "row-remap-pending", "on").returncode == 0
+    assert run("nvlink", gpu, "7", "down").returncode == 0
+    assert pynvml.nvmlDeviceGetRemappedRows(h100[3])[2] == 1
+    assert pynvml.nvmlDeviceGetNvLinkState(h100[3], 7) == 0
+    refused = run("nvlink", gpu, "40", "down")
+    assert (refused.returncode, refused.stderr.strip()) == (
+        1,
+        "refused: Invalid Argument: link 40: the GPU has links 0..17",
+    )

@@ -610,6 +610,35 @@ def test_an_idle_pool_costs_no_request_once_the_watch_runs() -> None:
     assert published.count("update") == 1
 
 
+def test_a_write_between_the_watchs_list_and_its_picture_is_not_lost() -> None:
+    """The watch LISTs without the write lock; a sync that writes before the listed picture is stored
+    must not be forgotten (the picture would be stale while no echo is pending, and the next sync would
+    plan from it: a create of an existing slice or a replace with an old resourceVersion, a Conflict)."""
+    kube = FakeKube()
+    model = Model(MODELS["h100"])
+    slices, _ = controller(kube, model)
+    slices.sync_once()
+    list_slices = kube.list_slices
+    raced: list[bool] = []
+
+    def list_then_write(*, driver: str, node_name: str) -> tuple[list[Obj], str]:
+        listed = list_slices(driver=driver, node_name=node_name)
+        if not raced:
+            raced.append(True)
+            model.current = MODELS["h100 newer driver"]
+            slices.sync_once()  # writes after the LIST, before the watch stores what it listed
+        return listed
+
+    kube.list_slices = list_then_write
+    slices._watch_step()
+    assert raced
+    seen = slices._seen_pool()
+    assert seen is None or {s["metadata"]["name"]: s for s in seen} == kube.slices
+    writes = len(kube.writes)
+    slices.sync_once()  # would raise Conflict from a stale picture
+    assert len(kube.writes) == writes
+
+
 def test_a_broken_watch_makes_the_next_sync_list() -> None:
     kube = FakeKube()
     slices, _ = controller(kube, Model(MODELS["h100"]), resync_seconds=0.05)

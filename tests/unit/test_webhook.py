@@ -37,6 +37,7 @@ DRIVER = "gpu.gpudra.io"
 GPU_CONFIG = {"apiVersion": "resource.gpudra.io/v1beta1", "kind": "GpuConfig"}
 BAD = {**GPU_CONFIG, "sharing": {"strategy": "Sometimes"}}
 GOOD = {**GPU_CONFIG, "sharing": {"strategy": "TimeSlicing"}}
+CLASSES = ["mig.gpudra.io", "gpu.gpudra.io"]
 OPTIONS = Options(
     driver=DRIVER,
     kubeconfig=None,
@@ -284,10 +285,13 @@ def matches(expression: str, resource: str, obj: Mapping[str, Any]) -> bool:
 
 def test_the_configuration_sends_configs_to_one_webhook_and_the_rest_to_the_other() -> None:
     bundle = b"-----BEGIN CERTIFICATE-----\n...\n"
-    configuration = desired_configuration(OPTIONS, bundle)
+    configuration = desired_configuration(OPTIONS, bundle, CLASSES)
     assert configuration["apiVersion"] == "admissionregistration.k8s.io/v1"
     assert configuration["kind"] == "ValidatingWebhookConfiguration"
-    assert configuration["metadata"] == {"name": "gpudra"}
+    assert configuration["metadata"] == {
+        "name": "gpudra",
+        "annotations": {"gpudra.io/warned-classes": "gpu.gpudra.io,mig.gpudra.io"},
+    }
     config_hook, warnings_hook = configuration["webhooks"]
     assert config_hook["name"] == "config.gpu.gpudra.io"
     assert warnings_hook["name"] == "warnings.gpu.gpudra.io"
@@ -309,9 +313,13 @@ def test_the_configuration_sends_configs_to_one_webhook_and_the_rest_to_the_othe
     ]
     assert warnings_hook["rules"][0]["resources"] == ["resourceclaims", "resourceclaimtemplates"]
     assert (config_hook["failurePolicy"], config_hook["timeoutSeconds"]) == ("Fail", 10)
-    assert (warnings_hook["failurePolicy"], warnings_hook["timeoutSeconds"]) == ("Ignore", 2)
+    assert (warnings_hook["failurePolicy"], warnings_hook["timeoutSeconds"]) == ("Ignore", 1)
+    assert [c["name"] for c in warnings_hook["matchConditions"]] == ["no-gpudra-config", "gpudra-class"]
+    # No class of the driver, no warnings webhook: nothing for other drivers' claims to wait on.
+    (alone,) = desired_configuration(OPTIONS, bundle)["webhooks"]
+    assert alone == config_hook
 
-    ignore = desired_configuration(dataclasses.replace(OPTIONS, failure_policy="Ignore"), bundle)
+    ignore = desired_configuration(dataclasses.replace(OPTIONS, failure_policy="Ignore"), bundle, CLASSES)
     assert [hook["failurePolicy"] for hook in ignore["webhooks"]] == ["Ignore", "Ignore"]
     outside = desired_configuration(
         dataclasses.replace(OPTIONS, webhook_url="https://10.0.0.5:8443/"), bundle
@@ -343,9 +351,50 @@ def test_the_configuration_sends_configs_to_one_webhook_and_the_rest_to_the_othe
 def test_the_match_conditions_split_objects_by_their_config_without_errors(
     resource: str, obj: dict[str, Any], carries_config: bool
 ) -> None:
-    config_hook, warnings_hook = desired_configuration(OPTIONS, b"")["webhooks"]
+    config_hook, warnings_hook = desired_configuration(OPTIONS, b"", CLASSES)["webhooks"]
     assert matches(config_hook["matchConditions"][0]["expression"], resource, obj) is carries_config
     assert matches(warnings_hook["matchConditions"][0]["expression"], resource, obj) is not carries_config
+
+
+def _asks(*classes: str, first_available: bool = False) -> dict[str, Any]:
+    requests = [
+        {"name": f"r{i}", "firstAvailable": [{"name": "a", "deviceClassName": c}]}
+        if first_available
+        else {"name": f"r{i}", "exactly": {"deviceClassName": c}}
+        for i, c in enumerate(classes)
+    ]
+    return {"spec": {"devices": {"requests": requests}}}
+
+
+@pytest.mark.parametrize(
+    ("resource", "obj", "warned"),
+    [
+        ("resourceclaims", _asks("gpu.gpudra.io"), True),
+        ("resourceclaims", _asks("gpu.nvidia.com", "mig.gpudra.io"), True),
+        ("resourceclaims", _asks("gpu.gpudra.io", first_available=True), True),
+        ("resourceclaims", _asks("gpu.nvidia.com"), False),  # another driver's claim: never waits on gpudra
+        ("resourceclaims", _asks("gpu.nvidia.com", first_available=True), False),
+        ("resourceclaims", {"spec": {"devices": {"requests": [{"name": "x"}]}}}, False),
+        ("resourceclaims", {"spec": {}}, False),
+        ("resourceclaimtemplates", {"spec": {"spec": _asks("gpu.gpudra.io")["spec"]}}, True),
+        ("resourceclaimtemplates", {"spec": {"spec": _asks("example.com")["spec"]}}, False),
+        ("resourceclaimtemplates", {"spec": {}}, False),
+    ],
+)
+def test_the_warnings_webhook_sees_only_claims_asking_the_drivers_classes(
+    resource: str, obj: dict[str, Any], warned: bool
+) -> None:
+    _, warnings_hook = desired_configuration(OPTIONS, b"", CLASSES)["webhooks"]
+    expression = warnings_hook["matchConditions"][1]["expression"]
+    assert matches(expression, resource, obj) is warned
+
+
+def test_a_class_name_cannot_break_out_of_the_warnings_condition() -> None:
+    hostile = 'x" ] || true || ["'
+    _, warnings_hook = desired_configuration(OPTIONS, b"", [hostile])["webhooks"]
+    expression = warnings_hook["matchConditions"][1]["expression"]
+    assert not matches(expression, "resourceclaims", _asks("gpu.gpudra.io"))
+    assert matches(expression, "resourceclaims", _asks(hostile))
 
 
 def test_the_driver_name_cannot_break_out_of_its_cel_string() -> None:
@@ -688,6 +737,36 @@ def test_a_restarted_controller_writes_nothing() -> None:
     assert restarted.step() == PERIOD
     assert api.writes == written
     assert webhook.context() is not None
+
+
+def test_the_warnings_webhook_follows_the_drivers_classes_and_survives_a_restart_before_they_are_listed() -> (
+    None
+):
+    api = FakeAdmission()
+    classes: list[str] | None = ["gpu.gpudra.io"]
+    webhook = WebhookServer("127.0.0.1", 0, DRIVER, warnings=no_warnings)
+    leader = CertificateKeeper(api, OPTIONS, webhook, is_leader=lambda: True, warned_classes=lambda: classes)
+    leader.step()
+
+    def warned() -> list[str]:
+        hooks = api.configurations["gpudra"]["webhooks"]
+        return [hook["name"] for hook in hooks if hook["name"].startswith("warnings.")]
+
+    assert warned() == ["warnings.gpu.gpudra.io"]
+    assert api.configurations["gpudra"]["metadata"]["annotations"] == {
+        "gpudra.io/warned-classes": "gpu.gpudra.io"
+    }
+    classes = None  # a restarted controller that has not listed the classes keeps what is stored
+    written = list(api.writes)
+    leader.step()
+    assert api.writes == written and warned() == ["warnings.gpu.gpudra.io"]
+    classes = ["gpu.gpudra.io", "team-a-h100"]  # a class added by the cluster's admins
+    leader.step()
+    assert api.writes == [*written, "update configuration"]
+    assert "team-a-h100" in api.configurations["gpudra"]["webhooks"][1]["matchConditions"][1]["expression"]
+    classes = []  # no class names the driver: no warnings webhook
+    leader.step()
+    assert warned() == []
 
 
 def test_a_follower_never_writes_but_serves_what_the_secret_holds() -> None:

@@ -77,7 +77,7 @@ class ClusterWatch:
             kube,
             "deviceclasses",
             f"{base}/deviceclasses",
-            on_change=lambda: self._changed(devices=True),
+            on_change=self._classes_changed,
             clock=monotonic,
         )
         self.informers = [self.slices, self.claims, self.classes]
@@ -88,6 +88,8 @@ class ClusterWatch:
         self._reach: tuple[int, Reach] | None = None
         # Called after each change to the slices (e.g. housekeeping's wake(): a pool may be gone).
         self.on_slices_change: list[Callable[[], None]] = []
+        # Called after each change to the DeviceClasses (the webhook keeper's wake(): the classes warned for).
+        self.on_classes_change: list[Callable[[], None]] = []
 
     def start(self) -> None:
         for informer in self.informers:
@@ -119,6 +121,11 @@ class ClusterWatch:
         with self._lock:
             self._changes += 1
             self._device_changes += devices
+
+    def _classes_changed(self) -> None:
+        self._changed(devices=True)
+        for callback in self.on_classes_change:
+            callback()
 
     def _slices_changed(self) -> None:
         self._changed(devices=True)
@@ -172,6 +179,13 @@ class ClusterWatch:
             except GpudraError:
                 log.warning("cannot read the API server's version", exc_info=True)
         return self._minor
+
+    def warned_classes(self) -> list[str] | None:
+        """The DeviceClasses whose claims get admission warnings (those naming the driver); None until
+        the classes' watch has listed."""
+        if not self.classes.synced.is_set():
+            return None
+        return sorted(cluster_view.driver_classes(self.classes.objects(), driver=self.driver))
 
     def warnings(self, obj: Mapping[str, Any]) -> list[str]:
         """The admission warnings for a claim or template (none until the watches have listed)."""

@@ -13,8 +13,12 @@ API server's own field validation, which clients read as carrying `details.cause
 The API server is told to call the webhook twice, as two webhooks of one configuration:
 - `config.<driver>` sees only objects carrying an opaque config of this driver (a CEL matchCondition),
   with the configured failurePolicy: with Fail, no bad config gets past a controller that is down;
-- `warnings.<driver>` sees the other claims and templates, for advice only (`warnings`), so it always
-  has failurePolicy Ignore and a short timeout: a controller that is down never blocks them.
+- `warnings.<driver>` sees the other claims and templates that ask one of gpudra's DeviceClasses (a
+  second matchCondition naming them: the classes whose selectors name the driver, as the cluster picture
+  has them; recorded in the configuration's `gpudra.io/warned-classes` annotation so that a controller
+  that has not listed the classes yet keeps them), for advice only (`warnings`), so it always has
+  failurePolicy Ignore and the shortest timeout (1 s): a hung controller never delays another driver's
+  claims, and delays a claim of its own classes by 1 s at most. No such class, no warnings webhook.
 Both list only resource.k8s.io/v1 with matchPolicy Equivalent: the API server converts requests made
 through v1beta1 and v1beta2 to v1 before calling (admissionregistration/v1 `matchPolicy`), so one
 handler reads one version.
@@ -38,7 +42,7 @@ import socket
 import socketserver
 import ssl
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit
@@ -54,6 +58,10 @@ from gpudra.model.manifests import Problem, validate_documents
 log = logging.getLogger(__name__)
 
 PATH = "/validate"
+WARNED_CLASSES_ANNOTATION = "gpudra.io/warned-classes"
+# A class name is at most 253 characters: 64 of them keep the matchCondition well inside the API
+# server's CEL cost and size limits.
+MAX_WARNED_CLASSES = 64
 JUDGED_KINDS = ("ResourceClaim", "ResourceClaimTemplate", "DeviceClass")
 WARNED_KINDS = ("ResourceClaim", "ResourceClaimTemplate")
 _RESOURCES = {"ResourceClaim": "resourceclaims", "ResourceClaimTemplate": "resourceclaimtemplates"}
@@ -195,8 +203,11 @@ def _clean_warnings(texts: Iterable[object]) -> list[str]:
 # --- the configuration ---------------------------------------------------------------------------
 
 
-def desired_configuration(options: Options, ca_bundle: bytes) -> dict[str, Any]:
-    """The ValidatingWebhookConfiguration `options.webhook_configuration`, trusting the PEM `ca_bundle`.
+def desired_configuration(
+    options: Options, ca_bundle: bytes, warned_classes: Iterable[str] = ()
+) -> dict[str, Any]:
+    """The ValidatingWebhookConfiguration `options.webhook_configuration`, trusting the PEM `ca_bundle`,
+    with a warnings webhook for claims asking `warned_classes`.
     The API server reaches the webhook at `options.webhook_url` + /validate when that is set, else
     through the Service `options.webhook_service` in `options.namespace` on port `options.webhook_port`
     (the Service exposes the port the controller listens on). Every field the API server would default
@@ -213,29 +224,77 @@ def desired_configuration(options: Options, ca_bundle: bytes) -> dict[str, Any]:
             "port": options.webhook_port,
         }
     carries_config = _carries_config_condition(options.driver)
-    return {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingWebhookConfiguration",
-        "metadata": {"name": options.webhook_configuration},
-        "webhooks": [
-            _webhook(
-                f"config.{options.driver}",
-                client,
-                resources=list(_RESOURCES_JUDGED.values()),
-                condition=("gpudra-config", carries_config),
-                failure_policy=options.failure_policy,
-                timeout_seconds=10,
-            ),
+    webhooks = [
+        _webhook(
+            f"config.{options.driver}",
+            client,
+            resources=list(_RESOURCES_JUDGED.values()),
+            conditions=[("gpudra-config", carries_config)],
+            failure_policy=options.failure_policy,
+            timeout_seconds=10,
+        )
+    ]
+    warned = sorted(set(warned_classes))
+    if len(warned) > MAX_WARNED_CLASSES:
+        log.warning(
+            "more DeviceClasses of the driver than the warnings webhook names; warning for the first ones",
+            extra={"classes": len(warned), "named": MAX_WARNED_CLASSES},
+        )
+        warned = warned[:MAX_WARNED_CLASSES]
+    if warned:
+        webhooks.append(
             _webhook(
                 f"warnings.{options.driver}",
                 client,
                 resources=list(_RESOURCES.values()),
-                condition=("no-gpudra-config", f"!({carries_config})"),
+                conditions=[
+                    ("no-gpudra-config", f"!({carries_config})"),
+                    ("gpudra-class", _asks_classes_condition(warned)),
+                ],
                 failure_policy="Ignore",
-                timeout_seconds=2,
-            ),
-        ],
+                timeout_seconds=1,
+            )
+        )
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {
+            "name": options.webhook_configuration,
+            "annotations": {WARNED_CLASSES_ANNOTATION: ",".join(warned)},
+        },
+        "webhooks": webhooks,
     }
+
+
+def warned_classes_of(configuration: Mapping[str, Any] | None) -> list[str] | None:
+    """The classes a stored configuration's warnings webhook names (its annotation); None without one."""
+    annotations = ((configuration or {}).get("metadata") or {}).get("annotations") or {}
+    value = annotations.get(WARNED_CLASSES_ANNOTATION)
+    return None if not isinstance(value, str) else [name for name in value.split(",") if name]
+
+
+def _asks_classes_condition(classes: Sequence[str]) -> str:
+    """CEL, true when a claim's or template's request (or one of its firstAvailable alternatives) asks
+    one of `classes`; every step guarded with has(), as in `_carries_config_condition`."""
+    names = "[" + ", ".join(_cel_string(name) for name in classes) + "]"
+
+    def asks(devices: str) -> str:
+        exactly = (
+            f"(has(r.exactly) && has(r.exactly.deviceClassName) && r.exactly.deviceClassName in {names})"
+        )
+        alternatives = (
+            f"(has(r.firstAvailable) && r.firstAvailable.exists(a, has(a.deviceClassName)"
+            f" && a.deviceClassName in {names}))"
+        )
+        return f"has({devices}.requests) && {devices}.requests.exists(r, {exactly} || {alternatives})"
+
+    resource = "request.resource.resource"
+    return (
+        f'({resource} == "resourceclaims" && has(object.spec) && has(object.spec.devices)'
+        f" && {asks('object.spec.devices')})"
+        f' || ({resource} == "resourceclaimtemplates" && has(object.spec) && has(object.spec.spec)'
+        f" && has(object.spec.spec.devices) && {asks('object.spec.spec.devices')})"
+    )
 
 
 def _webhook(
@@ -243,7 +302,7 @@ def _webhook(
     client: dict[str, Any],
     *,
     resources: list[str],
-    condition: tuple[str, str],
+    conditions: Sequence[tuple[str, str]],
     failure_policy: str,
     timeout_seconds: int,
 ) -> dict[str, Any]:
@@ -260,7 +319,7 @@ def _webhook(
             }
         ],
         "matchPolicy": "Equivalent",
-        "matchConditions": [{"name": condition[0], "expression": condition[1]}],
+        "matchConditions": [{"name": name, "expression": expression} for name, expression in conditions],
         "namespaceSelector": {},
         "objectSelector": {},
         "failurePolicy": failure_policy,

@@ -27,7 +27,7 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Protocol
 from urllib.parse import urlsplit
@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 from gpudra.controller import certs
 from gpudra.controller.certs import Material
 from gpudra.controller.options import Options
-from gpudra.controller.webhook import WebhookServer, desired_configuration
+from gpudra.controller.webhook import WebhookServer, desired_configuration, warned_classes_of
 from gpudra.errors import ConfigError
 from gpudra.kube.client import Conflict, Obj
 from gpudra.service import Loop
@@ -91,8 +91,12 @@ class CertificateKeeper:
         *,
         is_leader: Callable[[], bool],
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        warned_classes: Callable[[], Sequence[str] | None] = lambda: (),
     ) -> None:
+        """`warned_classes()`: the DeviceClasses claims are given warnings for; None while unknown (the
+        stored configuration's are kept)."""
         self.api = api
+        self.warned_classes = warned_classes
         self.options = options
         self.server = server
         self.is_leader = is_leader
@@ -179,11 +183,19 @@ class CertificateKeeper:
         log.info("webhook TLS material written", extra={"reason": reason, "secret": f"{namespace}/{name}"})
 
     def _write_configuration(self, configuration: Obj | None, bundle: bytes) -> None:
-        desired = desired_configuration(self.options, bundle)
+        classes = self.warned_classes()
+        if classes is None:
+            classes = warned_classes_of(configuration) or ()
+        desired = desired_configuration(self.options, bundle, classes)
+        stored_annotations = ((configuration or {}).get("metadata") or {}).get("annotations") or {}
+        wanted_annotations = {**stored_annotations, **desired["metadata"]["annotations"]}
         if configuration is None:
             self.api.create_webhook_configuration(desired)
-        elif configuration.get("webhooks") != desired["webhooks"]:
-            self.api.replace_webhook_configuration({**configuration, "webhooks": desired["webhooks"]})
+        elif configuration.get("webhooks") != desired["webhooks"] or stored_annotations != wanted_annotations:
+            metadata = {**configuration["metadata"], "annotations": wanted_annotations}
+            self.api.replace_webhook_configuration(
+                {**configuration, "metadata": metadata, "webhooks": desired["webhooks"]}
+            )
         else:
             return
         log.info("webhook configuration written", extra={"configuration": self.options.webhook_configuration})

@@ -78,8 +78,13 @@ def run(options: Options, *, stop: threading.Event) -> None:
             skipped=client.skipped.record,
         )
         keeper = CertificateKeeper(
-            AdmissionObjects(client, owners=owners), options, webhook, is_leader=elector.is_leader
+            AdmissionObjects(client, owners=owners),
+            options,
+            webhook,
+            is_leader=elector.is_leader,
+            warned_classes=cluster.warned_classes,
         )
+        cluster.on_classes_change.append(keeper.loop.wake)
         loops.append(keeper.loop)
         readiness.append(Check("webhook", webhook.problem))
         services += [webhook, keeper]

@@ -16,8 +16,9 @@ tree read-only in the container and names it with `--driver-root` (`/driver-root
   `chroot <root> <tool>` (the plugin's container is privileged); `find` looks for them in TOOL_DIRS.
   A path handed to a tool then means that path inside the root: `shared` says whether it is the same
   directory there. For MPS, whose pipe and log directories are in the plugin's state directory, that holds
-  when the root is the host's `/` and the state directory is mounted at its host path (as the chart
-  does); under the GPU Operator's root it does not, and MPS cannot be used.
+  when the state directory is mounted at its host path both in the container and inside the root, as
+  the Helm chart mounts it for any driver root (the GPU Operator's too); the plugin says at start
+  whether it holds.
 - Symlinks in the root are followed as they would be inside it (`resolve`): an absolute target such as
   /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.550.54.15 is under the root, not in the container.
 """

@@ -44,6 +44,7 @@ import pynvml
 from gpudra import errors, sim
 from gpudra.gpu import driver_root as roots
 from gpudra.model import inventory as records
+from gpudra.model.gpu_health import GpuConditions
 
 SPECS = ("real", *(f"sim:{profile}" for profile in sim.PROFILES))
 
@@ -225,19 +226,43 @@ def connect(spec: str = "real", *, state_file: Path | None = None, driver_root: 
         raise
 
 
-_WATCHED_EVENTS = pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError
+# Event kinds by NVML type. Not watched: clock and PState changes (NVML documents them for Kepler only)
+# and power source changes (AC/battery); what holds the clocks down is read at each poll instead
+# (`gpu_conditions`).
+XID, DOUBLE_BIT_ECC, SINGLE_BIT_ECC, MIG_CONFIG_CHANGE = (
+    "xid",
+    "double_bit_ecc",
+    "single_bit_ecc",
+    "mig_config_change",
+)
+_EVENT_KINDS = {
+    pynvml.nvmlEventTypeXidCriticalError: XID,
+    pynvml.nvmlEventTypeDoubleBitEccError: DOUBLE_BIT_ECC,
+    pynvml.nvmlEventTypeSingleBitEccError: SINGLE_BIT_ECC,
+    pynvml.nvmlEventMigConfigChange: MIG_CONFIG_CHANGE,
+}
+_WATCHED_EVENTS = sum(_EVENT_KINDS)
 _NO_INSTANCE = 0xFFFFFFFF  # NVML's "not available" in an event's GPU or compute instance ID
+_CLOCK_SLOWDOWNS = {  # nvmlClocksEventReason bit -> the name gpudra reports it by (GpuConditions)
+    pynvml.nvmlClocksEventReasonSwPowerCap: "sw_power_cap",
+    pynvml.nvmlClocksEventReasonHwSlowdown: "hw_slowdown",
+    pynvml.nvmlClocksEventReasonSwThermalSlowdown: "sw_thermal_slowdown",
+    pynvml.nvmlClocksEventReasonHwThermalSlowdown: "hw_thermal_slowdown",
+    pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown: "hw_power_brake_slowdown",
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class GpuEvent:
-    """One health event: an XID, or a double-bit ECC error (`xid` None), on a GPU or one of its
-    instances (IDs None when NVML could not attribute it)."""
+    """One event on a GPU or one of its instances (IDs None when NVML could not attribute it): an XID
+    (`xid` set), a double-bit ECC error — the faults — or a single-bit ECC error or a MIG configuration
+    change, which are only counted (`kind`)."""
 
     gpu_uuid: str
     xid: int | None
     gpu_instance_id: int | None
     compute_instance_id: int | None
+    kind: str = XID
 
 
 class EventWatch:
@@ -274,18 +299,16 @@ class EventWatch:
         uuid = self._handles.get(ctypes.cast(data.device, ctypes.c_void_p).value or 0)
         if uuid is None:
             uuid = _call(pynvml.nvmlDeviceGetUUID, data.device, gpu="of an event")
-        if data.eventType == pynvml.nvmlEventTypeXidCriticalError:
-            xid: int | None = int(data.eventData)
-        elif data.eventType == pynvml.nvmlEventTypeDoubleBitEccError:
-            xid = None
-        else:
+        kind = _EVENT_KINDS.get(int(data.eventType))
+        if kind is None:
             return None
         gi, ci = int(data.gpuInstanceId), int(data.computeInstanceId)
         return GpuEvent(
             gpu_uuid=uuid,
-            xid=xid,
+            xid=int(data.eventData) if kind == XID else None,
             gpu_instance_id=None if gi == _NO_INSTANCE else gi,
             compute_instance_id=None if _NO_INSTANCE in (ci, gi) else ci,
+            kind=kind,
         )
 
     def close(self) -> None:
@@ -396,6 +419,37 @@ class Nvml:
             xid_events=frozenset(xid_events),
             ecc_events=frozenset(ecc_events),
             failed=failed,
+        )
+
+    def gpu_conditions(self, *, gpu_uuid: str) -> GpuConditions:
+        """The memory repairs waiting for a reset, a failed row remapping, which NVLinks are up, and what
+        holds the clocks down: what no event reports (gpudra.model.gpu_health). Each is None where the
+        GPU does not report it: remapped rows before Ampere and on a GPU with MIG instances, pending
+        page retirement from Ampere on, links on a GPU without NVLink. Read-only."""
+        handle = self._handle(gpu_uuid)
+        absent = (pynvml.NVMLError_NotSupported,)
+        rows = _call_if_present(pynvml.nvmlDeviceGetRemappedRows, handle, gpu=gpu_uuid, absent=absent)
+        pages = _call_if_present(
+            pynvml.nvmlDeviceGetRetiredPagesPendingStatus, handle, gpu=gpu_uuid, absent=absent
+        )
+        reasons = _call_if_present(pynvml.nvmlDeviceGetCurrentClocksEventReasons, handle, gpu=gpu_uuid)
+        up: set[int] = set()
+        links = 0
+        for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+            state = _call_if_present(pynvml.nvmlDeviceGetNvLinkState, handle, link, gpu=gpu_uuid)
+            if state is None:
+                break  # links are numbered from 0: the first that does not exist ends them
+            links += 1
+            if state == pynvml.NVML_FEATURE_ENABLED:
+                up.add(link)
+        return GpuConditions(
+            row_remap_pending=None if rows is None else bool(rows[2]),
+            row_remap_failed=None if rows is None else bool(rows[3]),
+            retired_pages_pending=None if pages is None else pages == pynvml.NVML_FEATURE_ENABLED,
+            nvlinks_up=frozenset(up) if links else None,
+            clock_slowdowns=None
+            if reasons is None
+            else frozenset(name for bit, name in _CLOCK_SLOWDOWNS.items() if reasons & bit),
         )
 
     def uncorrected_ecc_errors(self, *, gpu_uuid: str) -> int | None:

@@ -13,9 +13,10 @@ With a driver root other than `/` (`--driver-root`, see `gpudra.gpu.driver_root`
 root's, found in its bin directories and run as `chroot <root> <tool> ...`, since they are linked against
 the libc next to them. Paths given to them then mean those paths inside the root: the MPS pipe and log
 directories (in the plugin's state directory) must be the same writable directories there, which holds
-when the root is the host's `/` and the state directory is mounted at its host path, as the Helm chart
-does. Where they are not, an MPS command fails with a HardwareError that says so and names
---driver-root, instead of starting a daemon whose pipe the plugin and its containers cannot reach.
+when the state directory is mounted at its host path in the container and inside the root, as the Helm
+chart does for any driver root. Where they are not, an MPS command fails with a HardwareError that says
+so and names --driver-root, instead of starting a daemon whose pipe the plugin and its containers cannot
+reach.
 """
 
 from __future__ import annotations

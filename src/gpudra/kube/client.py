@@ -28,7 +28,8 @@ import re
 import socket
 import ssl
 import threading
-from collections.abc import Callable, Iterator
+import warnings
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from typing import Any, cast
 from urllib.parse import quote
@@ -133,10 +134,42 @@ def _transport_message(what: str, err: BaseException) -> str:
     return f"{what}: {reason} ({names}{': ' + detail if detail else ''})"
 
 
-def _http_error(what: str, status: int | None, reason: object) -> ClusterError:
-    """The error for an HTTP error status: 404 `NotFound`, 409 `Conflict`, else `ClusterError`."""
+# The API server's own words on a refusal (a Status's message: which field is invalid and why), kept to
+# one line of this many printable characters.
+MAX_STATUS_MESSAGE = 300
+
+
+def status_message(body: bytes | str | None) -> str:
+    """The `message` of the metav1.Status an API server sends with an error status, on one line of at
+    most MAX_STATUS_MESSAGE printable characters; "" when the body is no Status (bounded decoding)."""
+    if not body:
+        return ""
+    try:
+        text = body.decode() if isinstance(body, bytes) else body
+        if len(text) > bounded_json.MAX_CHARS:
+            return ""
+        document = bounded_json.decode(text, bounded_json.ONE)
+    except (bounded_json.Unreadable, ValueError):
+        return ""
+    # Only the API server's Status: a proxy or load balancer in between answers in its own words, which
+    # may name addresses.
+    if not isinstance(document, dict) or document.get("kind") != "Status":
+        return ""
+    message = document.get("message")
+    if not isinstance(message, str):
+        return ""
+    line = " ".join("".join(ch if ch.isprintable() else " " for ch in message).split())
+    return line if len(line) <= MAX_STATUS_MESSAGE else line[: MAX_STATUS_MESSAGE - 1] + "…"
+
+
+def _http_error(
+    what: str, status: int | None, reason: object, body: bytes | str | None = None
+) -> ClusterError:
+    """The error for an HTTP error status: 404 `NotFound`, 409 `Conflict`, else `ClusterError`; with the
+    API server's message when it sent one (a 422 says which field it refused)."""
     kind = {404: NotFound, 409: Conflict}.get(int(status or 0), ClusterError)
-    return kind(f"{what}: HTTP {status} {reason}")
+    message = status_message(body)
+    return kind(f"{what}: HTTP {status} {reason}" + (f": {message}" if message else ""))
 
 
 @contextmanager
@@ -146,16 +179,38 @@ def _api_errors(what: str) -> Iterator[None]:
     try:
         yield
     except ApiException as err:
-        raise _http_error(what, err.status, err.reason) from err
+        raise _http_error(what, err.status, err.reason, err.body) from err
     except config.ConfigException as err:  # kubeconfig or service account unusable, exec plugin failed
         raise ClusterError(f"{what}: invalid cluster credentials: {err}") from err
     except _TRANSPORT_ERRORS as err:
         raise ClusterError(_transport_message(what, err)) from err
 
 
+class _NoAddresses(logging.Filter):
+    """urllib3's own log lines carry the API server's host, port and URL in their arguments: the line is
+    kept, its arguments blanked, as gpudra's own messages never name the address."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple("…" for _ in record.args)
+        elif isinstance(record.args, Mapping):
+            record.args = {key: "…" for key in record.args}
+        return True
+
+
+def _quiet_transport() -> None:
+    """Blanks the arguments of every urllib3 logger's lines (a logger's filters see only its own
+    records, so each gets one), once."""
+    for name in [n for n in logging.Logger.manager.loggerDict if n == "urllib3" or n.startswith("urllib3.")]:
+        found = logging.getLogger(name)
+        if not any(isinstance(f, _NoAddresses) for f in found.filters):
+            found.addFilter(_NoAddresses())
+
+
 def connect(kubeconfig: str | None) -> client.ApiClient:
     """An API client from a kubeconfig file, or the in-cluster service account when none is given;
     it never retries a call (NO_RETRIES)."""
+    _quiet_transport()
     configuration = client.Configuration()
     configuration.retries = NO_RETRIES  # read when the client makes its connection pools, below
     with _api_errors("loading cluster credentials"):
@@ -163,6 +218,13 @@ def connect(kubeconfig: str | None) -> client.ApiClient:
             config.load_kube_config(kubeconfig, client_configuration=configuration)
         else:
             config.load_incluster_config(client_configuration=configuration)
+    if not configuration.verify_ssl:
+        # urllib3 would warn on every request, naming the host; said once here instead.
+        warnings.filterwarnings("ignore", category=urllib3.exceptions.InsecureRequestWarning)
+        log.warning(
+            "the kubeconfig turns TLS verification off (insecure-skip-tls-verify): "
+            "the API server's identity is not checked"
+        )
     api = client.ApiClient(configuration)
     # Both loaders' token hooks assign the server's address again before every request, and each
     # assignment makes the client's Configuration look up the proxy in the environment anew (getproxies()
@@ -416,7 +478,7 @@ class Kube:
             response = self._send(method, path, query=query_params, body=body, content_type=content_type)
             data = response.read()
         if not 200 <= int(response.status) <= 299:
-            raise _http_error(what, response.status, response.reason)
+            raise _http_error(what, response.status, response.reason, data)
         return _decoded(what, data, shape)
 
     def server_minor(self) -> int:

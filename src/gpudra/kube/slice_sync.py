@@ -306,11 +306,21 @@ class SliceController:
         if self._watch_from is None:
             # A LIST gives the version to watch from, and shows what changed while no watch ran: a
             # deletion then leaves nothing that a later watch could report.
+            with self._writing:
+                before = set(self._echoes)
             existing, self._watch_from = self.kube.list_slices(driver=self.driver, node_name=self.node_name)
             with self._writing:
-                # Fresh from the API server: it holds every write made so far, echoed or not.
                 self._seen = {s["metadata"]["name"]: s for s in existing}
-                self._echoes.clear()
+                # The LIST holds every write finished before it began. A write that finished while it
+                # ran may be in it or not (the LIST is not under the lock, to keep writes unblocked):
+                # its echo stays pending unless the LIST shows exactly that write, so the picture is not
+                # used until the watch (which starts from the LIST's version) brings it.
+                listed = {name: s["metadata"].get("resourceVersion") for name, s in self._seen.items()}
+                self._echoes = {
+                    (name, version)
+                    for name, version in self._echoes - before
+                    if (name in listed if version is None else listed.get(name) != version)
+                }
             if not self._matches(existing):
                 self.loop.wake()
             return 0.0

@@ -109,12 +109,17 @@ def device_idleness(claim: Claim, *, driver: str) -> dict[DeviceKey, Idleness]:
 def idle_since(claim: Claim, *, driver: str) -> dict[tuple[str, str], datetime]:
     """(pool, device) -> the start of the current idle streak, for each of `driver`'s devices of the
     claim that is Idle=True. A device shared within the claim under several share IDs reports the
-    same GPU for each; the longest streak is kept."""
+    same GPU for each; the longest streak is kept.
+
+    The start is the node's clock, written by the plugin; a node clock that runs behind would date it
+    before the claim existed. It is bounded by the claim's creation time, which the API server's clock
+    stamped: no device is idle for longer than its claim has existed."""
     since: dict[tuple[str, str], datetime] = {}
     for (pool, device, _), idleness in device_idleness(claim, driver=driver).items():
         if idleness.status == "True":
             key = (pool, device)
-            since[key] = min(since.get(key, idleness.since), idleness.since)
+            start = idleness.since if claim.created is None else max(idleness.since, claim.created)
+            since[key] = min(since.get(key, start), start)
     return since
 
 

@@ -27,6 +27,17 @@ it its shared device and every partition of it. A mark is lifted (`expire`, `obs
   the GPU is fine. A value that was there before the fault never clears it, so a stale annotation
   cannot hide a new fault;
 - (`recoverable`) `clean_seconds` passed since its last fault.
+
+Besides events, each health poll reads conditions that no event reports (`GpuConditions`): a row
+remapping pending (Ampere and later) or a page retirement pending (before Ampere) — memory the driver
+repairs only at the next reset — a row remapping that failed, and an NVLink that was up and is down.
+Each is a fault of the `reset` class when it appears (`condition_fault`), named by its own reason
+(`RowRemapPending`, `RetiredPagesPending`, `RowRemapFailure`, `NvLinkDown`). Besides the rules above,
+a condition's mark is lifted when a later poll reads the condition gone and no other fault hit the GPU
+since (`observe_cleared`): a pending repair is applied only by a reset, and a link trains again only
+after one. A failed remapping never reads gone (NVML keeps it across resets) and an observed reset does
+not lift it: only the annotation or a reboot does, and it comes back at the next boot — the GPU needs
+replacing.
 """
 
 from __future__ import annotations
@@ -148,17 +159,23 @@ class Fault:
 
     gpu_uuid: str
     device: str | None  # the partition device a GPU instance's fault hit; None: the whole GPU
-    xid: int | None  # None for a double-bit ECC event
+    xid: int | None  # None for a double-bit ECC event and for a polled condition
     xid_class: XidClass
+    condition: str | None = None  # a polled condition's reason (CONDITIONS)
+    detail: str = ""  # a polled condition, for people
 
     @property
     def reason(self) -> str:
-        """The taint's value: `Xid79`, `DoubleBitEcc`."""
+        """The taint's value: `Xid79`, `DoubleBitEcc`, `RowRemapPending`."""
+        if self.condition is not None:
+            return self.condition
         return DOUBLE_BIT_ECC if self.xid is None else f"Xid{self.xid}"
 
     @property
     def what(self) -> str:
         """For people: "XID 79 (GPU has fallen off the bus)", "a double-bit ECC error"."""
+        if self.condition is not None:
+            return self.detail
         if self.xid is None:
             return "a double-bit ECC error"
         name = _DEFAULT_WHAT.get(self.xid)
@@ -176,6 +193,95 @@ def classify_xid(classification: Classification, *, gpu_uuid: str, device: str |
 
 def double_bit_ecc(*, gpu_uuid: str, device: str | None) -> Fault:
     return Fault(gpu_uuid=gpu_uuid, device=device, xid=None, xid_class=XidClass.RESET)
+
+
+# --- polled conditions ---------------------------------------------------------------------------
+
+ROW_REMAP_PENDING = "RowRemapPending"
+ROW_REMAP_FAILURE = "RowRemapFailure"
+RETIRED_PAGES_PENDING = "RetiredPagesPending"
+NVLINK_DOWN = "NvLinkDown"
+CONDITIONS = (ROW_REMAP_PENDING, ROW_REMAP_FAILURE, RETIRED_PAGES_PENDING, NVLINK_DOWN)
+# What may hold a GPU's clocks down, as gpudra names NVML's clocks event reasons (GpuConditions).
+CLOCK_SLOWDOWNS = (
+    "sw_power_cap",
+    "hw_slowdown",
+    "sw_thermal_slowdown",
+    "hw_thermal_slowdown",
+    "hw_power_brake_slowdown",
+)
+_CLEARED_WHY = {
+    ROW_REMAP_PENDING: "the pending row remapping was applied: the GPU was reset",
+    RETIRED_PAGES_PENDING: "the pending page retirement was applied: the GPU was reset",
+    NVLINK_DOWN: "every NVLink that was up is up again",
+}
+
+
+@dataclass(frozen=True)
+class GpuConditions:
+    """One poll's reading of a GPU's memory repairs and NVLinks (`Nvml.gpu_conditions`); None where the
+    GPU does not report it (the architecture has no such thing, MIG instances hide the remapped rows,
+    the GPU has no NVLink)."""
+
+    row_remap_pending: bool | None = None
+    row_remap_failed: bool | None = None
+    retired_pages_pending: bool | None = None
+    nvlinks_up: frozenset[int] | None = None
+    # What holds the clocks down now (power cap, thermal or hardware slowdown): shown, never a fault
+    # (a hot or power-capped GPU is slow, not broken).
+    clock_slowdowns: frozenset[str] | None = None
+
+    def reported(self) -> set[str]:
+        """The conditions this reading can tell present or absent."""
+        fields = {
+            ROW_REMAP_PENDING: self.row_remap_pending,
+            ROW_REMAP_FAILURE: self.row_remap_failed,
+            RETIRED_PAGES_PENDING: self.retired_pages_pending,
+            NVLINK_DOWN: self.nvlinks_up,
+        }
+        return {reason for reason, value in fields.items() if value is not None}
+
+    def present(self, links_expected: Iterable[int]) -> dict[str, str]:
+        """Condition -> what it is, for people; `links_expected`: the links seen up before."""
+        found = {}
+        if self.row_remap_pending:
+            found[ROW_REMAP_PENDING] = "a row remapping is pending: the GPU needs a reset to apply it"
+        if self.row_remap_failed:
+            found[ROW_REMAP_FAILURE] = "a row remapping failed: the GPU's memory cannot be repaired"
+        if self.retired_pages_pending:
+            found[RETIRED_PAGES_PENDING] = "a page retirement is pending: the GPU needs a reset to apply it"
+        if self.nvlinks_up is not None:
+            down = sorted(set(links_expected) - self.nvlinks_up)
+            if down:
+                found[NVLINK_DOWN] = f"NVLink {', '.join(map(str, down))} down (was up)"
+        return found
+
+
+def condition_fault(*, gpu_uuid: str, condition: str, what: str) -> Fault:
+    return Fault(
+        gpu_uuid=gpu_uuid, device=None, xid=None, xid_class=XidClass.RESET, condition=condition, detail=what
+    )
+
+
+def observe_cleared(
+    marks: Mapping[tuple[str, str | None], Mark], cleared: Mapping[str, Iterable[str]]
+) -> tuple[Marks, list[Lifted]]:
+    """After a poll: `cleared` names per GPU the conditions read present before and absent now. The
+    GPU's mark is lifted when a cleared condition made it and no fault came after it."""
+    kept: Marks = {}
+    lifted = []
+    for key, mark in marks.items():
+        gone = set(cleared.get(mark.gpu_uuid, ()))
+        if (
+            mark.device is None
+            and mark.reason in gone
+            and mark.reason in _CLEARED_WHY
+            and mark.last_seen == mark.first_seen
+        ):
+            lifted.append(Lifted(mark, _CLEARED_WHY[mark.reason]))
+        else:
+            kept[key] = mark
+    return kept, lifted
 
 
 @dataclass(frozen=True)
@@ -262,7 +368,7 @@ def observe_reachable(
         answered = reachable.get(mark.gpu_uuid)
         if answered is False and not mark.unreachable_seen:
             kept[key] = dataclasses.replace(mark, unreachable_seen=True)
-        elif answered and mark.unreachable_seen:
+        elif answered and mark.unreachable_seen and mark.reason != ROW_REMAP_FAILURE:  # a reset keeps it
             lifted.append(Lifted(mark, "a GPU reset was observed: it was unreachable and answers again"))
         else:
             kept[key] = mark

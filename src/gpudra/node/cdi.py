@@ -50,6 +50,7 @@ import json
 import logging
 import os
 import re
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePath, PurePosixPath
@@ -309,12 +310,42 @@ def _file_error(action: str, path: Path, cdi_root: Path, err: OSError) -> Gpudra
     )
 
 
+# A claim spec of 8 GPUs with every MIG partition of each is a few KiB; anything this big is not gpudra's.
+MAX_SPEC_BYTES = 1024 * 1024
+
+
 def read_spec(path: Path) -> CdiSpec:
-    """A claim spec gpudra wrote; GpudraError when it cannot be read or is not one."""
+    """A claim spec gpudra wrote; GpudraError when it cannot be read or is not one.
+
+    The rebuild after a lost checkpoint holds GPUs for the claims these specs name, so only a spec this
+    process's user could have written is read: a regular file (not followed through a symlink) owned by
+    it, writable by no one else, of a bounded size. A spec planted by another user (a CDI directory
+    shared with something else) is refused with the reason."""
     try:
-        return CdiSpec.model_validate_json(path.read_bytes())
-    except (OSError, ValidationError) as err:
-        raise GpudraError(f"CDI spec {path} cannot be read: {err}") from err
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as err:
+        raise GpudraError(f"CDI spec {path} cannot be read: {err.strerror or err}") from err
+    with os.fdopen(fd, "rb") as file:
+        found = os.fstat(file.fileno())
+        problem = _not_ours(found)
+        if problem:
+            raise GpudraError(f"CDI spec {path} is not one gpudra wrote: {problem}")
+        try:
+            return CdiSpec.model_validate_json(file.read(MAX_SPEC_BYTES + 1))
+        except (OSError, ValidationError) as err:
+            raise GpudraError(f"CDI spec {path} cannot be read: {err}") from err
+
+
+def _not_ours(found: os.stat_result) -> str | None:
+    if not stat.S_ISREG(found.st_mode):
+        return "not a regular file"
+    if found.st_uid != os.geteuid():
+        return f"owned by uid {found.st_uid}, not {os.geteuid()}"
+    if found.st_mode & 0o022:
+        return f"mode {stat.S_IMODE(found.st_mode):04o}: writable by others"
+    if found.st_size > MAX_SPEC_BYTES:
+        return f"{found.st_size} bytes, more than {MAX_SPEC_BYTES}"
+    return None
 
 
 def list_claim_specs(cdi_root: Path, *, driver: str) -> dict[str, Path]:
@@ -327,7 +358,11 @@ def list_claim_specs(cdi_root: Path, *, driver: str) -> dict[str, Path]:
         return {}
     specs: dict[str, Path] = {}
     for entry in entries:
-        if not (entry.name.startswith(prefix) and entry.name.endswith(".json") and entry.is_file()):
+        if not (
+            entry.name.startswith(prefix)
+            and entry.name.endswith(".json")
+            and entry.is_file(follow_symlinks=False)
+        ):
             continue
         claim_uid = entry.name[len(prefix) : -len(".json")]
         if _DEVICE_NAME.fullmatch(claim_uid):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 
+from gpudra.node import state_dir
 from gpudra.node.kubelet_grpc import KubeletServer
 from gpudra.node.options import Options
 
@@ -19,7 +20,7 @@ STOP_TIMEOUT_SECONDS = 5.0
 
 
 def run(options: Options, *, stop: threading.Event) -> None:
-    options.state_dir.mkdir(parents=True, exist_ok=True)
+    state_dir.ensure(options.state_dir)
     server = KubeletServer(
         driver=options.driver,
         registry_dir=options.registry_dir,

@@ -8,7 +8,8 @@ feeds them:
   step, so that stop is prompt) and records each fault: a tainting one is logged, posted as a
   `GpuFault` Warning event on the Node naming the GPU (or partition), the XID and the claims holding
   it, and the health monitor is woken to republish; every XID is counted
-  (`gpudra_gpu_xid_errors_total{gpu,xid}`). A fault naming a GPU instance marks that partition: the
+  (`gpudra_gpu_xid_errors_total{gpu,xid}`). Single-bit ECC and MIG configuration change events are
+  counted only (`gpudra_gpu_events_total{gpu,type}`). A fault naming a GPU instance marks that partition: the
   published device at the instance's profile and placement;
 - GPUs that offer no XID or double-bit ECC events (NOT_SUPPORTED: some VMs and vGPU guests) are said
   once in the log and as a `GpuEventsUnsupported` Node event; the health monitor's poll still finds a
@@ -16,6 +17,11 @@ feeds them:
   error is found there too, a poll later;
 - the health monitor's poll hands over which GPUs answered (`observe_probe`), which lifts reset marks
   of GPUs seen unreachable and back, and expires recoverable marks and those of an earlier boot;
+- the poll also hands over each answering GPU's conditions (`GpuConditions`: memory repairs waiting
+  for a reset, a failed row remapping, NVLinks down): a condition that appears is recorded as a fault
+  of its own reason, one that is read gone lifts the mark it made (`gpu_health.observe_cleared`), and
+  `gpudra_gpu_condition{gpu,condition}` shows each. The links up at the first reading of a boot are
+  the ones expected up (a board may leave links unused);
 - the `health-clear` loop reads the Node's `gpudra.io/clear-health` annotation every
   `ANNOTATION_SECONDS` while a mark exists (no request otherwise; a new fault wakes it).
 
@@ -38,12 +44,13 @@ from gpudra.atomic_file import write_atomically
 from gpudra.errors import GpudraError
 from gpudra.model import gpu_health
 from gpudra.model.devices import SHARED_ATTRIBUTE, UNHEALTHY_TAINT_KEY, Device, gpu_uuid_of, partition_of
-from gpudra.model.gpu_health import Classification, Fault, Lifted, Mark, Marks, XidClass
+from gpudra.model.gpu_health import Classification, Fault, GpuConditions, Lifted, Mark, Marks, XidClass
 from gpudra.model.inventory import MigDevice
 from gpudra.service import Loop
 
 log = logging.getLogger(__name__)
 
+DOUBLE_BIT_ECC_EVENT = "double_bit_ecc"  # gpudra.gpu.nvml.DOUBLE_BIT_ECC: the kind of event that is a fault
 WAIT_SECONDS = 1.0  # one wait on the event set: how long a stop may wait for the loop
 ANNOTATION_SECONDS = 10.0
 RETRY_SECONDS = 60.0  # GPUs whose registration failed (lost at the time) are tried again this often
@@ -85,6 +92,12 @@ class FaultMetrics(Protocol):
     def count_double_bit_ecc(self, gpu: str) -> None: ...
 
     def set_events_monitored(self, gpu: str, monitored: bool) -> None: ...
+
+    def set_condition(self, gpu: str, condition: str, present: bool) -> None: ...
+
+    def count_event(self, gpu: str, kind: str) -> None: ...
+
+    def set_clock_slowdowns(self, gpu: str, reasons: frozenset[str]) -> None: ...
 
 
 class GpuFaults:
@@ -130,7 +143,7 @@ class GpuFaults:
         self._annotation_interval = annotation_interval
         self._clock = clock
         self._lock = threading.Lock()
-        self._marks, self._ecc_counts = self._load()
+        self._marks, self._ecc_counts, self._conditions, self._links = self._load()
         self._subscribers: list[Callable[[], None]] = []
         self._session: EventSession | None = None
         self._watch: EventWatch | None = None
@@ -175,10 +188,10 @@ class GpuFaults:
     def record(self, fault: Fault) -> None:
         """One fault: counted, and marked unless it is an application error."""
         gpu = self._names.get(fault.gpu_uuid, fault.gpu_uuid)
-        if fault.xid is None:
-            self._metrics.count_double_bit_ecc(gpu)
-        else:
+        if fault.xid is not None:
             self._metrics.count_xid(gpu, fault.xid)
+        elif fault.condition is None:
+            self._metrics.count_double_bit_ecc(gpu)
         target = gpu_health.target(fault.gpu_uuid, fault.device)
         if fault.xid_class == XidClass.IGNORE:
             log.info("application error on a GPU", extra={"gpu": fault.gpu_uuid, "xid": fault.xid})
@@ -213,11 +226,17 @@ class GpuFaults:
         self._changed()
         self.clear_loop.wake()
 
-    def observe_probe(self, reachable: Mapping[str, bool], ecc_counts: Mapping[str, int]) -> None:
-        """After a health poll: which GPUs answered (absent: could not be probed), and the uncorrected
-        ECC counts of the GPUs in `ecc_polled()` that report one. A count above the last one read is a
-        double-bit error no event reported. Then marks of an earlier boot and quiet recoverable ones
-        are lifted."""
+    def observe_probe(
+        self,
+        reachable: Mapping[str, bool],
+        ecc_counts: Mapping[str, int],
+        conditions: Mapping[str, GpuConditions] | None = None,
+    ) -> None:
+        """After a health poll: which GPUs answered (absent: could not be probed), the uncorrected
+        ECC counts of the GPUs in `ecc_polled()` that report one (a count above the last one read is a
+        double-bit error no event reported), and the conditions read on the GPUs that answered. Then
+        marks of an earlier boot, quiet recoverable ones and those of conditions gone are lifted."""
+        cleared = self._observe_conditions(conditions or {})
         for gpu, count in ecc_counts.items():
             with self._lock:
                 before = self._ecc_counts.get(gpu)
@@ -229,13 +248,42 @@ class GpuFaults:
         now = self._clock()
 
         def rule(marks: Marks) -> tuple[Marks, list[Lifted]]:
-            kept, reset = gpu_health.observe_reachable(marks, reachable)
+            kept, gone = gpu_health.observe_cleared(marks, cleared)
+            kept, reset = gpu_health.observe_reachable(kept, reachable)
             kept, expired = gpu_health.expire(
                 kept, now=now, boot_id=self._boot_id, clean_seconds=self.clean_seconds
             )
-            return kept, reset + expired
+            return kept, gone + reset + expired
 
         self._apply(rule)
+
+    def _observe_conditions(self, conditions: Mapping[str, GpuConditions]) -> dict[str, set[str]]:
+        """Records each condition that appeared as a fault; the conditions read gone, per GPU."""
+        cleared: dict[str, set[str]] = {}
+        for gpu, reading in conditions.items():
+            with self._lock:
+                known = self._links.get(gpu)
+                if reading.nvlinks_up is not None:  # links that trained later are expected from then on
+                    self._links[gpu] = sorted(set(known or ()) | reading.nvlinks_up)
+                present = reading.present(self._links.get(gpu, ()))
+                reported = reading.reported()
+                before = set(self._conditions.get(gpu, ()))
+                now = (before - reported) | set(present)
+                self._conditions[gpu] = sorted(now)
+                if now != before or self._links.get(gpu) != known:
+                    self._save()
+            name = self._names.get(gpu, gpu)
+            if reading.clock_slowdowns is not None:
+                self._metrics.set_clock_slowdowns(name, reading.clock_slowdowns)
+            for condition in sorted(reported):
+                self._metrics.set_condition(name, condition, condition in now)
+            for condition in sorted(set(present) - before):
+                self.record(
+                    gpu_health.condition_fault(gpu_uuid=gpu, condition=condition, what=present[condition])
+                )
+            if gone := (before & reported) - now:
+                cleared[gpu] = gone
+        return cleared
 
     # --- the event loop ------------------------------------------------------------------------
 
@@ -246,8 +294,13 @@ class GpuFaults:
         if not (watch.xid_events or watch.ecc_events or watch.failed):
             return IDLE_SECONDS  # nothing offers events: the poll does it all
         event = watch.wait(WAIT_SECONDS)
-        if event is not None:
+        if event is None:
+            return 0
+        if event.xid is not None or event.kind == DOUBLE_BIT_ECC_EVENT:
             self.record(self._fault(event))
+        else:  # a corrected ECC error, a MIG configuration change (gpudra's own too): counted only
+            self._metrics.count_event(self._names.get(event.gpu_uuid, event.gpu_uuid), event.kind)
+            log.debug("GPU event", extra={"gpu": event.gpu_uuid, "event": event.kind})
         return 0
 
     def _open_watch(self) -> EventWatch:
@@ -350,24 +403,32 @@ class GpuFaults:
         for subscriber in self._subscribers:
             subscriber()
 
-    def _load(self) -> tuple[Marks, dict[str, int]]:
+    def _load(self) -> tuple[Marks, dict[str, int], dict[str, list[str]], dict[str, list[int]]]:
+        """The marks; per boot, the ECC counts, the conditions present and the links expected up."""
         try:
             data = json.loads(self._file.read_text())
             if data.get("version") != FILE_VERSION:
                 raise ValueError(f"version {data.get('version')!r}, not {FILE_VERSION}")
             marks = [Mark(**{**m, "xid_class": XidClass(m["xid_class"])}) for m in data["marks"]]
             counts = {str(k): int(v) for k, v in data.get("ecc_counts", {}).items()}
+            conditions = {
+                str(k): [str(c) for c in v if c in gpu_health.CONDITIONS]
+                for k, v in data.get("conditions", {}).items()
+            }
+            links = {str(k): sorted(int(n) for n in v) for k, v in data.get("nvlinks_expected", {}).items()}
             if data.get("boot_id") != self._boot_id:
-                counts = {}  # the driver's volatile counts start again at every boot
+                # The driver's volatile counts start again at every boot, links train again, and a
+                # condition still there is found again by the first poll.
+                counts, conditions, links = {}, {}, {}
         except FileNotFoundError:
-            return {}, {}
+            return {}, {}, {}, {}
         except (OSError, ValueError, TypeError, KeyError, AttributeError) as err:
             log.error(
                 "GPU health file unreadable; starting without faults",
                 extra={"path": str(self._file), "error": str(err)},
             )
-            return {}, {}
-        return {m.key: m for m in marks}, counts
+            return {}, {}, {}, {}
+        return {m.key: m for m in marks}, counts, conditions, links
 
     def _save(self) -> None:
         """Called under the lock; a failed write is logged: the marks in memory still hold."""
@@ -376,6 +437,8 @@ class GpuFaults:
             "boot_id": self._boot_id,
             "marks": [dataclasses.asdict(m) for m in self._marks.values()],
             "ecc_counts": self._ecc_counts,
+            "conditions": self._conditions,
+            "nvlinks_expected": self._links,
         }
         try:
             write_atomically(self._file, json.dumps(content, indent=1).encode(), mode=0o644)

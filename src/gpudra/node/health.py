@@ -36,7 +36,7 @@ from typing import Protocol
 
 from gpudra.errors import GpudraError
 from gpudra.model.devices import Device, DeviceTaint, gpu_uuid_of
-from gpudra.model.gpu_health import Mark, XidClass, device_taints
+from gpudra.model.gpu_health import GpuConditions, Mark, XidClass, device_taints
 from gpudra.model.inventory import MigDevice
 from gpudra.node.gpu_faults import GpuFaults
 from gpudra.service import Loop
@@ -89,6 +89,8 @@ class GpuProbe(Protocol):
     def mig_devices(self, *, gpu_uuid: str) -> tuple[MigDevice, ...]: ...
 
     def uncorrected_ecc_errors(self, *, gpu_uuid: str) -> int | None: ...
+
+    def gpu_conditions(self, *, gpu_uuid: str) -> GpuConditions: ...
 
     def close(self) -> None: ...
 
@@ -259,7 +261,7 @@ class HealthMonitor:
                 if now.health != Health.UNKNOWN
             }
             counts = self._ecc_counts(self._session, self._faults.ecc_polled(), reachable)
-            self._faults.observe_probe(reachable, counts)
+            self._faults.observe_probe(reachable, counts, self._conditions(self._session, reachable))
         self._publish(gpus, vanished)
         return self.interval
 
@@ -279,6 +281,20 @@ class HealthMonitor:
             if count is not None:
                 counts[gpu_uuid] = count
         return counts
+
+    def _conditions(
+        self, session: GpuProbe | None, reachable: Mapping[str, bool]
+    ) -> dict[str, GpuConditions]:
+        """The memory-repair and NVLink conditions of the GPUs that answered."""
+        found: dict[str, GpuConditions] = {}
+        for gpu_uuid, answered in reachable.items():
+            if session is None or not answered:
+                continue
+            try:
+                found[gpu_uuid] = session.gpu_conditions(gpu_uuid=gpu_uuid)
+            except Exception as err:
+                _log_failure("reading GPU conditions for health checks failed", err, gpu=gpu_uuid)
+        return found
 
     def _vanished(self, session: GpuProbe, gpus: Mapping[str, GpuHealth]) -> dict[str, str]:
         partitions = {n: u for n, u in self._partitions().items() if n in self._device_gpus}

@@ -19,6 +19,7 @@ from gpudra.metrics import (
     Histogram,
     Metric,
 )
+from gpudra.model.gpu_health import CLOCK_SLOWDOWNS
 from gpudra.model.publishing import WITHHELD_FORMS
 from gpudra.node.sharing.mps_daemons import TAMPERING_KINDS
 
@@ -132,6 +133,29 @@ class PluginMetrics(DaemonMetrics):
             ["gpu"],
             registry=self.registry,
         )
+        self.gpu_condition = Gauge(
+            "gpudra_gpu_condition",
+            "1 while the health poll reads the condition on the GPU, 0 when it reads it absent: "
+            "RowRemapPending, RetiredPagesPending (a memory repair waits for a reset), RowRemapFailure, "
+            "NvLinkDown (a link that was up is down). Only the conditions the GPU reports.",
+            ["gpu", "condition"],
+            registry=self.registry,
+        )
+        self.gpu_events = Counter(
+            "gpudra_gpu_events",
+            "NVML events that are not faults, by GPU and type: single_bit_ecc (a corrected ECC error), "
+            "mig_config_change (MIG instances made or destroyed, by gpudra or anyone).",
+            ["gpu", "type"],
+            registry=self.registry,
+        )
+        self.clock_slowdown = Gauge(
+            "gpudra_gpu_clock_slowdown",
+            "1 while the reason holds the GPU's clocks down at the health poll (NVML's clocks event "
+            "reasons): sw_power_cap, hw_slowdown, sw_thermal_slowdown, hw_thermal_slowdown, "
+            "hw_power_brake_slowdown. Never a fault.",
+            ["gpu", "reason"],
+            registry=self.registry,
+        )
 
     def count_xid(self, gpu: str, xid: int) -> None:
         self.xid_errors.labels(gpu, str(xid)).inc()
@@ -141,6 +165,16 @@ class PluginMetrics(DaemonMetrics):
 
     def set_events_monitored(self, gpu: str, monitored: bool) -> None:
         self.events_monitored.labels(gpu).set(1 if monitored else 0)
+
+    def set_condition(self, gpu: str, condition: str, present: bool) -> None:
+        self.gpu_condition.labels(gpu, condition).set(1 if present else 0)
+
+    def count_event(self, gpu: str, kind: str) -> None:
+        self.gpu_events.labels(gpu, kind).inc()
+
+    def set_clock_slowdowns(self, gpu: str, reasons: frozenset[str]) -> None:
+        for reason in CLOCK_SLOWDOWNS:
+            self.clock_slowdown.labels(gpu, reason).set(1 if reason in reasons else 0)
 
     def observe_prepare(self, outcome: str, seconds: float) -> None:
         self.prepare_seconds.labels(outcome).observe(seconds)

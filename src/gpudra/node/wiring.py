@@ -17,7 +17,7 @@ import logging
 import threading
 
 from gpudra import build, service, sim
-from gpudra.gpu import nvml
+from gpudra.gpu import driver_root, nvml
 from gpudra.gpu.tools import GpuTools
 from gpudra.http_endpoint import Check, HttpEndpoint, loops_alive, writable_directory
 from gpudra.kube import client as kube
@@ -61,6 +61,23 @@ def _tools(options: Options) -> GpuTools:
     )
 
 
+def _log_mps_reach(options: Options) -> None:
+    """Whether the state directory, where MPS daemons keep their pipes, is the same directory inside a
+    driver root other than `/`, where the daemons run (gpudra.gpu.driver_root): said once at start, so
+    that an operator sees a missing mount before the first MPS claim fails on it."""
+    if driver_root.is_host(options.driver_root):
+        return
+    where = {"driver_root": str(options.driver_root), "state_dir": str(options.state_dir)}
+    if driver_root.shared(options.driver_root, options.state_dir):
+        log.info("the state directory is at its own path inside the driver root: MPS can run", extra=where)
+    else:
+        log.warning(
+            "the state directory is not the same writable directory inside the driver root: MPS claims "
+            "and shares will fail (mount it at <driver root><state dir>, as the Helm chart does)",
+            extra=where,
+        )
+
+
 def run(options: Options, server: KubeletServer, *, stop: threading.Event) -> None:
     """Build the plugin, hand it to `server` (started, its calls waiting), and run until `stop`."""
     log.info(
@@ -96,6 +113,7 @@ def _run(options: Options, session: nvml.Nvml, server: KubeletServer, *, stop: t
             "publishing": options.publishing.describe(),
         },
     )
+    _log_mps_reach(options)
 
     client = kube.Kube(kube.connect(options.kubeconfig))
     events = NodeEvents(client, node_name=options.node_name)

@@ -70,7 +70,40 @@ def set_gpu_lost(*, state_file: Path, gpu_uuid: str, lost: bool) -> None:
     """Like a GPU falling off the bus (XID 79) and coming back after a reset: while lost, every NVML call
     on it, its GPU and compute instances and its MIG devices answers GPU_IS_LOST."""
     with state.StateFile(state_file).update() as machine_state:
-        _gpu(machine_state, gpu_uuid)[1].lost = lost
+        gpu = _gpu(machine_state, gpu_uuid)[1]
+        gpu.lost = lost
+        if not lost:  # the reset that brought it back applied the pending repairs and retrained its links
+            gpu.row_remap_pending = gpu.retired_pages_pending = False
+            gpu.nvlinks_down = []
+
+
+MEMORY_CONDITIONS = ("row-remap-pending", "row-remap-failed", "retired-pages-pending")
+
+
+def set_memory_condition(*, state_file: Path, gpu_uuid: str, condition: str, on: bool) -> None:
+    """The driver queues a row remapping or a page retirement for the next reset (`*-pending`), or a
+    row remapping fails (`row-remap-failed`); what the GPU's architecture does not report is still
+    recorded, and NVML answers NOT_SUPPORTED for it."""
+    if condition not in MEMORY_CONDITIONS:
+        raise hardware.Refused(
+            hardware.INVALID_ARGUMENT, f"condition {condition!r}: one of {', '.join(MEMORY_CONDITIONS)}"
+        )
+    with state.StateFile(state_file).update() as machine_state:
+        setattr(_gpu(machine_state, gpu_uuid)[1], condition.replace("-", "_"), on)
+
+
+def set_nvlink_down(*, state_file: Path, gpu_uuid: str, link: int, down: bool) -> None:
+    """An NVLink of the GPU goes down (or trains again): nvmlDeviceGetNvLinkState answers 0 for it."""
+    with state.StateFile(state_file).update() as machine_state:
+        index, gpu = _gpu(machine_state, gpu_uuid)
+        links = machines.MACHINES[machine_state.machine].gpus[index].model.nvlinks
+        if not 0 <= link < links:
+            raise hardware.Refused(
+                hardware.INVALID_ARGUMENT, f"link {link}: the GPU has links 0..{links - 1}"
+            )
+        gpu.nvlinks_down = sorted(
+            (set(gpu.nvlinks_down) | {link}) if down else set(gpu.nvlinks_down) - {link}
+        )
 
 
 def raise_xid(
@@ -109,6 +142,33 @@ def raise_double_bit_ecc(*, state_file: Path, gpu_uuid: str, gpu_instance_id: in
             events.raise_event(
                 machine_state, gpu=index, type_=type_, data=data, gpu_instance_id=gpu_instance_id
             )
+
+
+def raise_single_bit_ecc(*, state_file: Path, gpu_uuid: str) -> None:
+    """A corrected (single-bit) ECC error: the driver raises a single-bit ECC event."""
+    with state.StateFile(state_file).update() as machine_state:
+        index, _ = _gpu(machine_state, gpu_uuid)
+        events.raise_event(machine_state, gpu=index, type_=machines.EVENT_SINGLE_BIT_ECC)
+
+
+CLOCK_SLOWDOWNS = {  # nvmlClocksEventReason bits, by the names gpudra's metric uses
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sw_thermal_slowdown": 0x20,
+    "hw_thermal_slowdown": 0x40,
+    "hw_power_brake_slowdown": 0x80,
+}
+
+
+def set_clock_slowdown(*, state_file: Path, gpu_uuid: str, reasons: list[str]) -> None:
+    """What holds the GPU's clocks down from now on (none: an empty list)."""
+    unknown = sorted(set(reasons) - set(CLOCK_SLOWDOWNS))
+    if unknown:
+        raise hardware.Refused(
+            hardware.INVALID_ARGUMENT, f"{', '.join(unknown)}: one of {', '.join(CLOCK_SLOWDOWNS)}"
+        )
+    with state.StateFile(state_file).update() as machine_state:
+        _gpu(machine_state, gpu_uuid)[1].clock_event_reasons = sum({CLOCK_SLOWDOWNS[r] for r in reasons})
 
 
 def _check_instance(gpu: state.Gpu, gpu_instance_id: int | None, compute_instance_id: int | None) -> None:

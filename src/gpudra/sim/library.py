@@ -352,7 +352,8 @@ class SimulatedLibrary:
     @_entry("nvmlDeviceGetNvLinkState")
     def nvlink_state(self, handle: Any, link: Any, ref: Any) -> int:
         self._link(handle, link)
-        _out(ref).value = 1
+        down = self.state_file.read().gpus[self._gpu(handle)].nvlinks_down
+        _out(ref).value = 0 if _int(link) in down else 1
         return hardware.SUCCESS
 
     @_entry("nvmlDeviceGetNvLinkRemoteDeviceType")
@@ -376,6 +377,36 @@ class SimulatedLibrary:
         index = self._gpu(handle)
         gpu = self.state_file.read().gpus[index]
         _out(ref).value = gpu.ecc_uncorrected if _int(error_type) == _ECC_UNCORRECTED else 0
+        return hardware.SUCCESS
+
+    @_entry("nvmlDeviceGetRemappedRows")
+    def remapped_rows(self, handle: Any, corrected: Any, uncorrected: Any, pending: Any, failed: Any) -> int:
+        """Ampere and later; NOT_SUPPORTED before, and on a MIG-enabled GPU with instances (as NVML's
+        documentation says). Counts of remapped rows are not simulated (0)."""
+        index = self._gpu(handle)
+        gpu = self.state_file.read().gpus[index]
+        if self.machine.gpus[index].model.architecture < machines.ARCH_AMPERE:
+            raise Refused(hardware.NOT_SUPPORTED, "row remapping starts with Ampere")
+        if gpu.mig_mode and gpu.gpu_instances:
+            raise Refused(hardware.NOT_SUPPORTED, "remapped rows are not reported while MIG instances exist")
+        _out(corrected).value = _out(uncorrected).value = 0
+        _out(pending).value = int(gpu.row_remap_pending)
+        _out(failed).value = int(gpu.row_remap_failed)
+        return hardware.SUCCESS
+
+    @_entry("nvmlDeviceGetRetiredPagesPendingStatus")
+    def retired_pages_pending(self, handle: Any, ref: Any) -> int:
+        """Page retirement: the GPUs before Ampere (later ones remap rows instead)."""
+        index = self._gpu(handle)
+        if self.machine.gpus[index].model.architecture >= machines.ARCH_AMPERE:
+            raise Refused(hardware.NOT_SUPPORTED, "Ampere and later remap rows instead of retiring pages")
+        _out(ref).value = int(self.state_file.read().gpus[index].retired_pages_pending)
+        return hardware.SUCCESS
+
+    @_entry("nvmlDeviceGetCurrentClocksEventReasons")
+    def clocks_event_reasons(self, handle: Any, ref: Any) -> int:
+        """What holds the clocks down now (hooks.set_clock_slowdown); 0: nothing."""
+        _out(ref).value = self.state_file.read().gpus[self._gpu(handle)].clock_event_reasons
         return hardware.SUCCESS
 
     @_entry("nvmlDeviceGetSupportedEventTypes")
@@ -527,6 +558,7 @@ class SimulatedLibrary:
                 start=requested.start,
                 size=requested.size,
             )
+            events.raise_event(machine_state, gpu=index, type_=machines.EVENT_MIG_CONFIG_CHANGE)
         _store_handle(target, _handle(_GPU_INSTANCE, gpu=index, gi=created.id))
         return hardware.SUCCESS
 
@@ -567,8 +599,9 @@ class SimulatedLibrary:
     @_entry("nvmlGpuInstanceDestroy")
     def destroy_gpu_instance(self, handle: Any) -> int:
         with self.state_file.update() as machine_state:
-            _, gpu, gi = self._gpu_instance(handle, machine_state)
+            index, gpu, gi = self._gpu_instance(handle, machine_state)
             hardware.destroy_gpu_instance(gpu=gpu, gi_id=gi.id)
+            events.raise_event(machine_state, gpu=index, type_=machines.EVENT_MIG_CONFIG_CHANGE)
         return hardware.SUCCESS
 
     # --- MIG: compute instances and MIG devices ------------------------------------------------

@@ -56,6 +56,17 @@ class Gpu(_Model):
     lost: bool = False  # fallen off the bus: NVML calls on it answer GPU_IS_LOST (hooks.set_gpu_lost)
     # Uncorrected (double-bit) ECC errors since boot: nvmlDeviceGetTotalEccErrors (hooks.raise_double_bit_ecc)
     ecc_uncorrected: int = 0
+    # Memory repairs the driver has queued for the next reset, and a row remapping that failed (kept
+    # across resets, as NVML keeps it): nvmlDeviceGetRemappedRows on Ampere and later,
+    # nvmlDeviceGetRetiredPagesPendingStatus before (hooks.set_memory_condition). A reset (hooks.
+    # set_gpu_lost off) applies what is pending.
+    row_remap_pending: bool = False
+    row_remap_failed: bool = False
+    retired_pages_pending: bool = False
+    nvlinks_down: list[int] = []  # links that were trained and are down (hooks.set_nvlink_down)
+    clock_event_reasons: int = (
+        0  # nvmlClocksEventReason* bits holding the clocks down (hooks.set_clock_slowdown)
+    )
     gpu_instances: list[GpuInstance] = []
 
 
