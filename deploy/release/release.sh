@@ -39,7 +39,8 @@ step "wheel and sdist" "$t"
 t=$(date +%s)
 "$helm" package deploy/helm/gpudra --version "$version" --app-version "$version" --destination "$out" >/dev/null
 # helm package takes values.schema.json along: `helm install` from the registry checks values with it.
-tar -tzf "$out/gpudra-$version.tgz" | grep -qx 'gpudra/values.schema.json' ||
+# (grep reads the whole list: -q would stop early and fail tar with SIGPIPE under pipefail.)
+tar -tzf "$out/gpudra-$version.tgz" | grep -x 'gpudra/values.schema.json' >/dev/null ||
   { echo "release: the chart package has no values.schema.json" >&2; exit 1; }
 step "chart" "$t"
 
