@@ -30,7 +30,7 @@ from tests.localcluster import LocalCluster
 from tests.localcluster import containerd as ctrd
 from tests.localcluster.cluster import mounts_under
 
-from .conftest import NAMESPACE, NODE, RELEASE, Published, helm
+from .conftest import CHART, NAMESPACE, NODE, RELEASE, Published, helm, node_values
 
 pytestmark = pytest.mark.e2e
 
@@ -239,7 +239,11 @@ def test_an_upgrade_from_the_previous_release_keeps_the_plugin_registered_and_ev
         "--version",
         published.previous,
         "--plain-http",
-        "--reuse-values",
+        # The install's own values, not --reuse-values: those now hold keys the older schema refuses.
+        "--reset-values",
+        "-f",
+        str(CHART / "ci" / "sim-values.yaml"),
+        *node_values(cluster, published),
         "--wait",
         "--timeout=240s",
     )
