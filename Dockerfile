@@ -5,7 +5,7 @@
 # BASE: any Debian-based image with python3 3.11 and CA certificates. `make image` makes it from Debian
 # packages (deploy/image/base.sh) and builds with buildah --pull=never; with a registry instead:
 #   docker build --build-arg BASE=python:3.11-slim .
-ARG BASE=localhost/gpudra-base:bookworm
+ARG BASE=localhost/gpudra-base:bookworm-amd64
 
 FROM ${BASE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -35,6 +35,10 @@ RUN groupadd --gid 10001 gpudra \
  && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
       --shell /usr/sbin/nologin gpudra
 ENV PATH=/opt/gpudra/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin PYTHONUNBUFFERED=1
+# The git revision built (`make image` passes it): `gpudra --version`, the start-up log line and the
+# gpudra_build_info series name it (gpudra.build). Last, so a new commit rebuilds no layer above.
+ARG REVISION=unknown
+ENV GPUDRA_REVISION=${REVISION}
 # The kubelet plugin needs root on the node (kubelet sockets, /dev, nvidia-smi); the chart sets it.
 USER 10001:10001
 ENTRYPOINT ["gpudra"]

@@ -62,7 +62,13 @@ bench-gpu-map: $(STAMP) chromium
 # Issue 13: the chart installed with Helm on the local cluster with containerd (real containers, CDI,
 # the webhook behind its Service, a rolling upgrade, clean teardown). Needs root; builds the image and
 # containerd first (deploy/local/build-runtime.sh). CI runs it after `make test`.
+# Issue 31: the user's path: `make release` of pyproject.toml's version, published to a loopback
+# registry (Debian's docker-registry, installed here), pulled by containerd, installed from oci://, and
+# upgraded to from the previous release (deploy/release/previous.sh).
+PROJECT_VERSION := $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' pyproject.toml | head -n 1)
 e2e: $(STAMP) k8s image prometheus
+	bash -c 'source deploy/packages.sh && ensure_packages docker-registry'
+	bash deploy/release/release.sh $(PROJECT_VERSION)
 	bash deploy/local/build-runtime.sh >/dev/null
 	bash deploy/local/build-helm.sh >/dev/null
 	$(BIN)/pytest -m e2e tests/e2e
@@ -199,6 +205,21 @@ image-push:
 # deploy/image/requirements.lock from pyproject.toml's runtime dependencies; UPGRADE=1 takes the newest.
 lock:
 	PYTHON=$(PYTHON) bash deploy/image/lock.sh $(if $(UPGRADE),--upgrade)
+
+# Issue 31: a release. `make release VERSION=x.y.z` (x.y.z: pyproject.toml's version) builds the wheel,
+# sdist, the chart package, the image for linux/amd64 and linux/arm64 (arm64 under qemu-user emulation,
+# every ELF checked to be aarch64) as one manifest list, an SBOM per image and SHA256SUMS into
+# dist/release/x.y.z/ (deploy/release/release.sh); root. `make publish REGISTRY=host[:port]` pushes the
+# image and the chart (an OCI artifact, oci://REGISTRY/charts/gpudra) there; PLAIN_HTTP=1 for a registry
+# without TLS.
+.PHONY: release publish
+release: $(STAMP) helm
+	@test -n "$(VERSION)" || { echo "make release: give VERSION=x.y.z (pyproject.toml's version)"; exit 2; }
+	bash deploy/release/release.sh $(VERSION)
+
+publish: helm
+	@test -n "$(REGISTRY)" || { echo "make publish: give REGISTRY=host[:port][/path]"; exit 2; }
+	PLAIN_HTTP=$(PLAIN_HTTP) bash deploy/release/publish.sh $(REGISTRY)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -17,3 +17,25 @@ ensure_packages() {
     return 1
   }
 }
+
+# What running another architecture's programs needs: qemu-user-static, registered with the kernel's
+# binfmt_misc (Debian's package registers its handlers with the F flag, so the emulator is found from
+# inside a chroot or a build container without a copy there). binfmt_misc must be mounted for that.
+ensure_foreign_arch() {
+  local qemu
+  case $1 in
+    arm64) qemu=aarch64 ;;
+    *) echo "ensure_foreign_arch: no emulator known for $1 (allowed: arm64)" >&2; return 2 ;;
+  esac
+  if [ ! -e /proc/sys/fs/binfmt_misc/status ]; then
+    mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
+  fi
+  ensure_packages qemu-user-static binfmt-support
+  if [ ! -e "/proc/sys/fs/binfmt_misc/qemu-$qemu" ]; then
+    update-binfmts --enable "qemu-$qemu" >/dev/null
+  fi
+  grep -q '^flags: .*F' "/proc/sys/fs/binfmt_misc/qemu-$qemu" || {
+    echo "ensure_foreign_arch: qemu-$qemu is registered without the F flag: chroots cannot find it" >&2
+    return 1
+  }
+}

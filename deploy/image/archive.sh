@@ -12,8 +12,8 @@ source ./env.sh
 need_root
 ensure_packages buildah
 
-# The exact build's tag, which build.sh also wrote into the image's version label.
-tag=$(bah inspect --type image --format '{{index .OCIv1.Config.Labels "org.opencontainers.image.version"}}' \
+# The exact build's tag, which build.sh also wrote into the image's io.gpudra.build label.
+tag=$(bah inspect --type image --format '{{index .OCIv1.Config.Labels "io.gpudra.build"}}' \
   "$IMAGE_REPO:dev" 2>/dev/null) || {
   echo "archive.sh: no $IMAGE_REPO:dev in $STORAGE_ROOT (run make image)" >&2
   exit 1

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Makes gpudra's base image from Debian packages, with no registry: localhost/gpudra-base:bookworm,
+# Makes gpudra's base image from Debian packages, with no registry: localhost/gpudra-base:bookworm-<arch>,
 # debootstrap minbase + python3 (3.11) + ca-certificates with bookworm's security and point-release
 # updates; no python3-venv, so no pip (the Dockerfile's build stage adds it for itself).
-# The trimmed root filesystem is cached as a tarball in $GPUDRA_CACHE/image/base-<hash of this script>/
+# GPUDRA_ARCH=arm64 on an amd64 host: debootstrap --foreign unpacks arm64 packages, and the second stage
+# (the packages' maintainer scripts) runs in the chroot under qemu-user-static, registered with binfmt_misc.
+# The trimmed root filesystem is cached as a tarball in $GPUDRA_CACHE/image/base-<arch>-<hash of this script>/
 # and the image carries that hash as a label: an unchanged script costs one `buildah inspect`, and a
 # changed one builds again. To pick up newer Debian updates, delete that directory.
 set -euo pipefail
@@ -16,7 +18,7 @@ SECURITY_MIRROR=${DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security}
 KEY_LABEL=io.gpudra.base-key
 
 key=$(sha256sum base.sh | cut -c1-12)
-dir=$IMAGE_CACHE/base-$key
+dir=$IMAGE_CACHE/base-$ARCH-$key
 rootfs=$dir/rootfs
 log=$IMAGE_CACHE/base.log
 
@@ -28,6 +30,9 @@ if [ "$(label_of "$BASE_REF")" = "$key" ]; then
 fi
 
 ensure_packages debootstrap buildah
+if [ "$ARCH" != "$HOST_ARCH" ]; then
+  ensure_foreign_arch "$ARCH"
+fi
 # One base build at a time per cache (two `make image` runs would share the debootstrap directory).
 mkdir -p "$IMAGE_CACHE"
 exec 9>"$IMAGE_CACHE/.base.lock"
@@ -49,7 +54,7 @@ unmount_under() {
 
 # Every path below is inside $rootfs; refuse to go on if it is not an absolute path under the cache.
 case $rootfs in
-  /*/image/base-*/rootfs) ;;
+  /*/image/base-"$ARCH"-*/rootfs) ;;
   *) echo "base.sh: unexpected rootfs path '$rootfs'" >&2; exit 1 ;;
 esac
 
@@ -58,9 +63,16 @@ if [ ! -f "$dir/.complete" ]; then
   rm -rf --one-file-system "$dir"
   mkdir -p "$dir"
   : >"$log"
-  echo "debootstrap $SUITE (minbase + python3) into $rootfs (log: $log)" >&2
+  echo "debootstrap $SUITE $ARCH (minbase + python3) into $rootfs (log: $log)" >&2
   # minbase: essential packages + apt, no init system; --include resolves Depends only (no Recommends).
-  quiet debootstrap --variant=minbase --include=python3,ca-certificates "$SUITE" "$rootfs" "$MIRROR"
+  if [ "$ARCH" = "$HOST_ARCH" ]; then
+    quiet debootstrap --variant=minbase --include=python3,ca-certificates "$SUITE" "$rootfs" "$MIRROR"
+  else
+    # The first stage only downloads and unpacks; the second runs each package's scripts, emulated.
+    quiet debootstrap --foreign --arch="$ARCH" --variant=minbase --include=python3,ca-certificates \
+      "$SUITE" "$rootfs" "$MIRROR"
+    quiet chroot "$rootfs" /debootstrap/debootstrap --second-stage
+  fi
   # debootstrap installs the release as published; security fixes come from bookworm-security.
   printf 'deb %s %s main\n' "$MIRROR" "$SUITE" "$MIRROR" "$SUITE-updates" "$SECURITY_MIRROR" "$SUITE-security" \
     >"$rootfs/etc/apt/sources.list"
@@ -84,8 +96,8 @@ if [ ! -f "$dir/.complete" ]; then
     -cf "$dir/rootfs.tar" .
   rm -rf --one-file-system "$rootfs"
   touch "$dir/.complete"
-  # Older keys are dead weight (~120 MB each).
-  find "$IMAGE_CACHE" -maxdepth 1 -name 'base-*' ! -path "$dir" -exec rm -rf --one-file-system {} +
+  # Older keys of this architecture are dead weight (~120 MB each).
+  find "$IMAGE_CACHE" -maxdepth 1 -name "base-$ARCH-*" ! -path "$dir" -exec rm -rf --one-file-system {} +
 fi
 
 echo "importing $dir/rootfs.tar as $BASE_REF" >&2
@@ -95,7 +107,7 @@ mnt=$(bah mount "$c")
 if [ ! -d "$mnt" ] || [ "$mnt" = / ]; then echo "base.sh: buildah mount gave '$mnt'" >&2; exit 1; fi
 tar -C "$mnt" --numeric-owner -xf "$dir/rootfs.tar"
 bah umount "$c" >/dev/null
-bah config --os linux --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+bah config --os linux --arch "$ARCH" --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
   --env LANG=C.UTF-8 --cmd /bin/bash --label "$KEY_LABEL=$key" "$c"
 bah commit --quiet --rm "$c" "$BASE_REF" >/dev/null
 trap - EXIT

@@ -3,8 +3,20 @@
 # shellcheck disable=SC2034  # the names are for the scripts that source this file
 export GPUDRA_CACHE=${GPUDRA_CACHE:-$HOME/.cache/gpudra}
 IMAGE_CACHE=$GPUDRA_CACHE/image
-BASE_REF=localhost/gpudra-base:bookworm  # python3 + CA certificates, from Debian packages (base.sh)
 IMAGE_REPO=localhost/gpudra
+RELEASE_REPO=localhost/gpudra-release  # `make release`'s manifest list of both architectures
+# Stamped into the image's labels; the chart's home and pyproject.toml's license.
+SOURCE_URL=https://github.com/gpudra/gpudra
+LICENSE=Apache-2.0
+# The architecture built: the host's unless GPUDRA_ARCH names another (Debian's names: amd64, arm64).
+# A foreign one is built under qemu-user emulation (base.sh registers it with the kernel's binfmt_misc).
+HOST_ARCH=$(dpkg --print-architecture)
+ARCH=${GPUDRA_ARCH:-$HOST_ARCH}
+case $ARCH in
+  amd64 | arm64) ;;
+  *) echo "GPUDRA_ARCH=$ARCH: the allowed values are amd64 and arm64" >&2; exit 2 ;;
+esac
+BASE_REF=localhost/gpudra-base:bookworm-$ARCH  # python3 + CA certificates, from Debian packages (base.sh)
 
 # Building needs no container runtime and no daemon: buildah's chroot isolation runs each RUN step in a
 # chroot with the host's network. The default "oci" isolation needs runc/crun (buildah only recommends

@@ -13,4 +13,4 @@ case $destination in
   *) destination=docker://$destination ;;
 esac
 bah push "$IMAGE_REPO:dev" "$destination"
-echo "pushed $IMAGE_REPO:dev ($(bah inspect --type image --format '{{index .OCIv1.Config.Labels "org.opencontainers.image.version"}}' "$IMAGE_REPO:dev")) to $destination" >&2
+echo "pushed $IMAGE_REPO:dev ($(bah inspect --type image --format '{{index .OCIv1.Config.Labels "io.gpudra.build"}}' "$IMAGE_REPO:dev")) to $destination" >&2

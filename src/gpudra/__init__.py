@@ -1,3 +1,1 @@
-"""gpudra: a Kubernetes Dynamic Resource Allocation driver for NVIDIA GPUs."""
-
-__version__ = "0.1.0"
+"""gpudra: a Kubernetes Dynamic Resource Allocation driver for NVIDIA GPUs. Its version: gpudra.build."""

@@ -1,11 +1,12 @@
 """Prometheus metrics: the one owner of `prometheus_client` (.importlinter), and the series every daemon
 exports. Pure but for the callbacks it reads at each scrape.
 
-`DaemonMetrics` holds a daemon's registry and the series both daemons export: the requests it made to
-the API server (`track_api_requests`), the objects it left out of their replies (`track_skipped_objects`),
-the health of its background loops (`track_loops`) and its readiness checks (`track_readiness`). Each
-daemon's own series are defined beside it (gpudra.node.metrics, gpudra.controller.metrics), in a
-subclass, with the classes this module hands on. Names are prefixed `gpudra_`.
+`DaemonMetrics` holds a daemon's registry and the series both daemons export: which build runs
+(`gpudra_build_info`), the requests it made to the API server (`track_api_requests`), the objects it
+left out of their replies (`track_skipped_objects`), the health of its background loops (`track_loops`)
+and its readiness checks (`track_readiness`). Each daemon's own series are defined beside it
+(gpudra.node.metrics, gpudra.controller.metrics), in a subclass, with the classes this module hands on.
+Names are prefixed `gpudra_`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gpudra import build
 from gpudra.service import Loop
 
 __all__ = [
@@ -43,6 +45,13 @@ class DaemonMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        # The usual `_build_info` convention: value 1, the build in the labels, so a query can join it.
+        Gauge(
+            "gpudra_build_info",
+            "1, labelled with the running gpudra's version (pyproject.toml) and git revision (the image's).",
+            ["version", "revision"],
+            registry=self.registry,
+        ).labels(build.version(), build.revision()).set(1)
 
     def track_api_requests(self, requests: Callable[[], Mapping[tuple[str, str], int]]) -> None:
         """API requests this daemon made since start, by verb and resource (`Kube.request_counts`),

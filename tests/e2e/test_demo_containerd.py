@@ -1,7 +1,9 @@
-"""`make demo RUNTIME=containerd` works and leaves nothing behind: gpudra installed with Helm, one release
-per node, on three nodes with containerd; every example pod runs for real, its containers show the
-GPUs CDI gave them, then run the example's own command, which prints what the example says and keeps
-running (no restart); the summary is the fake-CRI demo's (tests/integration/test_demo.py), from containers.
+"""The containerd demo (`make demo RUNTIME=containerd`'s steps) works and leaves nothing behind: gpudra
+installed with Helm from the loopback registry (`helm install oci://...`, the image pulled by each
+node), one release per node, on three nodes with containerd; every example pod runs for real, its
+containers show the GPUs CDI gave them, then run the example's own command, which prints what the
+example says and keeps running (no restart); the summary is the fake-CRI demo's
+(tests/integration/test_demo.py), from containers.
 
 It starts a cluster of its own, so it runs before test_helm_containerd.py's (only one cluster with
 containerd runs on a machine at a time), which pytest's file order gives.
@@ -19,15 +21,15 @@ from tests.integration.test_demo import run_demo
 from tests.localcluster import containerd as ctrd
 from tests.localcluster.cluster import mounts_under
 
-from .conftest import Image
+from .conftest import Published
 
 pytestmark = pytest.mark.e2e
 
 
-def test_the_demo_with_containerd_runs_end_to_end_and_cleans_up(image: Image) -> None:
+def test_the_demo_with_containerd_runs_end_to_end_and_cleans_up(published: Published) -> None:
     out = run_demo(
         "--runtime=containerd",
-        f"--image={image.archive}",
+        f"--registry={published.registry.address}",
         timeout=580,
         expected=(
             "helm install gpudra: deployed",

@@ -31,9 +31,9 @@ from tests.integration.test_prometheus_demo import unsatisfiable_claim
 from tests.localcluster import LocalCluster, prometheus
 from tests.localcluster.api import DemoApi
 from tests.localcluster.demo import MACHINES, NAMESPACE, Demo
-from tests.localcluster.demo_installs import HelmReleases, image_of
+from tests.localcluster.demo_installs import ChartSource, HelmReleases
 
-from .conftest import REPO, Image
+from .conftest import REPO, Published
 
 pytestmark = pytest.mark.e2e
 
@@ -61,11 +61,12 @@ def operator_objects(api: client.ApiClient) -> list[dict[str, Any]]:
 
 
 def test_prometheus_through_the_charts_monitors_has_data_for_every_dashboard_and_alert_query(
-    image: Image,
+    published: Published,
 ) -> None:
     # A short root: the plugins' MPS pipes live under it, within a unix socket path's 107 bytes.
     root = Path(tempfile.mkdtemp(prefix="gd-", dir="/tmp"))
-    with LocalCluster(root, nodes=tuple(MACHINES), runtime="containerd", images=(image.archive,)) as cluster:
+    registries = (published.registry.address,)
+    with LocalCluster(root, nodes=tuple(MACHINES), runtime="containerd", registries=registries) as cluster:
         api = config.new_client_from_config(str(cluster.kubeconfig))
         utils.create_from_yaml(api, yaml_objects=prometheus.crds())
         extensions = client.ApiextensionsV1Api(api)
@@ -81,7 +82,7 @@ def test_prometheus_through_the_charts_monitors_has_data_for_every_dashboard_and
         gpudra = HelmReleases(
             cluster,
             MACHINES,
-            image=image_of(image.archive),
+            source=ChartSource.published(published.registry.address, published.version),
             values=VALUES,
             first_values=CONTROLLER_VALUES,
         )

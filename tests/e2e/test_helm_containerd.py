@@ -2,10 +2,12 @@
 its container registers through the mounted plugins_registry and publishes slices; the controller's
 webhook, called by the API server through its Service, admits and refuses claims; a workload container
 gets its GPU by CDI (NVIDIA_VISIBLE_DEVICES and the device nodes, stand-ins made by the simulator); a
-rolling upgrade to another image keeps a plugin registered throughout and neither loses nor repeats a
-prepared claim; and stopping the cluster leaves no shim, container, mount or bridge behind.
+rolling upgrade from the previous release's chart and image to this one keeps a plugin registered
+throughout and neither loses nor repeats a prepared claim; and stopping the cluster leaves no shim,
+container, mount or bridge behind.
 
-The tests run in file order and share one cluster and one release (tests/e2e/conftest.py).
+The image and chart come from a loopback OCI registry, as a user's would (tests/e2e/conftest.py). The
+tests run in file order and share one cluster and one release.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from tests.localcluster import LocalCluster
 from tests.localcluster import containerd as ctrd
 from tests.localcluster.cluster import mounts_under
 
-from .conftest import CHART, NAMESPACE, NODE, RELEASE, Image, helm, node_values
+from .conftest import CHART, NAMESPACE, NODE, RELEASE, Published, helm, node_values
 
 pytestmark = pytest.mark.e2e
 
@@ -73,7 +75,7 @@ def ready(pod: client.V1Pod) -> bool:
     return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
 
 
-def workload(name: str) -> dict[str, Any]:
+def workload(name: str, image: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -83,8 +85,8 @@ def workload(name: str) -> dict[str, Any]:
             "containers": [
                 {
                     "name": "show",
-                    "image": "localhost/gpudra:0.1.0",
-                    "imagePullPolicy": "Never",
+                    "image": image,
+                    "imagePullPolicy": "IfNotPresent",
                     "command": ["/bin/sh", "-c", SHOW_GPU],
                     "resources": {"claims": [{"name": "gpu"}]},
                 }
@@ -98,8 +100,9 @@ def logs(core: client.CoreV1Api, name: str) -> str:
     return str(core.read_namespaced_pod_log(name, WORKLOAD_NS))
 
 
-def start_workload(core: client.CoreV1Api, name: str) -> None:
-    core.create_namespaced_pod(WORKLOAD_NS, workload(name))
+def start_workload(core: client.CoreV1Api, name: str, published: Published) -> None:
+    """A pod running this release's image (the node has it: the chart's pods pulled it)."""
+    core.create_namespaced_pod(WORKLOAD_NS, workload(name, f"{published.repository}:{published.version}"))
 
 
 def wait_shown(core: client.CoreV1Api, name: str, *, timeout: float = 120) -> str:
@@ -117,11 +120,32 @@ def core(api: client.ApiClient) -> client.CoreV1Api:
     return client.CoreV1Api(api)
 
 
-def test_helm_install_runs_the_plugin_and_controller_in_containers(
-    installed: str, cluster: LocalCluster, core: client.CoreV1Api, api: client.ApiClient
+def test_the_registry_serves_one_manifest_list_for_amd64_and_arm64(published: Published) -> None:
+    index = published.registry.manifest("gpudra", published.version)
+    platforms = sorted(
+        f"{m['platform']['os']}/{m['platform']['architecture']}"
+        for m in index["manifests"]  # type: ignore[attr-defined]
+    )
+    assert platforms == ["linux/amd64", "linux/arm64"], index
+
+
+def test_helm_install_from_the_registry_runs_the_plugin_and_controller_in_containers(
+    installed: str, cluster: LocalCluster, core: client.CoreV1Api, api: client.ApiClient, published: Published
 ) -> None:
+    assert f"gpudra {published.version} is installed" in installed  # the chart's NOTES
     [plugin] = plugin_pods(core)
     assert ready(plugin)
+    # The image came from the registry: the node's containerd pulled it (nothing was imported).
+    assert plugin.spec.containers[0].image == f"{published.repository}:{published.version}"
+    images = cluster.runtimes[NODE].images(cluster.runtime_bin)
+    assert f"{published.repository}:{published.version}" in images, images
+    assert not [name for name in images if name.startswith("localhost/gpudra")], images
+    # Its start-up line names the build: pyproject.toml's version, the revision the image was built at.
+    log = core.read_namespaced_pod_log(plugin.metadata.name, NAMESPACE)
+    lines = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+    [starting] = [line for line in lines if line.get("msg") == "starting"]
+    assert starting["version"] == published.version
+    assert re.fullmatch(r"[0-9a-f]{40}", starting["revision"]), starting
     # The plugin registered with the kubelet through the mounted plugins_registry, under its pod's UID.
     sockets = registration_sockets(cluster)
     assert len(sockets) == 1, sockets
@@ -181,9 +205,9 @@ def test_the_webhook_behind_its_service_refuses_a_bad_config(
 
 
 def test_a_workload_container_gets_its_gpu_by_cdi_and_gives_it_back(
-    installed: str, cluster: LocalCluster, core: client.CoreV1Api
+    installed: str, cluster: LocalCluster, core: client.CoreV1Api, published: Published
 ) -> None:
-    start_workload(core, "show-gpu")
+    start_workload(core, "show-gpu", published)
     output = wait_shown(core, "show-gpu")
     [visible] = [line for line in output.splitlines() if line.startswith("NVIDIA_VISIBLE_DEVICES=")]
     assert visible.startswith("NVIDIA_VISIBLE_DEVICES=GPU-"), output
@@ -202,11 +226,44 @@ def test_a_workload_container_gets_its_gpu_by_cdi_and_gives_it_back(
     wait_for("its claim unprepared", lambda: not claim_specs(cluster) and not checkpoint_claims(cluster))
 
 
-def test_a_rolling_upgrade_keeps_the_plugin_registered_and_every_claim_prepared_once(
-    installed: str, cluster: LocalCluster, core: client.CoreV1Api, image: Image
+def test_an_upgrade_from_the_previous_release_keeps_the_plugin_registered_and_every_claim_prepared_once(
+    installed: str, cluster: LocalCluster, core: client.CoreV1Api, published: Published
 ) -> None:
+    # The previous release's chart and image first (deploy/release/previous.sh), as a cluster that ran
+    # it would have them, with the claims it prepared; then `helm upgrade` to this release.
+    helm(
+        cluster,
+        "upgrade",
+        RELEASE,
+        published.chart,
+        "--version",
+        published.previous,
+        "--plain-http",
+        # The install's own values, not --reuse-values: those now hold keys the older schema refuses.
+        "--reset-values",
+        "-f",
+        str(CHART / "ci" / "sim-values.yaml"),
+        *node_values(cluster, published),
+        # This release's image under the previous chart: the previous plugin's simulator refuses the
+        # simulated GPUs' state file this release wrote (fields it does not know; real GPUs keep no such
+        # file), so the step back is the chart's only.
+        "--set",
+        f"image.tag={published.version}",
+        "--wait",
+        "--timeout=240s",
+    )
+
+    def running(version: str) -> bool:
+        pods = plugin_pods(core)
+        return (
+            len(pods) == 1
+            and ready(pods[0])
+            and pods[0].metadata.labels["helm.sh/chart"] == f"gpudra-{version}"
+        )
+
+    wait_for("the previous chart's plugin", partial(running, published.previous), timeout=180)
     for name in ("before-1", "before-2"):
-        start_workload(core, name)
+        start_workload(core, name, published)
     for name in ("before-1", "before-2"):
         wait_shown(core, name)
     before_specs = claim_specs(cluster)
@@ -226,29 +283,23 @@ def test_a_rolling_upgrade_keeps_the_plugin_registered_and_every_claim_prepared_
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     try:
-        new_tag = next(tag for tag in image.tags if tag != "localhost/gpudra:0.1.0").rpartition(":")[2]
         helm(
             cluster,
             "upgrade",
             RELEASE,
-            str(CHART),
+            published.chart,
+            "--version",
+            published.version,
+            "--plain-http",
             "--reuse-values",
-            "--set",
-            f"image.tag={new_tag}",
-            *node_values(cluster),
         )
         # A pod admitted while the rollout runs (both plugin pods exist: maxSurge 1).
         wait_for("a second plugin pod", lambda: len(plugin_pods(core)) == 2, timeout=60)
-        start_workload(core, "during")
+        start_workload(core, "during", published)
 
         def rolled_out() -> bool:
             pods = plugin_pods(core)
-            return (
-                len(pods) == 1
-                and pods[0].metadata.uid != old_plugin.metadata.uid
-                and ready(pods[0])
-                and pods[0].spec.containers[0].image.endswith(f":{new_tag}")
-            )
+            return running(published.version) and pods[0].metadata.uid != old_plugin.metadata.uid
 
         wait_for("the DaemonSet rolled out", rolled_out, timeout=180)
         wait_shown(core, "during")

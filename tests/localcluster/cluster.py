@@ -125,9 +125,11 @@ class LocalCluster:
         nodes: tuple[str, ...] = ("node-1",),
         runtime: str = "fakecri",
         images: tuple[Path, ...] = (),
+        registries: tuple[str, ...] = (),
     ) -> None:
         """`runtime`: "fakecri" or "containerd"; `images`: archives imported into every node's
-        containerd (with containerd only)."""
+        containerd; `registries`: host:port of plain-HTTP registries the nodes pull from (with
+        containerd only)."""
         if runtime not in ("fakecri", "containerd"):
             raise ClusterError(f"runtime: must be fakecri or containerd, got {runtime!r}")
         self.directory = directory.resolve()
@@ -140,6 +142,7 @@ class LocalCluster:
         self.bin = Path()
         self.runtime = runtime
         self.images = images
+        self.registries = registries
         self.runtimes: dict[str, ctrd.NodeRuntime] = {}
         self.runtime_bin = Path()
         self._runtime_lock: int | None = None
@@ -452,7 +455,7 @@ class LocalCluster:
         """Start the node's containerd, import the images; returns its CRI endpoint."""
         runtime = self.runtimes[node.name]
         ctrd.share_mount(node.driver_root)
-        runtime.write_config(sandbox_image=ctrd.pause_image(self.images[0]))
+        runtime.write_config(sandbox_image=ctrd.pause_image(self.images[0]), registries=self.registries)
         runtime.socket.unlink(missing_ok=True)
         process = self._component(f"containerd-{node.name}", runtime.argv(self.runtime_bin))
         wait_until(process, runtime.socket.exists, what="containerd socket", timeout=30)

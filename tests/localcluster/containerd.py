@@ -125,10 +125,23 @@ class NodeRuntime:
     def cni_conf_dir(self) -> Path:
         return self.root / "net.d"
 
-    def write_config(self, *, sandbox_image: str) -> None:
+    @property
+    def registry_hosts_dir(self) -> Path:
+        return self.root / "certs.d"
+
+    def write_config(self, *, sandbox_image: str, registries: tuple[str, ...] = ()) -> None:
         for path in (self.root, self.cni_conf_dir, self.root / "opt", self.root / "runc"):
             path.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(self._config(sandbox_image))
+        # containerd asks a registry over HTTPS unless its hosts.toml names an http:// host: each
+        # loopback registry of the test (registry.py) is one, for pulling and resolving only.
+        for registry in registries:
+            host = self.registry_hosts_dir / registry
+            host.mkdir(parents=True, exist_ok=True)
+            (host / "hosts.toml").write_text(
+                f'server = "http://{registry}"\n\n'
+                f'[host."http://{registry}"]\n  capabilities = ["pull", "resolve"]\n'
+            )
         (self.cni_conf_dir / "10-gpudra.conflist").write_text(json.dumps(self._cni_config(), indent=2))
 
     def _config(self, sandbox_image: str) -> str:
@@ -154,6 +167,8 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
   snapshotter = "overlayfs"
   [plugins."io.containerd.cri.v1.images".pinned_images]
     sandbox = {q(sandbox_image)}
+  [plugins."io.containerd.cri.v1.images".registry]
+    config_path = {q(str(self.registry_hosts_dir))}
 
 [plugins."io.containerd.cri.v1.runtime"]
   enable_cdi = true

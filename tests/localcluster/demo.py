@@ -15,7 +15,9 @@ cluster's: `K8S=v1.35.8 make demo` (and GPUDRA_FEATURE_GATES) runs it on another
 runtime is a fake CRI, whose record says what each container would have received.
 `--runtime containerd --image ARCHIVE` (`make demo RUNTIME=containerd`, root): the nodes run containerd,
 gpudra is installed with `helm install` from the image, and each example container runs and prints
-what it received (tests/localcluster/demo_installs.py has both).
+what it received (tests/localcluster/demo_installs.py has both). `--runtime containerd --registry
+HOST:PORT` instead: the release of pyproject.toml's version published in that plain-HTTP registry
+(`make publish`), the chart from oci:// and the image pulled by each node (tests/e2e).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +48,7 @@ from tests.localcluster import binaries, examples
 from tests.localcluster.api import DemoApi
 from tests.localcluster.cluster import LocalCluster
 from tests.localcluster.demo_installs import (
+    ChartSource,
     Gpudra,
     HelmReleases,
     HostProcesses,
@@ -71,24 +75,37 @@ def _wait(what: str, done: Callable[[], bool], timeout: float) -> None:
 
 
 def run(
-    root: Path, *, runtime: str = "fakecri", image: Path | None = None, gpu_map_screenshot: Path | None = None
+    root: Path,
+    *,
+    runtime: str = "fakecri",
+    image: Path | None = None,
+    registry: str | None = None,
+    gpu_map_screenshot: Path | None = None,
 ) -> None:
     """The demo on a new cluster in `root`; with runtime "containerd", `image` is a `make image`
-    archive, imported into every node and installed with the chart. The release and its feature gates
-    are the local cluster's (K8S, GPUDRA_FEATURE_GATES, GPUDRA_RUNTIME_CONFIG). `gpu_map_screenshot`:
-    where headless Chromium saves the controller's GPU map page while the examples run (`make
-    gpu-map-screenshot`)."""
+    archive, imported into every node and installed with the chart, or `registry` the plain-HTTP
+    registry that serves the release. The release and its feature gates are the local cluster's (K8S,
+    GPUDRA_FEATURE_GATES, GPUDRA_RUNTIME_CONFIG). `gpu_map_screenshot`: where headless Chromium saves the
+    controller's GPU map page while the examples run (`make gpu-map-screenshot`)."""
     images = (image,) if image is not None else ()
+    registries = (registry,) if registry is not None else ()
     with_runtime = "a fake container runtime" if runtime == "fakecri" else "containerd, runc and CNI"
     _step(f"starting a real Kubernetes control plane and 3 kubelets ({with_runtime})")
     started = time.monotonic()
-    with LocalCluster(root, nodes=tuple(MACHINES), runtime=runtime, images=images) as cluster:
+    with LocalCluster(
+        root, nodes=tuple(MACHINES), runtime=runtime, images=images, registries=registries
+    ) as cluster:
         print(f"cluster ready in {time.monotonic() - started:.1f}s: {cluster.server}")
         print(f"kubeconfig: {cluster.kubeconfig}")
         api = DemoApi(config.new_client_from_config(str(cluster.kubeconfig)))
         gpudra: Gpudra
         if image is not None:
-            gpudra = HelmReleases(cluster, MACHINES, image=image_of(image))
+            gpudra = HelmReleases(cluster, MACHINES, source=ChartSource.local(image_of(image)))
+        elif registry is not None:
+            version = tomllib.loads((binaries.repo_root() / "pyproject.toml").read_text())["project"][
+                "version"
+            ]
+            gpudra = HelmReleases(cluster, MACHINES, source=ChartSource.published(registry, version))
         else:
             gpudra = HostProcesses(cluster, MACHINES)
         try:
@@ -423,17 +440,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--gpu-map-screenshot", type=Path, help="save the controller's GPU map page here while the pods run"
     )
+    parser.add_argument(
+        "--registry", help="with containerd: HOST:PORT of the plain-HTTP registry `make publish` pushed to"
+    )
     args = parser.parse_args(argv)
-    if (args.runtime == "containerd") != (args.image is not None):
-        parser.error("--image goes with --runtime containerd, and only with it")
+    if args.image is not None and args.registry is not None:
+        parser.error("--image and --registry: give one of them")
+    if (args.runtime == "containerd") != (args.image is not None or args.registry is not None):
+        parser.error("--image or --registry goes with --runtime containerd, and only with it")
     # With containerd the plugin keeps its MPS pipes under the node's kubelet directory, inside the
     # cluster's: a short root keeps their unix socket paths within 107 bytes.
     prefix = "gpudra-demo-" if args.runtime == "fakecri" else "gd-"
     root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     try:
-        run(root, runtime=args.runtime, image=args.image, gpu_map_screenshot=args.gpu_map_screenshot)
+        run(
+            root,
+            runtime=args.runtime,
+            image=args.image,
+            registry=args.registry,
+            gpu_map_screenshot=args.gpu_map_screenshot,
+        )
     except (GpudraError, ApiException) as err:
-        where = "nodes/*/gpudra-plugin.log" if args.image is None else "nodes/*/pod-logs"
+        where = "nodes/*/gpudra-plugin.log" if args.runtime == "fakecri" else "nodes/*/pod-logs"
         print(f"demo failed: {err}\nlogs: {root}/logs and {root}/{where}", file=sys.stderr)
         return 1
     return 0

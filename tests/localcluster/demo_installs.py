@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -169,8 +170,40 @@ RELEASE = "gpudra"
 GPU_MINOR = re.compile(r"gpu-([0-9]+)")
 
 
+@dataclass(frozen=True)
+class ChartSource:
+    """Where the chart and image come from: the checkout's chart with `make image`'s image imported into
+    the nodes (`local`), or a release in an OCI registry the nodes pull from (`published`)."""
+
+    chart: tuple[str, ...]  # helm install's chart arguments
+    repository: str  # image.repository
+    tag: str
+    pull_policy: str
+    described: str  # for the demo's heading
+
+    @classmethod
+    def local(cls, image: str) -> ChartSource:
+        repository, _, tag = image.rpartition(":")
+        return cls((str(helm.chart()),), repository, tag, "Never", "deploy/helm/gpudra")
+
+    @classmethod
+    def published(cls, registry: str, version: str) -> ChartSource:
+        chart = f"oci://{registry}/charts/gpudra"
+        return cls(
+            (chart, "--version", version, "--plain-http"),
+            f"{registry}/gpudra",
+            version,
+            "IfNotPresent",
+            f"{chart} {version}",
+        )
+
+    @property
+    def image(self) -> str:
+        return f"{self.repository}:{self.tag}"
+
+
 class HelmReleases:
-    """deploy/helm/gpudra installed with Helm on the cluster with containerd, one release per node.
+    """gpudra's chart installed with Helm on the cluster with containerd, one release per node.
 
     The chart's DaemonSet takes one kubelet directory and one simulated machine, and here every node
     has its own of both (three kubelets on one host, a different machine each), so each node gets a
@@ -178,10 +211,6 @@ class HelmReleases:
     with the controller and the DeviceClasses, every release with a nodeSelector for its node, that
     node's paths and its machine (`kubeletPlugin.options.nvml`)."""
 
-    install_step = (
-        "installing gpudra with Helm (deploy/helm/gpudra, one release per node: its kubelet directory "
-        "and simulated machine), the controller and DeviceClasses with the first"
-    )
     workload_note = (
         "  (every container runs in the gpudra image instead of its own, which cannot be pulled here:\n"
         "   it prints the GPU device nodes, NVIDIA_VISIBLE_DEVICES and MPS pipe it got, then runs the\n"
@@ -194,16 +223,20 @@ class HelmReleases:
         cluster: LocalCluster,
         machines: Mapping[str, str],
         *,
-        image: str,
+        source: ChartSource,
         values: Sequence[str] = (),
         first_values: Sequence[str] = (),
     ) -> None:
         """`values`: more helm arguments for every release; `first_values`: for the controller's only."""
         self.cluster = cluster
         self.machines = machines
-        self.image = image
+        self.source = source
         self.values = list(values)
         self.first_values = list(first_values)
+        self.install_step = (
+            f"installing gpudra with Helm ({source.described}, one release per node: its kubelet "
+            "directory and simulated machine), the controller and DeviceClasses with the first"
+        )
         self.nodes = {
             name: NodeFiles(
                 cdi_root=cluster.nodes[name].cdi_root,
@@ -217,7 +250,7 @@ class HelmReleases:
 
     def releases(self) -> list[list[str]]:
         """`helm install` arguments per node, the controller's release first."""
-        chart = helm.chart()
+        chart = helm.chart()  # its ci/ values, whichever chart is installed
         plugin_only = ["--set", "controller.enabled=false"]
         for kind in ("gpu", "shared", "mig"):
             plugin_only += ["--set", f"deviceClasses.{kind}=false"]
@@ -228,7 +261,7 @@ class HelmReleases:
                 [
                     "install",
                     RELEASE if first else f"{RELEASE}-{node}",
-                    str(chart),
+                    *self.source.chart,
                     *(["--create-namespace"] if first else plugin_only),
                     "-f",
                     str(chart / "ci" / "sim-values.yaml"),
@@ -237,7 +270,13 @@ class HelmReleases:
                     *publishing_values(profile),
                     "--set",
                     f"kubeletPlugin.nodeSelector.kubernetes\\.io/hostname={node}",
-                    *helm.node_values(self.cluster.nodes[node]),
+                    *helm.node_values(
+                        self.cluster.nodes[node],
+                        image_repository=self.source.repository,
+                        pull_policy=self.source.pull_policy,
+                    ),
+                    "--set",
+                    f"image.tag={self.source.tag}",
                     *self.values,
                     *(self.first_values if first else []),
                     "--wait",
@@ -271,8 +310,8 @@ class HelmReleases:
                 )
             changed = {k: v for k, v in container.items() if k not in ("command", "args")}
             changed |= {
-                "image": self.image,
-                "imagePullPolicy": "Never",
+                "image": self.source.image,
+                "imagePullPolicy": self.source.pull_policy,
                 "command": ["/bin/sh", "-c", SHOW, *own],
             }
             containers.append(changed)

@@ -43,11 +43,16 @@ def helm(kubeconfig: Path, *args: str, namespace: str, timeout: float = 300) -> 
     return result.stdout
 
 
-def node_values(node: NodePaths) -> list[str]:
+def node_values(
+    node: NodePaths, *, image_repository: str = "localhost/gpudra", pull_policy: str = "Never"
+) -> list[str]:
     """The chart's --set for a node of the local cluster: its kubelet root, CDI root and (empty,
-    simulated GPUs) driver root are under the cluster's directory, and the image is never pulled (it
-    was imported into the node's containerd)."""
+    simulated GPUs) driver root are under the cluster's directory; the image is by default `make
+    image`'s localhost/gpudra (not the chart's default, the published one), never pulled: it was
+    imported into the node's containerd. The e2e names the loopback registry's instead."""
     return [
+        "--set",
+        f"image.repository={image_repository}",
         "--set",
         f"kubeletPlugin.driverRoot={node.driver_root}",
         "--set",
@@ -55,5 +60,5 @@ def node_values(node: NodePaths) -> list[str]:
         "--set",
         f"kubeletPlugin.cdiDir={node.cdi_root}",
         "--set",
-        "image.pullPolicy=Never",
+        f"image.pullPolicy={pull_policy}",
     ]

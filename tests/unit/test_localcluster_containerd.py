@@ -54,3 +54,14 @@ def test_kube_proxy_leaves_the_machines_sysctls_alone(tmp_path: Path) -> None:
     assert config["mode"] == "iptables"
     assert config["conntrack"] == {"maxPerCore": 0, "min": 0}
     assert config["iptables"] == {"localhostNodePorts": False}
+
+
+def test_a_loopback_registry_is_pulled_from_over_plain_http(tmp_path: Path) -> None:
+    runtime = node(tmp_path)
+    runtime.write_config(sandbox_image="localhost/pause:v1.36.3", registries=("127.0.0.1:40123",))
+    config = tomllib.loads(runtime.config_path.read_text())
+    registry = config["plugins"]["io.containerd.cri.v1.images"]["registry"]
+    assert registry["config_path"] == str(runtime.registry_hosts_dir)
+    hosts = tomllib.loads((runtime.registry_hosts_dir / "127.0.0.1:40123" / "hosts.toml").read_text())
+    assert hosts["server"] == "http://127.0.0.1:40123"
+    assert hosts["host"]["http://127.0.0.1:40123"]["capabilities"] == ["pull", "resolve"]

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from gpudra import logs
+from gpudra import build, logs
 from gpudra.cli.option_types import (
     AbsolutePath,
     Checked,
@@ -171,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=build.describe())
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     inv = _command(commands, "inventory", "show the GPUs and the ResourceSlices gpudra would publish")

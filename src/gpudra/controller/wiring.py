@@ -16,7 +16,7 @@ import logging
 import threading
 from typing import Any
 
-from gpudra import service
+from gpudra import build, service
 from gpudra.controller.cluster import ClusterWatch
 from gpudra.controller.housekeeping import Housekeeping
 from gpudra.controller.leader import LeaderElector
@@ -104,7 +104,15 @@ def run(options: Options, *, stop: threading.Event) -> None:
             apps=_gpu_map(cluster) if options.gpu_map else {},
         )
         services.insert(0, endpoint)
-    log.info("starting", extra={"identity": options.identity, "namespace": options.namespace})
+    log.info(
+        "starting",
+        extra={
+            "version": build.version(),
+            "revision": build.revision(),
+            "identity": options.identity,
+            "namespace": options.namespace,
+        },
+    )
     with service.running(services, stop_timeout=STOP_TIMEOUT_SECONDS):
         stop.wait()
         log.info("stopping")

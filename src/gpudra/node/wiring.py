@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from gpudra import service, sim
+from gpudra import build, service, sim
 from gpudra.gpu import driver_root, nvml
 from gpudra.gpu.tools import GpuTools
 from gpudra.http_endpoint import Check, HttpEndpoint, loops_alive, writable_directory
@@ -75,6 +75,15 @@ def _log_mps_reach(options: Options) -> None:
 
 def run(options: Options, server: KubeletServer, *, stop: threading.Event) -> None:
     """Build the plugin, hand it to `server` (started, its calls waiting), and run until `stop`."""
+    log.info(
+        "starting",
+        extra={
+            "version": build.version(),
+            "revision": build.revision(),
+            "node": options.node_name,
+            "driver": options.driver,
+        },
+    )
     if options.sim_dev_dir is not None:
         # Before the first claim: the runtime stats the nodes a spec names when it starts a container.
         made = sim.write_device_nodes(options.nvml.removeprefix("sim:"), options.sim_dev_dir)
