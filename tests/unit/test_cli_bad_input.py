@@ -304,8 +304,13 @@ def test_bad_input_is_one_line_and_an_exit_code(case: Case, workdir: Path) -> No
 def test_output_closed_early_is_exit_141_and_silent(workdir: Path) -> None:
     """`gpudra inventory -o json | head`: the reader goes away, the rest is dropped quietly."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("GPUDRA_")}
+    # A machine of its own (the default state file is shared, and may hold GPUs in MIG mode that
+    # publish nothing), and output well beyond a pipe's 64 KiB buffer, so that the write meets the
+    # closed pipe.
+    clean["GPUDRA_SIM_STATE"] = str(workdir / "machine.json")
+    partitions = ["--mig-mode=partitionable", "--shares=on"]
     with subprocess.Popen(
-        [sys.executable, "-m", "gpudra", "inventory", "--nvml=sim:dgx-h100", "-o", "json"],
+        [sys.executable, "-m", "gpudra", "inventory", "--nvml=sim:dgx-h100", *partitions, "-o", "json"],
         cwd=workdir,
         env=clean,
         stdout=subprocess.PIPE,
