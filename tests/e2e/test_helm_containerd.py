@@ -291,7 +291,9 @@ def test_an_upgrade_from_the_previous_release_keeps_the_plugin_registered_and_ev
             "--version",
             published.version,
             "--plain-http",
-            "--reuse-values",
+            # The previous release's values, over this chart's defaults for what it adds (a plain
+            # --reuse-values would leave the new keys, e.g. mpsHost, unset: docs/install.md, Upgrade).
+            "--reset-then-reuse-values",
         )
         # A pod admitted while the rollout runs (both plugin pods exist: maxSurge 1).
         wait_for("a second plugin pod", lambda: len(plugin_pods(core)) == 2, timeout=60)
