@@ -325,15 +325,20 @@ def read_spec(path: Path) -> CdiSpec:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as err:
         raise GpudraError(f"CDI spec {path} cannot be read: {err.strerror or err}") from err
-    with os.fdopen(fd, "rb") as file:
-        found = os.fstat(file.fileno())
-        problem = _not_ours(found)
+    try:
+        problem = _not_ours(os.fstat(fd))
         if problem:
             raise GpudraError(f"CDI spec {path} is not one gpudra wrote: {problem}")
-        try:
-            return CdiSpec.model_validate_json(file.read(MAX_SPEC_BYTES + 1))
-        except (OSError, ValidationError) as err:
-            raise GpudraError(f"CDI spec {path} cannot be read: {err}") from err
+        chunks: list[bytes] = []
+        size = 0
+        while size <= MAX_SPEC_BYTES and (chunk := os.read(fd, MAX_SPEC_BYTES + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+        return CdiSpec.model_validate_json(b"".join(chunks))
+    except (OSError, ValidationError) as err:
+        raise GpudraError(f"CDI spec {path} cannot be read: {err}") from err
+    finally:
+        os.close(fd)
 
 
 def _not_ours(found: os.stat_result) -> str | None:
