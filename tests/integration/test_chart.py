@@ -180,7 +180,12 @@ def test_a_misspelt_option_is_refused_by_the_schema_with_its_name() -> None:
 def test_the_plugin_directory_is_at_its_host_path_inside_any_driver_root(root: str) -> None:
     """MPS daemons run chrooted into the driver root and keep their pipes in the plugin directory,
     which must be the same directory there: with the host's / and with the GPU Operator's root."""
-    [plugin] = [o for o in render("--set", f"kubeletPlugin.driverRoot={root}") if o["kind"] == "DaemonSet"]
+    [plugin] = [
+        o
+        for o in render("--set", f"kubeletPlugin.driverRoot={root}")
+        if o["kind"] == "DaemonSet"
+        and o["metadata"]["labels"]["app.kubernetes.io/component"] == "kubelet-plugin"
+    ]
     spec = plugin["spec"]["template"]["spec"]
     [container] = spec["containers"]
     mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
@@ -205,12 +210,15 @@ def _notes(*args: str) -> str:
 
 def test_the_install_notes_say_where_the_image_and_the_operator_need_care() -> None:
     default = _notes()
-    assert "localhost/gpudra:0.1.0, which exists only on the machine where `make image` built" in default
-    assert "docs/gpu-operator.md" not in default
+    assert "Image: ghcr.io/gpudra/gpudra:0.1.0 (pull policy IfNotPresent)." in default
+    assert "Pods in ErrImagePull or ImagePullBackOff" in default
+    assert "is a local build" not in default and "docs/gpu-operator.md" not in default
+    local = _notes("--set", "image.repository=localhost/gpudra")
+    assert "localhost/gpudra is a local build: no registry serves it." in local
     operator = _notes(
         "-f", str(CHART / "ci" / "gpu-operator-values.yaml"), "--set", "image.repository=r.io/gpudra"
     )
-    assert "ErrImagePull" not in operator
+    assert "Image: r.io/gpudra:0.1.0" in operator and "is a local build" not in operator
     assert "The driver root is /run/nvidia/driver: see docs/gpu-operator.md" in operator
 
 
