@@ -69,7 +69,9 @@ def plugin(node: tuple[LocalCluster, client.ApiClient]) -> Iterator[PluginProces
 def tmpfs(path: Path, size: str) -> Iterator[Path]:
     """A real tmpfs of `size` mounted at `path` (created), unmounted after."""
     path.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
+    # mode 0755, as the kubelet's hostPath would make it: a tmpfs root is 1777 by default, a state
+    # directory the plugin refuses (gpudra.node.state_dir).
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(path)], check=True)
     try:
         yield path
     finally:
