@@ -10,6 +10,7 @@ the same registry."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import tempfile
 import tomllib
@@ -61,12 +62,15 @@ def published() -> Iterator[Published]:
     """This release (`make release`, which `make e2e` runs first) and the previous one, in a loopback
     registry: `make publish REGISTRY=127.0.0.1:<port> PLAIN_HTTP=1`."""
     directory = Path(tempfile.mkdtemp(prefix="gpudra-e2e-registry-", dir="/tmp"))
-    with LoopbackRegistry(directory) as registry:
-        _root_script(str(REPO / "deploy" / "release" / "publish.sh"), registry.address)
-        previous = _root_script(str(REPO / "deploy" / "release" / "previous.sh"), registry.address).split()[
-            -1
-        ]
-        yield Published(registry, VERSION, previous)
+    try:
+        with LoopbackRegistry(directory) as registry:
+            _root_script(str(REPO / "deploy" / "release" / "publish.sh"), registry.address)
+            previous = _root_script(
+                str(REPO / "deploy" / "release" / "previous.sh"), registry.address
+            ).split()[-1]
+            yield Published(registry, VERSION, previous)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)  # the registry's blobs: two releases, two arches
 
 
 @pytest.fixture(scope="session")

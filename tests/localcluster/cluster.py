@@ -20,6 +20,7 @@ import errno
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 from dataclasses import asdict, dataclass, field
@@ -215,6 +216,10 @@ class LocalCluster:
         unmount_under(self.directory)
         if self.containerd:
             _cleanup_network([r.bridge for r in self.runtimes.values()], self.bin / "kube-proxy")
+            for runtime in self.runtimes.values():
+                # Images and snapshots (about 700 MB a node) are imported or pulled again at the next
+                # start; the logs stay beside them for whoever reads a failed run.
+                shutil.rmtree(runtime.root / "root", ignore_errors=True)
             if self._runtime_lock is not None:
                 os.close(self._runtime_lock)
                 self._runtime_lock = None
