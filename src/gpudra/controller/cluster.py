@@ -85,9 +85,9 @@ class ClusterWatch:
         self._lock = threading.Lock()
         self._changes = 0  # watch events seen; a view or reach remembers the count it was built at
         self._device_changes = 0
-        self._view: tuple[int, datetime, cluster_view.ClusterView] | None = None
-        self._survey: tuple[int, datetime, gpu_map.Survey] | None = None
-        self._survey_build = threading.Lock()
+        # What view() and survey() built last: the change count and time it was built at, and it.
+        self._built: dict[str, tuple[int, datetime, Any]] = {}
+        self._building = threading.Lock()  # one build at a time: callers asking together wait for it
         self._reach: tuple[int, Reach] | None = None
         # Called after each change to the slices (e.g. housekeeping's wake(): a pool may be gone).
         self.on_slices_change: list[Callable[[], None]] = []
@@ -136,35 +136,29 @@ class ClusterWatch:
             callback()
 
     def view(self) -> cluster_view.ClusterView:
-        now = self.clock()
-        with self._lock:
-            changes, cached = self._changes, self._view
-        if cached is not None and cached[0] == changes and (now - cached[1]).total_seconds() < VIEW_SECONDS:
-            return cached[2]
-        view = cluster_view.build(
-            driver=self.driver,
-            slices=self.slices.objects(),
-            claims=[read_claim(obj) for obj in self.claims.objects()],
-            classes=self.classes.objects(),
-            now=now,
-            idle_after_seconds=self.idle_after_seconds,
-        )
-        with self._lock:
-            self._view = (changes, now, view)
+        view: cluster_view.ClusterView = self._build("view", cluster_view.build)
         return view
 
     def survey(self) -> gpu_map.Survey:
         """The GPU map's survey, rebuilt as `view()` is: a page refreshing every few seconds in many
-        browsers must not walk a thousand nodes' slices each time, nor several times at once (pages
-        asking together wait for one build)."""
-        with self._survey_build:
+        browsers must not walk a thousand nodes' slices each time, nor several times at once."""
+        found: gpu_map.Survey = self._build("survey", gpu_map.survey)
+        return found
+
+    def _build(self, name: str, build: Callable[..., Any]) -> Any:
+        """`build` over the watched picture, again only after a change and at most every VIEW_SECONDS;
+        builds wait for each other, so callers asking together get one build."""
+        with self._building:
             now = self.clock()
             with self._lock:
-                changes, cached = self._changes, self._survey
-            fresh = cached is not None and (now - cached[1]).total_seconds() < VIEW_SECONDS
-            if cached is not None and cached[0] == changes and fresh:
+                changes, cached = self._changes, self._built.get(name)
+            if (
+                cached is not None
+                and cached[0] == changes
+                and (now - cached[1]).total_seconds() < VIEW_SECONDS
+            ):
                 return cached[2]
-            found = gpu_map.survey(
+            found = build(
                 driver=self.driver,
                 slices=self.slices.objects(),
                 claims=[read_claim(obj) for obj in self.claims.objects()],
@@ -173,7 +167,7 @@ class ClusterWatch:
                 idle_after_seconds=self.idle_after_seconds,
             )
             with self._lock:
-                self._survey = (changes, now, found)
+                self._built[name] = (changes, now, found)
             return found
 
     def reach(self) -> Reach:
