@@ -30,6 +30,7 @@ from pathlib import Path, PurePosixPath
 
 from gpudra.errors import ConfigError
 from gpudra.sim import machines, procfs
+from gpudra.sim.scratch import scratch as scratch_path
 
 NVIDIACTL_MINOR = 255
 
@@ -93,7 +94,7 @@ def _place(path: Path, node: Node) -> None:
             if stat.S_IMODE(found.st_mode) != node.mode:
                 os.chmod(path, node.mode)
             return
-    scratch = path.with_name(f".{path.name}.{os.getpid()}")
+    scratch = scratch_path(path)
     scratch.unlink(missing_ok=True)
     os.mknod(scratch, stat.S_IFCHR | node.mode, device)
     try:

@@ -16,6 +16,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from gpudra.sim.scratch import scratch as scratch_path
+
 NVIDIA_MAJOR = 195
 NVIDIA_CAPS_MAJOR = 508
 NVIDIA_UVM_MAJOR = 507
@@ -79,13 +81,13 @@ def write(root: Path) -> None:
 
 
 def _replace(path: Path, text: str) -> None:
-    # Replace by rename so that processes installing the same machine at once never read half a file.
+    # Replaced by rename: see gpudra.sim.scratch.
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         if path.read_text() == text:
             return
     except FileNotFoundError:
         pass
-    scratch = path.with_name(f".{path.name}.{os.getpid()}")
+    scratch = scratch_path(path)
     scratch.write_text(text)
     os.replace(scratch, path)

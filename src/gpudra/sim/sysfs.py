@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from gpudra.sim import machines
+from gpudra.sim.scratch import scratch
 
 
 def write(machine: machines.Machine, root: Path) -> None:
@@ -20,9 +21,11 @@ def write(machine: machines.Machine, root: Path) -> None:
         root_bus = slot.pcie_root.removeprefix("pci").split(":")[1]
         device = root / "devices" / slot.pcie_root / f"0000:{root_bus}:01.0" / slot.bdf
         device.mkdir(parents=True, exist_ok=True)
-        (device / "numa_node").write_text(f"{slot.numa_node}\n")
-        # Replace by rename so that processes installing the same machine at once never see a gap.
-        scratch = links / f".{slot.bdf}.{os.getpid()}"
-        scratch.unlink(missing_ok=True)
-        scratch.symlink_to(os.path.relpath(device, links))
-        os.replace(scratch, links / slot.bdf)
+        # Replaced by rename: see gpudra.sim.scratch.
+        numa = scratch(device / "numa_node")
+        numa.write_text(f"{slot.numa_node}\n")
+        os.replace(numa, device / "numa_node")
+        link = scratch(links / slot.bdf)
+        link.unlink(missing_ok=True)
+        link.symlink_to(os.path.relpath(device, links))
+        os.replace(link, links / slot.bdf)
