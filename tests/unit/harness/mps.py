@@ -68,8 +68,14 @@ class MpsHost:
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
+            # As the kubelet stops a pod: SIGTERM, the default grace period of 30 s (mps-host lets the
+            # requests in flight finish for up to 20 s: a start waits for its daemon), then SIGKILL.
             self.process.terminate()
-            self.process.wait(10)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
 
 
 @pytest.fixture
