@@ -24,7 +24,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client import ApiException
 
-from tests.integration.kube_helpers import Resources, pod_gone, pod_running, wait_for
+from tests.integration.kube_helpers import Resources, pod_events, pod_gone, pod_running, wait_for
 from tests.integration.procs import cluster_processes
 from tests.localcluster import LocalCluster
 from tests.localcluster import containerd as ctrd
@@ -356,8 +356,19 @@ def mps_client(name: str, image: str) -> dict[str, Any]:
 
 
 def attached(core: client.CoreV1Api, name: str) -> str:
-    wait_for(f"pod {name} running", lambda: pod_running(core, name, WORKLOAD_NS), timeout=120)
-    return wait_for(f"{name} attached", lambda: logs(core, name).strip() or None)
+    """The client's line, once it printed it; a pod that ended or never ran fails with what it said and
+    its events."""
+
+    def line() -> str | None:
+        pod = core.read_namespaced_pod(name, WORKLOAD_NS)
+        if pod.status.phase in ("Failed", "Succeeded"):
+            raise AssertionError(f"{name} ended: {logs(core, name)!r} {pod_events(core, name, WORKLOAD_NS)}")
+        return (logs(core, name).strip() or None) if pod.status.phase == "Running" else None
+
+    try:
+        return wait_for(f"{name} attached", line, timeout=180)
+    except AssertionError as err:
+        raise AssertionError(f"{err}; events: {pod_events(core, name, WORKLOAD_NS)}") from err
 
 
 def daemon_pid_files(cluster: LocalCluster) -> list[Path]:
