@@ -89,7 +89,9 @@ def test_the_claims_of_a_pod_are_explained_together_and_json_is_one_object_per_l
         tmp_path / "one.yaml", template("a", f'{A}.productName == "Tesla T4"', count=2), pod("p", "a")
     )
     assert cli.main(["explain", str(written), "--slices", str(node_file), "-o", "json"]) == 0
-    assert json.loads(capsys.readouterr().out)["verdict"] == "fits on node-mixed: gpu-2, gpu-3"
+    explanation = json.loads(capsys.readouterr().out)
+    assert (explanation["apiVersion"], explanation["kind"]) == ("gpudra.io/v1alpha1", "Explanation")
+    assert explanation["verdict"] == "fits on node-mixed: gpu-2, gpu-3"
 
 
 def test_allocated_claims_beside_the_slices_hold_their_devices(

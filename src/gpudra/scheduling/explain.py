@@ -35,13 +35,14 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
 from gpudra.model.claim import Claim as ResourceClaim
 from gpudra.model.claim import ClaimSpec, Request
+from gpudra.model.kube_api import OUTPUT_API_VERSION
 from gpudra.model.publishing import ServerFields, Withheld
 from gpudra.scheduling import forms
 from gpudra.scheduling.allocator import (
@@ -140,6 +141,10 @@ class NodeReport(_Model):
 
 
 class Explanation(_Model):
+    """The answer for one claim or one pod's claims: `gpudra explain -o json`."""
+
+    api_version: str = OUTPUT_API_VERSION
+    kind: Literal["Explanation"] = "Explanation"
     claims: list[str]
     fits: bool
     verdict: str
