@@ -261,11 +261,16 @@ def connect(kubeconfig: str | None, context: str | None = None) -> client.ApiCli
     _quiet_transport()
     configuration = client.Configuration()
     configuration.retries = NO_RETRIES  # read when the client makes its connection pools, below
-    with _api_errors("loading cluster credentials"):
+    try:
         if kubeconfig:
             _load_kubeconfig(kubeconfig, configuration, context)
         else:
             config.load_incluster_config(client_configuration=configuration)
+    except config.ConfigException as err:
+        # what was given cannot be used (a missing context or certificate file, no service account):
+        # input to fix, exit 2 for every command (gpudra.cli.EXIT_CODES), not a cluster that refused
+        where = f"kubeconfig {kubeconfig}" if kubeconfig else "in-cluster config (no --kubeconfig)"
+        raise ConfigError(f"invalid cluster credentials: {err}", field=where) from err
     if not configuration.verify_ssl:
         # urllib3 would warn on every request, naming the host; said once here instead.
         warnings.filterwarnings("ignore", category=urllib3.exceptions.InsecureRequestWarning)
