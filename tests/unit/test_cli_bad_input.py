@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -468,3 +469,32 @@ def test_the_exit_codes_are_in_every_commands_help(workdir: Path) -> None:
     for command in COMMANDS:
         done = run([command, "--help"], workdir, {})
         assert done.returncode == 0 and cli.EXIT_CODES.splitlines()[1].strip() in done.stdout
+
+
+def test_a_daemons_unexpected_error_is_one_line_and_exit_3(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A bug met while a daemon starts (here: mps-host's run raising what nothing expects) is the same
+    one line as in the other commands; the traceback only with GPUDRA_DEBUG=1."""
+    from gpudra.node import mps_host  # noqa: PLC0415 (what the command imports when it runs)
+
+    def broken(**_: object) -> None:
+        raise RuntimeError("boom\nsecond line")
+
+    monkeypatch.setattr(mps_host, "run", broken)
+    monkeypatch.delenv("GPUDRA_DEBUG", raising=False)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    argv = ["mps-host", "--nvml=sim:dgx-h100", f"--state-dir={tmp_path}", "--log-level=ERROR"]
+    try:
+        assert cli.main(argv) == cli.EXIT_BUG
+        err = capsys.readouterr().err
+        assert err == (
+            "gpudra mps-host: unexpected error (a bug: please report it; GPUDRA_DEBUG=1 shows the "
+            "traceback): RuntimeError: boom\n"
+        )
+        monkeypatch.setenv("GPUDRA_DEBUG", "1")
+        with pytest.raises(RuntimeError, match="boom"):
+            cli.main(argv)
+    finally:  # the daemon's own SIGTERM and SIGINT handlers, not pytest's
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
