@@ -211,12 +211,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     why = _command(commands, "explain", "why a claim fits a node or not, by the scheduler's rules")
-    why.add_argument("target", help="a file of claims, templates or pods; or claim/NAME or pod/NAME")
+    why.add_argument(
+        "target",
+        help="a file of claims, templates, pods or workloads; or, in the cluster, claim/NAME, pod/NAME, "
+        "deployment/NAME, statefulset/NAME, replicaset/NAME, daemonset/NAME, job/NAME or cronjob/NAME "
+        "(a workload: a new pod of its template)",
+    )
     why.add_argument(
         "-n",
         "--namespace",
         default=None,
-        help="namespace of claim/NAME, pod/NAME and of objects in the file that name none (default: the "
+        help="namespace of KIND/NAME and of objects in the file that name none (default: the "
         "kubeconfig context's, else default)",
     )
     why.add_argument("--kubeconfig", default=None, help="kubeconfig (default $KUBECONFIG, ~/.kube/config)")
