@@ -404,3 +404,26 @@ def test_the_verdict_counts_the_nodes_each_filter_excludes(
         "cannot fit: 1 node excluded by nodeSelector gpu=b, 1 by taint nvidia.com/gpu=present:NoSchedule; "
         "on the other 2 nodes: no device has"
     )
+
+
+def test_a_pod_that_names_its_node_goes_there_only_and_is_told_the_scheduler_is_skipped(
+    tmp_path: Path, node_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    claims = write(
+        tmp_path / "pod.yaml", _pod(nodeName="node-other"), template("t4", f'{A}.productName == "Tesla T4"')
+    )
+    nodes = write(tmp_path / "nodes.yaml", _node("node-mixed"))
+    argv = ["explain", str(claims), "--slices", str(node_file), "--slices", str(nodes)]
+    assert cli.main(argv) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("cannot fit: 1 node excluded by spec.nodeName node-other")
+    assert any(line.startswith("note: spec.nodeName skips the scheduler") for line in lines)
+    # a pod the scheduler bound (PodScheduled True) has its nodeName from the binding: no such note
+    bound = {
+        **_pod(nodeName="node-mixed"),
+        "status": {"conditions": [{"type": "PodScheduled", "status": "True"}]},
+    }
+    write(tmp_path / "pod.yaml", bound, template("t4", f'{A}.productName == "Tesla T4"'))
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("fits on node-mixed") and "skips the scheduler" not in out

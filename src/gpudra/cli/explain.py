@@ -96,7 +96,7 @@ class Inputs:
     slices: list[Mapping[str, Any]] = field(default_factory=list)
     allocated: list[Claim] = field(default_factory=list)
     targets: list[list[ClaimToExplain]] = field(default_factory=list)  # each explained on its own
-    pods: list[Mapping[str, Any] | None] = field(default_factory=list)  # each target's pod spec, if any
+    pods: list[Mapping[str, Any] | None] = field(default_factory=list)  # each target's pod, if any
     nodes: list[Mapping[str, Any]] = field(default_factory=list)
     running: list[Mapping[str, Any]] = field(default_factory=list)  # pods whose requests use their nodes
     driver: str = ""
@@ -115,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
     pods = inputs.pods + [None] * (len(inputs.targets) - len(inputs.pods))
     results = []
     for target, pod in zip(inputs.targets, pods, strict=True):
+        spec = (pod.get("spec") or {}) if pod is not None else None
         result = explain(
             target,
             classes=inputs.classes,
@@ -122,10 +123,10 @@ def run(args: argparse.Namespace) -> int:
             allocated=inputs.allocated,
             server=fields,
             driver=args.driver_name,
-            node_refusals=node_refusals(pod, inputs.nodes, inputs.running) if pod is not None else None,
+            node_refusals=node_refusals(spec, inputs.nodes, inputs.running) if spec is not None else None,
         )
-        result.notes += [*unevaluated(pod or {}), *inputs.notes]
-        if pod is not None and pod.get("nodeName"):
+        result.notes += [*unevaluated(spec or {}), *inputs.notes]
+        if pod is not None and _names_its_node(pod):
             result.notes.append(NODE_NAME_NOTE)
         results.append(result)
     _print(results, args)
@@ -214,7 +215,7 @@ def _targets(
         inputs.targets.append(
             _pod_claims(pod, objects, cluster=cluster, namespace=namespace, driver=inputs.driver)
         )
-        inputs.pods.append(pod.get("spec") or {})
+        inputs.pods.append(pod)
 
 
 # kind -> the path of its pod template
@@ -367,7 +368,7 @@ def _online(args: argparse.Namespace) -> Inputs:
         inputs.targets.append(
             _pod_claims(pod, [], cluster=cluster, namespace=namespace, driver=args.driver_name)
         )
-        inputs.pods.append(pod.get("spec") or {})
+        inputs.pods.append(pod)
         explained = (namespace, name) if kind == "Pod" else None
     if inputs.pods:
         inputs.running.extend(
@@ -376,6 +377,14 @@ def _online(args: argparse.Namespace) -> Inputs:
             if explained is None or _namespace_name(pod) != explained
         )
     return inputs
+
+
+def _names_its_node(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod's spec.nodeName was set by its author (the scheduler never sees the pod), not by
+    the scheduler's binding (PodScheduled True)."""
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    scheduled = any(c.get("type") == "PodScheduled" and c.get("status") == "True" for c in conditions)
+    return bool((pod.get("spec") or {}).get("nodeName")) and not scheduled
 
 
 def _cluster_object(target: str) -> tuple[str, str] | None:
