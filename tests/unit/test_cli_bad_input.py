@@ -174,6 +174,14 @@ CASES = {
         ["explain", "slices.yaml", "--slices", "slices.yaml"], USAGE, "holds no ResourceClaim"
     ),
     "explain: output": Case(["explain", "claim.yaml", "-o", "xml"], USAGE, "'xml' is not one of"),
+    "explain: a kind it does not read": Case(
+        ["explain", "service/web", "--slices", "slices.yaml"],
+        USAGE,
+        "service/web: is neither a file nor KIND/NAME of a kind explain reads (claim, pod, deployment,",
+    ),
+    "explain: a workload offline": Case(
+        ["explain", "deploy/web", "--slices", "slices.yaml"], USAGE, "deploy/web names an object in a cluster"
+    ),
     "explain: old release": Case(
         ["explain", "claim.yaml", "--server-minor=33"], USAGE, "1.33 is older than 1.34"
     ),

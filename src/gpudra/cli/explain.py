@@ -106,6 +106,7 @@ class Inputs:
 
 def run(args: argparse.Namespace) -> int:
     """The `gpudra explain` command: 0 when every target fits, 1 when one does not."""
+    _check_target(args.target)
     offline = bool(args.slices)
     inputs = _offline(args) if offline else _online(args)
     if not inputs.targets:
@@ -377,6 +378,17 @@ def _online(args: argparse.Namespace) -> Inputs:
             if explained is None or _namespace_name(pod) != explained
         )
     return inputs
+
+
+def _check_target(target: str) -> None:
+    """A KIND/NAME whose KIND explain does not read, and that is no file either, named as such."""
+    kind, slash, name = target.partition("/")
+    if slash and name and "/" not in name and kind.lower() not in TARGET_KINDS and not Path(target).exists():
+        first_names: dict[str, str] = {}  # each kind's first name in TARGET_KINDS: claim, pod, ...
+        for alias, named in TARGET_KINDS.items():
+            first_names.setdefault(named, alias)
+        kinds = ", ".join(first_names.values())
+        raise ConfigError(f"is neither a file nor KIND/NAME of a kind explain reads ({kinds})", field=target)
 
 
 def _names_its_node(pod: Mapping[str, Any]) -> bool:
