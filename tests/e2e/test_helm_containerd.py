@@ -375,7 +375,7 @@ def daemon_pid_files(cluster: LocalCluster) -> list[Path]:
     return list((plugin_dir(cluster) / "mps").glob("*/pipe/nvidia-cuda-mps-control.pid"))
 
 
-def test_an_upgrade_to_a_new_image_leaves_the_mps_daemon_and_its_attached_client_running(
+def test_an_upgrade_and_a_container_restart_leave_the_mps_daemon_and_its_attached_client_running(
     installed: str, cluster: LocalCluster, core: client.CoreV1Api, api: client.ApiClient, published: Published
 ) -> None:
     resources = Resources(api)
@@ -425,8 +425,21 @@ def test_an_upgrade_to_a_new_image_leaves_the_mps_daemon_and_its_attached_client
     assert {
         p.metadata.uid for p in core.list_namespaced_pod(NAMESPACE, label_selector=MPS_HOST_PODS).items
     } == (hosts)
+    # A container restart: the plugin's process SIGKILLed in its container, which the kubelet starts
+    # again in the same pod.
+    [plugin] = plugin_pods(core)
+    container = plugin.status.container_statuses[0]
+    cluster.runtimes[NODE].ctr(
+        cluster.runtime_bin, "task", "kill", "--signal", "SIGKILL", container.container_id.split("://")[-1]
+    )
+
+    def restarted() -> bool:
+        [pod] = plugin_pods(core)
+        return pod.status.container_statuses[0].restart_count > container.restart_count and ready(pod)
+
+    wait_for("the plugin's container started again", restarted, timeout=180)
     # The client attached before is still attached (a lost daemon would have ended its only container),
-    # and a client attaching after the upgrade reaches the same daemon, with the same limits.
+    # and a client attaching after the upgrade and the restart reaches the same daemon, with its limits.
     core.create_namespaced_pod(WORKLOAD_NS, mps_client("mps-after", image))
     assert attached(core, "mps-after") == before
     assert pod_running(core, "mps-before", WORKLOAD_NS)

@@ -129,7 +129,7 @@ def server(sockets: Path, backend: Backend, outcomes: Outcomes) -> Iterator[Kube
 
 
 def channel(socket: Path) -> grpc.Channel:
-    return grpc.insecure_channel(f"unix://{socket}")
+    return grpc.insecure_channel(f"unix:{socket.absolute()}")  # as the server binds: see kubelet_grpc
 
 
 def claim(pb: ModuleType, uid: str) -> Any:
@@ -431,6 +431,16 @@ def test_an_instance_id_too_long_for_a_socket_path_is_replaced_by_its_digest(soc
 
     fits = server(plugin_dir)
     assert fits.dra_socket.name == f"dra-{pod_uid}.sock"  # 106 bytes: its hidden name has 107
+    # ... which gRPC binds and serves (in its `unix://` form it refused 106 and 107 bytes: the plugin
+    # crashed at start on a node whose plugin directory had just that length).
+    fits.start()
+    try:
+        assert _info(fits.registration_socket).endpoint == str(fits.dra_socket)
+        with channel(fits.dra_socket) as ch:
+            stub = dra_v1_pb2_grpc.DRAPluginStub(ch)
+            stub.NodePrepareResources(dra_v1_pb2.NodePrepareResourcesRequest(claims=[]), timeout=10)
+    finally:
+        fits.stop(timeout=1)
     longer = server(plugin_dir.with_name(plugin_dir.name + "p"))
     assert re.fullmatch(r"dra-[0-9a-f]{12}\.sock", longer.dra_socket.name)
     assert longer.dra_socket.name == server(longer.dra_socket.parent).dra_socket.name  # the same every time

@@ -493,7 +493,9 @@ class KubeletServer:
             socket.parent.mkdir(parents=True, exist_ok=True)
             bound = sockets[socket]
             bound.unlink(missing_ok=True)
-            server.add_insecure_port(f"unix://{bound}")
+            # `unix:<absolute path>`, not `unix://<path>`: grpcio (1.85) refuses a path of 106 or 107 bytes
+            # in the second form, which the kernel and the first form allow (test_kubelet_plugin).
+            server.add_insecure_port(f"unix:{bound}")
             server.start()
             os.replace(bound, socket)
             self._inodes[socket] = socket.stat().st_ino
