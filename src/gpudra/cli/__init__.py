@@ -1,5 +1,5 @@
-"""The `gpudra` command: inventory, validate, explain, status, kubelet-plugin, mps-host, controller. The
-one place that wires objects together.
+"""The `gpudra` command: inventory, validate, migrate, explain, status, kubelet-plugin, mps-host,
+controller. The one place that wires objects together.
 
 Every option of kubelet-plugin and controller can also come from an environment variable,
 GPUDRA_<OPTION> (e.g. GPUDRA_NODE_NAME), which is how the Helm chart sets them. Each option's value
@@ -26,6 +26,7 @@ from typing import Any, NoReturn
 from gpudra import build, logs
 from gpudra.cli.option_types import (
     AbsolutePath,
+    Bytes,
     Checked,
     Choice,
     Minor,
@@ -52,9 +53,11 @@ SIM_MACHINES = ("dgx-a100", "dgx-h100", "mixed", "vm-h100", "vm-h200", "no-shari
 
 EXIT_CODES = """\
 exit codes:
-  0    success (validate: every file is valid; explain: every claim fits)
-  1    the answer is no: validate found problems; explain: a claim does not fit; inventory: a slice
-       would be refused; kubelet-plugin, controller: stopped on an error while running
+  0    success (validate: every file is valid; migrate: everything was translated; explain: every
+       claim fits)
+  1    the answer is no: validate found problems; migrate: something had no gpudra equivalent and was
+       left as it was (listed on stderr; the output is incomplete); explain: a claim does not fit;
+       inventory: a slice would be refused; kubelet-plugin, controller: stopped on an error while running
   2    usage or input error: a bad option or GPUDRA_* variable, a file that cannot be read or parsed,
        a kubeconfig that cannot be used, an API server or controller that cannot be reached or refuses
   3    an unexpected error inside gpudra (a bug: please report it; GPUDRA_DEBUG=1 shows the traceback)
@@ -208,6 +211,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     val.add_argument(
         "-o", "--output", type=OUTPUT, default="table", help=f"{OUTPUT_HELP}; json, yaml: a List of problems"
+    )
+
+    _migrate_parser(
+        _command(commands, "migrate", "rewrite NVIDIA DRA driver and device-plugin manifests for gpudra")
     )
 
     why = _command(commands, "explain", "why a claim fits a node or not, by the scheduler's rules")
@@ -431,6 +438,39 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _migrate_parser(migrate: argparse.ArgumentParser) -> None:
+    migrate.add_argument(
+        "files",
+        nargs="+",
+        type=Path,
+        metavar="FILE",
+        help="a YAML or JSON file of manifests (several documents, Lists, Helm's output); - : standard input",
+    )
+    migrate.add_argument(
+        "--device-plugin-config",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="the NVIDIA device plugin's config (version: v1; or its chart's ConfigMap): sharing replicas, "
+        "renamed resources, flags.migStrategy",
+    )
+    migrate.add_argument(
+        "--mig-strategy",
+        type=Choice(("none", "single", "mixed")),
+        default=None,
+        help="the device plugin's MIG strategy, over the config's flags.migStrategy (default: the config's, "
+        "else none)",
+    )
+    migrate.add_argument(
+        "--gpu-memory",
+        type=Bytes(minimum=1024**3),
+        default=None,
+        help="the memory of the GPUs that time-slicing or MPS replicas divide (e.g. 81559Mi for an H100 "
+        "80GB, as gpudra inventory shows it): a replica becomes a share of memory / replicas, in whole Gi",
+    )
+    migrate.add_argument("--driver-name", default=DRIVER, type=_DRIVER_NAME, help="gpudra's DRA driver name")
+
+
 def _mps_host_parser(host: argparse.ArgumentParser) -> None:
     nvml = Choice(("real", *(f"sim:{m}" for m in SIM_MACHINES)), label="NVML")
     _add(host, "nvml", default="real", help=f"NVML to use: real, or sim:{'|'.join(SIM_MACHINES)}", type=nvml)
@@ -607,6 +647,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _inventory(args)
     if args.command == "validate":
         return _validate(args)
+    if args.command == "migrate":
+        return _migrate(args)
     if args.command == "explain":
         return _explain(args)
     if args.command == "status":
@@ -646,6 +688,21 @@ def _validate(args: argparse.Namespace) -> int:
     from gpudra.cli import validate  # noqa: PLC0415 (see the imports above)
 
     return validate.run(args.files, driver=args.driver_name, output=args.output)
+
+
+# --- migrate -------------------------------------------------------------------------------------
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    from gpudra.cli import migrate  # noqa: PLC0415 (see the imports above)
+
+    return migrate.run(
+        args.files,
+        driver=args.driver_name,
+        device_plugin=args.device_plugin_config,
+        mig_strategy=args.mig_strategy,
+        gpu_memory=args.gpu_memory,
+    )
 
 
 # --- explain -------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ and the rest of the file is used.
 from __future__ import annotations
 
 import os
+import re
 import stat
 import sys
 from dataclasses import dataclass, field
@@ -64,8 +65,18 @@ class Documents:
 def read_documents(path: Path) -> Documents:
     """The documents of a YAML or (by suffix) JSON file, or of standard input (`-`: YAML, of which JSON
     is a part); ValueError says what is wrong with the file."""
-    text = _read_stdin() if path == STDIN else _read_text(path)
-    if path.suffix == ".json":
+    return parse_documents(read_text(path), json_text=path.suffix == ".json")
+
+
+def read_text(path: Path) -> str:
+    """The text of a file or of standard input (`-`), within the bounds above; `Unreadable` or
+    ValueError (not UTF-8) says what is wrong."""
+    return _read_stdin() if path == STDIN else _read_text(path)
+
+
+def parse_documents(text: str, *, json_text: bool = False) -> Documents:
+    """The documents of YAML text (or JSON, one document), within the bounds above."""
+    if json_text:
         return _json_documents(text)
     loader = _BoundedLoader(text)
     try:
@@ -86,6 +97,32 @@ def read_documents(path: Path) -> Documents:
     for number, item in sorted(loader.too_deep, key=lambda at: (at[0], -1 if at[1] is None else at[1])):
         _leave_out(found, number, item, _TOO_DEEP)
     return found
+
+
+# A line that starts a document (`---`) or ends one (`...`): at column 0, then a blank, a comment or the
+# end of the line. YAML allows neither at column 0 inside a document's content, block scalars included.
+_DOCUMENT_START = re.compile(r"---(?=[ \t\r\n]|$)")
+_DOCUMENT_END = re.compile(r"\.\.\.(?=[ \t\r\n]|$)")
+_LINE = re.compile(r"[^\n]*\n|[^\n]+$")
+
+
+def document_texts(text: str) -> list[str]:
+    """`text` cut into the text of each document: a `---` line begins one, a `...` line ends one (and
+    belongs to it). Joined, the pieces are `text`, byte for byte; each holds at most one document, so
+    that one can be rewritten and the others written back untouched (`gpudra migrate`)."""
+    pieces: list[str] = []
+    current = ""
+    for line in _LINE.findall(text):
+        if _DOCUMENT_START.match(line) and current:
+            pieces.append(current)
+            current = ""
+        current += line
+        if _DOCUMENT_END.match(line):
+            pieces.append(current)
+            current = ""
+    if current:
+        pieces.append(current)
+    return pieces
 
 
 def _json_documents(text: str) -> Documents:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from gpudra.errors import ConfigError
+from gpudra.quantity import QUANTITY_PATTERN, parse_quantity
 
 T = TypeVar("T")
 
@@ -177,6 +178,29 @@ class Checked(OptionType[str]):
 
     def schema(self) -> dict[str, Any]:
         return {"type": ["string", "null"], "pattern": f"^({self.pattern})$"}
+
+
+@dataclass(frozen=True)
+class Bytes(OptionType[int]):
+    """An amount of memory as a Kubernetes quantity (80Gi, 81559Mi), at least `minimum` bytes."""
+
+    minimum: int = 1
+
+    def parse(self, text: str) -> int:
+        try:
+            amount = parse_quantity(text.strip())
+        except ConfigError as err:
+            raise ConfigError(f"{text!r} is not an amount of memory: {err.reason}") from None
+        if amount < self.minimum:
+            raise ConfigError(f"{text!r} is less than {self.minimum} bytes")
+        return int(amount)
+
+    @property
+    def metavar(self) -> str:
+        return "QUANTITY"
+
+    def schema(self) -> dict[str, Any]:
+        return {"type": ["string", "null"], "pattern": QUANTITY_PATTERN}
 
 
 @dataclass(frozen=True)

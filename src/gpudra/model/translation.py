@@ -1,0 +1,702 @@
+"""What `gpudra migrate` rewrites, and how. Pure: parsed objects in, parsed objects out.
+
+Two sources of manifests move to gpudra:
+
+- NVIDIA's DRA driver: claims, templates and DeviceClasses naming its classes (`gpu.nvidia.com`,
+  `mig.nvidia.com`), its attribute domain in CEL selectors and `matchAttribute`, its opaque configs
+  (`resource.nvidia.com/v1beta1`) and its device taints in tolerations. Both drivers publish the same
+  attribute names and gpudra's config kinds keep NVIDIA's fields, so most of this is renaming
+  (docs/migrate.md, "What changes in every manifest").
+- NVIDIA's device plugin: pods, workloads and pod templates whose containers ask `nvidia.com/gpu`,
+  `nvidia.com/mig-<profile>` or a shared resource the plugin's config names. Each distinct ask becomes
+  a ResourceClaimTemplate, and the pod spec names it (`spec.resourceClaims`, the container's
+  `resources.claims`) instead of the extended resource. Each container gets claims of its own, as the
+  device plugin gave each container devices of its own.
+
+What has no gpudra equivalent is left exactly as it was and reported (`Untranslated`: the field and
+why), so the output never means something else than the input without a word; a whole object is
+rewritten or left alone per part, never dropped.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from gpudra.api import config_problems
+from gpudra.errors import ConfigError
+from gpudra.model.devices import dns_label
+from gpudra.model.kube_api import API_VERSION, GROUP
+from gpudra.model.migration import CONFIG_GROUP, NVIDIA_CONFIG_GROUP, NVIDIA_DRIVER, gpudra_classes
+
+GIB = 1024**3
+MigStrategy = Literal["none", "single", "mixed"]
+MIG_STRATEGIES: tuple[MigStrategy, ...] = ("none", "single", "mixed")
+SharingStrategy = Literal["TimeSlicing", "MPS"]
+
+PLAIN_GPU = "nvidia.com/gpu"
+_MIG_RESOURCE = re.compile(r"nvidia\.com/mig-(?P<profile>[0-9]+c?\.?[0-9]*g\.[0-9]+gb(\+[a-z]+)*)")
+# NVIDIA's taint keys (docs/migrate.md's table) -> gpudra's
+UNHEALTHY_TAINT = "gpudra.io/unhealthy"
+_NVIDIA_TAINTS = ("gpu.nvidia.com/xid", "gpu.nvidia.com/gpu-lost")
+
+# Attributes NVIDIA's driver publishes that gpudra publishes under the same name in its own domain
+_SAME_ATTRIBUTES = frozenset(
+    (
+        "type",
+        "uuid",
+        "productName",
+        "brand",
+        "architecture",
+        "cudaComputeCapability",
+        "driverVersion",
+        "cudaDriverVersion",
+        "profile",
+        "parentUUID",
+        "index",  # NVIDIA's before v25.8; the same meaning (the NVML index)
+        "minor",
+    )
+)
+_STANDARD = "resource.kubernetes.io"
+# NVIDIA's older `pcieBusID` is the standard attribute now, in both drivers
+_TO_STANDARD = {"pcieBusID": "pciBusID"}
+# NVIDIA's newer `resource.kubernetes.io/numaNode` is gpudra's `numaNode`, in its own domain
+_FROM_STANDARD = {"numaNode": "numaNode"}
+_SAME_CAPACITIES = frozenset(
+    ("memory", "multiprocessors", "copyEngines", "decoders", "encoders", "jpegEngines", "ofaEngines")
+)
+_REFERENCE = re.compile(
+    r"""device\.(?P<what>attributes|capacity)\[\s*(?P<q>["'])(?P<domain>[a-z0-9.-]+)(?P=q)\s*\]"""
+    r"""(?:\.(?P<name>[A-Za-z_][A-Za-z0-9_]*)|\[\s*(?P<q2>["'])(?P<quoted>[^"']+)(?P=q2)\s*\])?"""
+)
+_DRIVER_LITERAL = re.compile(r"""(?P<q>["'])gpu\.nvidia\.com(?P=q)""")
+
+# Pod templates of the workload kinds, by path
+_POD_SPECS: dict[str, tuple[str, ...]] = {
+    "Pod": ("spec",),
+    "PodTemplate": ("template", "spec"),
+    "Deployment": ("spec", "template", "spec"),
+    "StatefulSet": ("spec", "template", "spec"),
+    "ReplicaSet": ("spec", "template", "spec"),
+    "ReplicationController": ("spec", "template", "spec"),
+    "DaemonSet": ("spec", "template", "spec"),
+    "Job": ("spec", "template", "spec"),
+    "CronJob": ("spec", "jobTemplate", "spec", "template", "spec"),
+}
+_CONTAINER_LISTS = ("initContainers", "containers")
+_MAX_NAME = 63
+
+
+# --- the device plugin's config -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Replicated:
+    """One resource the device plugin shares: `replicas` pods per device of `resource`."""
+
+    strategy: SharingStrategy
+    resource: str  # what is shared: nvidia.com/gpu or nvidia.com/mig-<profile>
+    replicas: int
+    all_devices: bool  # `devices` is all (the default), not some of the node's GPUs
+
+
+@dataclass(frozen=True)
+class DevicePlugin:
+    """What the device plugin's config says about the resources pods ask for."""
+
+    mig_strategy: MigStrategy = "none"
+    shared: Mapping[str, Replicated] = field(default_factory=dict)  # advertised name -> what it shares
+
+
+_TOP_FIELDS = ("version", "flags", "resources", "sharing", "imex")
+_SHARING_FIELDS = {"timeSlicing": "TimeSlicing", "mps": "MPS"}
+_REPLICATED_FIELDS = ("renameByDefault", "failRequestsGreaterThanOne", "resources")
+_RESOURCE_FIELDS = ("name", "rename", "replicas", "devices")
+_RESOURCE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+
+
+def device_plugin_config(raw: object, *, mig_strategy: MigStrategy | None = None) -> DevicePlugin:
+    """The device plugin's config file (`version: v1`, as its chart's ConfigMap holds it), checked;
+    ConfigError names the field and what is allowed. `mig_strategy` overrides `flags.migStrategy`."""
+    config = _mapping(raw, "", "the device plugin's config (version: v1, flags, sharing)")
+    _known(config, "", _TOP_FIELDS)
+    if config.get("version", "v1") != "v1":
+        raise ConfigError(f"{config.get('version')!r} is not v1, the only version", field="version")
+    flags = _mapping(config.get("flags", {}), "flags", "a mapping")
+    strategy = flags.get("migStrategy", "none")
+    if strategy not in MIG_STRATEGIES:
+        raise ConfigError(
+            f"{strategy!r} is not one of {', '.join(MIG_STRATEGIES)}", field="flags.migStrategy"
+        )
+    sharing = _mapping(config.get("sharing", {}), "sharing", "a mapping")
+    _known(sharing, "sharing", tuple(_SHARING_FIELDS))
+    if len(sharing) > 1:
+        raise ConfigError("timeSlicing and mps exclude each other: give one", field="sharing")
+    shared: dict[str, Replicated] = {}
+    for key, value in sharing.items():
+        shared.update(_replicated(value, f"sharing.{key}", _SHARING_FIELDS[key]))
+    return DevicePlugin(mig_strategy=mig_strategy or strategy, shared=shared)
+
+
+def _replicated(raw: object, at: str, strategy: Any) -> dict[str, Replicated]:
+    section = _mapping(raw, at, "a mapping")
+    _known(section, at, _REPLICATED_FIELDS)
+    rename_by_default = section.get("renameByDefault", False)
+    for flag in ("renameByDefault", "failRequestsGreaterThanOne"):
+        if not isinstance(section.get(flag, False), bool):
+            raise ConfigError(f"{section[flag]!r} is not true or false", field=f"{at}.{flag}")
+    resources = section.get("resources")
+    if not isinstance(resources, list) or not resources:
+        raise ConfigError("is required: a list of {name, replicas}", field=f"{at}.resources")
+    found = {}
+    for index, item in enumerate(resources):
+        where = f"{at}.resources[{index}]"
+        resource = _mapping(item, where, "a mapping of name, rename, replicas, devices")
+        _known(resource, where, _RESOURCE_FIELDS)
+        name = resource.get("name")
+        if name != PLAIN_GPU and not (isinstance(name, str) and _MIG_RESOURCE.fullmatch(name)):
+            allowed = f"{PLAIN_GPU} or nvidia.com/mig-<profile> (the only resources the device plugin shares)"
+            raise ConfigError(f"{name!r} is not {allowed}", field=f"{where}.name")
+        replicas = resource.get("replicas")
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+            raise ConfigError(f"{replicas!r} is not a whole number >= 1", field=f"{where}.replicas")
+        rename = resource.get("rename")
+        if rename is not None and not (isinstance(rename, str) and _RESOURCE_NAME.fullmatch(rename)):
+            raise ConfigError(
+                f"{rename!r} is not a resource name (e.g. nvidia.com/gpu.shared)", field=f"{where}.rename"
+            )
+        advertised = rename or (f"{name}.shared" if rename_by_default else name)
+        found[advertised] = Replicated(strategy, name, replicas, resource.get("devices", "all") == "all")
+    return found
+
+
+def _mapping(value: object, at: str, what: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"must be {what}, not {type(value).__name__}", field=at or None)
+    return value
+
+
+def _known(value: Mapping[str, Any], at: str, allowed: tuple[str, ...]) -> None:
+    for key in value:
+        if key not in allowed:
+            where = f"{at}.{key}" if at else str(key)
+            raise ConfigError(f"is not a field here; the fields are: {', '.join(allowed)}", field=where)
+
+
+# --- what a translation returns ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Untranslated:
+    """A part left as it was: where in the object, and why gpudra has no equivalent for it."""
+
+    field: str
+    reason: str
+
+
+@dataclass
+class Translation:
+    """One object's translation: `obj` is None when nothing changed; `added` are the new objects
+    (ResourceClaimTemplates) it needs, to be written before it; `notes` are translations a reader
+    should know the limits of; `untranslated` what was left as it was."""
+
+    obj: dict[str, Any] | None = None
+    added: list[dict[str, Any]] = field(default_factory=list)
+    untranslated: list[Untranslated] = field(default_factory=list)
+    notes: list[Untranslated] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Options:
+    driver: str = "gpu.gpudra.io"
+    device_plugin: DevicePlugin | None = None  # None: no config given (replicas and renames unknown)
+    gpu_memory: int | None = None  # bytes of the GPUs that replicas divide; None: not given
+
+
+def translate(
+    obj: Mapping[str, Any], options: Options, made: set[tuple[str | None, str]] | None = None
+) -> Translation:
+    """The gpudra equivalent of one parsed object (`v1 List`s: each item). `made` holds the (namespace,
+    name) of the templates made so far, which are not made again; the new ones are added to it."""
+    done = Translation()
+    _Translator(options, done, "", set() if made is None else made).one(copy.deepcopy(dict(obj)), obj)
+    return done
+
+
+@dataclass
+class _Translator:
+    options: Options
+    done: Translation
+    prefix: str  # the path of the object inside a List
+    made: set[tuple[str | None, str]]
+
+    def left(self, at: str, reason: str) -> None:
+        self.done.untranslated.append(Untranslated(self.prefix + at, reason))
+
+    def one(self, new: dict[str, Any], old: Mapping[str, Any]) -> None:
+        kind, items = str(new.get("kind", "")), new.get("items")
+        if kind.endswith("List") and isinstance(items, list):
+            self.items(new, items)
+        elif self.rewrite(new) and new != old:
+            self.done.obj = new
+
+    def items(self, new: dict[str, Any], items: list[Any]) -> None:
+        result: list[Any] = []
+        changed = False
+        for index, item in enumerate(items):
+            if not isinstance(item, dict):
+                result.append(item)
+                continue
+            inner = Translation()
+            _Translator(self.options, inner, f"{self.prefix}items[{index}].", self.made).one(
+                copy.deepcopy(item), item
+            )
+            self.done.untranslated += inner.untranslated
+            self.done.notes += inner.notes
+            result += [*inner.added, inner.obj if inner.obj is not None else item]
+            changed = changed or inner.obj is not None or bool(inner.added)
+        if changed:
+            new["items"] = result
+            self.done.obj = new
+
+    def rewrite(self, obj: dict[str, Any]) -> bool:
+        """Rewrites `obj` in place; False when it is of no kind this module translates."""
+        kind, api_version = obj.get("kind"), str(obj.get("apiVersion", ""))
+        if api_version.startswith(f"{GROUP}/") and kind in ("ResourceClaim", "ResourceClaimTemplate"):
+            self.claim(obj, str(kind))
+            return True
+        if api_version.startswith(f"{GROUP}/") and kind == "DeviceClass":
+            self.device_class(obj)
+            return True
+        if kind in _POD_SPECS:
+            self.workload(obj, str(kind))
+            return True
+        return False
+
+    # --- NVIDIA's DRA driver ---------------------------------------------------------------------
+
+    def claim(self, obj: dict[str, Any], kind: str) -> None:
+        spec = obj.get("spec")
+        at = "spec"
+        if kind == "ResourceClaimTemplate" and isinstance(spec, dict):
+            spec, at = spec.get("spec"), "spec.spec"
+        devices = spec.get("devices") if isinstance(spec, dict) else None
+        if not isinstance(devices, dict):
+            return
+        before = copy.deepcopy(devices)
+        beta1 = obj.get("apiVersion") == f"{GROUP}/v1beta1"
+        self.devices(devices, f"{at}.devices", beta1=beta1)
+        if devices != before:
+            obj["apiVersion"] = API_VERSION
+            if beta1:
+                _to_v1(devices)
+            obj.pop("status", None)  # an allocation of NVIDIA's devices, which gpudra never made
+
+    def devices(self, devices: dict[str, Any], at: str, *, beta1: bool) -> bool:
+        """Translates a claim's `devices`; True when it names NVIDIA's driver anywhere."""
+        nvidia = False
+        for index, request in enumerate(_list(devices.get("requests"))):
+            if not isinstance(request, dict):
+                continue
+            where = f"{at}.requests[{index}]"
+            for sub, chosen in _choices(request, beta1=beta1):
+                nvidia = self.choice(chosen, f"{where}{sub}") or nvidia
+        for index, constraint in enumerate(_list(devices.get("constraints"))):
+            for key in ("matchAttribute", "distinctAttribute"):
+                name = constraint.get(key) if isinstance(constraint, dict) else None
+                if isinstance(name, str) and (name.startswith(f"{NVIDIA_DRIVER}/") or nvidia):
+                    renamed = self.qualified(name, f"{at}.constraints[{index}].{key}")
+                    if renamed is not None:
+                        constraint[key] = renamed
+        for index, entry in enumerate(_list(devices.get("config"))):
+            nvidia = self.config(entry, f"{at}.config[{index}]") or nvidia
+        return nvidia
+
+    def choice(self, chosen: dict[str, Any], at: str) -> bool:
+        name = chosen.get("deviceClassName")
+        classes = gpudra_classes(self.options.driver)
+        nvidia = isinstance(name, str) and name.endswith(".nvidia.com")
+        if name == "gpu.nvidia.com":
+            capacity = _map(chosen.get("capacity")).get("requests")
+            if capacity:
+                # NVIDIA's ConsumableShares: a share of a GPU by memory is gpudra's shared class
+                if set(_map(capacity)) <= {"memory"}:
+                    chosen["deviceClassName"] = classes["gpu-shared"]
+                else:
+                    others = ", ".join(sorted(set(_map(capacity)) - {"memory"}))
+                    self.left(
+                        f"{at}.capacity.requests",
+                        f"asks {others} of a GPU share (NVIDIA's ConsumableShares); gpudra's shares "
+                        "(gpu-shared) have memory and compute only",
+                    )
+            else:
+                chosen["deviceClassName"] = classes["gpu"]
+        elif name == "mig.nvidia.com":
+            chosen["deviceClassName"] = classes["mig"]
+        elif nvidia:
+            self.left(f"{at}.deviceClassName", _NO_CLASS.get(str(name), f"{name} has no gpudra equivalent"))
+        for index, selector in enumerate(_list(chosen.get("selectors"))):
+            cel = _map(_map(selector).get("cel"))
+            expression = cel.get("expression")
+            if isinstance(expression, str) and (nvidia or NVIDIA_DRIVER in expression):
+                nvidia = True
+                renamed = self.cel(expression, f"{at}.selectors[{index}].cel.expression")
+                if renamed is not None:
+                    selector["cel"]["expression"] = renamed
+        for toleration in _list(chosen.get("tolerations")):
+            if isinstance(toleration, dict) and toleration.get("key") in _NVIDIA_TAINTS:
+                toleration["key"] = UNHEALTHY_TAINT
+                nvidia = True
+        if isinstance(chosen.get("tolerations"), list):
+            chosen["tolerations"] = _unique(chosen["tolerations"])
+        return nvidia
+
+    def cel(self, expression: str, at: str) -> str | None:
+        """The expression with NVIDIA's domain and driver renamed; None (and reported) when it
+        names what gpudra does not publish."""
+        missing: list[str] = []
+
+        def rename(match: re.Match[str]) -> str:
+            domain, name = match["domain"], match["name"] or match["quoted"]
+            what, quote = match["what"], match["q"]
+            if domain == NVIDIA_DRIVER:
+                if name is None:
+                    return f"device.{what}[{quote}{self.options.driver}{quote}]"
+                if what == "attributes" and name in _TO_STANDARD:
+                    return f"device.attributes[{quote}{_STANDARD}{quote}].{_TO_STANDARD[name]}"
+                known = _SAME_ATTRIBUTES if what == "attributes" else _SAME_CAPACITIES
+                if name in known:
+                    return f"device.{what}[{quote}{self.options.driver}{quote}].{name}"
+                missing.append(f"{'attribute' if what == 'attributes' else 'capacity'} {name}")
+            elif domain == _STANDARD and what == "attributes" and name in _FROM_STANDARD:
+                return f"device.attributes[{quote}{self.options.driver}{quote}].{_FROM_STANDARD[name]}"
+            return match[0]
+
+        renamed = _REFERENCE.sub(rename, expression)
+        renamed = _DRIVER_LITERAL.sub(lambda m: f"{m['q']}{self.options.driver}{m['q']}", renamed)
+        if missing:
+            self.left(
+                at, f"names NVIDIA's {', '.join(missing)}, which gpudra does not publish (docs/migrate.md)"
+            )
+            return None
+        if NVIDIA_DRIVER in renamed:
+            self.left(at, f"names {NVIDIA_DRIVER} where migrate cannot tell what it stands for")
+            return None
+        return renamed
+
+    def qualified(self, name: str, at: str) -> str | None:
+        """A `domain/attribute` name in a constraint, renamed."""
+        domain, _, attribute = name.partition("/")
+        if domain == NVIDIA_DRIVER and attribute in _TO_STANDARD:
+            return f"{_STANDARD}/{_TO_STANDARD[attribute]}"
+        if domain == NVIDIA_DRIVER and attribute in _SAME_ATTRIBUTES:
+            return f"{self.options.driver}/{attribute}"
+        if domain == _STANDARD and attribute in _FROM_STANDARD:
+            return f"{self.options.driver}/{_FROM_STANDARD[attribute]}"
+        if domain == NVIDIA_DRIVER:
+            self.left(at, f"{name}: gpudra publishes no attribute {attribute} (docs/migrate.md)")
+        return None
+
+    def config(self, entry: object, at: str) -> bool:
+        opaque = _map(_map(entry).get("opaque"))
+        if opaque.get("driver") != NVIDIA_DRIVER:
+            return False
+        parameters = opaque.get("parameters")
+        api_version = str(_map(parameters).get("apiVersion", ""))
+        kind = _map(parameters).get("kind")
+        if api_version != f"{NVIDIA_CONFIG_GROUP}/v1beta1" or kind not in ("GpuConfig", "MigDeviceConfig"):
+            self.left(
+                f"{at}.opaque.parameters",
+                f"{api_version or '(no apiVersion)'} {kind}: only NVIDIA's GpuConfig and MigDeviceConfig "
+                "have gpudra equivalents (docs/migrate.md, What gpudra has no equivalent for)",
+            )
+            return True
+        renamed = {**_map(parameters), "apiVersion": f"{CONFIG_GROUP}/v1beta1"}
+        problems = config_problems(renamed, field_prefix=f"{at}.opaque.parameters")
+        for problem in problems:
+            self.left(problem.field or f"{at}.opaque.parameters", f"gpudra refuses it: {problem.reason}")
+        if not problems:
+            opaque["driver"] = self.options.driver  # type: ignore[index]
+            opaque["parameters"] = renamed  # type: ignore[index]
+        return True
+
+    def device_class(self, obj: dict[str, Any]) -> None:
+        name = str(_map(obj.get("metadata")).get("name", ""))
+        spec = obj.get("spec")
+        if not isinstance(spec, dict) or NVIDIA_DRIVER not in repr(spec):
+            return
+        if name.endswith(".nvidia.com"):
+            self.left(
+                "metadata.name",
+                f"{name} is one of NVIDIA's own classes, which its chart installs; gpudra's chart installs "
+                f"{', '.join(gpudra_classes(self.options.driver).values())}",
+            )
+            return
+        for index, selector in enumerate(_list(spec.get("selectors"))):
+            cel = _map(_map(selector).get("cel"))
+            if isinstance(cel.get("expression"), str):
+                renamed = self.cel(cel["expression"], f"spec.selectors[{index}].cel.expression")
+                if renamed is not None:
+                    selector["cel"]["expression"] = renamed
+        for index, entry in enumerate(_list(spec.get("config"))):
+            self.config(entry, f"spec.config[{index}]")
+        obj["apiVersion"] = API_VERSION
+
+    # --- NVIDIA's device plugin ------------------------------------------------------------------
+
+    def workload(self, obj: dict[str, Any], kind: str) -> None:
+        path = _POD_SPECS[kind]
+        spec: Any = obj
+        for key in path:
+            spec = spec.get(key) if isinstance(spec, dict) else None
+        if not isinstance(spec, dict):
+            return
+        at = ".".join(path)
+        namespace = _map(obj.get("metadata")).get("namespace")
+        taken = {str(_map(e).get("name")) for e in _list(spec.get("resourceClaims"))}
+        entries: list[dict[str, str]] = []
+        for list_name in _CONTAINER_LISTS:
+            for index, container in enumerate(_list(spec.get(list_name))):
+                if isinstance(container, dict):
+                    where = f"{at}.{list_name}[{index}]"
+                    entries += self.container(container, where, namespace, taken)
+        if entries:
+            spec["resourceClaims"] = [*_list(spec.get("resourceClaims")), *entries]
+
+    def container(
+        self, container: dict[str, Any], at: str, namespace: object, taken: set[str]
+    ) -> list[dict[str, str]]:
+        resources = _map(container.get("resources"))
+        asked = {**_map(resources.get("requests")), **_map(resources.get("limits"))}
+        entries = []
+        for resource in sorted(r for r in asked if str(r).startswith("nvidia.com/")):
+            where = f"{at}.resources.limits[{resource}]"
+            template = self.ask(str(resource), asked[resource], where)
+            if template is None:
+                continue
+            name = _template_name(template)
+            made = (namespace if isinstance(namespace, str) else None, name)
+            if made not in self.made:
+                self.made.add(made)
+                self.done.added.append(_template(template, name, namespace, self.options.driver))
+            entry = _unique_name(f"{container.get('name', 'container')}-{template.form}", taken)
+            taken.add(entry)
+            entries.append({"name": entry, "resourceClaimTemplateName": name})
+            for key in ("limits", "requests"):
+                amounts = resources.get(key)
+                if isinstance(amounts, dict):
+                    amounts.pop(resource, None)
+                    if not amounts:
+                        resources.pop(key)  # type: ignore[attr-defined]
+            container["resources"] = {
+                **resources,
+                "claims": [*_list(resources.get("claims")), {"name": entry}],
+            }
+        return entries
+
+    def ask(self, resource: str, amount: object, at: str) -> _Ask | None:
+        """What one container's ask for `resource` is in gpudra's terms; None (and reported) if nothing."""
+        count = _count(amount)
+        if count is None:
+            self.left(at, f"{amount!r} is not a whole number of devices")
+            return None
+        plugin = self.options.device_plugin or DevicePlugin()
+        shared = plugin.shared.get(resource)
+        if shared is not None:
+            return self.share(shared, resource, count, plugin, at)
+        if resource == PLAIN_GPU:
+            if plugin.mig_strategy == "single":
+                self.done.notes.append(
+                    Untranslated(
+                        self.prefix + at,
+                        "under the single MIG strategy nvidia.com/gpu is a MIG partition of the node's one "
+                        "layout: the claim asks any partition of mig.gpudra.io; name its profile "
+                        "(docs/migrate.md, MIG, single strategy)",
+                    )
+                )
+                return _Ask("mig", count)
+            return _Ask("gpu", count)
+        mig = _MIG_RESOURCE.fullmatch(resource)
+        if mig is not None:
+            return _Ask("mig", count, profile=mig["profile"])
+        why = (
+            "not a resource of NVIDIA's device plugin that migrate knows"
+            if self.options.device_plugin is not None
+            else "not nvidia.com/gpu or nvidia.com/mig-<profile>: if the device plugin's config names it "
+            "(a shared or renamed resource), pass it with --device-plugin-config"
+        )
+        self.left(at, why)
+        return None
+
+    def share(
+        self, shared: Replicated, resource: str, count: int, plugin: DevicePlugin, at: str
+    ) -> _Ask | None:
+        mode = "time-slicing" if shared.strategy == "TimeSlicing" else "MPS"
+        if shared.resource != PLAIN_GPU or plugin.mig_strategy == "single":
+            self.left(
+                at,
+                f"{resource} is {shared.replicas} {mode} replicas of a MIG partition: gpudra shares whole "
+                "GPUs only (docs/migrate.md); give the pod a partition of its own (mig.gpudra.io)",
+            )
+            return None
+        if not shared.all_devices:
+            self.left(
+                at, f"{resource} shares only some of the node's GPUs (devices), which gpudra has no rule for"
+            )
+            return None
+        if count != 1:
+            self.left(
+                at,
+                f"asks {count} of {shared.replicas} {mode} replicas, which the device plugin may give on one "
+                "GPU or several: ask one share of the size needed (gpu-shared, capacity.requests.memory)",
+            )
+            return None
+        memory = self.options.gpu_memory
+        if memory is None:
+            self.left(
+                at,
+                f"{mode} replicas: a gpudra share states its memory, the GPU's divided by {shared.replicas}: "
+                "pass the GPUs' memory with --gpu-memory (an H100 80GB publishes 81559Mi; "
+                "`gpudra inventory -o wide` shows it)",
+            )
+            return None
+        gib = memory // shared.replicas // GIB
+        if gib < 1:
+            self.left(at, f"the GPU's memory divided by {shared.replicas} is less than 1Gi, a share's least")
+            return None
+        compute = 100 // shared.replicas if shared.strategy == "MPS" else None
+        return _Ask("gpu-shared", 1, memory_gib=gib, compute=compute, sharing=shared.strategy)
+
+
+@dataclass(frozen=True)
+class _Ask:
+    """One distinct ask, which becomes one ResourceClaimTemplate."""
+
+    form: str  # gpu, gpu-shared, mig
+    count: int
+    profile: str | None = None
+    memory_gib: int | None = None
+    compute: int | None = None
+    sharing: SharingStrategy | None = None
+
+
+_NO_CLASS = {
+    "vfio.gpu.nvidia.com": "a GPU bound to vfio-pci for a VM: gpudra hands GPUs to containers only",
+    "compute-domain-daemon.nvidia.com": "ComputeDomains (IMEX, multi-node NVLink) have no gpudra equivalent",
+    "compute-domain-default-channel.nvidia.com": "ComputeDomains (IMEX channels) have no gpudra equivalent",
+}
+
+
+def _template_name(ask: _Ask) -> str:
+    """The shape in the name (`gpudra-mig-1g10gb-x2`): one template per namespace and shape."""
+    if ask.form == "mig":
+        kind = f"mig-{dns_label(ask.profile)}" if ask.profile else "mig-any"
+    elif ask.form == "gpu-shared":
+        how = "time-sliced" if ask.sharing == "TimeSlicing" else f"mps-{ask.compute}pct"
+        return f"gpudra-gpu-shared-{ask.memory_gib}gi-{how}"
+    else:
+        kind = "gpu"
+    return f"gpudra-{kind}" if ask.count == 1 else f"gpudra-{kind}-x{ask.count}"
+
+
+def _template(ask: _Ask, name: str, namespace: object, driver: str) -> dict[str, Any]:
+    exactly: dict[str, Any] = {"deviceClassName": gpudra_classes(driver)[ask.form]}
+    if ask.count != 1:
+        exactly["count"] = ask.count
+    if ask.profile:
+        expression = f'device.attributes["{driver}"].profile == "{ask.profile}"'
+        exactly["selectors"] = [{"cel": {"expression": expression}}]
+    if ask.memory_gib is not None:
+        capacity: dict[str, str] = {"memory": f"{ask.memory_gib}Gi"}
+        if ask.compute is not None:
+            capacity["compute"] = str(ask.compute)
+        exactly["capacity"] = {"requests": capacity}
+    request = "mig" if ask.form == "mig" else "gpu"
+    devices: dict[str, Any] = {"requests": [{"name": request, "exactly": exactly}]}
+    if ask.sharing == "TimeSlicing":
+        parameters = {
+            "apiVersion": f"{CONFIG_GROUP}/v1beta1",
+            "kind": "GpuConfig",
+            "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Default"}},
+        }
+        devices["config"] = [{"opaque": {"driver": driver, "parameters": parameters}}]
+    metadata: dict[str, Any] = {"name": name}
+    if isinstance(namespace, str):
+        metadata["namespace"] = namespace
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "ResourceClaimTemplate",
+        "metadata": metadata,
+        "spec": {"spec": {"devices": devices}},
+    }
+
+
+def _unique_name(wanted: str, taken: set[str]) -> str:
+    """A DNS label for a pod's claim entry, not yet among `taken`."""
+    base = wanted[:_MAX_NAME].strip("-")
+    name, number = base, 2
+    while name in taken:
+        suffix = f"-{number}"
+        name, number = base[: _MAX_NAME - len(suffix)].strip("-") + suffix, number + 1
+    return name
+
+
+def _count(amount: object) -> int | None:
+    """A device count as a container's limits hold it (an int, or a string of one)."""
+    if isinstance(amount, bool):
+        return None
+    if isinstance(amount, int):
+        return amount if amount > 0 else None
+    if isinstance(amount, str) and amount.isdigit() and int(amount) > 0:
+        return int(amount)
+    return None
+
+
+_V1BETA1_CHOICE = (
+    "deviceClassName",
+    "selectors",
+    "allocationMode",
+    "count",
+    "adminAccess",
+    "tolerations",
+    "capacity",
+)
+
+
+def _choices(request: dict[str, Any], *, beta1: bool) -> Iterator[tuple[str, dict[str, Any]]]:
+    """A request's device choices with their paths: `exactly`, each of `firstAvailable`, or (v1beta1)
+    the request itself."""
+    if isinstance(request.get("exactly"), dict):
+        yield ".exactly", request["exactly"]
+    elif beta1 and "deviceClassName" in request:
+        yield "", request
+    for index, sub in enumerate(_list(request.get("firstAvailable"))):
+        if isinstance(sub, dict):
+            yield f".firstAvailable[{index}]", sub
+
+
+def _to_v1(devices: dict[str, Any]) -> None:
+    """resource.k8s.io/v1beta1's request fields moved under v1's `exactly`."""
+    for request in _list(devices.get("requests")):
+        if isinstance(request, dict) and "deviceClassName" in request and "exactly" not in request:
+            exactly = {key: request.pop(key) for key in _V1BETA1_CHOICE if key in request}
+            request["exactly"] = exactly
+
+
+def _unique(items: list[Any]) -> list[Any]:
+    found: list[Any] = []
+    for item in items:
+        if item not in found:
+            found.append(item)
+    return found
+
+
+def _map(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: object) -> list[Any]:
+    return value if isinstance(value, list) else []
