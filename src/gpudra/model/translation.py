@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from gpudra.api import config_problems
 from gpudra.errors import ConfigError
-from gpudra.model.devices import dns_label
+from gpudra.model.devices import SHARED_ATTRIBUTE, dns_label
 from gpudra.model.kube_api import API_VERSION, GROUP
 from gpudra.model.migration import CONFIG_GROUP, NVIDIA_CONFIG_GROUP, NVIDIA_DRIVER, gpudra_classes
 
@@ -72,6 +72,7 @@ _REFERENCE = re.compile(
     r"""device\.(?P<what>attributes|capacity)\[\s*(?P<q>["'])(?P<domain>[a-z0-9.-]+)(?P=q)\s*\]"""
     r"""(?:\.(?P<name>[A-Za-z_][A-Za-z0-9_]*)|\[\s*(?P<q2>["'])(?P<quoted>[^"']+)(?P=q2)\s*\])?"""
 )
+_WHOLE_GPU = re.compile(r"""\.type\s*==\s*["']gpu["']""")
 _DRIVER_LITERAL = re.compile(r"""(?P<q>["'])gpu\.nvidia\.com(?P=q)""")
 
 # Pod templates of the workload kinds, by path
@@ -274,6 +275,8 @@ class _Translator:
         if kind in _POD_SPECS:
             self.workload(obj, str(kind))
             return True
+        if api_version.startswith(f"{NVIDIA_CONFIG_GROUP}/"):
+            self.left("kind", f"{api_version} {kind} is NVIDIA's DRA driver's own object: {_NO_KIND}")
         return False
 
     # --- NVIDIA's DRA driver ---------------------------------------------------------------------
@@ -435,12 +438,20 @@ class _Translator:
                 f"{', '.join(gpudra_classes(self.options.driver).values())}",
             )
             return
+        whole = False
         for index, selector in enumerate(_list(spec.get("selectors"))):
             cel = _map(_map(selector).get("cel"))
             if isinstance(cel.get("expression"), str):
+                whole = whole or bool(_WHOLE_GPU.search(cel["expression"]))
                 renamed = self.cel(cel["expression"], f"spec.selectors[{index}].cel.expression")
                 if renamed is not None:
                     selector["cel"]["expression"] = renamed
+        if whole and isinstance(spec.get("selectors"), list):
+            # gpudra's shares of a GPU are of type gpu too: a class of whole GPUs leaves them out, as
+            # gpudra's own gpu class does
+            domain = self.options.driver
+            expression = f'!("{SHARED_ATTRIBUTE}" in device.attributes["{domain}"])'
+            spec["selectors"].append({"cel": {"expression": expression}})
         for index, entry in enumerate(_list(spec.get("config"))):
             self.config(entry, f"spec.config[{index}]")
         obj["apiVersion"] = API_VERSION
@@ -583,6 +594,10 @@ class _Ask:
     sharing: SharingStrategy | None = None
 
 
+_NO_KIND = (
+    "gpudra has no equivalent (ComputeDomains need IMEX; configs belong in a claim's "
+    "devices.config; docs/migrate.md, What gpudra has no equivalent for)"
+)
 _NO_CLASS = {
     "vfio.gpu.nvidia.com": "a GPU bound to vfio-pci for a VM: gpudra hands GPUs to containers only",
     "compute-domain-daemon.nvidia.com": "ComputeDomains (IMEX, multi-node NVLink) have no gpudra equivalent",
