@@ -25,6 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpudra import cli
+from gpudra.cli.explain import WORKLOADS
 from gpudra.cli.manifest_files import document_texts
 from gpudra.cli.migrate import Migrated, migrate_text, read_device_plugin
 from gpudra.cli.output_format import documents
@@ -42,6 +43,7 @@ EXPECTED = DATA / "expected"
 PLUGIN = DATA / "device-plugin"
 OWN_CLASSES = ROOT / "deploy" / "manifests" / "deviceclasses.yaml"
 DRIVER = "gpu.gpudra.io"
+CLAIM_KINDS = ("ResourceClaim", "ResourceClaimTemplate")
 H100_MEMORY = "81559Mi"
 UPDATE = os.environ.get("GPUDRA_UPDATE_EXPECTED") == "1"
 
@@ -127,7 +129,8 @@ CASES = {
         untranslated=(
             "Pod tiny-inference: spec.containers[0].resources.limits[nvidia.com/mig-1g.10gb]: "
             "nvidia.com/mig-1g.10gb is 3 time-slicing replicas of a MIG partition",
-            "Pod half-gpu: spec.containers[0].resources.limits[nvidia.com/gpu]: nvidia.com/gpu shares only some",
+            "Pod half-gpu: spec.containers[0].resources.limits[nvidia.com/gpu]: "
+            "nvidia.com/gpu shares only some",
         ),
     ),
     "dp-unknown-resource.yaml": Case(
@@ -231,8 +234,16 @@ def test_a_complete_output_validates_and_fits_a_simulated_dgx(
     assert [str(p) for p in validate_files([output], driver=DRIVER)] == []
     objects = list(_objects(yaml.safe_load_all(run.out)))
     classes = [o for o in objects if o.get("kind") == "DeviceClass"]
-    targets = [o for o in objects if _uses_claims(o) or o.get("kind") in ("ResourceClaim", "ResourceClaimTemplate")]
-    pods = [o for o in targets if _uses_claims(o)]
+    ours = ["gpudra.io", *(f'"{c["metadata"]["name"]}"' for c in classes)]
+    claims = [o for o in objects if o.get("kind") in CLAIM_KINDS and any(m in json.dumps(o) for m in ours)]
+    names = {o["metadata"]["name"] for o in claims}
+    # the pods explain reads (PodTemplates it does not) whose claims all are in the output
+    pods = [
+        o
+        for o in objects
+        if o.get("kind") in ("Pod", *WORKLOADS) and _claim_names(o) and _claim_names(o) <= names
+    ]
+    targets = claims + pods
     if not targets:
         assert name == "unrelated-only.yaml"
         return
@@ -257,8 +268,20 @@ def _objects(docs: Iterator[Any]) -> Iterator[dict[str, Any]]:
             yield doc
 
 
-def _uses_claims(obj: Mapping[str, Any]) -> bool:
-    return "resourceClaimTemplateName" in json.dumps(obj) or "resourceClaimName" in json.dumps(obj)
+def _claim_names(obj: Mapping[str, Any]) -> set[str]:
+    """The claims and templates a workload's pods name."""
+    found: set[str] = set()
+    pending: list[Any] = [obj]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, dict):
+            for key in ("resourceClaimName", "resourceClaimTemplateName"):
+                if isinstance(value.get(key), str):
+                    found.add(value[key])
+            pending += value.values()
+        elif isinstance(value, list):
+            pending += value
+    return found
 
 
 def _options(case: Case) -> Options:
@@ -282,7 +305,11 @@ def _only_object(piece: str) -> dict[str, Any] | None:
 
 _KEYS = st.text(alphabet="abcdefghijklmnopqrstuvwxyz-", min_size=1, max_size=8)
 _SCALARS = st.one_of(st.integers(), st.booleans(), st.text(max_size=20), st.none())
-_VALUES = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_KEYS, inner, max_size=3), max_leaves=8)
+_VALUES = st.recursive(
+    _SCALARS,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_KEYS, inner, max_size=3),
+    max_leaves=8,
+)
 _OBJECTS = st.builds(
     lambda kind, name, data: {"apiVersion": "v1", "kind": kind, "metadata": {"name": name}, "data": data},
     st.sampled_from(["ConfigMap", "Secret", "Service", "Pod", "Deployment", "ResourceClaim"]),
@@ -359,9 +386,15 @@ def test_only_the_gpu_document_is_rewritten(before: str, after: str) -> None:
 
 BAD_CONFIGS = {
     "not a mapping": ("- a\n", "must be the device plugin's config"),
-    "unknown top field": ("version: v1\nsharng: {}\n", "sharng: is not a field here; the fields are: version"),
+    "unknown top field": (
+        "version: v1\nsharng: {}\n",
+        "sharng: is not a field here; the fields are: version",
+    ),
     "version": ("version: v2\n", "version: 'v2' is not v1"),
-    "strategy": ("flags: {migStrategy: double}\n", "flags.migStrategy: 'double' is not one of none, single, mixed"),
+    "strategy": (
+        "flags: {migStrategy: double}\n",
+        "flags.migStrategy: 'double' is not one of none, single, mixed",
+    ),
     "both sharings": (
         "sharing:\n  mps: {resources: [{name: nvidia.com/gpu, replicas: 2}]}\n"
         "  timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 2}]}\n",
