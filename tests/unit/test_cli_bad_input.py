@@ -54,6 +54,11 @@ FILES = {
         'server: "https://127.0.0.1:1", certificate-authority: /nonexistent/ca.crt',
     ),
     "nomanifests/README": "x",
+    "dp-strategy.yaml": "version: v1\nflags: {migStrategy: double}\n",
+    "dp-field.yaml": "version: v1\nsharing: {timeslicing: {}}\n",
+    "dp-replicas.yaml": "sharing:\n  mps:\n    resources: [{name: nvidia.com/gpu, replicas: many}]\n",
+    "dp-two.yaml": "version: v1\n---\nversion: v1\n",
+    "dp-configmap.yaml": "apiVersion: v1\nkind: ConfigMap\ndata: {a: 'version: v1', b: 'version: v1'}\n",
 }
 
 
@@ -91,7 +96,7 @@ SIM = {"GPUDRA_SIM_STATE": "{dir}/sim.json"}
 
 
 USAGE, NO = 2, 1
-COMMANDS = ("inventory", "validate", "explain", "status", "kubelet-plugin", "controller", "mps-host")
+COMMANDS = ("inventory", "validate", "migrate", "explain", "status", "kubelet-plugin", "controller", "mps-host")
 CASES = {
     # the gpudra command
     "no command": Case([], USAGE, "the following arguments are required: COMMAND"),
@@ -149,6 +154,63 @@ CASES = {
     "validate: driver name": Case(
         ["validate", "claim.yaml", "--driver-name=a/b"], USAGE, "'a/b' is not a DNS"
     ),
+    # migrate
+    "migrate: no file": Case(["migrate"], USAGE, "the following arguments are required: FILE"),
+    "migrate: missing file": Case(["migrate", "missing.yaml"], USAGE, "missing.yaml: cannot be read"),
+    "migrate: a directory": Case(
+        ["migrate", "nomanifests"], USAGE, "nomanifests: is a directory, not a file"
+    ),
+    "migrate: a device": Case(["migrate", "/dev/null"], USAGE, "/dev/null: is not a regular file"),
+    "migrate: bad YAML": Case(["migrate", "broken.yaml"], USAGE, "broken.yaml: is not valid YAML"),
+    "migrate: not text": Case(["migrate", "binary.yaml"], USAGE, "is not YAML or JSON: not UTF-8 text"),
+    "migrate: missing config": Case(
+        ["migrate", "claim.yaml", "--device-plugin-config", "gone.yaml"],
+        USAGE,
+        "--device-plugin-config: gone.yaml: cannot be read",
+    ),
+    "migrate: config not YAML": Case(
+        ["migrate", "claim.yaml", "--device-plugin-config", "broken.yaml"],
+        USAGE,
+        "broken.yaml: is not valid YAML",
+    ),
+    "migrate: config strategy": Case(
+        ["migrate", "claim.yaml", "--device-plugin-config", "dp-strategy.yaml"],
+        USAGE,
+        "flags.migStrategy: 'double' is not one of none, single, mixed",
+    ),
+    "migrate: config field": Case(
+        ["migrate", "claim.yaml", "--device-plugin-config", "dp-field.yaml"],
+        USAGE,
+        "sharing.timeslicing: is not a field here; the fields are: timeSlicing, mps",
+    ),
+    "migrate: config replicas": Case(
+        ["migrate", "claim.yaml", "--device-plugin-config", "dp-replicas.yaml"],
+        USAGE,
+        "sharing.mps.resources[0].replicas: 'many' is not a whole number >= 1",
+    ),
+    "migrate: config documents": Case(
+        ["migrate", "claim.yaml", "--device-plugin-config", "dp-two.yaml"], USAGE, "holds 2 documents"
+    ),
+    "migrate: config map entries": Case(
+        ["migrate", "claim.yaml", "--device-plugin-config", "dp-configmap.yaml"], USAGE, "must hold one entry"
+    ),
+    "migrate: config empty": Case(
+        ["migrate", "claim.yaml", "--device-plugin-config", "empty.yaml"], USAGE, "holds 0 documents"
+    ),
+    "migrate: MIG strategy": Case(
+        ["migrate", "claim.yaml", "--mig-strategy=double"],
+        USAGE,
+        "'double' is not one of none, single, mixed",
+    ),
+    "migrate: GPU memory": Case(
+        ["migrate", "claim.yaml", "--gpu-memory=lots"],
+        USAGE,
+        "--gpu-memory: 'lots' is not an amount of memory",
+    ),
+    "migrate: GPU memory too small": Case(
+        ["migrate", "claim.yaml", "--gpu-memory=512Mi"], USAGE, "'512Mi' is less than 1Gi"
+    ),
+    "migrate: driver name": Case(["migrate", "claim.yaml", "--driver-name=a/b"], USAGE, "'a/b' is not a DNS"),
     # explain
     "explain: no target": Case(["explain"], USAGE, "the following arguments are required: target"),
     "explain: a directory": Case(

@@ -288,7 +288,7 @@ def _options(case: Case) -> Options:
     args = dict(zip(case.args[::2], case.args[1::2], strict=True))
     config = args.get("--device-plugin-config")
     strategy = args.get("--mig-strategy")
-    found = read_device_plugin(Path(config) if config else None, mig_strategy=strategy)  # type: ignore[arg-type]
+    found = read_device_plugin(Path(config) if config else None, mig_strategy=strategy)
     memory = 81559 * 1024**2 if "--gpu-memory" in args else None
     return Options(driver=DRIVER, device_plugin=found, gpu_memory=memory)
 

@@ -463,7 +463,7 @@ def _migrate_parser(migrate: argparse.ArgumentParser) -> None:
     )
     migrate.add_argument(
         "--gpu-memory",
-        type=Bytes(minimum=1024**3),
+        type=Bytes(minimum="1Gi"),
         default=None,
         help="the memory of the GPUs that time-slicing or MPS replicas divide (e.g. 81559Mi for an H100 "
         "80GB, as gpudra inventory shows it): a replica becomes a share of memory / replicas, in whole Gi",

@@ -184,15 +184,15 @@ class Checked(OptionType[str]):
 class Bytes(OptionType[int]):
     """An amount of memory as a Kubernetes quantity (80Gi, 81559Mi), at least `minimum` bytes."""
 
-    minimum: int = 1
+    minimum: str = "1"
 
     def parse(self, text: str) -> int:
         try:
             amount = parse_quantity(text.strip())
         except ConfigError as err:
             raise ConfigError(f"{text!r} is not an amount of memory: {err.reason}") from None
-        if amount < self.minimum:
-            raise ConfigError(f"{text!r} is less than {self.minimum} bytes")
+        if amount < parse_quantity(self.minimum):
+            raise ConfigError(f"{text!r} is less than {self.minimum}")
         return int(amount)
 
     @property
