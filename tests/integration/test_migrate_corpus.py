@@ -140,7 +140,14 @@ def test_a_migrated_workload_is_allocated_and_prepared_as_its_source_asked(
     ns = new_namespace(core, "migrated")
     try:
         utils.create_from_yaml(api, yaml_objects=migrated(name, case.args), namespace=ns)
-        wait_for(f"{case.pods} pods Running", partial(_running, core, ns, case.pods), timeout=180)
+        try:
+            wait_for(f"{case.pods} pods Running", partial(_running, core, ns, case.pods), timeout=180)
+        except AssertionError as err:
+            events = [
+                f"{e.involved_object.name}: {e.reason}: {e.message}"
+                for e in core.list_namespaced_event(ns).items
+            ]
+            raise AssertionError(f"{err}; events: {events}") from None
         claims = wait_for(
             "claims allocated", partial(_allocated, api, ns, case.claims or case.pods), timeout=60
         )
@@ -169,5 +176,8 @@ def _clean(api: client.ApiClient, core: client.CoreV1Api, ns: str) -> None:
         core.delete_namespaced_pod(pod.metadata.name, ns, grace_period_seconds=0)
     for pod in core.list_namespaced_pod(ns).items:
         wait_for("pod deleted", partial(pod_gone, core, pod.metadata.name, ns), timeout=90)
+    for claim in _claims(api, ns):
+        if not claim["metadata"].get("ownerReferences"):  # a ResourceClaim of the manifest, not a pod's
+            Resources(api).delete("resourceclaims", claim["metadata"]["name"], ns)
     wait_for("claims gone", lambda: not _claims(api, ns), timeout=90)
     core.delete_namespace(ns)
