@@ -439,3 +439,62 @@ def test_the_mig_strategy_option_wins_over_the_config() -> None:
     assert device_plugin_config(config, mig_strategy="single").mig_strategy == "single"
     assert read_device_plugin(None, mig_strategy="single") == DevicePlugin(mig_strategy="single")
     assert read_device_plugin(None, mig_strategy=None) is None
+
+
+# --- pods, one ask at a time --------------------------------------------------------------------------
+
+
+def _pod(limits: dict[str, Any], namespace: str | None = None) -> dict[str, Any]:
+    meta = {"name": "p", **({"namespace": namespace} if namespace else {})}
+    container = {"name": "app", "image": "cuda", "resources": {"limits": limits}}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {"containers": [container]}}
+
+
+def test_a_container_asking_two_resources_gets_a_claim_of_each() -> None:
+    done = translate(_pod({"nvidia.com/gpu": 1, "nvidia.com/mig-1g.10gb": 2, "cpu": "1"}), Options())
+    assert done.obj is not None and not done.untranslated
+    [container] = done.obj["spec"]["containers"]
+    assert container["resources"] == {
+        "limits": {"cpu": "1"},
+        "claims": [{"name": "app-gpu"}, {"name": "app-mig"}],
+    }
+    assert done.obj["spec"]["resourceClaims"] == [
+        {"name": "app-gpu", "resourceClaimTemplateName": "gpudra-gpu"},
+        {"name": "app-mig", "resourceClaimTemplateName": "gpudra-mig-1g10gb-x2"},
+    ]
+    assert [t["metadata"]["name"] for t in done.added] == ["gpudra-gpu", "gpudra-mig-1g10gb-x2"]
+
+
+def test_a_count_of_zero_goes_without_a_claim_and_a_bad_count_stays() -> None:
+    done = translate(_pod({"nvidia.com/gpu": 0}), Options())
+    assert done.obj is not None and not done.added and not done.untranslated
+    assert done.obj["spec"]["containers"][0]["resources"] == {}
+    assert "resourceClaims" not in done.obj["spec"]
+    left = translate(_pod({"nvidia.com/gpu": "2.5"}), Options())
+    assert left.obj is None and [r.reason for r in left.untranslated] == [
+        "'2.5' is not a whole number of devices"
+    ]
+
+
+def test_a_template_is_made_once_per_namespace_over_all_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    first.write_text(yaml.safe_dump(_pod({"nvidia.com/gpu": 1}, "ml")).rstrip("\n"))  # no final newline
+    second.write_text(
+        yaml.safe_dump_all([_pod({"nvidia.com/gpu": 1}, "ml"), _pod({"nvidia.com/gpu": 1}, "web")])
+    )
+    monkeypatch.setattr(
+        "sys.stdin", type("In", (), {"buffer": __import__("io").BytesIO(second.read_bytes())})()
+    )
+    assert cli.main(["migrate", str(first), "-"]) == 0
+    objects = list(yaml.safe_load_all(capsys.readouterr().out))
+    made = [(o["metadata"].get("namespace"), o["metadata"]["name"]) for o in objects if o["kind"] != "Pod"]
+    assert made == [("ml", "gpudra-gpu"), ("web", "gpudra-gpu")]
+    assert [o["kind"] for o in objects] == [
+        "ResourceClaimTemplate",
+        "Pod",
+        "Pod",
+        "ResourceClaimTemplate",
+        "Pod",
+    ]

@@ -13,7 +13,7 @@ Two sources of manifests move to gpudra:
   `resources.claims`) instead of the extended resource. Each container gets claims of its own, as the
   device plugin gave each container devices of its own.
 
-What has no gpudra equivalent is left exactly as it was and reported (`Untranslated`: the field and
+What has no gpudra equivalent is left exactly as it was and reported (`Remark`: the field and
 why), so the output never means something else than the input without a word; a whole object is
 rewritten or left alone per part, never dropped.
 """
@@ -191,8 +191,9 @@ def _known(value: Mapping[str, Any], at: str, allowed: tuple[str, ...]) -> None:
 
 
 @dataclass(frozen=True)
-class Untranslated:
-    """A part left as it was: where in the object, and why gpudra has no equivalent for it."""
+class Remark:
+    """Where in an object, and what of it: why it was left as it was (untranslated), or what a reader
+    of the translation should know (a note)."""
 
     field: str
     reason: str
@@ -206,8 +207,8 @@ class Translation:
 
     obj: dict[str, Any] | None = None
     added: list[dict[str, Any]] = field(default_factory=list)
-    untranslated: list[Untranslated] = field(default_factory=list)
-    notes: list[Untranslated] = field(default_factory=list)
+    untranslated: list[Remark] = field(default_factory=list)
+    notes: list[Remark] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -235,7 +236,7 @@ class _Translator:
     made: set[tuple[str | None, str]]
 
     def left(self, at: str, reason: str) -> None:
-        self.done.untranslated.append(Untranslated(self.prefix + at, reason))
+        self.done.untranslated.append(Remark(self.prefix + at, reason))
 
     def one(self, new: dict[str, Any], old: Mapping[str, Any]) -> None:
         kind, items = str(new.get("kind", "")), new.get("items")
@@ -480,12 +481,21 @@ class _Translator:
     def container(
         self, container: dict[str, Any], at: str, namespace: object, taken: set[str]
     ) -> list[dict[str, str]]:
-        resources = _map(container.get("resources"))
+        resources = container.get("resources")
+        if not isinstance(resources, dict):
+            return []
         asked = {**_map(resources.get("requests")), **_map(resources.get("limits"))}
         entries = []
-        for resource in sorted(r for r in asked if str(r).startswith("nvidia.com/")):
+        for resource in sorted(str(r) for r in asked if str(r).startswith("nvidia.com/")):
             where = f"{at}.resources.limits[{resource}]"
-            template = self.ask(str(resource), asked[resource], where)
+            count = _count(asked[resource])
+            if count is None:
+                self.left(where, f"{asked[resource]!r} is not a whole number of devices")
+                continue
+            template = self.ask(resource, count, where) if count else None
+            if template is None and count:
+                continue
+            _drop(resources, resource)  # a count of 0 asks nothing: it goes, with no claim
             if template is None:
                 continue
             name = _template_name(template)
@@ -496,24 +506,11 @@ class _Translator:
             entry = _unique_name(f"{container.get('name', 'container')}-{template.form}", taken)
             taken.add(entry)
             entries.append({"name": entry, "resourceClaimTemplateName": name})
-            for key in ("limits", "requests"):
-                amounts = resources.get(key)
-                if isinstance(amounts, dict):
-                    amounts.pop(resource, None)
-                    if not amounts:
-                        resources.pop(key)  # type: ignore[attr-defined]
-            container["resources"] = {
-                **resources,
-                "claims": [*_list(resources.get("claims")), {"name": entry}],
-            }
+            resources["claims"] = [*_list(resources.get("claims")), {"name": entry}]
         return entries
 
-    def ask(self, resource: str, amount: object, at: str) -> _Ask | None:
+    def ask(self, resource: str, count: int, at: str) -> _Ask | None:
         """What one container's ask for `resource` is in gpudra's terms; None (and reported) if nothing."""
-        count = _count(amount)
-        if count is None:
-            self.left(at, f"{amount!r} is not a whole number of devices")
-            return None
         plugin = self.options.device_plugin or DevicePlugin()
         shared = plugin.shared.get(resource)
         if shared is not None:
@@ -521,7 +518,7 @@ class _Translator:
         if resource == PLAIN_GPU:
             if plugin.mig_strategy == "single":
                 self.done.notes.append(
-                    Untranslated(
+                    Remark(
                         self.prefix + at,
                         "under the single MIG strategy nvidia.com/gpu is a MIG partition of the node's one "
                         "layout: the claim asks any partition of mig.gpudra.io; name its profile "
@@ -664,10 +661,20 @@ def _count(amount: object) -> int | None:
     if isinstance(amount, bool):
         return None
     if isinstance(amount, int):
-        return amount if amount > 0 else None
-    if isinstance(amount, str) and amount.isdigit() and int(amount) > 0:
+        return amount if amount >= 0 else None
+    if isinstance(amount, str) and amount.isdigit():
         return int(amount)
     return None
+
+
+def _drop(resources: dict[str, Any], resource: str) -> None:
+    """`resource` out of a container's limits and requests (and those out when they are left empty)."""
+    for key in ("limits", "requests"):
+        amounts = resources.get(key)
+        if isinstance(amounts, dict):
+            amounts.pop(resource, None)
+            if not amounts:
+                del resources[key]
 
 
 _V1BETA1_CHOICE = (
