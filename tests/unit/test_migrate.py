@@ -12,8 +12,10 @@ refused field by field.
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -484,9 +486,7 @@ def test_a_template_is_made_once_per_namespace_over_all_files(
     second.write_text(
         yaml.safe_dump_all([_pod({"nvidia.com/gpu": 1}, "ml"), _pod({"nvidia.com/gpu": 1}, "web")])
     )
-    monkeypatch.setattr(
-        "sys.stdin", type("In", (), {"buffer": __import__("io").BytesIO(second.read_bytes())})()
-    )
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(second.read_bytes())))
     assert cli.main(["migrate", str(first), "-"]) == 0
     objects = list(yaml.safe_load_all(capsys.readouterr().out))
     made = [(o["metadata"].get("namespace"), o["metadata"]["name"]) for o in objects if o["kind"] != "Pod"]

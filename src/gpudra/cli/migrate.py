@@ -30,7 +30,14 @@ import yaml
 from gpudra.cli.manifest_files import STDIN, document_texts, parse_documents, read_text
 from gpudra.errors import ConfigError
 from gpudra.model.manifests import Problem
-from gpudra.model.translation import DevicePlugin, MigStrategy, Options, device_plugin_config, translate
+from gpudra.model.translation import (
+    DevicePlugin,
+    MigStrategy,
+    Options,
+    device_plugin_config,
+    label,
+    translate,
+)
 
 EXIT_INCOMPLETE = 1
 _LINE = re.compile(r"[^\n]*\n|[^\n]+$")
@@ -135,9 +142,9 @@ def _migrated_piece(
     file: str, piece: str, obj: Mapping[str, Any], options: Options, migrated: Migrated
 ) -> str:
     done = translate(obj, options, migrated.made)
-    label = _label(obj)
-    migrated.untranslated += [Problem(file, label, u.field, u.reason) for u in done.untranslated]
-    migrated.notes += [Problem(file, label, n.field, n.reason) for n in done.notes]
+    named = label(obj)
+    migrated.untranslated += [Problem(file, u.object or named, u.field, u.reason) for u in done.untranslated]
+    migrated.notes += [Problem(file, n.object or named, n.field, n.reason) for n in done.notes]
     if done.obj is None and not done.added:
         return piece
     lines = _LINE.findall(piece)
@@ -184,10 +191,3 @@ def _text(path: Path) -> str:
 
 def _name(path: Path) -> str:
     return "(standard input)" if path == STDIN else str(path)
-
-
-def _label(obj: Mapping[str, Any]) -> str:
-    meta = obj.get("metadata")
-    meta = meta if isinstance(meta, Mapping) else {}
-    name, namespace = meta.get("name") or "(no name)", meta.get("namespace")
-    return f"{obj.get('kind', '(no kind)')} {f'{namespace}/' if namespace else ''}{name}"

@@ -21,6 +21,7 @@ rewritten or left alone per part, never dropped.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -197,6 +198,7 @@ class Remark:
 
     field: str
     reason: str
+    object: str = ""  # "Kind namespace/name" of a List's item; empty: the object translated
 
 
 @dataclass
@@ -256,8 +258,9 @@ class _Translator:
             _Translator(self.options, inner, f"{self.prefix}items[{index}].", self.made).one(
                 copy.deepcopy(item), item
             )
-            self.done.untranslated += inner.untranslated
-            self.done.notes += inner.notes
+            named = label(item)
+            self.done.untranslated += [dataclasses.replace(r, object=named) for r in inner.untranslated]
+            self.done.notes += [dataclasses.replace(r, object=named) for r in inner.notes]
             result += [*inner.added, inner.obj if inner.obj is not None else item]
             changed = changed or inner.obj is not None or bool(inner.added)
         if changed:
@@ -644,6 +647,13 @@ def _template(ask: _Ask, name: str, namespace: object, driver: str) -> dict[str,
         "metadata": metadata,
         "spec": {"spec": {"devices": devices}},
     }
+
+
+def label(obj: Mapping[str, Any]) -> str:
+    """ "Kind namespace/name", as `gpudra validate` names an object."""
+    meta = _map(obj.get("metadata"))
+    name, namespace = meta.get("name") or "(no name)", meta.get("namespace")
+    return f"{obj.get('kind', '(no kind)')} {f'{namespace}/' if namespace else ''}{name}"
 
 
 def _unique_name(wanted: str, taken: set[str]) -> str:
