@@ -105,7 +105,7 @@ CASES = {
         )
     ),
     # NVIDIA's device plugin
-    "dp-whole-gpus.yaml": Case(),
+    "dp-whole-gpus.yaml": Case(notes=1),
     "dp-job-two-containers.yaml": Case(),
     "dp-time-slicing-renamed.yaml": Case(plugin("time-slicing-renamed.yaml", *MEMORY)),
     "dp-time-slicing.yaml": Case(plugin("time-slicing.yaml", *MEMORY)),

@@ -108,6 +108,8 @@ def test_every_command_works_from_the_wheel_outside_the_checkout(tmp_path: Path)
     claim = (REPO / "examples" / "single-gpu.yaml").read_text()
     (work / "claim.yaml").write_text(claim)
     assert gpudra("validate", "claim.yaml").returncode == 0
+    unchanged = gpudra("migrate", "claim.yaml")  # gpudra's own manifests: nothing to rewrite
+    assert unchanged.returncode == 0 and unchanged.stdout == claim, unchanged.stderr
     explained = gpudra("explain", "claim.yaml", "--slices", "slices.yaml")
     assert explained.returncode == 0, explained.stderr
     assert explained.stdout.startswith("fits on node-a")

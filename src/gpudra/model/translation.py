@@ -480,6 +480,16 @@ class _Translator:
                     entries += self.container(container, where, namespace, taken)
         if entries:
             spec["resourceClaims"] = [*_list(spec.get("resourceClaims")), *entries]
+            for key in _map(spec.get("nodeSelector")):
+                if str(key).startswith("nvidia.com/"):
+                    self.done.notes.append(
+                        Remark(
+                            self.prefix + f"{at}.nodeSelector[{key}]",
+                            "GPU feature discovery's label: the pod schedules only where GFD still labels "
+                            "the node; a CEL selector on the device's attributes (productName, "
+                            "capacity memory) says it in the claim (docs/migrate.md, Whole GPUs)",
+                        )
+                    )
 
     def container(
         self, container: dict[str, Any], at: str, namespace: object, taken: set[str]
