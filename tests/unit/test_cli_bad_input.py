@@ -96,7 +96,16 @@ SIM = {"GPUDRA_SIM_STATE": "{dir}/sim.json"}
 
 
 USAGE, NO = 2, 1
-COMMANDS = ("inventory", "validate", "migrate", "explain", "status", "kubelet-plugin", "controller", "mps-host")
+COMMANDS = (
+    "inventory",
+    "validate",
+    "migrate",
+    "explain",
+    "status",
+    "kubelet-plugin",
+    "controller",
+    "mps-host",
+)
 CASES = {
     # the gpudra command
     "no command": Case([], USAGE, "the following arguments are required: COMMAND"),
