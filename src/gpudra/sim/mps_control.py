@@ -149,9 +149,12 @@ class _Daemon:
             conn, _ = server.accept()
             with conn:
                 command = _receive_all(conn).strip()
+                if not command:  # a client that left without a word (gpudra's look at who listens)
+                    continue
                 self.log(f"Command: {command}")
                 reply, done = self.answer(command)
-                conn.sendall(reply.encode())
+                with contextlib.suppress(OSError):  # a client that left before the reply
+                    conn.sendall(reply.encode())
             if done:
                 return
 
