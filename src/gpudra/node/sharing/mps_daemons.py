@@ -139,8 +139,15 @@ class MpsTampered(HardwareError):
 
 
 class MpsDaemons:
-    def __init__(self, tools: GpuTools, *, on_tampering: Callable[[Tampering], None] | None = None) -> None:
+    def __init__(
+        self,
+        tools: GpuTools,
+        *,
+        on_tampering: Callable[[Tampering], None] | None = None,
+        proc: Path = mps_processes.PROC,
+    ) -> None:
         self.tools = tools
+        self.proc = proc  # the simulator's fake /proc in tests of many processes
         self.on_tampering = on_tampering
         self._lock = threading.Lock()  # the keeper's thread checks while calls start and stop
         self._pinned: dict[Daemon, Process] = {}
@@ -156,10 +163,10 @@ class MpsDaemons:
     def _running(self, daemon: Daemon, *, reuse: bool) -> Process | None:
         with self._lock:
             pinned = self._pinned.get(daemon)
-        if pinned is not None and mps_processes.running(pinned):
+        if pinned is not None and mps_processes.running(pinned, self.proc):
             return pinned
         found = mps_processes.daemon(self._pass(reuse=reuse).find(daemon.mark))
-        if found is not None and not mps_processes.running(found):  # it ended since the pass
+        if found is not None and not mps_processes.running(found, self.proc):  # it ended since the pass
             found = None
         with self._lock:
             if found is None:
@@ -174,7 +181,7 @@ class MpsDaemons:
             last = self._survey
         if reuse and last is not None and began - last[0] < _SURVEY_REUSE_S:
             return last[1]
-        survey = mps_processes.survey()
+        survey = mps_processes.survey(self.proc)
         with self._lock:
             self._survey = (began, survey)
         return survey
