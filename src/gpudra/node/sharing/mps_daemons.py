@@ -33,7 +33,8 @@ say that clients create nothing there; a client connecting to an existing socket
 access to the mount (the kernel refuses writes on a read-only mount only to regular files, directories
 and symlinks), but a client that makes a lock file or a socket of its own there would fail on a
 read-only one, on real GPUs only. Until a real MPS client is seen to run under a read-only mount
-(`tests/gpu/`), the directory stays writable and everything above holds whatever a tenant writes.
+(`tests/gpu/test_real_mps.py::test_whether_a_client_needs_to_write_in_the_pipe_directory`), the
+directory stays writable and everything above holds whatever a tenant writes.
 
 Limits are set as the daemon's defaults before any client can connect (the CDI spec that lets a container
 reach the pipe is written only after `start` returns), and read back as the readiness check.
