@@ -1,12 +1,14 @@
 """Which gpudra this is. The version has one source, pyproject.toml: it is read back from the installed
 distribution's metadata, so a wheel, an editable checkout and the image report the same number as the
-chart's appVersion. The git revision is the image's: the Dockerfile stores its REVISION build argument
-(`make image`, `make release`) in GPUDRA_REVISION; a wheel installed by pip has none ("unknown")."""
+chart's appVersion. The git revision is the image's where it runs in one: the Dockerfile stores its
+REVISION build argument (`make image`, `make release`) in GPUDRA_REVISION; else the one a wheel built
+from a checkout carries (setup.py stamps it into gpudra/REVISION); an editable checkout has none
+("unknown")."""
 
 from __future__ import annotations
 
 import os
-from importlib import metadata
+from importlib import metadata, resources
 
 UNKNOWN = "unknown"
 
@@ -19,7 +21,13 @@ def version() -> str:
 
 
 def revision() -> str:
-    return os.environ.get("GPUDRA_REVISION") or UNKNOWN
+    if from_image := os.environ.get("GPUDRA_REVISION"):
+        return from_image
+    try:
+        stamped = resources.files("gpudra").joinpath("REVISION").read_text().strip()
+    except OSError:  # not built from a checkout
+        return UNKNOWN
+    return stamped or UNKNOWN
 
 
 def describe() -> str:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
+from gpudra.errors import ConfigError
 from gpudra.metrics import CollectorRegistry, wsgi_app
 from gpudra.service import Loop
 
@@ -113,10 +114,18 @@ class HttpEndpoint:
         return [body.encode()]
 
     def start(self) -> None:
+        """Listen, or ConfigError naming --metrics-port when the address cannot be had (in use, not
+        this host's): a daemon's start then ends in that one line."""
         server_class = _Server6 if ":" in self.address else _Server
-        self._server = make_server(
-            self.address, self.port, self.app, server_class=server_class, handler_class=_QuietHandler
-        )
+        try:
+            self._server = make_server(
+                self.address, self.port, self.app, server_class=server_class, handler_class=_QuietHandler
+            )
+        except OSError as err:
+            where = f"[{self.address}]:{self.port}" if ":" in self.address else f"{self.address}:{self.port}"
+            raise ConfigError(
+                f"cannot listen on {where}: {err.strerror or err}", field="--metrics-port"
+            ) from None
         self.port = self._server.server_port  # the one bound, when 0 asked for any
         self._thread = threading.Thread(target=self._server.serve_forever, name="http-endpoint", daemon=True)
         self._thread.start()

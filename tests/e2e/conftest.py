@@ -75,7 +75,9 @@ def published() -> Iterator[Published]:
 
 @pytest.fixture(scope="session")
 def cluster(published: Published) -> Iterator[LocalCluster]:
-    root = Path(tempfile.mkdtemp(prefix="gpudra-e2e-", dir="/tmp"))
+    # Short: an MPS claim's sockets live under the node's plugin directory, and a unix socket's path has at
+    # most 107 bytes (/var/lib/kubelet/plugins/... on a real node leaves plenty; "gpudra-e2e-" left none).
+    root = Path(tempfile.mkdtemp(prefix="e2e-", dir="/tmp"))
     running = LocalCluster(
         root, nodes=(NODE,), runtime="containerd", registries=(published.registry.address,)
     )

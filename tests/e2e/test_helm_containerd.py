@@ -24,7 +24,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client import ApiException
 
-from tests.integration.kube_helpers import Resources, pod_gone, pod_running, wait_for
+from tests.integration.kube_helpers import Resources, pod_events, pod_gone, pod_running, wait_for
 from tests.integration.procs import cluster_processes
 from tests.localcluster import LocalCluster
 from tests.localcluster import containerd as ctrd
@@ -37,6 +37,7 @@ pytestmark = pytest.mark.e2e
 DRIVER = "gpu.gpudra.io"
 WORKLOAD_NS = "e2e"
 PLUGIN_PODS = "app.kubernetes.io/component=kubelet-plugin"
+MPS_HOST_PODS = "app.kubernetes.io/component=mps-host"
 WHOLE_GPU = re.compile(r"gpu-[0-9]+")  # not the MIG partitions nor the shared GPUs
 # The workload runs the gpudra image's shell: what CDI gave the container, then it waits to be deleted.
 SHOW_GPU = (
@@ -324,6 +325,125 @@ def test_an_upgrade_from_the_previous_release_keeps_the_plugin_registered_and_ev
     for name in ("before-1", "before-2", "during"):
         wait_for(f"{name} deleted", partial(pod_gone, core, name, WORKLOAD_NS), timeout=90)
     wait_for("every claim unprepared", lambda: not claim_specs(cluster) and not checkpoint_claims(cluster))
+
+
+def mps_client(name: str, image: str) -> dict[str, Any]:
+    """A pod of the claim `mps-gpu` running the simulator's stand-in CUDA application: it attaches to
+    the claim's MPS daemon, prints `attached <daemon pid> threads=... memory=...`, and fails (never
+    restarted) the moment the daemon ends, as a real client loses its MPS server."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "restartPolicy": "Never",
+            "containers": [
+                {
+                    "name": "cuda",
+                    "image": image,
+                    "imagePullPolicy": "IfNotPresent",
+                    # As root: the simulated daemon's control socket is root's (a real daemon serves
+                    # each client uid with a server of its own, docs/architecture.md).
+                    "securityContext": {"runAsUser": 0},
+                    "command": ["python3", "-m", "gpudra.sim.mps_client"],
+                    "resources": {"claims": [{"name": "gpu"}]},
+                }
+            ],
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": "mps-gpu"}],
+        },
+    }
+
+
+def attached(core: client.CoreV1Api, name: str) -> str:
+    """The client's line, once it printed it; a pod that ended or never ran fails with what it said and
+    its events."""
+
+    def line() -> str | None:
+        pod = core.read_namespaced_pod(name, WORKLOAD_NS)
+        if pod.status.phase in ("Failed", "Succeeded"):
+            raise AssertionError(f"{name} ended: {logs(core, name)!r} {pod_events(core, name, WORKLOAD_NS)}")
+        return (logs(core, name).strip() or None) if pod.status.phase == "Running" else None
+
+    try:
+        return wait_for(f"{name} attached", line, timeout=180)
+    except AssertionError as err:
+        raise AssertionError(f"{err}; events: {pod_events(core, name, WORKLOAD_NS)}") from err
+
+
+def daemon_pid_files(cluster: LocalCluster) -> list[Path]:
+    return list((plugin_dir(cluster) / "mps").glob("*/pipe/nvidia-cuda-mps-control.pid"))
+
+
+def test_an_upgrade_to_a_new_image_leaves_the_mps_daemon_and_its_attached_client_running(
+    installed: str, cluster: LocalCluster, core: client.CoreV1Api, api: client.ApiClient, published: Published
+) -> None:
+    resources = Resources(api)
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "mps-gpu"},
+        "spec": {"devices": {
+            "requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}],
+            "config": [{"opaque": {"driver": DRIVER, "parameters": {
+                "apiVersion": "resource.gpudra.io/v1beta1", "kind": "GpuConfig",
+                "sharing": {"strategy": "MPS", "mpsConfig": {
+                    "defaultActiveThreadPercentage": 40, "defaultPinnedDeviceMemoryLimit": "16Gi"}},
+            }}}],
+        }},
+    }  # fmt: skip
+    resources.create("resourceclaims", claim, WORKLOAD_NS)
+    image = f"{published.repository}:{published.version}"
+    core.create_namespaced_pod(WORKLOAD_NS, mps_client("mps-before", image))
+    before = attached(core, "mps-before")
+    assert re.fullmatch(r"attached [0-9]+ threads=40\.0 memory=GPU-[0-9a-f-]+=16384M", before), before
+    [pid_file] = daemon_pid_files(cluster)
+    daemon = (pid_file.read_text(), pid_file.stat().st_ino)
+    [old_plugin] = plugin_pods(core)
+    hosts = {p.metadata.uid for p in core.list_namespaced_pod(NAMESPACE, label_selector=MPS_HOST_PODS).items}
+    assert len(hosts) == 1
+
+    # A new image tag (the same image under another name, as a patch release would be): the plugin's
+    # DaemonSet rolls; mps-host's (OnDelete) keeps its pod, and with it the daemon.
+    tag = f"{published.version}-next"
+    published.registry.tag("gpudra", published.version, tag)
+    helm(
+        cluster, "upgrade", RELEASE, published.chart, "--version", published.version, "--plain-http",
+        "--reuse-values", "--set", f"image.tag={tag}", "--wait", "--timeout=240s",
+    )  # fmt: skip
+
+    def rolled_out() -> bool:
+        pods = plugin_pods(core)
+        return (
+            len(pods) == 1
+            and ready(pods[0])
+            and pods[0].metadata.uid != old_plugin.metadata.uid
+            and pods[0].spec.containers[0].image == f"{published.repository}:{tag}"
+        )
+
+    wait_for("the plugin on the new image", rolled_out, timeout=180)
+    assert {
+        p.metadata.uid for p in core.list_namespaced_pod(NAMESPACE, label_selector=MPS_HOST_PODS).items
+    } == (hosts)
+    # The client attached before is still attached (a lost daemon would have ended its only container),
+    # and a client attaching after the upgrade reaches the same daemon, with the same limits.
+    core.create_namespaced_pod(WORKLOAD_NS, mps_client("mps-after", image))
+    assert attached(core, "mps-after") == before
+    assert pod_running(core, "mps-before", WORKLOAD_NS)
+    status = core.read_namespaced_pod("mps-before", WORKLOAD_NS).status
+    assert status.container_statuses[0].restart_count == 0
+    assert logs(core, "mps-before").strip() == before
+    assert daemon_pid_files(cluster) == [pid_file]
+    assert (pid_file.read_text(), pid_file.stat().st_ino) == daemon
+
+    # The upgraded plugin gives the claim back: exactly that daemon stopped.
+    for name in ("mps-before", "mps-after"):
+        core.delete_namespaced_pod(name, WORKLOAD_NS)
+    for name in ("mps-before", "mps-after"):
+        wait_for(f"{name} deleted", partial(pod_gone, core, name, WORKLOAD_NS), timeout=90)
+    resources.delete("resourceclaims", "mps-gpu", WORKLOAD_NS)
+    wait_for("the claim unprepared", lambda: not claim_specs(cluster) and not checkpoint_claims(cluster))
+    wait_for("its daemon stopped", lambda: not daemon_pid_files(cluster))
 
 
 def test_stopping_the_cluster_leaves_nothing_behind(cluster: LocalCluster) -> None:

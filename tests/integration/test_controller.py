@@ -303,7 +303,9 @@ def test_status_equals_a_hand_count_after_the_examples_run(
             text=True,
             check=True,
         )
-        assert _view_counts(json.loads(shown.stdout)["nodes"]) == hand
+        view = json.loads(shown.stdout)
+        assert (view["apiVersion"], view["kind"]) == ("gpudra.io/v1alpha1", "ClusterStatus")
+        assert _view_counts(view["nodes"]) == hand
         # The default path: built from the API server's objects, as a user with a kubeconfig runs it.
         shown_table = subprocess.run(
             [sys.executable, "-m", "gpudra", "status", f"--kubeconfig={controller.cluster.kubeconfig}"],

@@ -500,6 +500,7 @@ def _check_cli(cluster: LocalCluster, namespace: str, outcomes: dict[str, Outcom
     )
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
+    assert (result["apiVersion"], result["kind"]) == ("gpudra.io/v1alpha1", "Explanation")
     assert result["fits"] and outcomes[fits].node in [n["node"] for n in result["nodes"] if n["fits"]]
 
     done = subprocess.run(

@@ -268,7 +268,9 @@ def test_an_nvlink_down_taints_its_gpu_until_the_link_is_up_again(
         check=True,
         timeout=120,
     )
-    unhealthy = json.loads(shown.stdout)["unhealthy"]
+    view = json.loads(shown.stdout)
+    assert (view["apiVersion"], view["kind"]) == ("gpudra.io/v1alpha1", "ClusterStatus")
+    unhealthy = view["unhealthy"]
     assert [(d["node"], d["device"], d["reason"], d["uuid"]) for d in unhealthy] == [
         (NODE, "gpu-4", "NvLinkDown", gpu)
     ]

@@ -23,6 +23,16 @@ REGISTRY_BINARY = Path("/usr/bin/docker-registry")
 START_TIMEOUT_SECONDS = 30
 
 
+_MANIFESTS = ", ".join(
+    (
+        "application/vnd.oci.image.index.v1+json",
+        "application/vnd.docker.distribution.manifest.list.v2+json",
+        "application/vnd.oci.image.manifest.v1+json",
+        "application/vnd.docker.distribution.manifest.v2+json",
+    )
+)
+
+
 class LoopbackRegistry:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
@@ -73,20 +83,28 @@ class LoopbackRegistry:
         """The manifest (or index) the registry serves for repository:reference."""
         request = urllib.request.Request(
             f"http://{self.address}/v2/{repository}/manifests/{reference}",
-            headers={
-                "Accept": ", ".join(
-                    (
-                        "application/vnd.oci.image.index.v1+json",
-                        "application/vnd.docker.distribution.manifest.list.v2+json",
-                        "application/vnd.oci.image.manifest.v1+json",
-                        "application/vnd.docker.distribution.manifest.v2+json",
-                    )
-                )
-            },
+            headers={"Accept": _MANIFESTS},
         )
         with urllib.request.urlopen(request, timeout=10) as reply:
             document: dict[str, object] = json.load(reply)
         return document
+
+    def tag(self, repository: str, reference: str, tag: str) -> None:
+        """Give repository:reference's manifest (or index) a second tag, as `crane tag` would: the same
+        bytes put under the new name, no blob copied."""
+        request = urllib.request.Request(
+            f"http://{self.address}/v2/{repository}/manifests/{reference}", headers={"Accept": _MANIFESTS}
+        )
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            body, media_type = reply.read(), reply.headers["Content-Type"]
+        put = urllib.request.Request(
+            f"http://{self.address}/v2/{repository}/manifests/{tag}",
+            data=body,
+            method="PUT",
+            headers={"Content-Type": media_type},
+        )
+        with urllib.request.urlopen(put, timeout=10) as reply:
+            assert reply.status == 201, reply.status
 
     def stop(self) -> None:
         if self._process is None:

@@ -5,9 +5,13 @@ anything starts, from a flag or from their GPUDRA_* variable alike."""
 
 from __future__ import annotations
 
+import itertools
 import os
+import signal
+import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,6 +49,10 @@ FILES = {
     "kubeconfig-shape": "apiVersion: v1\nkind: Config\nclusters: 5\n",
     "kubeconfig-no-context": "apiVersion: v1\nkind: Config\n",
     "kubeconfig-unreachable": UNREACHABLE,
+    "kubeconfig-no-ca": UNREACHABLE.replace(
+        'server: "https://127.0.0.1:1"',
+        'server: "https://127.0.0.1:1", certificate-authority: /nonexistent/ca.crt',
+    ),
     "nomanifests/README": "x",
 }
 
@@ -55,10 +63,35 @@ class Case:
     code: int
     says: str  # in the one line on stderr (code 2), or in stdout (code 1: validate's problems)
     env: dict[str, str] = field(default_factory=dict)
+    # a daemon that fails while starting has logged its first steps: its error is the last line
+    logs: bool = False
+
+
+def _starting(command: str, *args: str) -> list[str]:
+    """A daemon's command line that gets as far as its start: a simulated machine, the kubelet's
+    directories under the test's own ({dir}, and {port}: a port another socket holds)."""
+    if command == "kubelet-plugin":
+        where = f"{{dir}}/plugin-{next(_PLUGINS)}"  # each its own sockets
+        return [
+            command,
+            "--node-name=n",
+            "--nvml=sim:dgx-h100",
+            f"--plugin-dir={where}/plugin",
+            f"--registry-dir={where}/registry",
+            f"--cdi-root={where}/cdi",
+            *args,
+        ]
+    if command == "controller":
+        return [command, "--kubeconfig=kubeconfig-unreachable", "--webhook-port=0", "--metrics-port=0", *args]
+    return [command, "--nvml=sim:dgx-h100", *args]
+
+
+_PLUGINS = itertools.count()
+SIM = {"GPUDRA_SIM_STATE": "{dir}/sim.json"}
 
 
 USAGE, NO = 2, 1
-COMMANDS = ("inventory", "validate", "explain", "status", "kubelet-plugin", "controller")
+COMMANDS = ("inventory", "validate", "explain", "status", "kubelet-plugin", "controller", "mps-host")
 CASES = {
     # the gpudra command
     "no command": Case([], USAGE, "the following arguments are required: COMMAND"),
@@ -141,6 +174,14 @@ CASES = {
         ["explain", "slices.yaml", "--slices", "slices.yaml"], USAGE, "holds no ResourceClaim"
     ),
     "explain: output": Case(["explain", "claim.yaml", "-o", "xml"], USAGE, "'xml' is not one of"),
+    "explain: a kind it does not read": Case(
+        ["explain", "service/web", "--slices", "slices.yaml"],
+        USAGE,
+        "service/web: is neither a file nor KIND/NAME of a kind explain reads (claim, pod, deployment,",
+    ),
+    "explain: a workload offline": Case(
+        ["explain", "deploy/web", "--slices", "slices.yaml"], USAGE, "deploy/web names an object in a cluster"
+    ),
     "explain: old release": Case(
         ["explain", "claim.yaml", "--server-minor=33"], USAGE, "1.33 is older than 1.34"
     ),
@@ -257,6 +298,97 @@ CASES = {
     "controller: log level": Case(
         ["controller", "--log-level=verbose"], USAGE, "'verbose' is not one of DEBUG"
     ),
+    # mps-host
+    "mps-host: log level": Case(["mps-host", "--log-level=LOUD"], USAGE, "'LOUD' is not one of DEBUG"),
+    "mps-host: relative socket": Case(
+        ["mps-host", "--mps-host-socket=x.sock"], USAGE, "--mps-host-socket: 'x.sock' is not an absolute path"
+    ),
+    # the daemons' start: what they are given cannot be used
+    "plugin: kubeconfig not YAML": Case(
+        _starting("kubelet-plugin", "--kubeconfig=kubeconfig-broken"),
+        USAGE,
+        "kubeconfig kubeconfig-broken: is not valid YAML",
+        SIM,
+        logs=True,
+    ),
+    "plugin: kubeconfig a directory": Case(
+        _starting("kubelet-plugin", "--kubeconfig=nomanifests"),
+        USAGE,
+        "kubeconfig nomanifests: is not a file",
+        SIM,
+        logs=True,
+    ),
+    "plugin: kubeconfig context missing": Case(
+        _starting("kubelet-plugin", "--kubeconfig=kubeconfig-no-context"),
+        USAGE,
+        "kubeconfig kubeconfig-no-context: invalid cluster credentials",
+        SIM,
+        logs=True,
+    ),
+    "plugin: state dir cannot be made": Case(
+        _starting(
+            "kubelet-plugin", "--state-dir={dir}/claim.yaml/state", "--kubeconfig=kubeconfig-unreachable"
+        ),
+        USAGE,
+        "claim.yaml/state: Not a directory",
+        SIM,
+        logs=True,
+    ),
+    "plugin: plugin dir cannot be made": Case(
+        ["kubelet-plugin", "--node-name=n", "--nvml=sim:dgx-h100", "--plugin-dir={dir}/claim.yaml/p"],
+        USAGE,
+        "claim.yaml/p: Not a directory",
+        SIM,
+    ),
+    "plugin: metrics port in use": Case(
+        _starting(
+            "kubelet-plugin",
+            "--metrics-port={port}",
+            "--metrics-address=127.0.0.1",
+            "--kubeconfig=kubeconfig-unreachable",
+        ),
+        USAGE,
+        "--metrics-port: cannot listen on 127.0.0.1:{port}: Address already in use",
+        SIM,
+        logs=True,
+    ),
+    "controller: kubeconfig not YAML": Case(
+        _starting("controller", "--kubeconfig=kubeconfig-broken"),
+        USAGE,
+        "kubeconfig kubeconfig-broken: is not valid YAML",
+        logs=True,
+    ),
+    "controller: kubeconfig certificate missing": Case(
+        _starting("controller", "--kubeconfig=kubeconfig-no-ca"),
+        USAGE,
+        "kubeconfig kubeconfig-no-ca: invalid cluster credentials: File does not exist: /nonexistent/ca.crt",
+        logs=True,
+    ),
+    "controller: no kubeconfig outside a cluster": Case(
+        ["controller", "--webhook-port=0", "--metrics-port=0"],
+        USAGE,
+        "in-cluster config (no --kubeconfig): invalid cluster credentials",
+        logs=True,
+    ),
+    "controller: webhook port in use": Case(
+        _starting("controller", "--webhook-port={port}", "--webhook-address=127.0.0.1"),
+        USAGE,
+        "--webhook-port: cannot listen on 127.0.0.1:{port}: Address already in use",
+        logs=True,
+    ),
+    "controller: metrics port in use": Case(
+        _starting("controller", "--metrics-port={port}", "--metrics-address=127.0.0.1"),
+        USAGE,
+        "--metrics-port: cannot listen on 127.0.0.1:{port}: Address already in use",
+        logs=True,
+    ),
+    "mps-host: state dir cannot be made": Case(
+        _starting("mps-host", "--state-dir={dir}/claim.yaml/state"),
+        USAGE,
+        "claim.yaml/state/mps-host-tools: Not a directory",
+        SIM,
+        logs=True,
+    ),
 }
 
 
@@ -269,8 +401,21 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.fixture(scope="module")
+def busy_port() -> Iterator[int]:
+    """A port a listening socket holds, for the daemons' "in use"."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        yield held.getsockname()[1]
+
+
 def run(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("GPUDRA_") and k != "KUBECONFIG"}
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("GPUDRA_", "KUBERNETES_SERVICE_")) and k != "KUBECONFIG"
+    }
     return subprocess.run(
         [sys.executable, "-m", "gpudra", *args],
         cwd=cwd,
@@ -288,15 +433,19 @@ def test_the_table_covers_every_command() -> None:
 
 
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
-def test_bad_input_is_one_line_and_an_exit_code(case: Case, workdir: Path) -> None:
-    done = run(case.args, workdir, case.env)
+def test_bad_input_is_one_line_and_an_exit_code(case: Case, workdir: Path, busy_port: int) -> None:
+    def filled(text: str) -> str:
+        return text.replace("{dir}", str(workdir)).replace("{port}", str(busy_port))
+
+    done = run([filled(a) for a in case.args], workdir, {k: filled(v) for k, v in case.env.items()})
     assert "Traceback" not in done.stderr + done.stdout
     assert done.returncode == case.code, done.stderr
     if case.code == USAGE:
-        assert len(done.stderr.splitlines()) == 1, done.stderr
-        assert case.says in done.stderr
+        line = done.stderr.splitlines()[-1] if case.logs else done.stderr.rstrip("\n")
+        assert "\n" not in line, done.stderr
+        assert filled(case.says) in line, done.stderr
         # argparse names the command, unless the top level refuses the line (no command, extra arguments)
-        assert done.stderr.startswith((f"gpudra {case.args[0]}: " if case.args else "gpudra: ", "gpudra: "))
+        assert line.startswith((f"gpudra {case.args[0]}: " if case.args else "gpudra: ", "gpudra: "))
     else:
         assert case.says in done.stdout and done.stderr == ""
 
@@ -328,3 +477,32 @@ def test_the_exit_codes_are_in_every_commands_help(workdir: Path) -> None:
     for command in COMMANDS:
         done = run([command, "--help"], workdir, {})
         assert done.returncode == 0 and cli.EXIT_CODES.splitlines()[1].strip() in done.stdout
+
+
+def test_a_daemons_unexpected_error_is_one_line_and_exit_3(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A bug met while a daemon starts (here: mps-host's run raising what nothing expects) is the same
+    one line as in the other commands; the traceback only with GPUDRA_DEBUG=1."""
+    from gpudra.node import mps_host  # noqa: PLC0415 (what the command imports when it runs)
+
+    def broken(**_: object) -> None:
+        raise RuntimeError("boom\nsecond line")
+
+    monkeypatch.setattr(mps_host, "run", broken)
+    monkeypatch.delenv("GPUDRA_DEBUG", raising=False)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    argv = ["mps-host", "--nvml=sim:dgx-h100", f"--state-dir={tmp_path}", "--log-level=ERROR"]
+    try:
+        assert cli.main(argv) == cli.EXIT_BUG
+        err = capsys.readouterr().err
+        assert err == (
+            "gpudra mps-host: unexpected error (a bug: please report it; GPUDRA_DEBUG=1 shows the "
+            "traceback): RuntimeError: boom\n"
+        )
+        monkeypatch.setenv("GPUDRA_DEBUG", "1")
+        with pytest.raises(RuntimeError, match="boom"):
+            cli.main(argv)
+    finally:  # the daemon's own SIGTERM and SIGINT handlers, not pytest's
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)

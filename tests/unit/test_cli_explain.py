@@ -89,7 +89,9 @@ def test_the_claims_of_a_pod_are_explained_together_and_json_is_one_object_per_l
         tmp_path / "one.yaml", template("a", f'{A}.productName == "Tesla T4"', count=2), pod("p", "a")
     )
     assert cli.main(["explain", str(written), "--slices", str(node_file), "-o", "json"]) == 0
-    assert json.loads(capsys.readouterr().out)["verdict"] == "fits on node-mixed: gpu-2, gpu-3"
+    explanation = json.loads(capsys.readouterr().out)
+    assert (explanation["apiVersion"], explanation["kind"]) == ("gpudra.io/v1alpha1", "Explanation")
+    assert explanation["verdict"] == "fits on node-mixed: gpu-2, gpu-3"
 
 
 def test_allocated_claims_beside_the_slices_hold_their_devices(
@@ -254,7 +256,8 @@ GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"
             _node("node-mixed", taints=[GPU_TAINT]),
             _pod(),
             False,
-            "the taint nvidia.com/gpu=present:NoSchedule",
+            "cannot fit: 1 node excluded by taint nvidia.com/gpu=present:NoSchedule (the devices of 1 node "
+            "would fit: node-mixed)",
         ),
         (
             _node("node-mixed", taints=[GPU_TAINT]),
@@ -322,3 +325,105 @@ def test_a_workload_is_explained_as_a_pod_of_its_template(
     claims = write(tmp_path / "w.yaml", workload, template("t4", f'{A}.productName == "Tesla T4"'))
     assert cli.main(["explain", str(claims), "--slices", str(node_file), "--slices", str(nodes)]) == 1
     assert "nodeSelector pool=x" in capsys.readouterr().out.splitlines()[0]
+
+
+@pytest.fixture
+def four_nodes(tmp_path: Path) -> Path:
+    """Four mixed nodes (two L4s and two T4s each): a-0, a-1 (labelled gpu=a), b-0, b-1."""
+    model = build_devices(inv.mixed_node(), mig_mode="partitionable")
+    items = [
+        item
+        for name in ("a-0", "a-1", "b-0", "b-1")
+        for item in build_slices(model, driver=DRIVER, node_name=name, generation=1, server_minor=36)
+    ]
+    return write(tmp_path / "nodes-slices.yaml", {"apiVersion": "v1", "kind": "List", "items": items})
+
+
+def _sized_node(name: str, **spec: Any) -> dict[str, Any]:
+    node = _node(name, labels={"gpu": name[0]})
+    return {
+        **node,
+        "spec": {**node["spec"], **spec},
+        "status": {"allocatable": {"cpu": "8", "memory": "64Gi"}},
+    }
+
+
+def test_the_verdict_counts_the_nodes_each_filter_excludes(
+    tmp_path: Path, four_nodes: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """nodeSelector, taints, cpu requests against what running pods left: each names its nodes in the
+    verdict and on its own line, the JSON has them as `excluded`; the devices of the node left decide."""
+    nodes = write(
+        tmp_path / "nodes.yaml",
+        _sized_node("a-0"),
+        _sized_node("a-1", taints=[GPU_TAINT]),
+        _sized_node("b-0"),
+        _sized_node("b-1"),
+        {
+            "kind": "Pod",
+            "metadata": {"name": "busy"},
+            "spec": {
+                "nodeName": "a-0",
+                "containers": [{"name": "c", "resources": {"requests": {"cpu": "7"}}}],
+            },
+            "status": {"phase": "Running"},
+        },
+    )
+    wants = _pod(
+        nodeSelector={"gpu": "a"},
+        containers=[{"name": "c", "resources": {"requests": {"cpu": "2"}}}],
+        topologySpreadConstraints=[{"maxSkew": 1}],
+    )
+    claims = write(tmp_path / "pod.yaml", wants, template("t4", f'{A}.productName == "Tesla T4"'))
+    argv = ["explain", str(claims), "--slices", str(four_nodes), "--slices", str(nodes)]
+    assert cli.main(argv) == 1
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0] == (
+        "cannot fit: 2 nodes excluded by nodeSelector gpu=a, 1 by insufficient cpu, 1 by taint "
+        "nvidia.com/gpu=present:NoSchedule (the devices of 4 nodes would fit: a-0, a-1, b-0, +1 more)"
+    )
+    assert "excluded by insufficient cpu: 1 node (a-0)" in lines
+    assert not any(line.startswith("note: its devices") for line in lines)  # said of its node
+    assert (
+        "a-0: cannot fit: insufficient cpu: the pod requests 2, the node has 1 free of 8 allocatable" in out
+    )
+    assert any(
+        line.startswith("note: the pod's topologySpreadConstraints is not evaluated") for line in lines
+    )
+    assert cli.main([*argv, "-o", "json"]) == 1
+    excluded = json.loads(capsys.readouterr().out)["excluded"]
+    assert excluded[0] == {"check": "nodeSelector gpu=a", "nodes": ["b-0", "b-1"]}
+    # with nodes left whose devices decide (a-1: the taint comes first, as in the scheduler)
+    write(
+        tmp_path / "pod.yaml", _pod(nodeSelector={"gpu": "b"}), template("t4", f'{A}.productName == "H100"')
+    )
+    assert cli.main(argv) == 1
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith(
+        "cannot fit: 1 node excluded by nodeSelector gpu=b, 1 by taint nvidia.com/gpu=present:NoSchedule; "
+        "on the other 2 nodes: no device has"
+    )
+
+
+def test_a_pod_that_names_its_node_goes_there_only_and_is_told_the_scheduler_is_skipped(
+    tmp_path: Path, node_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    claims = write(
+        tmp_path / "pod.yaml", _pod(nodeName="node-other"), template("t4", f'{A}.productName == "Tesla T4"')
+    )
+    nodes = write(tmp_path / "nodes.yaml", _node("node-mixed"))
+    argv = ["explain", str(claims), "--slices", str(node_file), "--slices", str(nodes)]
+    assert cli.main(argv) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("cannot fit: 1 node excluded by spec.nodeName node-other")
+    assert any(line.startswith("note: spec.nodeName skips the scheduler") for line in lines)
+    # a pod the scheduler bound (PodScheduled True) has its nodeName from the binding: no such note
+    bound = {
+        **_pod(nodeName="node-mixed"),
+        "status": {"conditions": [{"type": "PodScheduled", "status": "True"}]},
+    }
+    write(tmp_path / "pod.yaml", bound, template("t4", f'{A}.productName == "Tesla T4"'))
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("fits on node-mixed") and "skips the scheduler" not in out

@@ -10,6 +10,8 @@ from typing import Any
 
 import yaml
 
+from gpudra.cli import status
+from gpudra.cli.output_format import documents
 from gpudra.cli.status_text import render
 from gpudra.controller.housekeeping import stale_reports
 from gpudra.model import claim_usage
@@ -188,6 +190,9 @@ def test_the_view_round_trips_through_json_and_renders() -> None:
     )
     again = ClusterView.model_validate_json(v.model_dump_json(by_alias=True))
     assert again == v
+    for output in ("json", "yaml"):  # gpudra status -o json|yaml: a versioned document
+        shown = documents(status.show(v, output=output))[0]
+        assert (shown["apiVersion"], shown["kind"]) == ("gpudra.io/v1alpha1", "ClusterStatus")
     text = render(v)
     assert "TOTAL" in text and "node-h100" in text
     assert "gpu-1" in text and "7g.80gb" not in text.split("MIG GPUs")[1].split("\n\n")[0].split("gpu-1")[0]

@@ -26,7 +26,7 @@ import urllib3
 from kubernetes import client, config
 from kubernetes.client import exceptions as api_exceptions
 
-from gpudra.errors import ClusterError
+from gpudra.errors import ClusterError, ConfigError
 from gpudra.kube.client import Conflict, NotFound, _api_errors, connect
 
 HOST, PORT = "127.0.0.1", 6443
@@ -320,7 +320,7 @@ def test_urllib3s_own_log_lines_lose_the_address(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    with contextlib.suppress(ClusterError):
+    with contextlib.suppress(ConfigError):
         connect(None)  # installs the filters whatever the credentials
     with caplog.at_level("DEBUG", logger="urllib3"):
         logging.getLogger("urllib3.connectionpool").warning(
@@ -337,10 +337,13 @@ def test_config_exception_becomes_cluster_error() -> None:
     )
 
 
-def test_connect_without_credentials_is_a_cluster_error(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_connect_without_credentials_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing to connect with is input to fix (exit 2 for every command), not a cluster that refused."""
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.delenv("KUBERNETES_SERVICE_PORT", raising=False)
-    with pytest.raises(ClusterError, match="invalid cluster credentials") as caught:
+    with pytest.raises(
+        ConfigError, match=r"in-cluster config \(no --kubeconfig\): invalid cluster credentials"
+    ) as caught:
         connect(None)
     assert isinstance(caught.value.__cause__, config.ConfigException)
 

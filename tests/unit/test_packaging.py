@@ -13,6 +13,12 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
+def _head() -> str:
+    return subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
 def test_the_wheel_holds_no_harness_and_no_tests(tmp_path: Path) -> None:
     subprocess.run(
         [
@@ -44,6 +50,8 @@ def test_the_wheel_holds_no_harness_and_no_tests(tmp_path: Path) -> None:
         "gpudra/py.typed",
     ):
         assert module in names
+    # The checkout's revision, which `gpudra --version` and the start-up line report from a pip install.
+    assert zipfile.ZipFile(wheel).read("gpudra/REVISION").decode() == f"{_head()}\n"
 
 
 # Installing the dependencies into a fresh venv takes about 3 minutes on 2 busy cores.
@@ -81,6 +89,8 @@ def test_every_command_works_from_the_wheel_outside_the_checkout(tmp_path: Path)
             check=False,
         )
 
+    version = gpudra("--version")
+    assert version.stdout.strip().endswith(f"(revision {_head()})"), version.stdout
     where = gpudra("validate", "--help")
     assert where.returncode == 0 and "exit codes:" in where.stdout
     located = subprocess.run(

@@ -7,6 +7,7 @@ import ctypes
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -266,6 +267,45 @@ def test_mps_refuses_a_second_daemon_and_bad_values(mps_env: dict[str, str], tmp
     assert lines[2].startswith("Unrecognized command")
     _run(mps_env, "nvidia-cuda-mps-control", stdin="quit\n")
     assert _wait_gone(pid)
+
+
+def test_an_attached_client_stays_attached_while_the_daemon_answers_others_and_sees_its_end(
+    mps_env: dict[str, str], tmp_path: Path
+) -> None:
+    assert _run(mps_env, "nvidia-cuda-mps-control", "-d").returncode == 0
+    pid = int((tmp_path / "pipe" / "nvidia-cuda-mps-control.pid").read_text())
+    limits = "set_default_active_thread_percentage 40\nset_default_device_pinned_mem_limit 0 8G\n"
+    assert _run(mps_env, "nvidia-cuda-mps-control", stdin=limits).returncode == 0
+    with subprocess.Popen(
+        [sys.executable, "-m", "gpudra.sim.mps_client"], env=mps_env, stdout=subprocess.PIPE, text=True
+    ) as client:
+        try:
+            assert client.stdout is not None
+            assert client.stdout.readline() == f"attached {pid} threads=40.0 memory=0=8G\n"
+            # The daemon goes on answering while the client holds its connection.
+            threads = _run(mps_env, "nvidia-cuda-mps-control", stdin="get_default_active_thread_percentage\n")
+            assert threads.stdout == "40.0\n"
+            assert client.poll() is None
+            _run(mps_env, "nvidia-cuda-mps-control", stdin="quit\n")
+            assert client.wait(10) == 1
+            assert client.stdout.read() == "lost the MPS control daemon\n"
+        finally:
+            if client.poll() is None:
+                client.kill()
+    assert _wait_gone(pid)
+
+
+def test_an_mps_client_without_a_daemon_says_so(mps_env: dict[str, str]) -> None:
+    client = subprocess.run(
+        [sys.executable, "-m", "gpudra.sim.mps_client"],
+        env=mps_env,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert client.returncode == 1
+    assert client.stdout.startswith("no MPS control daemon in ")
 
 
 def test_mps_client_without_a_daemon(mps_env: dict[str, str]) -> None:

@@ -12,6 +12,7 @@ No traceback reaches a user: bad input of any kind ends in one line and an exit 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import secrets
 import signal
@@ -210,12 +211,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     why = _command(commands, "explain", "why a claim fits a node or not, by the scheduler's rules")
-    why.add_argument("target", help="a file of claims, templates or pods; or claim/NAME or pod/NAME")
+    why.add_argument(
+        "target",
+        help="a file of claims, templates, pods or workloads; or, in the cluster, claim/NAME, pod/NAME, "
+        "deployment/NAME, statefulset/NAME, replicaset/NAME, daemonset/NAME, job/NAME or cronjob/NAME "
+        "(a workload: a new pod of its template)",
+    )
     why.add_argument(
         "-n",
         "--namespace",
         default=None,
-        help="namespace of claim/NAME, pod/NAME and of objects in the file that name none (default: the "
+        help="namespace of KIND/NAME and of objects in the file that name none (default: the "
         "kubeconfig context's, else default)",
     )
     why.add_argument("--kubeconfig", default=None, help="kubeconfig (default $KUBECONFIG, ~/.kube/config)")
@@ -564,8 +570,10 @@ _DEBUG = "GPUDRA_DEBUG=1 shows the traceback"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The command's exit code (EXIT_CODES). Its errors are one line on stderr; a daemon's unexpected
-    failure is its own to log (with the traceback, for whoever reads the pod's log)."""
+    """The command's exit code (EXIT_CODES). Its errors are one line on stderr, the daemons' too: a
+    daemon that cannot start (a kubeconfig it cannot use, a directory it cannot create, a port in use)
+    says so in the one line its pod's status shows, exit 2. An unexpected error is exit 3, its
+    traceback shown with GPUDRA_DEBUG=1, and in a daemon's log at --log-level DEBUG."""
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as done:  # --help, or a usage error argparse printed (_Parser.error)
@@ -586,8 +594,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = f"{err.filename}: " if err.filename else ""
         return _fail(args.command, f"{where}{err.strerror or err}", EXIT_USAGE)
     except Exception as err:
-        if args.command in DAEMONS or os.environ.get("GPUDRA_DEBUG"):
+        if os.environ.get("GPUDRA_DEBUG"):
             raise
+        if args.command in DAEMONS:
+            logging.getLogger("gpudra").debug("unexpected error", exc_info=True)
         what = f"{type(err).__name__}: {err}".splitlines()[0]
         return _fail(args.command, f"unexpected error (a bug: please report it; {_DEBUG}): {what}", EXIT_BUG)
 

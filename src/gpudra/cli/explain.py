@@ -1,5 +1,5 @@
-"""`gpudra explain FILE|claim/NAME|pod/NAME`: gathers what the scheduler would see, then explains. I/O: the
-files named, the API server.
+"""`gpudra explain FILE|claim/NAME|pod/NAME|KIND/NAME`: gathers what the scheduler would see, then
+explains. I/O: the files named, the API server.
 
 Offline (`--slices FILE`, repeatable): the ResourceSlices `gpudra inventory -o yaml` prints (several
 nodes' outputs may be concatenated, or `kubectl get resourceslices -o yaml`), plus any ResourceClaims
@@ -10,14 +10,19 @@ ResourceClaims, ResourceClaimTemplates, or Pods (whose claims are explained toge
 allocates them), and may add DeviceClasses and ResourceSlices of its own.
 
 Online (no `--slices`): slices, classes and every claim's allocation come from the cluster, and
-`claim/NAME` or `pod/NAME` names the object there; FILE then asks whether claims not yet created would fit.
-The namespace is -n, else the kubeconfig context's (--context), else default, as kubectl's.
+`claim/NAME`, `pod/NAME` or a workload's `KIND/NAME` (`deployment/NAME`, `statefulset/NAME`, `job/NAME`,
+... as kubectl names them, TARGET_KINDS) names the object there; FILE then asks whether claims not yet
+created would fit. The namespace is -n, else the kubeconfig context's (--context), else default, as
+kubectl's.
 
-A workload in FILE (Deployment, StatefulSet, ReplicaSet, DaemonSet, Job, CronJob) stands for a pod of its
-template. A pod goes only to the nodes whose taints it tolerates and whose labels its nodeSelector and
-required node affinity accept (`gpudra.scheduling.node_fit`): the cluster's Nodes online, the Nodes in
-the files offline (`kubectl get nodes -o yaml` beside the slices; none: no node is ruled out). A claim
-whose gpudra config is invalid (the admission webhook's checks, `gpudra.model.manifests`) cannot fit.
+A workload (Deployment, StatefulSet, ReplicaSet, DaemonSet, Job, CronJob), in FILE or in the cluster,
+stands for a new pod of its template, with the claims its ResourceClaimTemplates would make. A pod goes
+only to the nodes it may be scheduled to (`gpudra.scheduling.node_fit`: spec.nodeName, taints and
+tolerations, nodeSelector and required node affinity, cpu and memory requests against allocatable less
+what the pods bound there request): the cluster's Nodes and unfinished Pods online, the Nodes and Pods
+in the --slices files offline (`kubectl get nodes,pods -A -o yaml` beside the slices; no Node: none is
+ruled out). Pod affinity and topology spread are not evaluated, and the answer says so. A claim whose
+gpudra config is invalid (the admission webhook's checks, `gpudra.model.manifests`) cannot fit.
 Exit codes: 0 every claim fits, 1 one does not, 2 an error (gpudra.cli.EXIT_CODES).
 
 What the API server keeps decides which forms of a GPU nodes can publish there (shares, MIG partitions
@@ -56,7 +61,7 @@ from gpudra.scheduling.explain import (
     explain,
     unpack_lists,
 )
-from gpudra.scheduling.node_fit import node_refusals
+from gpudra.scheduling.node_fit import node_refusals, unevaluated
 from gpudra.scheduling.pools import Inventory
 
 if TYPE_CHECKING:
@@ -64,6 +69,21 @@ if TYPE_CHECKING:
 
 # The node the probe slice names (a dry run: nothing is stored, no node need exist).
 PROBE_NODE = "gpudra-explain-probe"
+NODE_NAME_NOTE = (
+    "spec.nodeName skips the scheduler, which is what allocates claims: the pod starts only once its "
+    "claims are allocated by other means (a claim another, scheduled pod shares)"
+)
+# What `gpudra explain KIND/NAME` takes for KIND, kubectl's names and short names -> the kind.
+TARGET_KINDS = {
+    **dict.fromkeys(("claim", "resourceclaim", "resourceclaims"), "ResourceClaim"),
+    **dict.fromkeys(("pod", "pods", "po"), "Pod"),
+    **dict.fromkeys(("deployment", "deployments", "deploy"), "Deployment"),
+    **dict.fromkeys(("statefulset", "statefulsets", "sts"), "StatefulSet"),
+    **dict.fromkeys(("replicaset", "replicasets", "rs"), "ReplicaSet"),
+    **dict.fromkeys(("daemonset", "daemonsets", "ds"), "DaemonSet"),
+    **dict.fromkeys(("job", "jobs"), "Job"),
+    **dict.fromkeys(("cronjob", "cronjobs", "cj"), "CronJob"),
+}
 # gpudra's DeviceClasses, package data (a copy of deploy/manifests/deviceclasses.yaml: make manifests).
 DEFAULT_CLASSES = Path(__file__).with_name("deviceclasses.yaml")
 
@@ -76,8 +96,9 @@ class Inputs:
     slices: list[Mapping[str, Any]] = field(default_factory=list)
     allocated: list[Claim] = field(default_factory=list)
     targets: list[list[ClaimToExplain]] = field(default_factory=list)  # each explained on its own
-    pods: list[Mapping[str, Any] | None] = field(default_factory=list)  # each target's pod spec, if any
+    pods: list[Mapping[str, Any] | None] = field(default_factory=list)  # each target's pod, if any
     nodes: list[Mapping[str, Any]] = field(default_factory=list)
+    running: list[Mapping[str, Any]] = field(default_factory=list)  # pods whose requests use their nodes
     driver: str = ""
     fields: ServerFields | None = None  # what the API server keeps
     notes: list[str] = field(default_factory=list)
@@ -85,6 +106,7 @@ class Inputs:
 
 def run(args: argparse.Namespace) -> int:
     """The `gpudra explain` command: 0 when every target fits, 1 when one does not."""
+    _check_target(args.target)
     offline = bool(args.slices)
     inputs = _offline(args) if offline else _online(args)
     if not inputs.targets:
@@ -92,20 +114,22 @@ def run(args: argparse.Namespace) -> int:
     inventory = Inventory(inputs.slices)
     fields = inputs.fields or ServerFields.of_release(NEWEST_MINOR)
     pods = inputs.pods + [None] * (len(inputs.targets) - len(inputs.pods))
-    results = [
-        explain(
+    results = []
+    for target, pod in zip(inputs.targets, pods, strict=True):
+        spec = (pod.get("spec") or {}) if pod is not None else None
+        result = explain(
             target,
             classes=inputs.classes,
             inventory=inventory,
             allocated=inputs.allocated,
             server=fields,
             driver=args.driver_name,
-            node_refusals=node_refusals(pod, inputs.nodes) if pod is not None else None,
+            node_refusals=node_refusals(spec, inputs.nodes, inputs.running) if spec is not None else None,
         )
-        for target, pod in zip(inputs.targets, pods, strict=True)
-    ]
-    for result in results:
-        result.notes += inputs.notes
+        result.notes += [*unevaluated(spec or {}), *inputs.notes]
+        if pod is not None and _names_its_node(pod):
+            result.notes.append(NODE_NAME_NOTE)
+        results.append(result)
     _print(results, args)
     return 0 if all(r.fits for r in results) else 1
 
@@ -125,7 +149,7 @@ def _print(results: Sequence[Explanation], args: argparse.Namespace) -> None:
 
 
 def _offline(args: argparse.Namespace) -> Inputs:
-    if args.target.startswith(("claim/", "pod/")) and not Path(args.target).exists():
+    if _cluster_object(args.target) is not None:
         raise ConfigError(f"{args.target} names an object in a cluster; with --slices, pass a file of claims")
     inputs = Inputs(driver=args.driver_name)
     for path in args.slices:
@@ -136,6 +160,8 @@ def _offline(args: argparse.Namespace) -> Inputs:
                 inputs.allocated.append(read_claim(obj))
             elif obj.get("kind") == "Node":
                 inputs.nodes.append(obj)
+            elif obj.get("kind") == "Pod":
+                inputs.running.append(obj)
     classes_file = args.classes or DEFAULT_CLASSES
     if not classes_file.exists():
         raise ConfigError(
@@ -190,7 +216,7 @@ def _targets(
         inputs.targets.append(
             _pod_claims(pod, objects, cluster=cluster, namespace=namespace, driver=inputs.driver)
         )
-        inputs.pods.append(pod.get("spec") or {})
+        inputs.pods.append(pod)
 
 
 # kind -> the path of its pod template
@@ -326,19 +352,65 @@ def _online(args: argparse.Namespace) -> Inputs:
     namespace = (
         args.namespace or (context_namespace(kubeconfig, args.context) if kubeconfig else None) or "default"
     )
-    kind, _, name = args.target.partition("/")
-    if kind == "claim" and name and not Path(args.target).exists():
-        claim = _one_claim(cluster.get_claim(namespace, name), args.target, namespace, args.driver_name)
+    named = _cluster_object(args.target)
+    explained: tuple[str, str] | None = None  # the pod explained, not to count against its own node
+    if named is None:
+        _targets(inputs, _objects(Path(args.target)), cluster=cluster, namespace=namespace)
+    elif named[0] == "ResourceClaim":
+        claim = _one_claim(cluster.get_claim(namespace, named[1]), args.target, namespace, args.driver_name)
         inputs.targets.append([claim])
-    elif kind == "pod" and name and not Path(args.target).exists():
-        pod = cluster.get_pod(namespace, name)
+    else:
+        kind, name = named
+        found = (
+            cluster.get_pod(namespace, name) if kind == "Pod" else cluster.get_workload(kind, namespace, name)
+        )
+        pod = _pod_of(found)
+        assert pod is not None  # a Pod or a workload
         inputs.targets.append(
             _pod_claims(pod, [], cluster=cluster, namespace=namespace, driver=args.driver_name)
         )
-        inputs.pods.append(pod.get("spec") or {})
-    else:
-        _targets(inputs, _objects(Path(args.target)), cluster=cluster, namespace=namespace)
+        inputs.pods.append(pod)
+        explained = (namespace, name) if kind == "Pod" else None
+    if inputs.pods:
+        inputs.running.extend(
+            pod
+            for pod in cluster.list_unfinished_pods()
+            if explained is None or _namespace_name(pod) != explained
+        )
     return inputs
+
+
+def _check_target(target: str) -> None:
+    """A KIND/NAME whose KIND explain does not read, and that is no file either, named as such."""
+    kind, slash, name = target.partition("/")
+    if slash and name and "/" not in name and kind.lower() not in TARGET_KINDS and not Path(target).exists():
+        first_names: dict[str, str] = {}  # each kind's first name in TARGET_KINDS: claim, pod, ...
+        for alias, named in TARGET_KINDS.items():
+            first_names.setdefault(named, alias)
+        kinds = ", ".join(first_names.values())
+        raise ConfigError(f"is neither a file nor KIND/NAME of a kind explain reads ({kinds})", field=target)
+
+
+def _names_its_node(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod's spec.nodeName was set by its author (the scheduler never sees the pod), not by
+    the scheduler's binding (PodScheduled True)."""
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    scheduled = any(c.get("type") == "PodScheduled" and c.get("status") == "True" for c in conditions)
+    return bool((pod.get("spec") or {}).get("nodeName")) and not scheduled
+
+
+def _cluster_object(target: str) -> tuple[str, str] | None:
+    """(kind, name) of a KIND/NAME target (TARGET_KINDS), unless a file of that name exists; None for a
+    file."""
+    kind, slash, name = target.partition("/")
+    if not slash or not name or "/" in name or kind.lower() not in TARGET_KINDS or Path(target).exists():
+        return None
+    return TARGET_KINDS[kind.lower()], name
+
+
+def _namespace_name(obj: Mapping[str, Any]) -> tuple[str, str]:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("namespace", "")), str(meta.get("name", ""))
 
 
 def claims_to_explain(

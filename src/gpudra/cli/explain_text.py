@@ -14,10 +14,16 @@ _NODE = "\x00"  # where the node's name goes in a block
 
 def render_text(explanation: Explanation, *, verbose: bool = False) -> str:
     """The verdict line first, then what the cluster's feature gates or release keep from fitting,
-    errors and notes, then the nodes. `verbose` lists every device."""
+    errors, the nodes the pod cannot go to by reason, and notes, then the nodes. `verbose` lists every
+    device and every excluded node."""
     lines = [explanation.verdict]
     lines += [f"needs: {n}" for n in explanation.needs if n not in explanation.verdict]
     lines += [f"error: {e}" for e in explanation.errors if e not in explanation.verdict]
+    lines += [
+        f"excluded by {e.check}: {len(e.nodes)} node{'' if len(e.nodes) == 1 else 's'} "
+        f"({', '.join(e.nodes if verbose else _first(e.nodes))})"
+        for e in explanation.excluded
+    ]
     lines += [f"note: {n}" for n in [*explanation.release, *explanation.notes]]
     groups: dict[str, list[str]] = {}
     for report in explanation.nodes:

@@ -405,7 +405,13 @@ class WebhookServer:
 
     def start(self) -> None:
         listener_class = _Listener6 if ":" in self.address else _Listener
-        self._listener = listener_class((self.address, self.port), self)
+        try:
+            self._listener = listener_class((self.address, self.port), self)
+        except OSError as err:  # in use, or not this host's address: the controller's start ends here
+            where = f"[{self.address}]:{self.port}" if ":" in self.address else f"{self.address}:{self.port}"
+            raise ConfigError(
+                f"cannot listen on {where}: {err.strerror or err}", field="--webhook-port"
+            ) from None
         self.port = self._listener.server_address[1]
         self._thread = threading.Thread(target=self._listener.serve_forever, name="webhook", daemon=True)
         self._thread.start()

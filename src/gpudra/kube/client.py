@@ -261,11 +261,16 @@ def connect(kubeconfig: str | None, context: str | None = None) -> client.ApiCli
     _quiet_transport()
     configuration = client.Configuration()
     configuration.retries = NO_RETRIES  # read when the client makes its connection pools, below
-    with _api_errors("loading cluster credentials"):
+    try:
         if kubeconfig:
             _load_kubeconfig(kubeconfig, configuration, context)
         else:
             config.load_incluster_config(client_configuration=configuration)
+    except config.ConfigException as err:
+        # what was given cannot be used (a missing context or certificate file, no service account):
+        # input to fix, exit 2 for every command (gpudra.cli.EXIT_CODES), not a cluster that refused
+        where = f"kubeconfig {kubeconfig}" if kubeconfig else "in-cluster config (no --kubeconfig)"
+        raise ConfigError(f"invalid cluster credentials: {err}", field=where) from err
     if not configuration.verify_ssl:
         # urllib3 would warn on every request, naming the host; said once here instead.
         warnings.filterwarnings("ignore", category=urllib3.exceptions.InsecureRequestWarning)
@@ -359,6 +364,15 @@ def request_kind(method: str, path: str, *, watch: bool = False) -> tuple[str, s
 
 
 _SLICES = f"/apis/{GROUP}/{VERSION}/resourceslices"
+# The workloads whose pod template `gpudra explain KIND/NAME` reads: kind -> (group/version, resource).
+WORKLOADS: dict[str, tuple[str, str]] = {
+    "Deployment": ("apps/v1", "deployments"),
+    "StatefulSet": ("apps/v1", "statefulsets"),
+    "ReplicaSet": ("apps/v1", "replicasets"),
+    "DaemonSet": ("apps/v1", "daemonsets"),
+    "Job": ("batch/v1", "jobs"),
+    "CronJob": ("batch/v1", "cronjobs"),
+}
 
 
 def _slice(name: str) -> str:
@@ -689,16 +703,31 @@ class Kube:
         path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}"
         return self.request(f"reading Pod {namespace}/{name}", "GET", path)
 
-    def _list_all(self, resource: str, path: str) -> list[Obj]:
+    def list_unfinished_pods(self) -> list[Obj]:
+        """Every pod not Succeeded or Failed, in every namespace: what their requests use of their
+        nodes (`gpudra explain`'s cpu and memory check)."""
+        selector = "status.phase!=Succeeded,status.phase!=Failed"
+        return self._list_all("pods", "/api/v1/pods", {"fieldSelector": selector})
+
+    def get_workload(self, kind: str, namespace: str, name: str) -> Obj:
+        """A Deployment, StatefulSet, ReplicaSet, DaemonSet, Job or CronJob (WORKLOADS): its pod template
+        is what `gpudra explain deployment/NAME` explains."""
+        group, resource = WORKLOADS[kind]
+        path = f"/apis/{group}/namespaces/{quote(namespace, safe='')}/{resource}/{quote(name, safe='')}"
+        found = self.request(f"reading {kind} {namespace}/{name}", "GET", path)
+        return {**found, "kind": kind}
+
+    def _list_all(self, resource: str, path: str, query: Obj | None = None) -> list[Obj]:
         """Every object at `path`, a page of at most 500 at a time (a large cluster's slices run to
         hundreds of megabytes; one response would hold them all in memory twice), but those beyond
         `bounded_json`'s bounds (recorded in `skipped`). The API server leaves kind and apiVersion out
         of list items; they are filled in, as kubectl does, so that the objects read like the same
         objects from a file."""
         items: list[Obj] = []
-        query: Obj = {"limit": 500}
+        first: Obj = {**(query or {}), "limit": 500}
+        page_query = first
         while True:
-            page = self._list(resource, path, query)
+            page = self._list(resource, path, page_query)
             kind = str(page.get("kind", "")).removesuffix("List")
             items.extend(
                 {"kind": kind, "apiVersion": page.get("apiVersion"), **item}
@@ -707,4 +736,4 @@ class Kube:
             more = (page.get("metadata") or {}).get("continue")
             if not more:
                 return items
-            query = {"limit": 500, "continue": more}
+            page_query = {**first, "continue": more}

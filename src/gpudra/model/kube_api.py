@@ -15,6 +15,11 @@ GROUP: Final = "resource.k8s.io"
 VERSION: Final = "v1"
 API_VERSION: Final = f"{GROUP}/{VERSION}"
 
+# The group and version of gpudra's own documents, what `gpudra status -o json` (and the controller's
+# /status) and `gpudra explain -o json` print: each carries it as `apiVersion`, beside its `kind`, so a
+# tool that reads them can tell a later, changed schema (docs/cli.md). v1alpha1: fields may still change.
+OUTPUT_API_VERSION: Final = "gpudra.io/v1alpha1"
+
 # The oldest Kubernetes 1.x minor gpudra supports: the first that serves resource.k8s.io/v1. The chart's
 # kubeVersion (deploy/helm/gpudra/Chart.yaml) names the same.
 OLDEST_MINOR: Final = 34

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
@@ -35,6 +35,7 @@ from pydantic.alias_generators import to_camel
 from gpudra.model.claim import Claim
 from gpudra.model.claim_usage import idle_since
 from gpudra.model.devices import UNHEALTHY_TAINT_KEY
+from gpudra.model.kube_api import OUTPUT_API_VERSION
 from gpudra.scheduling.allocator import counters_left, lookup_attribute
 from gpudra.scheduling.claims import Allocations
 from gpudra.scheduling.pools import Amount, Device, Inventory, Pool
@@ -99,6 +100,11 @@ class UnhealthyDevice(_Model):
 
 
 class ClusterView(_Model):
+    """The cluster's GPU picture: `gpudra status -o json` and the controller's /status. Its kind is
+    ClusterStatus, not Status, which Kubernetes clients read as an API error (meta/v1 Status)."""
+
+    api_version: str = OUTPUT_API_VERSION
+    kind: Literal["ClusterStatus"] = "ClusterStatus"
     generated: datetime
     driver: str
     idle_after_seconds: float

@@ -35,13 +35,14 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
 from gpudra.model.claim import Claim as ResourceClaim
 from gpudra.model.claim import ClaimSpec, Request
+from gpudra.model.kube_api import OUTPUT_API_VERSION
 from gpudra.model.publishing import ServerFields, Withheld
 from gpudra.scheduling import forms
 from gpudra.scheduling.allocator import (
@@ -60,11 +61,13 @@ from gpudra.scheduling.allocator import (
 )
 from gpudra.scheduling.cel import CelCompileError, CelError, CelRuntimeError, CelUnsupported, compile_selector
 from gpudra.scheduling.claims import Allocations, Claim, claim_from_spec
+from gpudra.scheduling.node_fit import Refusal
 from gpudra.scheduling.pools import Amount, Device, Inventory, Pool, collector_paused
 
 __all__ = [
     "AllocatedDevice",
     "ClaimToExplain",
+    "Exclusion",
     "Explanation",
     "NodeReport",
     "RequestReport",
@@ -139,7 +142,18 @@ class NodeReport(_Model):
     notes: list[str]
 
 
+class Exclusion(_Model):
+    """Nodes with devices that the pod cannot go to for one reason (`gpudra.scheduling.node_fit`)."""
+
+    check: str  # "nodeSelector gpu=h100", "taint gpu=yes:NoSchedule", "insufficient cpu", ...
+    nodes: list[str]
+
+
 class Explanation(_Model):
+    """The answer for one claim or one pod's claims: `gpudra explain -o json`."""
+
+    api_version: str = OUTPUT_API_VERSION
+    kind: Literal["Explanation"] = "Explanation"
     claims: list[str]
     fits: bool
     verdict: str
@@ -151,6 +165,8 @@ class Explanation(_Model):
     needs: list[str] = []
     # what this Kubernetes release's scheduler may do otherwise than the rules explain follows
     release: list[str] = []
+    # the nodes with devices that the pod's nodeName, taints, node selection or resources rule out
+    excluded: list[Exclusion] = []
 
 
 # --- input ---------------------------------------------------------------------------------------
@@ -209,7 +225,7 @@ def explain(
     driver: str = "",
     list_type_attributes: bool = False,
     budget: int = DEFAULT_BUDGET,
-    node_refusals: Mapping[str, str] | None = None,
+    node_refusals: Mapping[str, Refusal] | None = None,
 ) -> Explanation:
     """Whether `claims` can be allocated together, on which node and devices, and if not why.
 
@@ -219,8 +235,9 @@ def explain(
     `driver`'s nodes can publish (`gpudra.scheduling.forms`): a request for a form none can and that gets
     no devices anywhere is reported as needing the feature gate or release that would serve it, and
     what the release's scheduler does otherwise than these rules is noted. `node_refusals`: the nodes
-    the pod cannot go to whatever their devices (`gpudra.scheduling.node_fit`: taints, nodeSelector,
-    required node affinity), and why. ConfigError when a claim spec is malformed.
+    the pod cannot go to whatever their devices (`gpudra.scheduling.node_fit`: nodeName, taints,
+    nodeSelector, required node affinity, cpu and memory), and why; they are counted by reason in
+    `excluded`, and the verdict names them. ConfigError when a claim spec is malformed.
     """
     names = [c.name for c in claims]
     invalid = [
@@ -240,6 +257,7 @@ def explain(
     reports: list[NodeReport] = []
     fatal: list[str] = []
     whys: dict[str, _Why] = {}
+    excluded: dict[str, list[str]] = {}
     with collector_paused():
         for node in nodes:
             explainer = _NodeExplainer(inventory, node, parsed, allocations, matcher=matcher, budget=budget)
@@ -249,8 +267,15 @@ def explain(
                 # The scheduler filters the node out before devices; one whose devices would fit
                 # came closest of all.
                 stage = _REFUSED_BUT_DEVICES_FIT if report.fits else why.stage
-                report = report.model_copy(update={"fits": False, "devices": [], "reason": refused})
-                why = _Why(stage, refused, progress=why.progress)
+                devices = _device_list(report.devices, several_claims=len(parsed) > 1)
+                node_notes = (
+                    [*report.notes, f"its devices would fit: {devices}"] if report.fits else report.notes
+                )
+                report = report.model_copy(
+                    update={"fits": False, "devices": [], "reason": refused.reason, "notes": node_notes}
+                )
+                why = _Why(stage, refused.reason, progress=why.progress)
+                excluded.setdefault(refused.check, []).append(node)
             reports.append(report)
             whys[node] = why
             fatal.extend(explainer.fatal)
@@ -266,7 +291,11 @@ def explain(
         if not fits:
             gated = _gated(parsed, classes, forms.withheld_on(server), reports, driver=driver)
         release = forms.release_limits(parsed, classes, server, driver=driver)
-    verdict = _verdict(reports, whys, parsed)
+    exclusions = [
+        Exclusion(check=check, nodes=names)
+        for check, names in sorted(excluded.items(), key=lambda item: -len(item[1]))
+    ]
+    verdict = _verdict(reports, whys, parsed, exclusions)
     if gated:
         more = f" (and {len(gated) - 1} more below)" if len(gated) > 1 else ""
         verdict = f"cannot fit: {gated[0]}{more}"
@@ -279,6 +308,7 @@ def explain(
         notes=notes,
         needs=gated,
         release=release,
+        excluded=exclusions,
     )
 
 
@@ -789,7 +819,38 @@ def _allocated(found: Found) -> list[AllocatedDevice]:
     ]
 
 
-def _verdict(reports: Sequence[NodeReport], whys: Mapping[str, _Why], claims: Sequence[Claim]) -> str:
+def _verdict(
+    reports: Sequence[NodeReport],
+    whys: Mapping[str, _Why],
+    claims: Sequence[Claim],
+    exclusions: Sequence[Exclusion] = (),
+) -> str:
+    """The first line: where the claims fit, else why not: the nodes the pod cannot go to counted by
+    reason ("3 nodes excluded by nodeSelector gpu=h100"), then why the others' devices do not do."""
+    if any(r.fits for r in reports) or not exclusions:
+        return _device_verdict(reports, whys, claims)
+    out = {node for e in exclusions for node in e.nodes}
+    first, *more = exclusions
+    counted = ", ".join(
+        [
+            f"{_nodes(len(first.nodes))} excluded by {first.check}",
+            *(f"{len(e.nodes)} by {e.check}" for e in more),
+        ]
+    )
+    rest = [r for r in reports if r.node not in out]
+    if not rest:
+        would = [r.node for r in reports if whys[r.node].stage == _REFUSED_BUT_DEVICES_FIT]
+        if would:
+            counted += f" (the devices of {_nodes(len(would))} would fit: {', '.join(_first(would))})"
+        return f"cannot fit: {counted}"
+    return f"cannot fit: {counted}; on the other {_nodes(len(rest))}: {_why_none(rest, whys, claims)}"
+
+
+def _nodes(count: int) -> str:
+    return f"{count} node{'' if count == 1 else 's'}"
+
+
+def _device_verdict(reports: Sequence[NodeReport], whys: Mapping[str, _Why], claims: Sequence[Claim]) -> str:
     fitting = [r for r in reports if r.fits]
     if fitting:
         first = fitting[0]
@@ -802,14 +863,23 @@ def _verdict(reports: Sequence[NodeReport], whys: Mapping[str, _Why], claims: Se
         return f"fits on {first.node}: {devices}{also}"
     if not reports:
         return "cannot fit: no ResourceSlices, so no node has devices"
+    why = _why_none(reports, whys, claims)
+    if why.startswith("closest is "):
+        return f"cannot fit on any of {len(reports)} nodes; {why}"
+    return f"cannot fit: {why}"
+
+
+def _why_none(reports: Sequence[NodeReport], whys: Mapping[str, _Why], claims: Sequence[Claim]) -> str:
+    """Why none of `reports`' nodes (at least one) can have the claims: one reason if they share it,
+    else the closest node's ("closest is NODE: ...")."""
     best = max(whys[r.node].stage for r in reports)
     closest = sorted((r for r in reports if whys[r.node].stage == best), key=lambda r: -whys[r.node].progress)
     selectors = {whys[r.node].selector for r in closest}
     if len(selectors) == 1 and None not in selectors:
-        return "cannot fit: " + _no_match([whys[r.node] for r in closest], several_claims=len(claims) > 1)
+        return _no_match([whys[r.node] for r in closest], several_claims=len(claims) > 1)
     if len({r.reason for r in reports}) == 1:
-        return f"cannot fit: {reports[0].reason}"
-    return f"cannot fit on any of {len(reports)} nodes; closest is {closest[0].node}: {closest[0].reason}"
+        return str(reports[0].reason)
+    return f"closest is {closest[0].node}: {closest[0].reason}"
 
 
 def _no_match(whys: Sequence[_Why], *, several_claims: bool) -> str:

@@ -9,7 +9,10 @@ CUDA_MPS_LOG_DIRECTORY (`control.log`) and CUDA_VISIBLE_DEVICES, registers itsel
 limits in the simulated machine's state, and exits on `quit` (or SIGTERM), removing its socket, pid file
 and entry. It keeps the environment it was started with, where gpudra finds its token (as on the real
 one).
-It starts no MPS servers (there is no CUDA to serve), so `get_server_list` prints nothing.
+It starts no MPS servers (there is no CUDA to serve), so `get_server_list` prints nothing. A stand-in
+CUDA application (gpudra.sim.mps_client) attaches with `attach_client`: the daemon answers with its pid
+and limits and holds the connection open until it exits, so the client sees the daemon's end as a real
+one sees its server's.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +37,8 @@ _PID_FILE = "nvidia-cuda-mps-control.pid"
 _NO_DAEMON = "Cannot find MPS control daemon process"
 _MEMORY_LIMIT = re.compile(r"^[0-9]+[MG]$")
 _START_TIMEOUT_S = 10.0
+# Not a command of the real daemon's: the stand-in CUDA application's (gpudra.sim.mps_client) attach.
+ATTACH = "attach_client"
 
 
 def _pipe_directory() -> Path:
@@ -60,6 +66,14 @@ def _receive_all(conn: socket.socket) -> str:
     while chunk := conn.recv(4096):
         chunks.append(chunk)
     return b"".join(chunks).decode()
+
+
+def _receive_line(conn: socket.socket) -> str:
+    """One command: up to its newline (an attaching client keeps its end open) or the end of input."""
+    received = b""
+    while b"\n" not in received and (chunk := conn.recv(4096)):
+        received += chunk
+    return received.split(b"\n", 1)[0].decode()
 
 
 class _Daemon:
@@ -147,16 +161,36 @@ class _Daemon:
     def _loop(self, server: socket.socket) -> None:
         while True:
             conn, _ = server.accept()
+            command = _receive_line(conn).strip()
+            if not command:  # a client that left without a word (gpudra's look at who listens)
+                conn.close()
+                continue
+            if command.split()[:1] == [ATTACH]:
+                # Held open by a thread of its own: the daemon goes on answering its other clients, and
+                # the client's connection ends only with the daemon (its process exit closes it).
+                threading.Thread(target=self._attached, args=(conn, command), daemon=True).start()
+                continue
             with conn:
-                command = _receive_all(conn).strip()
-                if not command:  # a client that left without a word (gpudra's look at who listens)
-                    continue
                 self.log(f"Command: {command}")
                 reply, done = self.answer(command)
                 with contextlib.suppress(OSError):  # a client that left before the reply
                     conn.sendall(reply.encode())
             if done:
                 return
+
+    def _attached(self, conn: socket.socket, command: str) -> None:
+        with conn:
+            self.log(f"Client attached: {command}")
+            entry = self.store_entry()
+            limits = " ".join(f"{d}={m}" for d, m in sorted(entry.default_pinned_memory_limits.items()))
+            conn.sendall(
+                f"attached {self.pid} threads={entry.default_active_thread_percentage:.1f} "
+                f"memory={limits or 'none'}\n".encode()
+            )
+            with contextlib.suppress(OSError):
+                while conn.recv(4096):
+                    pass  # a client says nothing more: its exit (a close) detaches it
+            self.log(f"Client detached: {command}")
 
 
 def _foreground(store: state.StateFile) -> int:
