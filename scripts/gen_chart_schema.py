@@ -221,6 +221,19 @@ def schema() -> dict[str, Any]:
                 "additionalProperties": False,
                 "properties": {"enabled": {"type": "boolean"}},
             },
+            "networkPolicy": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    "enabled": {"type": "boolean"},
+                    "httpFrom": {
+                        "description": "NetworkPolicy peers (ipBlock, namespaceSelector, podSelector) "
+                        "allowed to the HTTP ports",
+                        "type": "array",
+                        "items": {"type": "object"},
+                    },
+                },
+            },
             "monitoring": _monitoring(),
         },
     }

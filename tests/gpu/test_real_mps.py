@@ -132,3 +132,53 @@ def test_mps_daemon_limits_its_clients_and_stops_clean(gpu: tuple[str, int, int]
         daemons.stop(daemon)
     assert not root.exists()
     assert _daemons_alive(root) == []
+
+
+def _entries(directory: Path) -> dict[str, str]:
+    """Each entry of `directory` with its type, as `ls -l` would name it."""
+    kinds = {0o140000: "socket", 0o010000: "fifo", 0o100000: "file", 0o040000: "directory", 0o120000: "link"}
+    return {
+        e.name: kinds.get(e.stat(follow_symlinks=False).st_mode & 0o170000, "other")
+        for e in directory.iterdir()
+    }
+
+
+def test_whether_a_client_needs_to_write_in_the_pipe_directory(
+    gpu: tuple[str, int, int], tmp_path: Path
+) -> None:
+    """What decides whether gpudra may mount a claim's pipe directory read-only into its containers
+    (gpudra.node.sharing.mps_daemons says why it is read-write until this passes): what a client leaves
+    in the directory, and whether a client that sees it only through a read-only bind mount still runs
+    under the daemon (its SM count is the daemon's share, not the card's). Needs root for the mount."""
+    if os.geteuid() != 0:
+        pytest.skip("a read-only bind mount needs root")
+    uuid, multiprocessors, _ = gpu
+    daemons = mps.MpsDaemons(GpuTools())
+    root = mps.daemon_root(tmp_path, "claim-read-only")
+    daemon = mps.Daemon(root, mps_processes.new_token())
+    daemons.start(daemon, visible=[uuid], active_thread_percentage=THREAD_PERCENTAGE, pinned_memory_limits={})
+    pipe = mps.pipe_dir(root)
+    try:
+        before = _entries(pipe)
+        _client(64, env={"CUDA_MPS_PIPE_DIRECTORY": str(pipe)})
+        after = _entries(pipe)
+        print("pipe directory before a client:", before, "after:", after)
+        view = tmp_path / "read-only-view"
+        view.mkdir()
+        mount = f"mount --bind {pipe} {view} && mount -o remount,bind,ro {view}"
+        script = f"{mount} && exec {sys.executable} -m tests.gpu.cuda_client 64"
+        result = subprocess.run(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+            env={**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(view)},
+        )
+        print("client through a read-only mount:", result.returncode, result.stdout, result.stderr)
+        assert result.returncode == 0, result.stderr
+        seen = json.loads(result.stdout)
+        assert seen["allocations"][0]["code"] == 0, seen
+        assert abs(seen["multiprocessors"] - multiprocessors * THREAD_PERCENTAGE / 100) <= 2, seen
+    finally:
+        daemons.stop(daemon)

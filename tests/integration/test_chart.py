@@ -165,6 +165,32 @@ def test_every_rendered_object_passes_a_server_side_dry_run(
     assert refused == []
 
 
+def test_network_policies_are_opt_in_and_open_the_http_ports_only_to_whom_they_name() -> None:
+    """Off by default. On: the webhook port stays open to the API server, wherever it calls from; the
+    HTTP ports (/status names every tenant's claims) admit only `httpFrom`, nobody when it is empty; mps-host
+    nothing. (ci/network-policy-values.yaml passes the server-side dry run above.)"""
+    assert not [o for o in render() if o["kind"] == "NetworkPolicy"]
+
+    def policies(*args: str) -> dict[str, list[dict[str, Any]]]:
+        found = [
+            o for o in render("--set", "networkPolicy.enabled=true", *args) if o["kind"] == "NetworkPolicy"
+        ]
+        assert all(o["spec"]["policyTypes"] == ["Ingress"] for o in found)
+        return {o["metadata"]["labels"]["app.kubernetes.io/component"]: o["spec"]["ingress"] for o in found}
+
+    closed = policies()
+    assert closed == {
+        "controller": [{"ports": [{"port": 9443, "protocol": "TCP"}]}],
+        "kubelet-plugin": [],
+        "mps-host": [],
+    }
+    peer = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    opened = policies("-f", str(CHART / "ci" / "network-policy-values.yaml"))
+    assert opened["controller"][1] == {"ports": [{"port": 8080, "protocol": "TCP"}], "from": [peer]}
+    assert opened["kubelet-plugin"] == [{"ports": [{"port": 9400, "protocol": "TCP"}], "from": [peer]}]
+    assert opened["mps-host"] == []
+
+
 def test_a_misspelt_option_is_refused_by_the_schema_with_its_name() -> None:
     result = subprocess.run(
         [helm(), "template", RELEASE, str(CHART), "--set", "kubeletPlugin.options.migMod=static"],

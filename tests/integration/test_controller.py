@@ -7,12 +7,13 @@ from __future__ import annotations
 import base64
 import json
 import re
+import signal
 import subprocess
 import sys
 import time
 from collections import defaultdict
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -451,6 +452,112 @@ def test_the_controller_exports_its_loops_health_and_its_api_requests(controller
     for verb, resource in (("get", "leases"), ("list", "resourceclaims"), ("watch", "resourceclaims")):
         requests = f'gpudra_api_requests_total{{resource="{resource}",verb="{verb}"}}'
         assert metrics.get(requests, 0) >= 1, requests
+
+
+def _claim_reviews(controller: ControllerProcess) -> float:
+    return sum(
+        value
+        for sample, value in controller.metrics().items()
+        if sample.startswith("gpudra_admission_reviews_total{") and 'kind="ResourceClaim"' in sample
+    )
+
+
+def _class_claim(name: str, device_class: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class}}]}},
+    }
+
+
+def test_a_claim_of_another_drivers_class_never_reaches_the_webhook_even_when_the_controller_hangs(
+    controller: ControllerProcess, api: client.ApiClient, core: client.CoreV1Api, resources: Resources
+) -> None:
+    """The warnings webhook's matchCondition, as the real API server evaluates it: a claim of a class that
+    does not select gpudra is not sent to the controller at all (no review counted), so a hung controller
+    (SIGSTOP) costs it nothing, while a claim of gpudra's class waits out the 1 s timeout and is admitted
+    (failurePolicy Ignore)."""
+    namespace = new_namespace(core, "other-driver")
+    other_class = f"gpu.other-{namespace}.example.com"
+    resources.create(
+        "deviceclasses",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": other_class},
+            "spec": {"selectors": [{"cel": {"expression": 'device.driver == "gpu.other.example.com"'}}]},
+        },
+    )
+    custom = client.CustomObjectsApi(api)
+    try:
+        wait_for("the controller to lead", controller.leading, timeout=2 * LEASE_SECONDS)
+        before = _claim_reviews(controller)
+        custom.create_namespaced_custom_object(
+            *RESOURCE, namespace, "resourceclaims", _class_claim("ours", "gpu.gpudra.io")
+        )
+        wait_for("the warnings webhook to see gpudra's claim", lambda: _claim_reviews(controller) > before)
+        before = _claim_reviews(controller)
+        custom.create_namespaced_custom_object(
+            *RESOURCE, namespace, "resourceclaims", _class_claim("theirs", other_class)
+        )
+        time.sleep(1)  # a review, had there been one, is counted by now
+        assert _claim_reviews(controller) == before
+
+        assert controller.process is not None
+        controller.process.send_signal(signal.SIGSTOP)
+        try:
+            took = {}
+            for name, device_class in (("theirs-hung", other_class), ("ours-hung", "gpu.gpudra.io")):
+                began = time.monotonic()
+                custom.create_namespaced_custom_object(
+                    *RESOURCE, namespace, "resourceclaims", _class_claim(name, device_class)
+                )
+                took[name] = time.monotonic() - began
+        finally:
+            controller.process.send_signal(signal.SIGCONT)
+        assert took["theirs-hung"] < 0.5, took
+        assert 0.9 <= took["ours-hung"] < 5, took  # the webhook's 1 s timeout, then admitted
+    finally:
+        core.delete_namespace(namespace)
+        resources.delete("deviceclasses", other_class)
+
+
+def test_an_idle_time_is_bounded_by_the_claims_creation_time_when_the_node_clock_runs_behind(
+    controller: ControllerProcess, api: client.ApiClient, core: client.CoreV1Api
+) -> None:
+    """The Idle condition a plugin whose clock runs a day behind would write (lastTransitionTime a day
+    before the claim existed), put on a claim the real scheduler allocated: the controller reports it
+    idle for no longer than the claim has existed, by the API server's clock."""
+    namespace = new_namespace(core, "idle-clock")
+    custom = client.CustomObjectsApi(api)
+    try:
+        utils.create_from_yaml(
+            api,
+            yaml_objects=[claim_template("one-gpu"), claim_pod("behind", {"gpu": "one-gpu"}, "node-mixed")],
+            namespace=namespace,
+        )
+        pod = wait_for("pod running", partial(pod_running, core, "behind", namespace), timeout=90)
+        name = pod.status.resource_claim_statuses[0].resource_claim_name
+        claim = custom.get_namespaced_custom_object(*RESOURCE, namespace, "resourceclaims", name)
+        created = datetime.fromisoformat(claim["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
+        [result] = claim["status"]["allocation"]["devices"]["results"]
+        key = (result["pool"], result["device"], None)
+        behind = claim_usage.no_activity(created - timedelta(days=1), mig=False)
+        entry = claim_usage.device_entry(driver=DRIVER, key=key, idleness=behind)
+        custom.patch_namespaced_custom_object_status(
+            *RESOURCE, namespace, "resourceclaims", name, {"status": {"devices": [entry]}}
+        )
+
+        def idle() -> list[dict[str, Any]]:
+            return [d for d in controller.status()["idle"] if d["namespace"] == namespace]
+
+        [reported] = wait_for("the claim reported idle", idle, timeout=30 + IDLE_AFTER)
+        existed = (datetime.now(UTC) - created).total_seconds()
+        assert IDLE_AFTER <= reported["idleSeconds"] <= existed + 2, (reported, existed)
+    finally:
+        core.delete_namespace(namespace)
+        wait_for("pod gone", partial(_pod_gone, core, "behind", namespace), timeout=120)
 
 
 # --- housekeeping --------------------------------------------------------------------------------

@@ -336,3 +336,82 @@ def test_sigkill_at_every_mps_step_then_restart_leaves_no_orphan(
         assert plugin.wait_killed() == -signal.SIGKILL
         plugin.start()
     _cleanup(core, ns, plugin)  # no daemon, directory, CDI spec or checkpoint entry is left
+
+
+def _pipe_mount(spec: Any) -> Path | None:
+    """The host side of the pipe directory a claim's CDI spec mounts into its containers."""
+    if isinstance(spec, dict):
+        if spec.get("containerPath") == "/tmp/nvidia-mps":
+            return Path(spec["hostPath"])
+        found = [_pipe_mount(value) for value in spec.values()]
+    elif isinstance(spec, list):
+        found = [_pipe_mount(value) for value in spec]
+    else:
+        return None
+    return next((f for f in found if f is not None), None)
+
+
+@pytest.mark.parametrize("tampering", ["fifo", "foreign-pid", "deleted"])
+def test_a_tenants_tampered_pipe_directory_costs_other_claims_nothing_and_kills_only_its_daemon(
+    api: client.ApiClient, plugin: PluginProcess, tampering: str
+) -> None:
+    """Issue 29, items 2-4, done on the host side of the mount the claim's CDI spec gives its containers:
+    the pid file replaced by a FIFO (unprepare blocked under the node lock), the other tenant's daemon's
+    pid written into it (the plugin killed that daemon), the pid file deleted (the daemon ran forever).
+    Meanwhile another claim is prepared; the tenant's pod deleted, exactly its daemon stops, the other
+    tenant's keeps its pid and answers, and the tampering is a MpsTampering event naming the claim."""
+    core = client.CoreV1Api(api)
+    ns = _two_mps_pods_running(api, core, f"mps-{tampering}")
+    try:
+        claim_name, pipe = _claim_pipe(api, core, plugin, ns, "half")
+        _, victims_pipe = _claim_pipe(api, core, plugin, ns, "share")
+        serving = _serving(plugin)
+        attacker, victim = serving[str(pipe)]["pid"], serving[str(victims_pipe)]["pid"]
+        pid_file = pipe / PID_FILE
+        pid_file.unlink()
+        if tampering == "fifo":
+            os.mkfifo(pid_file)
+        elif tampering == "foreign-pid":
+            pid_file.write_text(f"{victim}\n")
+
+        utils.create_from_yaml(
+            api,
+            yaml_objects=[mps_template("third", 30), claim_pod("third", {"gpu": "third"}, node=NODE)],
+            namespace=ns,
+        )
+        wait_for("another claim prepared meanwhile", partial(pod_running, core, "third", ns), timeout=60)
+        core.delete_namespaced_pod("half", ns, grace_period_seconds=0)
+        wait_for("the tenant's pod gone", partial(pod_gone, core, "half", ns), timeout=60)
+        wait_for(
+            "the tenant's daemon stopped and its directory removed",
+            lambda: attacker not in {d["pid"] for d in daemons(plugin)} and not pipe.exists(),
+            timeout=30,
+        )
+        assert victim in {d["pid"] for d in daemons(plugin)}
+        assert _serving(plugin)[str(victims_pipe)]["pid"] == victim  # still answering in its directory
+        kind = {"fifo": "pid-file-replaced", "foreign-pid": "pid-file-foreign", "deleted": "pid-file-removed"}
+        [event] = wait_for(
+            "a MpsTampering event",
+            lambda: [
+                e
+                for e in _node_events(api, "MpsTampering")
+                if f"ResourceClaim {ns}/{claim_name}" in e.message and kind[tampering] in e.message
+            ],
+        )
+        assert event.type == "Warning"
+    finally:
+        _cleanup(core, ns, plugin)
+
+
+def _claim_pipe(
+    api: client.ApiClient, core: client.CoreV1Api, plugin: PluginProcess, ns: str, pod: str
+) -> tuple[str, Path]:
+    """The pod's claim's name, and the host side of the pipe directory its CDI spec mounts."""
+    found = core.read_namespaced_pod(pod, ns)
+    name = found.status.resource_claim_statuses[0].resource_claim_name
+    claim = client.CustomObjectsApi(api).get_namespaced_custom_object(
+        "resource.k8s.io", "v1", ns, "resourceclaims", name
+    )
+    pipe = _pipe_mount(plugin.cdi_specs()[claim["metadata"]["uid"]])
+    assert pipe is not None
+    return str(name), pipe

@@ -6,11 +6,14 @@ state file; every test checks them there and in /proc, and kills whatever one of
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -360,22 +363,38 @@ def pipe_file(node: Node, claim_uid: str, name: str) -> Path:
 
 
 def replace_pid_file(node: Node, how: str) -> None:
-    pid_file = pipe_file(node, uid(1), PID_FILE)
-    pid_file.unlink()
+    replace(pipe_file(node, uid(1), PID_FILE), how, victims=pipe_file(node, uid(2), PID_FILE))
+
+
+def replace(entry: Path, how: str, *, victims: Path) -> None:
+    """Put what a hostile container would in the place of `entry` (the victim's entry of that name is
+    `victims`)."""
+    entry.unlink()
     match how:
         case "fifo":  # a reader that opens it blocks until a writer comes: none does
-            os.mkfifo(pid_file)
+            os.mkfifo(entry)
         case "symlink-to-the-victims":
-            pid_file.symlink_to(pipe_file(node, uid(2), PID_FILE))
+            entry.symlink_to(victims)
+        case "symlink-to-etc":  # followed, it would have gpudra read (or remove, or send to) the host's
+            entry.symlink_to("/etc")
         case "directory":
-            pid_file.mkdir()
+            entry.mkdir()
+        case "sparse-1gib":  # read whole, 1 GiB of zeros in the plugin's memory
+            with entry.open("wb") as sparse:
+                sparse.truncate(2**30)
 
 
-PID_FILE_REPLACEMENTS = ["fifo", "symlink-to-the-victims", "directory"]
+PID_FILE_REPLACEMENTS = {
+    "fifo": "pid-file-replaced",
+    "symlink-to-the-victims": "pid-file-replaced",
+    "symlink-to-etc": "pid-file-replaced",
+    "directory": "pid-file-replaced",
+    "sparse-1gib": "pid-file-foreign",
+}
 
 
-@pytest.mark.parametrize("how", PID_FILE_REPLACEMENTS)
-def test_a_pid_file_replaced_neither_blocks_nor_misleads_unprepare(h100: Node, how: str) -> None:
+@pytest.mark.parametrize(("how", "kind"), PID_FILE_REPLACEMENTS.items(), ids=PID_FILE_REPLACEMENTS)
+def test_a_pid_file_replaced_neither_blocks_nor_misleads_unprepare(h100: Node, how: str, kind: str) -> None:
     sharing, found = reporting_sharing(h100)
     state, attacker, victim = attacker_and_victim(h100, sharing)
     own, other = daemon_of(h100, uid(1)).pid, daemon_of(h100, uid(2)).pid
@@ -383,8 +402,9 @@ def test_a_pid_file_replaced_neither_blocks_nor_misleads_unprepare(h100: Node, h
 
     returns_in_time(lambda: state.unprepare(attacker))
     assert_only_the_attacker_stopped(h100, own, other)
-    assert [(f.kind, f.root) for f in found] == [("pid-file-replaced", mps_root(h100, uid(1)))]
+    assert [(f.kind, f.root) for f in found] == [(kind, mps_root(h100, uid(1)))]
     assert f"pid {own}" in found[0].detail
+    assert Path("/etc/passwd").exists()  # nothing was followed to be removed
     state.unprepare(victim)
     assert_no_daemon(h100, uid(2), [other])
 
@@ -431,6 +451,90 @@ def test_a_deleted_pid_file_still_has_its_daemon_found_and_stopped(h100: Node) -
     assert_only_the_attacker_stopped(h100, own, other)
     assert [f.kind for f in found] == ["pid-file-removed"]
     restarted.unprepare(victim)
+
+
+CONTROL_REPLACEMENTS = ["fifo", "symlink-to-etc", "directory", "sparse-1gib"]
+
+
+@pytest.mark.parametrize("how", CONTROL_REPLACEMENTS)
+def test_a_control_socket_replaced_is_sent_nothing_and_its_daemon_is_stopped_by_signal(
+    h100: Node, how: str
+) -> None:
+    sharing, found = reporting_sharing(h100)
+    state, attacker, victim = attacker_and_victim(h100, sharing)
+    own, other = daemon_of(h100, uid(1)).pid, daemon_of(h100, uid(2)).pid
+    replace(pipe_file(h100, uid(1), "control"), how, victims=pipe_file(h100, uid(2), "control"))
+
+    returns_in_time(lambda: state.unprepare(attacker))
+    assert_only_the_attacker_stopped(h100, own, other)
+    assert {f.kind for f in found} == {"control-replaced"}
+    assert Path("/etc/passwd").exists()
+    state.unprepare(victim)
+
+
+@contextlib.contextmanager
+def tenants_socket(path: Path) -> Iterator[list[bytes]]:
+    """A socket of the tenant's own bound at `path`: it takes connections and never answers; what it was
+    sent is collected."""
+    heard: list[bytes] = []
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    path.unlink()
+    listener.bind(str(path))
+    listener.listen()
+    listener.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        held = []
+        while not stop.is_set():
+            try:
+                connection, _ = listener.accept()
+            except TimeoutError:
+                continue
+            connection.settimeout(0.2)
+            held.append(connection)  # kept open and unanswered: a client waiting for a reply waits on
+            with contextlib.suppress(OSError):
+                heard.append(connection.recv(4096))
+        for connection in held:
+            connection.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield heard
+    finally:
+        stop.set()
+        thread.join()
+        listener.close()
+
+
+def test_a_socket_of_the_tenants_own_in_the_controls_place_is_sent_nothing(h100: Node) -> None:
+    """It could answer anything (limits it does not hold) or never (a tool waiting under the node lock)."""
+    sharing, found = reporting_sharing(h100)
+    state, attacker, victim = attacker_and_victim(h100, sharing)
+    own, other = daemon_of(h100, uid(1)).pid, daemon_of(h100, uid(2)).pid
+    with tenants_socket(pipe_file(h100, uid(1), "control")) as heard:
+        returns_in_time(lambda: state.unprepare(attacker), seconds=20)
+    assert_only_the_attacker_stopped(h100, own, other)
+    assert [f.kind for f in found] == ["control-replaced"]
+    assert "a socket of pid" in found[0].detail
+    assert not any(heard)  # connected to, to see who listens, and closed before a word
+    state.unprepare(victim)
+
+
+def test_a_tenants_socket_does_not_hold_up_the_recovery_that_finishes_an_unprepare(h100: Node) -> None:
+    sharing, found = reporting_sharing(h100)
+    _, attacker, victim = attacker_and_victim(h100, sharing)
+    own, other = daemon_of(h100, uid(1)).pid, daemon_of(h100, uid(2)).pid
+    with tenants_socket(pipe_file(h100, uid(1), "control")) as heard:
+        crashed = child(h100, "unprepare", attacker, "unprepare-started")
+        assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+        restarted: list[DeviceState] = []
+        returns_in_time(lambda: restarted.append(h100.state(sharing=sharing)), seconds=20)
+    assert_only_the_attacker_stopped(h100, own, other)
+    assert [f.kind for f in found] == ["control-replaced"] and not any(heard)
+    restarted[0].unprepare(victim)
+    assert_no_daemon(h100, uid(2), [other])
 
 
 def test_a_control_socket_linked_to_another_claims_daemon_sends_that_daemon_nothing(h100: Node) -> None:

@@ -77,7 +77,7 @@ class GpuTools:
                 text=True,
                 timeout=self.timeout,
                 check=False,
-                env=None if env is None else {**os.environ, **env},
+                env=None if env is None else _first(env, os.environ),
             )
         except subprocess.TimeoutExpired as err:
             raise HardwareError(f"{command} did not finish in {self.timeout:g}s") from err
@@ -155,3 +155,9 @@ class GpuTools:
             env={"CUDA_MPS_PIPE_DIRECTORY": str(pipe_dir)},
         )
         return out
+
+
+def _first(env: Mapping[str, str], inherited: Mapping[str, str]) -> dict[str, str]:
+    """`env` over `inherited`, with `env`'s variables first: /proc/<pid>/environ lists them in this
+    order, and whoever finds a process by them (gpudra.node.sharing.mps_processes) reads only its head."""
+    return {**env, **{name: value for name, value in inherited.items() if name not in env}}

@@ -162,6 +162,9 @@ class _Daemon:
         while True:
             conn, _ = server.accept()
             command = _receive_line(conn).strip()
+            if not command:  # a client that left without a word (gpudra's look at who listens)
+                conn.close()
+                continue
             if command.split()[:1] == [ATTACH]:
                 # Held open by a thread of its own: the daemon goes on answering its other clients, and
                 # the client's connection ends only with the daemon (its process exit closes it).
@@ -170,7 +173,8 @@ class _Daemon:
             with conn:
                 self.log(f"Command: {command}")
                 reply, done = self.answer(command)
-                conn.sendall(reply.encode())
+                with contextlib.suppress(OSError):  # a client that left before the reply
+                    conn.sendall(reply.encode())
             if done:
                 return
 

@@ -1,4 +1,4 @@
-"""The NVIDIA driver's entries in a fake /proc tree. I/O: writes under the given root.
+"""The NVIDIA driver's entries in a fake /proc tree, and processes in it. I/O: writes under the given root.
 
 Two files, laid out as the driver writes them, so the code that reads the real /proc reads this tree
 unchanged:
@@ -91,3 +91,24 @@ def _replace(path: Path, text: str) -> None:
     scratch = scratch_path(path)
     scratch.write_text(text)
     os.replace(scratch, path)
+
+
+def write_process(
+    root: Path,
+    pid: int,
+    *,
+    environ: bytes,
+    comm: bytes = b"sleep",
+    state: str = "S",
+    parent: int = 1,
+    start_time: int = 1000,
+) -> None:
+    """A process's `environ` and `stat` under `root`, as the kernel lays them out: `environ` is
+    NUL-separated bytes; the command name `comm`, in parentheses, may hold any bytes (a process names
+    itself), `start_time` is field 22 in clock ticks after boot."""
+    directory = root / str(pid)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "environ").write_bytes(environ)
+    fields = [state, str(parent), str(pid), str(pid), "0", "-1", "4194560", *["0"] * 12, str(start_time)]
+    fields += ["0"] * (52 - 2 - len(fields))
+    (directory / "stat").write_bytes(b"%d (%s) %s\n" % (pid, comm, " ".join(fields).encode()))

@@ -22,7 +22,19 @@ by the mark if it does not, then removes the directory. Both are idempotent, so 
 steps is settled by calling again. The pipe directory is only looked at, never blocking: an entry is
 opened only as a regular file (no FIFO, device or symlink is ever opened), a bounded number of bytes
 read; a command is sent through it only when its control entry is a socket (a symlink could lead to
-another claim's daemon). What a tenant changed there is reported (`Tampering`) and otherwise ignored.
+another claim's daemon) on which a process carrying the claim's mark listens (a socket a tenant bound
+there could answer anything, or never: the listener is read from a connection made without following a
+link and without waiting, SO_PEERCRED). What a tenant changed there is reported (`Tampering`) and
+otherwise ignored.
+
+Why the pipe directory is mounted read-write, not read-only: MPS documents it as the directory of "named
+pipes and UNIX domain sockets" the daemon, its servers and the clients communicate through, and does not
+say that clients create nothing there; a client connecting to an existing socket or FIFO needs no write
+access to the mount (the kernel refuses writes on a read-only mount only to regular files, directories
+and symlinks), but a client that makes a lock file or a socket of its own there would fail on a
+read-only one, on real GPUs only. Until a real MPS client is seen to run under a read-only mount
+(`tests/gpu/test_real_mps.py::test_whether_a_client_needs_to_write_in_the_pipe_directory`), the
+directory stays writable and everything above holds whatever a tenant writes.
 
 Limits are set as the daemon's defaults before any client can connect (the CDI spec that lets a container
 reach the pipe is written only after `start` returns), and read back as the readiness check.
@@ -36,7 +48,9 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import stat
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -48,7 +62,7 @@ from gpudra.errors import HardwareError
 from gpudra.gpu.tools import MPS_CONTROL, GpuTools
 from gpudra.node import faults
 from gpudra.node.sharing import mps_processes
-from gpudra.node.sharing.mps_processes import Mark, Process
+from gpudra.node.sharing.mps_processes import Mark, Process, Survey
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +77,9 @@ _STOP_TIMEOUT_S: Final = 10.0
 _KILL_TIMEOUT_S: Final = 5.0
 _READY_TIMEOUT_S: Final = 10.0
 _PID_FILE_BYTES: Final = 32  # a pid and a newline, with room to spare; more is not a pid file
+# A pass over /proc answers `running` for this long: a round of checks over many claims costs one pass.
+_SURVEY_REUSE_S: Final = 1.0
+_UCRED: Final = struct.Struct("3i")  # SO_PEERCRED: pid, uid, gid
 
 TamperingKind = Literal["pid-file-removed", "pid-file-replaced", "pid-file-foreign", "control-replaced"]
 TAMPERING_KINDS: Final[tuple[TamperingKind, ...]] = get_args(TamperingKind)
@@ -123,27 +140,52 @@ class MpsTampered(HardwareError):
 
 
 class MpsDaemons:
-    def __init__(self, tools: GpuTools, *, on_tampering: Callable[[Tampering], None] | None = None) -> None:
+    def __init__(
+        self,
+        tools: GpuTools,
+        *,
+        on_tampering: Callable[[Tampering], None] | None = None,
+        proc: Path = mps_processes.PROC,
+    ) -> None:
         self.tools = tools
+        self.proc = proc  # the simulator's fake /proc in tests of many processes
         self.on_tampering = on_tampering
         self._lock = threading.Lock()  # the keeper's thread checks while calls start and stop
         self._pinned: dict[Daemon, Process] = {}
         self._reported: set[tuple[Path, TamperingKind]] = set()  # until the daemon is stopped
+        self._survey: tuple[float, Survey] | None = None  # the last pass over /proc, and when it began
 
     def running(self, daemon: Daemon) -> Process | None:
-        """The claim's control daemon if it runs: the pinned process, else found again by its mark.
-        Nothing in the pipe directory is read."""
+        """The claim's control daemon if it runs: the pinned process, else found again by its mark in a
+        pass over /proc at most `_SURVEY_REUSE_S` old (one pass serves a round over every claim; `start`
+        looks afresh). Nothing in the pipe directory is read."""
+        return self._running(daemon, reuse=True)
+
+    def _running(self, daemon: Daemon, *, reuse: bool) -> Process | None:
         with self._lock:
             pinned = self._pinned.get(daemon)
-        if pinned is not None and mps_processes.running(pinned):
+        if pinned is not None and mps_processes.running(pinned, self.proc):
             return pinned
-        found = mps_processes.daemon(mps_processes.find(daemon.mark))
+        found = mps_processes.daemon(self._pass(reuse=reuse).find(daemon.mark))
+        if found is not None and not mps_processes.running(found, self.proc):  # it ended since the pass
+            found = None
         with self._lock:
             if found is None:
                 self._pinned.pop(daemon, None)
             else:
                 self._pinned[daemon] = found
         return found
+
+    def _pass(self, *, reuse: bool) -> Survey:
+        began = time.monotonic()
+        with self._lock:
+            last = self._survey
+        if reuse and last is not None and began - last[0] < _SURVEY_REUSE_S:
+            return last[1]
+        survey = mps_processes.survey(self.proc)
+        with self._lock:
+            self._survey = (began, survey)
+        return survey
 
     def start(
         self,
@@ -161,7 +203,7 @@ class MpsDaemons:
         # Containers may run as any user: like /dev/shm, everyone may create files, only owners delete.
         os.chmod(shm_dir(root), 0o1777)
         faults.reached("prepare-mps-directories")
-        started = self.running(daemon) is None
+        started = self._running(daemon, reuse=False) is None
         if started:
             # What a daemon that died left there, or a container put there (a socket of its own where
             # the control socket goes would make the new daemon refuse to start, "already running").
@@ -173,7 +215,7 @@ class MpsDaemons:
                     "CUDA_VISIBLE_DEVICES": ",".join(visible),
                 }
             )
-            if self.running(daemon) is None:
+            if self._running(daemon, reuse=False) is None:
                 raise HardwareError(
                     f"{MPS_CONTROL} -d returned, but no MPS control daemon for {pipe_dir(root)} runs"
                 )
@@ -232,22 +274,27 @@ class MpsDaemons:
             )
 
     def _command(self, daemon: Daemon, commands: Sequence[str]) -> str:
-        """Send `commands` through the control socket, if the control entry is a socket: a symlink there
-        (or anything else) is not followed, since it could lead to another claim's daemon."""
+        """Send `commands` through the control socket, if the control entry is a socket on which a process
+        with the claim's mark listens: a symlink there (or anything else) is not followed, since it could
+        lead to another claim's daemon, and a tenant's own socket is sent nothing, since it could answer
+        anything or never."""
         pipe = pipe_dir(daemon.root)
         kind = _file_type(pipe / CONTROL)
         if kind is None:
             raise HardwareError(f"no control socket in {pipe} (yet)")
-        if kind != stat.S_IFSOCK:
-            found = Tampering(
-                "control-replaced",
-                daemon.root,
-                f"{pipe / CONTROL} is {_describe(kind)}, not the daemon's control socket; gpudra sent it "
-                "nothing",
-            )
-            self._report([found])
-            raise MpsTampered(found.detail)
-        return self.tools.mps_control(commands, pipe_dir=pipe)
+        what = _describe(kind)
+        if kind == stat.S_IFSOCK:
+            listener = _listener(pipe / CONTROL)
+            if listener is not None and mps_processes.carries(daemon.mark, listener):
+                return self.tools.mps_control(commands, pipe_dir=pipe)
+            what = f"a socket of pid {listener}" if listener else "a socket of a process not visible here"
+        found = Tampering(
+            "control-replaced",
+            daemon.root,
+            f"{pipe / CONTROL} is {what}, not the daemon's control socket; gpudra sent it nothing",
+        )
+        self._report([found])
+        raise MpsTampered(found.detail)
 
     def stop(self, daemon: Daemon) -> None:
         """Stop the claim's daemon and its servers (whichever run) and remove its directory. Idempotent.
@@ -360,6 +407,31 @@ def _read_regular(path: Path, limit: int) -> bytes:
         return os.read(readable, limit)
     finally:
         os.close(readable)
+
+
+def _listener(path: Path) -> int | None:
+    """The pid of the process listening on the unix socket at `path` (None when its pid is not visible
+    in this pid namespace); HardwareError when nothing listens there (yet) or its backlog is full. The
+    socket is reached through an O_PATH descriptor of that very entry, so no symlink is followed, and the
+    connection does not wait; it is closed at once, before anything is sent."""
+    try:
+        handle = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as err:
+        raise HardwareError(f"{path}: {err.strerror}") from err
+    try:
+        kind = stat.S_IFMT(os.fstat(handle).st_mode)
+        if kind != stat.S_IFSOCK:  # replaced since it was looked at
+            raise MpsTampered(f"{path} is {_describe(kind)}, not a socket")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            probe.setblocking(False)
+            try:
+                probe.connect(f"/proc/self/fd/{handle}")
+            except OSError as err:  # refused: the daemon is not listening yet (or any more)
+                raise HardwareError(f"nothing answers on {path} (yet): {err.strerror}") from err
+            pid, _, _ = _UCRED.unpack(probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+    finally:
+        os.close(handle)
+    return pid or None
 
 
 def _file_type(path: Path) -> int | None:

@@ -20,7 +20,15 @@ The control daemon hands its environment on to the MPS servers it starts, so the
 the daemon is the marked process whose parent is not marked. Once found, a process is pinned by pid and
 start time (field 22 of /proc/<pid>/stat, clock ticks since boot): a pid the kernel hands out again later
 never matches. Why not the peer credentials of the control socket (SO_PEERCRED): the socket's path is in
-the directory a tenant can write, so a symlink or a socket of the tenant's own could answer instead.
+the directory a tenant can write, so a symlink or a socket of the tenant's own could answer instead (they
+serve the other way round: a command is sent only to a socket whose listener carries the mark).
+
+/proc is read in bounded passes (`survey`): one pass reads every process's environment once, at most
+`ENVIRON_BYTES` of it (the plugin puts the mark first, see `gpudra.gpu.tools`), and answers for every
+mark at once, so a check of many claims costs one pass, not one per claim. Any process may be anyone's
+(with `hostPID`, every container's): its command name, its environment and whether it is still there when
+its files are read are the tenant's, so a process that vanished, cannot be read or reads as nonsense is
+skipped, never an error.
 """
 
 from __future__ import annotations
@@ -29,14 +37,19 @@ import contextlib
 import os
 import secrets
 import signal
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
 TOKEN_VARIABLE: Final = "GPUDRA_MPS_DAEMON_TOKEN"
 PIPE_VARIABLE: Final = "CUDA_MPS_PIPE_DIRECTORY"
-_PROC: Final = Path("/proc")
+PROC: Final = Path("/proc")
+# The most of a process's environment read. The mark comes first in a daemon's (gpudra.gpu.tools puts
+# the variables it sets before the inherited ones), so it is read whatever else it holds (a pod's service
+# links can add hundreds of kilobytes); any other process's is cut there, at no loss.
+ENVIRON_BYTES: Final = 64 * 1024
+_STAT_BYTES: Final = 4096  # /proc/<pid>/stat: 52 numbers and a command name of at most 64 bytes
 
 
 def new_token() -> str:
@@ -53,15 +66,6 @@ class Mark:
     def env(self) -> dict[str, str]:
         return {PIPE_VARIABLE: str(self.pipe), **({TOKEN_VARIABLE: self.token} if self.token else {})}
 
-    def carried_by(self, pid: int, environ: Sequence[bytes]) -> bool:
-        """Whether process `pid`, whose environment is `environ`, carries the mark."""
-        if os.fsencode(f"{PIPE_VARIABLE}={self.pipe}") not in environ:
-            return False
-        if self.token is not None:
-            return os.fsencode(f"{TOKEN_VARIABLE}={self.token}") in environ
-        namespace = _mount_namespace(str(pid))
-        return namespace is not None and namespace == _mount_namespace("self")
-
 
 @dataclass(frozen=True)
 class Process:
@@ -70,20 +74,63 @@ class Process:
     parent: int
 
 
-def find(mark: Mark) -> list[Process]:
-    """Every live process that carries `mark`, oldest first."""
-    found = []
-    for pid in _pids():
-        try:
-            environ = (_PROC / str(pid) / "environ").read_bytes().split(b"\0")
-        except OSError:  # gone, or another user's
+@dataclass(frozen=True)
+class Survey:
+    """The processes that have an MPS pipe directory in their environment, read in one pass over /proc."""
+
+    # by the pipe directory they name: each process with the token it carries (None: none)
+    by_pipe: Mapping[bytes, tuple[tuple[Process, bytes | None], ...]] = field(default_factory=dict)
+    proc: Path = PROC
+
+    def find(self, mark: Mark) -> list[Process]:
+        """Every process of the pass that carries `mark`, oldest first."""
+        found = []
+        token = None if mark.token is None else mark.token.encode()
+        for process, carried in self.by_pipe.get(os.fsencode(mark.pipe), ()):
+            if token is not None:
+                if carried == token:
+                    found.append(process)
+            elif _same_mount_namespace(self.proc, process.pid):
+                found.append(process)
+        return sorted(found, key=lambda p: (p.start_time, p.pid))
+
+
+def survey(proc: Path = PROC) -> Survey:
+    """One pass over `proc`: every live process whose environment names a pipe directory."""
+    by_pipe: dict[bytes, list[tuple[Process, bytes | None]]] = {}
+    pipe_prefix, token_prefix = os.fsencode(f"{PIPE_VARIABLE}="), os.fsencode(f"{TOKEN_VARIABLE}=")
+    for pid in _pids(proc):
+        environ = _read(proc / str(pid) / "environ", ENVIRON_BYTES)
+        if environ is None or pipe_prefix not in environ:
             continue
-        if not mark.carried_by(pid, environ):
-            continue
-        process = _process(pid)
-        if process is not None:
-            found.append(process)
-    return sorted(found, key=lambda p: (p.start_time, p.pid))
+        pipe = token = None
+        for variable in environ.split(b"\0"):
+            if variable.startswith(pipe_prefix) and pipe is None:
+                pipe = variable[len(pipe_prefix) :]
+            elif variable.startswith(token_prefix) and token is None:
+                token = variable[len(token_prefix) :]
+        process = _process(proc, pid) if pipe is not None else None
+        if pipe is not None and process is not None:
+            by_pipe.setdefault(pipe, []).append((process, token))
+    return Survey({pipe: tuple(found) for pipe, found in by_pipe.items()}, proc)
+
+
+def find(mark: Mark, proc: Path = PROC) -> list[Process]:
+    """Every live process that carries `mark`, oldest first (a pass of its own)."""
+    return survey(proc).find(mark)
+
+
+def carries(mark: Mark, pid: int, proc: Path = PROC) -> bool:
+    """Whether process `pid` carries `mark` (False when it is gone or cannot be read)."""
+    environ = _read(proc / str(pid) / "environ", ENVIRON_BYTES)
+    if environ is None:
+        return False
+    variables = environ.split(b"\0")
+    if os.fsencode(f"{PIPE_VARIABLE}={mark.pipe}") not in variables:
+        return False
+    if mark.token is not None:
+        return os.fsencode(f"{TOKEN_VARIABLE}={mark.token}") in variables
+    return _same_mount_namespace(proc, pid)
 
 
 def daemon(processes: Sequence[Process]) -> Process | None:
@@ -92,9 +139,9 @@ def daemon(processes: Sequence[Process]) -> Process | None:
     return next((p for p in processes if p.parent not in marked), None)
 
 
-def running(process: Process) -> bool:
+def running(process: Process, proc: Path = PROC) -> bool:
     """Whether `process` still runs: the same pid with the same start time, and not a zombie."""
-    now = _process(process.pid)
+    now = _process(proc, process.pid)
     return now is not None and now.start_time == process.start_time
 
 
@@ -106,28 +153,50 @@ def kill(processes: Iterable[Process], signum: signal.Signals) -> None:
                 os.kill(process.pid, signum)
 
 
-def _pids() -> list[int]:
-    return [int(name) for name in os.listdir(_PROC) if name.isdigit()]
+def _pids(proc: Path) -> list[int]:
+    return [int(name) for name in os.listdir(proc) if name.isdigit()]
 
 
-def _process(pid: int) -> Process | None:
+def _read(path: Path, limit: int) -> bytes | None:
+    """At most `limit` bytes of a /proc file; None when it is gone or not ours to read."""
     try:
-        stat = (_PROC / str(pid) / "stat").read_text()
+        handle = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
-    # The command name (field 2) is in parentheses and may hold anything, spaces and ")" included.
-    fields = stat.rsplit(")", 1)[-1].split()
+    try:
+        chunks, left = [], limit
+        while left > 0:
+            chunk = os.read(handle, min(left, 65536))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    except OSError:  # the process ended between the open and the read
+        return None
+    finally:
+        os.close(handle)
+
+
+def _process(proc: Path, pid: int) -> Process | None:
+    raw = _read(proc / str(pid) / "stat", _STAT_BYTES)
+    if raw is None:
+        return None
+    # The command name (field 2) is in parentheses and may hold anything, spaces, ")" and bytes that are
+    # no UTF-8 included: the fields are those after its last ")".
+    fields = raw.rsplit(b")", 1)[-1].split()
     try:
         state, parent, start_time = fields[0], int(fields[1]), int(fields[19])
     except (IndexError, ValueError):
         return None
-    if state in ("Z", "X"):  # exited: only its parent's wait is missing
+    if state in (b"Z", b"X"):  # exited: only its parent's wait is missing
         return None
     return Process(pid=pid, start_time=start_time, parent=parent)
 
 
-def _mount_namespace(pid: str) -> str | None:
+def _same_mount_namespace(proc: Path, pid: int) -> bool:
+    """Whether process `pid` shares this process's mount namespace (no container process does)."""
     try:
-        return os.readlink(_PROC / pid / "ns" / "mnt")
+        return os.readlink(proc / str(pid) / "ns" / "mnt") == os.readlink(proc / "self" / "ns" / "mnt")
     except OSError:
-        return None
+        return False
