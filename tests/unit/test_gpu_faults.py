@@ -21,6 +21,7 @@ from gpudra import cli, sim
 from gpudra.gpu import nvml
 from gpudra.model import devices
 from gpudra.model.gpu_health import DEFAULT_CLASSIFICATION, XidClass
+from gpudra.node import faults
 from gpudra.node.gpu_faults import GpuFaults
 from gpudra.node.health import Health, HealthMonitor
 from gpudra.node.metrics import PluginMetrics
@@ -570,7 +571,8 @@ def test_a_writer_killed_between_saving_a_fault_and_posting_it_leaves_the_mark_t
         str(sim_state),
         str(state_dir),
     ]
-    env = {**os.environ, "GPUDRA_CRASH_AT": "health-saved"}
+    (step,) = faults.HEALTH_STEPS
+    env = {**os.environ, "GPUDRA_CRASH_AT": step}
     with subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, text=True) as child:
         assert child.stdout is not None
         assert child.stdout.readline().strip() == "ready"
