@@ -280,3 +280,25 @@ def test_an_nvlink_down_taints_its_gpu_until_the_link_is_up_again(
         "a GpuFaultCleared event", lambda: [m for m in _node_events(api, "GpuFaultCleared") if gpu in m]
     )
     assert cleared[-1].endswith("lifted: every NVLink that was up is up again")
+
+
+def test_during_a_rolling_update_one_xid_is_one_node_event(
+    api: client.ApiClient, cluster: LocalCluster, gpudra: dict[str, PluginProcess], namespace: str
+) -> None:
+    """Two plugin instances on the node (the chart's maxSurge 1), both offered the XID by NVML: the
+    one that publishes posts the event and writes the health file, the surge one stands by."""
+    plugin = gpudra[NODE]
+    surge = PluginProcess(cluster, cluster.nodes[NODE], plugin.profile, instance_id="surge")
+    gpu = _gpu_uuid(api, 5)
+    try:
+        surge.start()
+        wait_for("the surge instance standing by", lambda: "standing by" in surge.log.read_text())
+        sim.raise_xid(state_file=plugin.sim_state, gpu_uuid=gpu, xid=79)
+        wait_for("GPU 5 tainted", lambda: _tainted_exactly(api, _on_gpu(api, 5)), timeout=30)
+        wait_for("a GpuFault event", lambda: [m for m in _node_events(api, "GpuFault") if gpu in m])
+        time.sleep(3)  # room for a second one
+        assert len([m for m in _node_events(api, "GpuFault") if gpu in m]) == 1
+        health = json.loads((plugin.state_dir / "health.json").read_text())
+        assert [(m["gpu_uuid"], m["reason"]) for m in health["marks"]] == [(gpu, "Xid79")]
+    finally:
+        surge.stop()

@@ -8,8 +8,10 @@ with feature gates that cannot keep shares or MIG partitions on demand, explain 
 release they need, and the nodes' PublishingWithheld events say what they left out), applies them all,
 shows the admission webhook refusing a bad config, waits for the pods it can serve to run and finds the
 others left unscheduled, prints what was allocated, what the container runtime received and `gpudra
-status`, then deletes the pods and shows that everything was undone. The release is the local
-cluster's: `K8S=v1.35.8 make demo` (and GPUDRA_FEATURE_GATES) runs it on another (`make compat`).
+status`, makes a free GPU fall off the bus (a simulated XID 79: tainted, listed unhealthy by `gpudra
+status`, then reset and lifted), then deletes the pods and shows that everything was undone. The
+release is the local cluster's: `K8S=v1.35.8 make demo` (and GPUDRA_FEATURE_GATES) runs it on another
+(`make compat`).
 
 `--runtime fakecri` (the default): the plugins and the controller run as processes here and the
 runtime is a fake CRI, whose record says what each container would have received.
@@ -41,7 +43,7 @@ import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from gpudra import cli
+from gpudra import cli, sim
 from gpudra.cli.output_format import documents
 from gpudra.errors import GpudraError
 from tests.localcluster import binaries, examples
@@ -59,6 +61,7 @@ from tests.localcluster.demo_installs import (
 from tests.localcluster.node_plugin import DRIVER
 
 MACHINES = {"node-h100": "dgx-h100", "node-a100": "dgx-a100", "node-mixed": "mixed"}
+FAULT_NODE = "node-mixed"  # its GPUs have no MIG partitions: one row in gpudra status
 NAMESPACE = examples.NAMESPACE
 
 
@@ -115,6 +118,7 @@ def run(
             demo.show()
             if gpu_map_screenshot is not None:
                 _screenshot(gpudra.controller_url(api), gpu_map_screenshot)
+            demo.fault()
             demo.clean_up()
         finally:
             gpudra.stop()
@@ -331,6 +335,36 @@ class Demo:
         )
         print(shown.stdout.rstrip())
 
+    def fault(self) -> None:
+        """A free GPU of FAULT_NODE falls off the bus (XID 79, simulated): its taint, `gpudra status`
+        and the plugin's Node event; then a reset brings it back and the plugin lifts the taint (the
+        reset rule of docs/health.md). About one health poll (10 s) at most."""
+        api, url = self.api, self.gpudra.controller_url(self.api)
+        device, gpu = _free_gpu(api, FAULT_NODE)
+        sim_state = self.gpudra.nodes[FAULT_NODE].sim_state
+        _step(f"a GPU fails: {device} of {FAULT_NODE} falls off the bus (simulated XID 79)")
+        started = time.monotonic()
+        sim.set_gpu_lost(state_file=sim_state, gpu_uuid=gpu, lost=True)
+        sim.raise_xid(state_file=sim_state, gpu_uuid=gpu, xid=79)
+        _wait(
+            "gpudra status to list the GPU unhealthy", lambda: _unhealthy(url) == [(FAULT_NODE, device)], 30
+        )
+        print(f"tainted in {time.monotonic() - started:.1f}s; gpudra status:")
+        shown = subprocess.run(
+            [sys.executable, "-m", "gpudra", "status", f"--controller-url={url}"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        print(_section(shown.stdout, "Unhealthy GPUs"))
+        print(f"Node event GpuFault: {_node_event(api, FAULT_NODE, 'GpuFault', gpu)}")
+        print("the GPU is reset (simulated): the plugin sees it answer again after it was lost")
+        started = time.monotonic()
+        sim.set_gpu_lost(state_file=sim_state, gpu_uuid=gpu, lost=False)
+        _wait("the taint to be lifted", lambda: _unhealthy(url) == [], 30)
+        print(f"lifted in {time.monotonic() - started:.1f}s")
+        print(f"Node event GpuFaultCleared: {_node_event(api, FAULT_NODE, 'GpuFaultCleared', gpu)}")
+
     def clean_up(self) -> None:
         api, nodes = self.api, self.gpudra.nodes.values()
         _step("deleting the pods: the kubelet unprepares every claim")
@@ -345,6 +379,50 @@ class Demo:
             f"CDI spec files left: {left}; GPU settings back to default: {'yes' if reset else 'NO'}; "
             f"MIG devices left: {migs}; MPS daemons left: {mps}"
         )
+
+
+def _free_gpu(api: DemoApi, node: str) -> tuple[str, str]:
+    """The last whole-GPU device of `node` (by name) whose GPU no claim holds, and its GPU's UUID."""
+    slices = api.list_slices(driver=DRIVER, node_name=node)
+    devices = [d for s in slices for d in s["spec"].get("devices", [])]
+    uuid = {d["name"]: d["attributes"]["uuid"]["string"] for d in devices}
+    held = {
+        uuid[r["device"]]
+        for c in api.list_claims(NAMESPACE)
+        for r in ((c.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results", [])
+        if r["pool"] == node and r["device"] in uuid
+    }
+    free = sorted(
+        d["name"]
+        for d in devices
+        if d["attributes"]["type"]["string"] == "gpu"
+        and not d.get("allowMultipleAllocations")
+        and uuid[d["name"]] not in held
+    )
+    if not free:
+        raise GpudraError(f"no free GPU on {node} for the fault step")
+    return free[-1], uuid[free[-1]]
+
+
+def _unhealthy(url: str) -> list[tuple[str, str]]:
+    return [(d["node"], d["device"]) for d in controller_status(url).get("unhealthy", [])]
+
+
+def _section(text: str, heading: str) -> str:
+    """The paragraph of `text` that starts with `heading`."""
+    return next((p for p in text.split("\n\n") if p.startswith(heading)), text).rstrip()
+
+
+def _node_event(api: DemoApi, node: str, reason: str, gpu: str) -> str:
+    """The message of the plugin's `reason` event about `gpu`, once it is there (sent asynchronously)."""
+    found: list[str] = []
+
+    def posted() -> bool:
+        found[:] = [e["message"] for e in api.node_events(node, reason) if gpu in e["message"]]
+        return bool(found)
+
+    _wait(f"a {reason} event", posted, 30)
+    return found[-1]
 
 
 def _unschedulable(pod: dict[str, Any]) -> bool:

@@ -1,11 +1,16 @@
 """GPU faults end to end on a simulated machine: NVML events through gpudra.gpu.nvml, the marks
 gpudra.node.gpu_faults keeps, and what the health monitor makes of them (the slices' taints, the
 kubelet's device health, Node events, metrics); the polling fallback where a GPU offers no events;
-the recovery rules; the health file across restarts; the CLI options."""
+the recovery rules; the health file across restarts; two plugin instances on one node (a rolling
+update, a SIGKILL); the CLI options."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,9 +21,12 @@ from gpudra import cli, sim
 from gpudra.gpu import nvml
 from gpudra.model import devices
 from gpudra.model.gpu_health import DEFAULT_CLASSIFICATION, XidClass
+from gpudra.node import faults
 from gpudra.node.gpu_faults import GpuFaults
 from gpudra.node.health import Health, HealthMonitor
 from gpudra.node.metrics import PluginMetrics
+from tests.unit.harness.crash import REPO
+from tests.unit.harness.gpu_faults import Instance
 from tests.unit.harness.kube import Events
 
 POOL = "node-a"
@@ -474,3 +482,116 @@ def test_corrected_ecc_and_mig_changes_are_counted_and_slowdowns_shown_never_tai
         lambda: h100.sample("gpudra_gpu_clock_slowdown", gpu="gpu-0", reason="hw_thermal_slowdown") == 0,
     )
     assert h100.tainted() == {} and h100.events.posted == []
+
+
+# --- two instances on a node (a rolling update) -----------------------------------------------------
+
+
+def wait_for(what: str, done: Callable[[], object], timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, f"never: {what}"
+        time.sleep(0.02)
+
+
+def health_file_marks(state_dir: Path) -> list[str]:
+    """The reasons of the marks in health.json (which must parse)."""
+    return sorted(m["reason"] for m in json.loads((state_dir / "health.json").read_text())["marks"])
+
+
+@pytest.fixture
+def machine(tmp_path: Path) -> tuple[Path, Path]:
+    """A simulated DGX H100's state file and a plugin state directory, both instances' to share."""
+    (tmp_path / "sim").mkdir()
+    (tmp_path / "state").mkdir()
+    return tmp_path / "sim" / "machine.json", tmp_path / "state"
+
+
+def test_two_instances_post_one_event_per_fault_and_keep_one_health_file(machine: tuple[Path, Path]) -> None:
+    """Both see every NVML event; only the one in its publisher turn posts, counts and writes, the other
+    follows the file (its kubelet health shows the same marks), and takes over from the file as the
+    old one left it."""
+    sim_state, state_dir = machine
+    old = Instance("dgx-h100", sim_state, state_dir)
+    old.start()
+    new = None
+    try:
+        wait_for("the old instance records", old.watching)
+        new = Instance("dgx-h100", sim_state, state_dir)
+        new.start()
+        time.sleep(0.3)
+        assert new.turn.standing_by and not new.watching()
+        gpu3 = old.gpus["gpu-3"]
+        sim.raise_xid(state_file=sim_state, gpu_uuid=gpu3, xid=79)
+        wait_for("both taint gpu-3", lambda: old.tainted() and new.tainted() == old.tainted())
+        time.sleep(0.5)  # room for a second event
+        assert len(old.faults_posted()) == 1 and new.events.posted == []
+        assert old.metrics.registry.get_sample_value(
+            "gpudra_gpu_xid_errors_total", {"gpu": "gpu-3", "xid": "79"}
+        )
+        assert (
+            new.metrics.registry.get_sample_value(
+                "gpudra_gpu_xid_errors_total", {"gpu": "gpu-3", "xid": "79"}
+            )
+            is None
+        )
+        assert health_file_marks(state_dir) == ["Xid79"]
+
+        # The update ends as the plugin stops: the turn first; the old monitor runs a moment longer.
+        old.turn.stop(5)
+        wait_for("the new instance records", new.watching)
+        sim.raise_xid(state_file=sim_state, gpu_uuid=old.gpus["gpu-5"], xid=48)
+        wait_for("gpu-5 tainted", lambda: any(v == "Xid48:NoSchedule" for v in new.tainted().values()))
+        new.annotation = gpu3  # the operator clears gpu-3: the old instance must not write its mark back
+        wait_for("gpu-3 cleared", lambda: health_file_marks(state_dir) == ["Xid48"])
+        time.sleep(0.5)
+        assert health_file_marks(state_dir) == ["Xid48"]
+        assert not any(v.startswith("Xid79") for v in old.tainted().values())  # the old one follows
+        assert len(old.faults_posted()) == 1 and len(new.faults_posted()) == 1
+        assert new.events.reasons() == ["GpuFault", "GpuFaultCleared"]
+    finally:
+        old.stop()
+        if new is not None:
+            new.stop()
+
+
+def test_a_writer_killed_between_saving_a_fault_and_posting_it_leaves_the_mark_to_its_successor(
+    machine: tuple[Path, Path],
+) -> None:
+    """SIGKILL at the worst moment: the fault is in the file, its event not posted. The instance
+    standing by takes the turn with the mark (the taint stays), posts nothing for it (at most once),
+    and records the next fault once."""
+    sim_state, state_dir = machine
+    Instance("dgx-h100", sim_state, state_dir)  # the machine's state file, before two processes use it
+    command = [
+        sys.executable,
+        "-m",
+        "tests.unit.harness.gpu_faults",
+        "dgx-h100",
+        str(sim_state),
+        str(state_dir),
+    ]
+    (step,) = faults.HEALTH_STEPS
+    env = {**os.environ, "GPUDRA_CRASH_AT": step}
+    with subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, text=True) as child:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "ready"
+        survivor = Instance("dgx-h100", sim_state, state_dir)
+        survivor.start()
+        try:
+            time.sleep(0.3)
+            assert survivor.turn.standing_by
+            sim.raise_xid(state_file=sim_state, gpu_uuid=survivor.gpus["gpu-3"], xid=79)
+            assert child.wait(10) == -signal.SIGKILL
+            wait_for("the survivor records", survivor.watching)
+            assert health_file_marks(state_dir) == ["Xid79"]
+            wait_for("gpu-3 still tainted", lambda: "gpu-3" in survivor.tainted())
+            assert survivor.events.posted == []
+            sim.raise_xid(state_file=sim_state, gpu_uuid=survivor.gpus["gpu-4"], xid=48)
+            wait_for("gpu-4 tainted", lambda: "gpu-4" in survivor.tainted())
+            time.sleep(0.3)
+            (posted,) = survivor.faults_posted()
+            assert "XID 48" in posted and "(gpu-4)" in posted
+            assert health_file_marks(state_dir) == ["Xid48", "Xid79"]
+        finally:
+            survivor.stop()

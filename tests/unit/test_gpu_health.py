@@ -348,3 +348,17 @@ def test_a_failed_remap_is_not_lifted_by_an_observed_reset() -> None:
     kept, lifted = observe_reachable(seen, {GPU: True})
     assert lifted == [] and set(kept) == {(GPU, None)}
     assert observe_cleared(kept, {GPU: {"RowRemapFailure"}})[1] == []
+
+
+@pytest.mark.parametrize("xid", [74, 119, 120], ids=["nvlink-error", "gsp-rpc-timeout", "gsp-error"])
+def test_nvlink_and_gsp_errors_hold_their_taint_until_a_reset(xid: int) -> None:
+    """NVIDIA's XID catalog: 74 needs a GPU reset or a node reboot to clear, 119 and 120 a GPU reset
+    (RESET_GPU). So quiet time never lifts them; a reset observed does."""
+    fault = _xid(xid)
+    assert fault.xid_class == XidClass.RESET and fault.what.endswith(")")
+    marks = _marked(fault)
+    kept, lifted = expire(marks, now=100.0 + 10 * 3600, boot_id=BOOT, clean_seconds=600)
+    assert (kept, lifted) == (marks, [])
+    kept, _ = observe_reachable(kept, {GPU: False})
+    kept, lifted = observe_reachable(kept, {GPU: True})
+    assert kept == {} and [done.mark.reason for done in lifted] == [f"Xid{xid}"]

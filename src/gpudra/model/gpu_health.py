@@ -92,6 +92,11 @@ DEFAULT_XIDS: tuple[XidRule, ...] = (
     # A reset (or reboot) is the remedy.
     XidRule(48, XidClass.RESET, "double-bit ECC error"),
     XidRule(64, XidClass.RESET, "row remapping or page retirement failed"),
+    # NVIDIA's XID catalog (docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html), checked for
+    # 74, 119 and 120: 74 NVLINK_ERROR, immediate action WORKFLOW_NVLINK_ERR, "a GPU reset or node
+    # reboot is needed to clear this error" (A100 and H100; Blackwell reports NVLink faults as 155);
+    # 119 GSP_RPC_TIMEOUT and 120 GSP_ERROR, immediate action RESET_GPU (every listed GPU). None
+    # of them clears by itself, so recoverable (lifted after quiet time) would be wrong.
     XidRule(74, XidClass.RESET, "NVLink error"),
     XidRule(79, XidClass.RESET, "GPU has fallen off the bus"),
     XidRule(95, XidClass.RESET, "uncontained ECC error"),

@@ -1,8 +1,9 @@
 """Crash points for testing crash safety. I/O: kills the process when told to.
 
 `GPUDRA_CRASH_AT=<step>` makes the plugin SIGKILL itself when it reaches that step of prepare or
-unprepare, the same as a node-level kill at the worst moment; the integration tests restart it and check
-that the kubelet's retries complete and nothing is left over. Unset (always, in production) it does nothing.
+unprepare (or of recording a GPU fault: HEALTH_STEPS), the same as a node-level kill at the worst
+moment; the integration tests restart it and check that the kubelet's retries complete and nothing is
+left over. Unset (always, in production) it does nothing.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ STEPS = PREPARE_STEPS + UNPREPARE_STEPS
 # Reached only by claims with MPS devices, inside "prepare-applied" and "unprepare-undone".
 MPS_PREPARE_STEPS = ("prepare-mps-directories", "prepare-mps-started")
 MPS_UNPREPARE_STEPS = ("unprepare-mps-stopped",)
+# Recording a GPU fault (gpudra.node.gpu_faults): saved in the health file, its Node event not yet posted.
+HEALTH_STEPS = ("health-saved",)
 
 
 def reached(step: str) -> None:

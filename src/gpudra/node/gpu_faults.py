@@ -27,6 +27,20 @@ feeds them:
 
 Marks are kept in `health.json` in the state directory, written on every change, so a plugin restart
 (or upgrade) never lifts a taint: only the rules do. A damaged file is logged and ignored.
+
+One writer per node. During a rolling update (gpudra.node.instances) two plugin pods run on the node,
+both offered the same NVML events: both would post each fault's Node event and count it, and both
+would write `health.json` from their own memory (the old pod's write undoing a lift or a mark the new
+one made, and two writers of one file removing each other's temporary file). So an instance made with
+`writing=False` only follows the file (reads it again when it changes, at most every
+`FOLLOW_SECONDS` and at each poll: its kubelet health stream shows the same marks) until its `turn`
+service is started, which the plugin runs in its publisher turn: the instance that publishes the
+slices (and their taints) is the one that watches events, posts, counts and writes. Starting the turn
+reads the file once more, as the previous writer left it; stopping it waits for a fault being
+recorded, and records nothing after, before the turn passes on. An event is posted at most once: a
+writer killed between saving a fault and posting it loses the event, never the mark. XIDs raised
+between the old writer's exit and the new one's first wait (about half a second) are not seen, as
+across a plugin restart.
 """
 
 from __future__ import annotations
@@ -34,6 +48,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -46,6 +61,7 @@ from gpudra.model import gpu_health
 from gpudra.model.devices import SHARED_ATTRIBUTE, UNHEALTHY_TAINT_KEY, Device, gpu_uuid_of, partition_of
 from gpudra.model.gpu_health import Classification, Fault, GpuConditions, Lifted, Mark, Marks, XidClass
 from gpudra.model.inventory import MigDevice
+from gpudra.node import faults as crash
 from gpudra.service import Loop
 
 log = logging.getLogger(__name__)
@@ -55,6 +71,7 @@ WAIT_SECONDS = 1.0  # one wait on the event set: how long a stop may wait for th
 ANNOTATION_SECONDS = 10.0
 RETRY_SECONDS = 60.0  # GPUs whose registration failed (lost at the time) are tried again this often
 IDLE_SECONDS = 3600.0
+FOLLOW_SECONDS = 0.5  # how often an instance that does not write reads the health file again
 FILE_VERSION = 1
 
 
@@ -119,6 +136,7 @@ class GpuFaults:
         read_annotation: Callable[[], str] | None = None,
         annotation_interval: float = ANNOTATION_SECONDS,
         clock: Callable[[], float] = time.time,
+        writing: bool = True,
     ) -> None:
         self.classification = classification
         self.clean_seconds = clean_seconds
@@ -143,6 +161,11 @@ class GpuFaults:
         self._annotation_interval = annotation_interval
         self._clock = clock
         self._lock = threading.Lock()
+        # Held while a fault or a rule is applied (re-entrant: a condition found by a poll is recorded
+        # inside it); the turn takes it to change `writing`, so no write starts or runs after a stop.
+        self._writer = threading.RLock()
+        self._writing = writing
+        self._read_stat: tuple[int, int, int] | None = None
         self._marks, self._ecc_counts, self._conditions, self._links = self._load()
         self._subscribers: list[Callable[[], None]] = []
         self._session: EventSession | None = None
@@ -153,12 +176,18 @@ class GpuFaults:
         self.loop = Loop("gpu-events", self._step, on_error=lambda err: self._close_watch())
         self.clear_loop = Loop("health-clear", self._read_clearance)
         self.loops = (self.loop,) + ((self.clear_loop,) if read_annotation is not None else ())
+        self.turn = _WriterTurn(self)
 
     # --- what others read ----------------------------------------------------------------------
 
     def marks(self) -> tuple[Mark, ...]:
         with self._lock:
             return tuple(self._marks.values())
+
+    @property
+    def writing(self) -> bool:
+        """Whether this instance watches events and writes (else it follows the file)."""
+        return self._writing
 
     def ecc_polled(self) -> tuple[str, ...]:
         """GPUs whose double-bit ECC errors no event reports once the watch is open: the poll reads
@@ -186,7 +215,13 @@ class GpuFaults:
     # --- inputs --------------------------------------------------------------------------------
 
     def record(self, fault: Fault) -> None:
-        """One fault: counted, and marked unless it is an application error."""
+        """One fault: counted, and marked unless it is an application error; nothing while this
+        instance does not write (the writer records it)."""
+        with self._writer:
+            if self._writing:
+                self._record(fault)
+
+    def _record(self, fault: Fault) -> None:
         gpu = self._names.get(fault.gpu_uuid, fault.gpu_uuid)
         if fault.xid is not None:
             self._metrics.count_xid(gpu, fault.xid)
@@ -199,6 +234,7 @@ class GpuFaults:
         with self._lock:
             self._marks = gpu_health.record(self._marks, fault, now=self._clock(), boot_id=self._boot_id)
             self._save()
+        crash.reached("health-saved")
         held = self._holders(fault.gpu_uuid, fault.device)
         effect = self.reset_effect if fault.xid_class == XidClass.RESET else "NoSchedule"
         until = (
@@ -235,8 +271,21 @@ class GpuFaults:
         """After a health poll: which GPUs answered (absent: could not be probed), the uncorrected
         ECC counts of the GPUs in `ecc_polled()` that report one (a count above the last one read is a
         double-bit error no event reported), and the conditions read on the GPUs that answered. Then
-        marks of an earlier boot, quiet recoverable ones and those of conditions gone are lifted."""
-        cleared = self._observe_conditions(conditions or {})
+        marks of an earlier boot, quiet recoverable ones and those of conditions gone are lifted. An
+        instance that does not write reads the file again instead."""
+        with self._writer:
+            if not self._writing:
+                self.follow()
+                return
+            self._observe_probe(reachable, ecc_counts, conditions or {})
+
+    def _observe_probe(
+        self,
+        reachable: Mapping[str, bool],
+        ecc_counts: Mapping[str, int],
+        conditions: Mapping[str, GpuConditions],
+    ) -> None:
+        cleared = self._observe_conditions(conditions)
         for gpu, count in ecc_counts.items():
             with self._lock:
                 before = self._ecc_counts.get(gpu)
@@ -244,7 +293,7 @@ class GpuFaults:
                 if before != count:
                     self._save()
             if before is not None and count > before:
-                self.record(gpu_health.double_bit_ecc(gpu_uuid=gpu, device=None))
+                self._record(gpu_health.double_bit_ecc(gpu_uuid=gpu, device=None))
         now = self._clock()
 
         def rule(marks: Marks) -> tuple[Marks, list[Lifted]]:
@@ -278,7 +327,7 @@ class GpuFaults:
             for condition in sorted(reported):
                 self._metrics.set_condition(name, condition, condition in now)
             for condition in sorted(set(present) - before):
-                self.record(
+                self._record(
                     gpu_health.condition_fault(gpu_uuid=gpu, condition=condition, what=present[condition])
                 )
             if gone := (before & reported) - now:
@@ -287,7 +336,24 @@ class GpuFaults:
 
     # --- the event loop ------------------------------------------------------------------------
 
+    def follow(self) -> None:
+        """Read the health file again if another instance changed it since (not while this one
+        writes), and tell the subscribers when the marks changed."""
+        with self._writer:
+            if self._writing or self._stat() == self._read_stat:
+                return
+            loaded = self._load()
+            with self._lock:
+                changed = loaded[0] != self._marks
+                self._marks, self._ecc_counts, self._conditions, self._links = loaded
+        if changed:
+            self._changed()
+
     def _step(self) -> float:
+        if not self._writing:
+            self._close_watch()
+            self.follow()
+            return FOLLOW_SECONDS
         watch = self._watch
         if watch is None or (watch.failed and self._clock() - self._opened_at >= RETRY_SECONDS):
             watch = self._open_watch()
@@ -297,7 +363,9 @@ class GpuFaults:
         if event is None:
             return 0
         if event.xid is not None or event.kind == DOUBLE_BIT_ECC_EVENT:
-            self.record(self._fault(event))
+            with self._writer:  # not once the turn has passed on
+                if self._writing:
+                    self._record(self._fault(event))
         else:  # a corrected ECC error, a MIG configuration change (gpudra's own too): counted only
             self._metrics.count_event(self._names.get(event.gpu_uuid, event.gpu_uuid), event.kind)
             log.debug("GPU event", extra={"gpu": event.gpu_uuid, "event": event.kind})
@@ -370,10 +438,12 @@ class GpuFaults:
     # --- the annotation loop -------------------------------------------------------------------
 
     def _read_clearance(self) -> float:
-        if self._read_annotation is None or not self.marks():
-            return IDLE_SECONDS  # woken by the next fault
+        if self._read_annotation is None or not self._writing or not self.marks():
+            return IDLE_SECONDS  # woken by the next fault, or by the turn
         value = self._read_annotation()
-        self._apply(lambda marks: gpu_health.observe_annotation(marks, value))
+        with self._writer:
+            if self._writing:
+                self._apply(lambda marks: gpu_health.observe_annotation(marks, value))
         return self._annotation_interval
 
     # --- helpers -------------------------------------------------------------------------------
@@ -405,6 +475,7 @@ class GpuFaults:
 
     def _load(self) -> tuple[Marks, dict[str, int], dict[str, list[str]], dict[str, list[int]]]:
         """The marks; per boot, the ECC counts, the conditions present and the links expected up."""
+        self._read_stat = self._stat()
         try:
             data = json.loads(self._file.read_text())
             if data.get("version") != FILE_VERSION:
@@ -430,6 +501,29 @@ class GpuFaults:
             return {}, {}, {}, {}
         return {m.key: m for m in marks}, counts, conditions, links
 
+    def _stat(self) -> tuple[int, int, int] | None:
+        """What tells one version of the health file from another (each write replaces the file)."""
+        try:
+            stat = os.stat(self._file)
+        except OSError:
+            return None
+        return stat.st_ino, stat.st_mtime_ns, stat.st_size
+
+    def take_turn(self) -> None:
+        """Become the node's writer, from the file as the previous one left it (`turn` calls it)."""
+        with self._writer:
+            self._read_stat = None  # read it whatever its stat: the last writer's state
+            self.follow()
+            self._writing = True
+        self.loop.wake()
+        self.clear_loop.wake()
+
+    def give_turn_up(self) -> None:
+        """Stop writing, once a fault being recorded is (`turn` calls it)."""
+        with self._writer:  # waits for a fault being recorded; none is after
+            self._writing = False
+        self.loop.wake()  # closes the event watch
+
     def _save(self) -> None:
         """Called under the lock; a failed write is logged: the marks in memory still hold."""
         content = {
@@ -444,3 +538,17 @@ class GpuFaults:
             write_atomically(self._file, json.dumps(content, indent=1).encode(), mode=0o644)
         except OSError as err:
             log.warning("cannot save the GPU health file", extra={"path": str(self._file), "error": str(err)})
+
+
+class _WriterTurn:
+    """The `service.Service` that makes its GpuFaults the node's writer while it runs (see the module
+    docstring); the plugin runs it in its publisher turn (gpudra.node.instances.PublisherTurn)."""
+
+    def __init__(self, faults: GpuFaults) -> None:
+        self._faults = faults
+
+    def start(self) -> None:
+        self._faults.take_turn()
+
+    def stop(self, timeout: float) -> None:
+        self._faults.give_turn_up()

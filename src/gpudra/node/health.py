@@ -254,7 +254,9 @@ class HealthMonitor:
     def _poll(self) -> float:
         self._session, gpus = self._probe_all(self._session)
         vanished = self._vanished(self._session, gpus) if self._session is not None else {}
-        if self._faults is not None:
+        if self._faults is not None and not self._faults.writing:
+            self._faults.follow()  # another instance on the node reads and records (gpu_faults)
+        elif self._faults is not None:
             reachable = {
                 uuid: now.health == Health.HEALTHY
                 for uuid, now in gpus.items()

@@ -16,12 +16,13 @@ one finish there). Two locks keep them apart:
   file) until it gives it up. A finer lock (per device) would still need the file read again at every
   decision, and would let a recovery run beside a prepare in flight. During an update the old
   instance gets no new calls, so it holds the lock only until the calls it had finish.
-- `PublisherTurn`: only one instance at a time publishes to the API server (ResourceSlices, claim
-  usage). Two publishers would fight: each takes the other's write for someone else's edit and
-  restores its own, and a pool rewrite at a new generation by one makes the other rewrite it again at
-  the next, for as long as both run, even when both want the same slices. The new instance stands by,
-  without writing, until the old one exits (its flock goes with its process, however it ends), then
-  adopts the pool as the old one left it (dry runs; no write when its slices are the same).
+- `PublisherTurn`: only one instance at a time publishes to the API server (ResourceSlices, claim usage)
+  and records GPU faults (their Node events, metrics and the health file: gpudra.node.gpu_faults). Two
+  publishers would fight: each takes the other's write for someone else's edit and restores its own, and a
+  pool rewrite at a new generation by one makes the other rewrite it again at the next, for as long as
+  both run, even when both want the same slices. The new instance stands by, without writing, until the
+  old one exits (its flock goes with its process, however it ends), then adopts the pool as the old one
+  left it (dry runs; no write when its slices are the same).
 
 flock locks belong to the open file, not to a thread, and go with the process however it ends; the lock
 files are opened close-on-exec, so a child the plugin starts (an MPS control daemon that outlives it)

@@ -5,10 +5,11 @@ I/O: everything the plugin touches, wired here and nowhere else (the sockets are
 Start-up order matters: settle the checkpoint first (a crash may have left a prepare half done), then
 start the health monitor and the slice publishing, then hand the prepare state to the kubelet's server,
 whose calls waited until then. While another instance runs on the node (a rolling update), recovery
-waits for its calls in flight, and the slice publishing and claim usage wait until it exits
-(gpudra.node.instances). Every background part is a `service.Service` started by
-`service.running`: a part that fails to start stops the ones already started. Stop (SIGTERM): health
-streams end, no new calls, calls in flight finish (the server stops first), then the loops stop.
+waits for its calls in flight, and the slice publishing, claim usage and GPU fault recording (Node
+events, the health file) wait until it exits (gpudra.node.instances, gpudra.node.gpu_faults). Every
+background part is a `service.Service` started by `service.running`: a part that fails to start stops
+the ones already started. Stop (SIGTERM): health streams end, no new calls, calls in flight finish (the
+server stops first), then the loops stop.
 """
 
 from __future__ import annotations
@@ -161,8 +162,9 @@ def _run(options: Options, session: nvml.Nvml, server: KubeletServer, *, stop: t
         on_publish=lambda op: metrics.slice_writes.labels(op).inc(),
         on_server_minor=served.on_server,
     )
-    health = None
+    health = faults = None
     if options.health_interval_seconds:
+        faults = _faults(options, model.devices, state=state, client=client, events=events, metrics=metrics)
         health = HealthMonitor(
             pool=options.node_name,
             devices=model.devices,
@@ -170,9 +172,7 @@ def _run(options: Options, session: nvml.Nvml, server: KubeletServer, *, stop: t
             interval=options.health_interval_seconds,
             on_change=slices.trigger,
             partitions=state.prepared_partitions,
-            faults=_faults(
-                options, model.devices, state=state, client=client, events=events, metrics=metrics
-            ),
+            faults=faults,
         )
     # Zeros where health is off: the series is there, an alert on it quiet.
     metrics.track_tainted_devices(health.taints if health is not None else dict)
@@ -202,9 +202,12 @@ def _run(options: Options, session: nvml.Nvml, server: KubeletServer, *, stop: t
     loops += [usage.loop] if usage is not None else []
     loops += [keeper.loop] if keeper is not None else []
     metrics.track_loops(loops)
-    # What it writes to the API server, one instance on the node at a time (gpudra.node.instances).
+    # What it writes to the API server, and the GPU faults' events and health file, one instance on the
+    # node at a time (gpudra.node.instances). The faults' turn first: the slices start from the marks
+    # the previous instance left.
     publishing = PublisherTurn(
-        options.state_dir / "publisher.lock", ([usage] if usage is not None else []) + [slices]
+        options.state_dir / "publisher.lock",
+        ([faults.turn] if faults is not None else []) + ([usage] if usage is not None else []) + [slices],
     )
 
     def slices_published() -> str | None:
@@ -271,6 +274,7 @@ def _faults(
         events=events,
         metrics=metrics,
         holders=lambda gpu, device: _holders(state, gpu, device),
+        writing=False,  # until its turn (below) starts: another instance on the node may write
         read_annotation=lambda: client.node_annotation(options.node_name, CLEAR_ANNOTATION),
     )
 
