@@ -175,7 +175,14 @@ def schema() -> dict[str, Any]:
                 "type": "object",
                 "additionalProperties": False,
                 "required": ["enabled"],
-                "properties": {"enabled": {"type": "boolean"}, "resources": {"type": "object"}},
+                "properties": {
+                    "enabled": {"type": "boolean"},
+                    "renewForVersion": {
+                        "type": "string",
+                        "description": "the chart version whose upgrade renders its own pod template",
+                    },
+                    "resources": {"type": "object"},
+                },
             },
             "controller": _merge(
                 sections["controller"],

@@ -422,6 +422,11 @@ def test_an_upgrade_and_a_container_restart_leave_the_mps_daemon_and_its_attache
         )
 
     wait_for("the plugin on the new image", rolled_out, timeout=180)
+    # mps-host's DaemonSet kept its installed pod template (the chart's lookup), so `--wait` completed.
+    [host_set] = (
+        client.AppsV1Api(api).list_namespaced_daemon_set(NAMESPACE, label_selector=MPS_HOST_PODS).items
+    )
+    assert host_set.spec.template.spec.containers[0].image == image
     assert {
         p.metadata.uid for p in core.list_namespaced_pod(NAMESPACE, label_selector=MPS_HOST_PODS).items
     } == (hosts)
