@@ -290,6 +290,13 @@ def test_an_mps_daemon_killed_while_its_claim_runs_is_started_again_with_its_lim
         )
         assert event.type == "Warning"
         assert "MPS daemon of a prepared claim had stopped; started again" in plugin.tail(200)
+        # Its clients lost their server: the GPU "half" holds alone is Unhealthy in its pod's status
+        # (KEP-4680, through the real kubelet); the share's pod, whose device other claims share, is not.
+        wait_for(
+            "half's GPU Unhealthy in its pod status",
+            lambda: _device_health(core, "half", ns) == {"Unhealthy"},
+        )
+        assert _device_health(core, "share", ns) <= {"Healthy"}
 
         core.delete_namespaced_pod("half", ns, grace_period_seconds=0)
         wait_for("half's daemon stopped", lambda: list(_serving(plugin)) == [other], timeout=90)
@@ -297,6 +304,19 @@ def test_an_mps_daemon_killed_while_its_claim_runs_is_started_again_with_its_lim
     finally:
         plugin.stop()
         plugin.start()
+
+
+def _device_health(core: client.CoreV1Api, pod: str, namespace: str) -> set[str]:
+    """The health of each device in the pod's allocatedResourcesStatus, read as the API server returns
+    it (a client model could drop the field)."""
+    document: dict[str, Any] = core.read_namespaced_pod(pod, namespace, _preload_content=False).json()
+    containers = document.get("status", {}).get("containerStatuses") or []
+    return {
+        resource["health"]
+        for container in containers
+        for status in container.get("allocatedResourcesStatus") or []
+        for resource in status.get("resources") or []
+    }
 
 
 def _node_events(api: client.ApiClient, reason: str) -> list[Any]:

@@ -275,6 +275,30 @@ def test_every_poll_is_a_new_snapshot_even_without_change(monitor: HealthMonitor
     assert second.devices == first.devices
 
 
+def test_a_device_whose_mps_clients_lost_their_daemon_is_unhealthy_while_reported(
+    state_file: Path, model: devices.DeviceModel
+) -> None:
+    """gpudra.node.mps_keeper reports the devices of a claim whose daemon was started again under it."""
+    reported = {"gpu-3": "the MPS control daemon of ResourceClaim a/b (u) stopped and was started again"}
+    monitor = HealthMonitor(
+        pool=POOL,
+        devices=model.devices,
+        open_nvml=lambda: nvml.connect(f"sim:{PROFILE}", state_file=state_file),
+        interval=INTERVAL,
+        interrupted=lambda: dict(reported),
+    )
+    monitor.start()
+    try:
+        unhealthy = _until(monitor, lambda s: _of(s)["gpu-3"] == Health.UNHEALTHY)
+        assert [d.message for d in unhealthy.devices if d.device == "gpu-3"] == [reported["gpu-3"]]
+        assert {d.device for d in unhealthy.devices if d.health != Health.HEALTHY} == {"gpu-3"}
+        assert monitor.taints() == {}  # the GPU itself is fine: nothing to keep the scheduler away from
+        reported.clear()  # the claim was unprepared
+        _until(monitor, lambda s: _of(s)["gpu-3"] == Health.HEALTHY)
+    finally:
+        monitor.stop()
+
+
 def test_wait_gives_up_after_its_timeout(state_file: Path, model: devices.DeviceModel) -> None:
     idle = _monitor(state_file, model)  # never started: no snapshot ever comes
     started = time.monotonic()

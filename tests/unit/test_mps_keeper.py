@@ -24,7 +24,7 @@ from gpudra.node.mps_keeper import MpsKeeper, TamperingReports
 from gpudra.node.prepare import DeviceState
 from gpudra.node.sharing import GpuSharing
 from gpudra.node.sharing.mps_daemons import PID_FILE, TAMPERING_KINDS
-from tests.unit.claims import from_claim, time_slicing, whole_gpus
+from tests.unit.claims import from_claim, resource_claim, result, time_slicing, whole_gpus
 from tests.unit.harness.crash import child
 from tests.unit.harness.kube import Events
 from tests.unit.harness.mps import (
@@ -97,12 +97,41 @@ def test_a_killed_daemon_runs_again_with_its_limits_after_one_round(h100: Node) 
 
     keeper.step()  # it answers now: nothing more
     assert restarts(metrics, "started") == 1 and len(events.posted) == 1
+    # Its clients lost their server: the GPU the claim holds alone is Unhealthy for the kubelet.
+    [(device, why)] = keeper.interrupted_devices().items()
+    assert device == "gpu-2"
+    assert why.startswith(
+        f"the MPS control daemon of ResourceClaim default/claim-{uid(1)} ({uid(1)}) stopped"
+    )
+    assert why.endswith("lost their MPS server; a new pod gets a working device")
 
     state.unprepare(claim)  # stops exactly the restarted daemon
     assert_no_daemon(h100, uid(1), [killed, restarted.pid])
     h100.assert_nothing_left(uid(1))
+    assert keeper.interrupted_devices() == {}  # the claim is gone, and its report with it
     state.unprepare(other)
     assert_no_daemon(h100, uid(2), [kept])
+
+
+def test_a_restarted_daemon_of_a_share_flags_no_device_health(h100: Node) -> None:
+    """A shared device serves other tenants' claims too: their pods' health must not change."""
+    share = {
+        **result("gpu", "gpu-0-shared"),
+        "shareID": "5f0c3a8e-1b2d-4c6e-8f90-a1b2c3d4e5f6",
+        "consumedCapacity": {"memory": "10Gi", "compute": "10"},
+    }
+    claim = h100.claims.add(resource_claim(uid(1), results=[share]))
+    state = h100.state()
+    state.prepare(claim)
+    kill_daemon(h100, uid(1))
+    events = Events()
+    keeper, metrics = keeper_for(state, events)
+    woken: list[bool] = []
+    keeper.on_interrupted = lambda: woken.append(True)
+    keeper.step()
+    assert restarts(metrics, "started") == 1
+    assert keeper.interrupted_devices() == {} and woken == []
+    state.unprepare(claim)
 
 
 @pytest.mark.parametrize(

@@ -197,6 +197,7 @@ class HealthMonitor:
         on_change: Callable[[], None] = lambda: None,
         partitions: Callable[[], Mapping[str, str]] = dict,
         faults: GpuFaults | None = None,
+        interrupted: Callable[[], Mapping[str, str]] = dict,
     ) -> None:
         self.pool = pool
         self.interval = interval
@@ -211,6 +212,9 @@ class HealthMonitor:
         self._taints: dict[str, DeviceTaint] = {}
         self._on_change = on_change
         self._partitions = partitions  # prepared partition -> its MIG UUID, read at every poll
+        # device -> why, for a device of one claim whose MPS daemon ended under its clients and was
+        # started again (gpudra.node.mps_keeper): Unhealthy until the claim is unprepared.
+        self._interrupted = interrupted
         self._vanished_before: dict[str, str] = {}
         self._session: GpuProbe | None = None
         self.loop = Loop("health", self._poll)
@@ -333,7 +337,11 @@ class HealthMonitor:
         self._vanished_before = dict(vanished)
         marks = self._faults.marks() if self._faults is not None else ()
         devices = devices_health(
-            pool=self.pool, device_gpus=self._device_gpus, gpus=gpus, vanished=vanished, marks=marks
+            pool=self.pool,
+            device_gpus=self._device_gpus,
+            gpus=gpus,
+            vanished={**self._interrupted(), **vanished},
+            marks=marks,
         )
         tainted = tainted_gpus(self._tainted, gpus)
         taints = device_taints(

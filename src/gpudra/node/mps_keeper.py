@@ -10,6 +10,11 @@ the locking that keeps two instances on a node, and a claim mid-prepare or mid-u
 
 Each restart is a warning in the log, `gpudra_mps_daemon_restarts_total{outcome="started"}` and a
 `MpsDaemonRestarted` Warning event on the Node, since the claim's pods lost their daemon for a while.
+The processes that ran under it lost their MPS server and their CUDA contexts for good, so each device
+the claim holds alone (a whole GPU or a MIG partition, not a share: that would flag other tenants'
+pods) is also reported Unhealthy in the kubelet's device health (KEP-4680: the pods'
+`allocatedResourcesStatus`) until the claim is unprepared: only new processes, in a new pod, work
+again. The report is kept in memory: a plugin restart forgets it (the event stays).
 A failed restart fails the step: the `Loop` logs it, counts it (`gpudra_background_failures`) and tries
 again after its backoff, which starts at the interval; the first failure of a claim in a row is a
 `MpsDaemonRestartFailed` Warning event.
@@ -23,6 +28,8 @@ gpudra does, and is reported by `TamperingReports`: `gpudra_mps_tampering_total{
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Literal, Protocol
 
@@ -57,6 +64,10 @@ class MpsKeeper:
         self.metrics = metrics
         self.events = events
         self._failing: set[str] = set()  # claims whose last restart attempt failed
+        # claim UID -> (the devices it holds alone, why they are Unhealthy); see the module docstring
+        self._interrupted: dict[str, tuple[tuple[str, ...], str]] = {}
+        self._interrupted_lock = threading.Lock()
+        self.on_interrupted: Callable[[], None] = lambda: None  # wiring: the health loop's wake
         self.loop = Loop(
             "mps-daemons",
             self.step,
@@ -74,6 +85,7 @@ class MpsKeeper:
         """One round; HardwareError naming each claim whose daemon could not be started again."""
         check = restart_stopped_daemons(self.state)
         for entry in check.restarted:
+            self._interrupt(entry)
             self.metrics.mps_daemon_restarts.labels("started").inc()
             log.warning(
                 "MPS daemon of a prepared claim had stopped; started again with its limits",
@@ -102,6 +114,29 @@ class MpsKeeper:
                 + "; ".join(f"ResourceClaim {_claim(entry)}: {error}" for entry, error in check.failed)
             )
         return self.interval
+
+    def interrupted_devices(self) -> dict[str, str]:
+        """Device -> why it is Unhealthy, for the devices of prepared claims whose daemon was started again
+        (read by the health monitor at each poll); a claim unprepared since is forgotten."""
+        claims = self.state.store.latest().claims
+        prepared = {uid for uid, entry in claims.items() if entry.state == "PrepareCompleted"}
+        with self._interrupted_lock:
+            for uid in set(self._interrupted) - prepared:
+                del self._interrupted[uid]
+            return {device: why for devices, why in self._interrupted.values() for device in devices}
+
+    def _interrupt(self, entry: ckpt.ClaimEntry) -> None:
+        alone = tuple(d.device for d in entry.devices if d.sharing is not None and d.share_id is None)
+        if not alone:
+            return
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        why = (
+            f"the MPS control daemon of ResourceClaim {_claim(entry)} stopped and was started again at "
+            f"{when}: processes that ran under it lost their MPS server; a new pod gets a working device"
+        )
+        with self._interrupted_lock:
+            self._interrupted[entry.uid] = (alone, why)
+        self.on_interrupted()
 
 
 class TamperingReports:

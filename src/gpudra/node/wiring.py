@@ -162,6 +162,11 @@ def _run(options: Options, session: nvml.Nvml, server: KubeletServer, *, stop: t
         on_publish=lambda op: metrics.slice_writes.labels(op).inc(),
         on_server_minor=served.on_server,
     )
+    # Every instance on the node keeps daemons (not only the publishing one): after a rolling update
+    # the new one must start those that died with the old pod; restarts take the node lock.
+    keeper = None
+    if options.mps_check_interval_seconds:
+        keeper = MpsKeeper(state, interval=options.mps_check_interval_seconds, metrics=metrics, events=events)
     health = faults = None
     if options.health_interval_seconds:
         faults = _faults(options, model.devices, state=state, client=client, events=events, metrics=metrics)
@@ -173,7 +178,10 @@ def _run(options: Options, session: nvml.Nvml, server: KubeletServer, *, stop: t
             on_change=slices.trigger,
             partitions=state.prepared_partitions,
             faults=faults,
+            interrupted=keeper.interrupted_devices if keeper is not None else dict,
         )
+        if keeper is not None:
+            keeper.on_interrupted = health.loop.wake
     # Zeros where health is off: the series is there, an alert on it quiet.
     metrics.track_tainted_devices(health.taints if health is not None else dict)
     usage = None
@@ -188,11 +196,6 @@ def _run(options: Options, session: nvml.Nvml, server: KubeletServer, *, stop: t
             interval=options.usage_interval_seconds,
         )
         metrics.track_claim_usage(usage.readings)
-    # Every instance on the node keeps daemons (not only the publishing one): after a rolling update
-    # the new one must start those that died with the old pod; restarts take the node lock.
-    keeper = None
-    if options.mps_check_interval_seconds:
-        keeper = MpsKeeper(state, interval=options.mps_check_interval_seconds, metrics=metrics, events=events)
     metrics.track_claim_reads(lambda: claims.gets)
     metrics.track_api_requests(client.request_counts)
     metrics.track_skipped_objects(client.skipped.counts)
