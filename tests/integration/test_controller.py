@@ -212,6 +212,29 @@ def test_a_request_no_node_can_match_is_admitted_with_a_warning(
     assert "Warning" not in headers
 
 
+def test_time_slicing_a_mig_device_is_admitted_with_the_config_webhooks_warning(
+    controller: ControllerProcess, api: client.ApiClient, core: client.CoreV1Api
+) -> None:
+    namespace = new_namespace(core, "mig-time-slicing")
+    parameters = {
+        "apiVersion": "resource.gpudra.io/v1beta1",
+        "kind": "MigDeviceConfig",
+        "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
+    }
+    body = _claim("mig-ts", parameters)
+    body["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = "mig.gpudra.io"
+    _, status, headers = client.CustomObjectsApi(api).create_namespaced_custom_object_with_http_info(
+        *RESOURCE, namespace, "resourceclaims", body
+    )
+    assert status == 201
+    warning = headers.get("Warning", "")
+    assert (
+        "spec.devices.config[0].opaque.parameters.sharing.strategy: TimeSlicing on a MIG device sets "
+        "nothing" in warning
+    ), headers
+    assert "interval Long is not applied" in warning, headers
+
+
 def test_the_certificate_is_made_once_trusted_and_survives_a_restart(
     controller: ControllerProcess, api: client.ApiClient, core: client.CoreV1Api, resources: Resources
 ) -> None:

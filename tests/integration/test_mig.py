@@ -149,6 +149,45 @@ def _delete_namespace_and_wait(
     core.delete_namespace(ns)
 
 
+# --- time-slicing a partition ----------------------------------------------------------------------
+
+
+def test_time_slicing_a_partition_sets_nothing_and_the_node_posts_a_warning_event(
+    api: client.ApiClient, plugin: PluginProcess
+) -> None:
+    core = client.CoreV1Api(api)
+    ns = new_namespace(core, "mig-time-slicing")
+    minor = 7
+    template = layout_template("ts", ["1g.10gb"], minor)
+    parameters = {
+        "apiVersion": "resource.gpudra.io/v1beta1",
+        "kind": "MigDeviceConfig",
+        "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
+    }
+    template["spec"]["spec"]["devices"]["config"] = [
+        {"requests": ["p0"], "opaque": {"driver": DRIVER, "parameters": parameters}}
+    ]
+    utils.create_from_yaml(api, yaml_objects=[template, pod("ts", "ts")], namespace=ns)
+    wait_for("ts Running", partial(pod_running, core, "ts", ns), timeout=120)
+    [(start, _)] = in_step(plugin, minor).items()
+    [entry] = [e for e in plugin.checkpoint_claims().values() if e["namespace"] == ns]
+    assert [d["sharing"] for d in entry["devices"]] == [None]  # no record: no tool ran, nothing to undo
+    assert plugin.timeslices()[gpu_uuid(plugin, minor)] == 0  # the GPU's time-slice untouched
+
+    def event() -> Any:
+        found = core.list_namespaced_event(
+            "default",
+            field_selector=f"involvedObject.kind=Node,involvedObject.name={NODE},reason=MigTimeSliceNotSet",
+        ).items
+        return next((e for e in found if f"ResourceClaim {ns}/" in e.message), None)
+
+    posted = wait_for("a MigTimeSliceNotSet event on the node", event, timeout=60)
+    assert posted.type == "Warning"
+    assert f"device gpu-{minor}-mig-1g10gb-{start}" in posted.message
+    assert "interval Long is not applied" in posted.message
+    _delete_namespace_and_wait(core, ns, plugin, [minor])
+
+
 # --- seven 1g partitions on one H100 --------------------------------------------------------------
 
 

@@ -1,7 +1,8 @@
 """MPS and GPU shares on the real control plane: the real scheduler allocates shares of one GPU from its
 consumable capacity (KEP-5075), the real kubelet calls the plugin, and the simulated card's MPS daemons
-carry each claim's limits. MPS daemons outlive a SIGKILLed plugin and are adopted at its restart; one
-that dies while its claim runs is started again by the running plugin.
+carry each claim's limits; with shares by count, N pods share a GPU without stating memory and pod N+1
+waits, `gpudra explain` naming the count. MPS daemons outlive a SIGKILLed plugin and are adopted at its
+restart; one that dies while its claim runs is started again by the running plugin.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import itertools
 import json
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -162,6 +165,113 @@ def test_shares_of_one_h100_get_their_capacity_as_mps_limits_and_a_fourth_waits(
         timeout=60,
     )
     _cleanup(core, ns, plugin)
+
+
+COUNT = 4  # --shares-per-gpu for the test below
+
+
+@pytest.fixture
+def counted(plugin: PluginProcess, api: client.ApiClient) -> Iterator[PluginProcess]:
+    """The H100 node's plugin restarted with shares by count (--shares-per-gpu COUNT), its slices
+    carrying the count; restarted as it was afterwards."""
+    original = plugin.group
+    plugin.stop()
+    plugin.group = {**original, "shares-per-gpu": str(COUNT)}
+    try:
+        plugin.start()
+        wait_for(
+            "the shared devices carry the count", lambda: _count_published(api) == str(COUNT), timeout=60
+        )
+        yield plugin
+    finally:
+        plugin.stop()
+        plugin.group = original
+        plugin.start()
+        wait_for("the count is gone", lambda: _count_published(api) is None, timeout=60)
+
+
+def _count_published(api: client.ApiClient) -> str | None:
+    slices = client.CustomObjectsApi(api).list_cluster_custom_object(
+        "resource.k8s.io", "v1", "resourceslices"
+    )
+    for item in slices["items"]:
+        spec = item["spec"]
+        if spec.get("nodeName") != NODE or spec.get("driver") != DRIVER:
+            continue
+        for device in spec.get("devices") or []:
+            if device["name"] == f"gpu-{MINOR}-shared":
+                return (device.get("capacity", {}).get("shares") or {}).get("value")
+    return None
+
+
+def count_template(name: str) -> dict[str, Any]:
+    """A claim for one share of the H100 with MINOR by count: `shares: 1`, no memory, no config."""
+    selector = {"cel": {"expression": f'device.attributes["{DRIVER}"].minor == {MINOR}'}}
+    request = {
+        "name": "share",
+        "exactly": {
+            "deviceClassName": "gpu-shared.gpudra.io",
+            "selectors": [selector],
+            "capacity": {"requests": {"shares": "1"}},
+        },
+    }
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {"spec": {"devices": {"requests": [request]}}},
+    }
+
+
+def test_shares_by_count_let_n_pods_share_a_gpu_with_1_nth_of_its_memory_and_pod_n_plus_1_waits(
+    api: client.ApiClient, cluster: Any, counted: PluginProcess
+) -> None:
+    core = client.CoreV1Api(api)
+    ns = new_namespace(core, "count")
+    names = [f"count-{n}" for n in range(1, COUNT + 2)]
+    objects: list[dict[str, Any]] = [count_template("by-count")]
+    objects += [claim_pod(name, {"gpu": "by-count"}, node=NODE) for name in names[:COUNT]]
+    utils.create_from_yaml(api, yaml_objects=objects, namespace=ns)
+    running = {
+        n: wait_for(f"{n} Running", partial(pod_running, core, n, ns), timeout=120) for n in names[:COUNT]
+    }
+    results = [allocation(api, p) for p in running.values()]
+    assert {r["device"] for r in results} == {f"gpu-{MINOR}-shared"}
+    # the request policy's defaults: one share, and 79 whole GiB / 4 of memory, no SM share
+    assert [r["consumedCapacity"] for r in results] == [
+        {"memory": "19Gi", "compute": "0", "shares": "1"}
+    ] * COUNT
+    # under MPS, a share's default strategy, that memory is each claim's pinned limit
+    assert (
+        sorted(tuple(d["default_pinned_memory_limits"].values()) for d in daemons(counted))
+        == [("19456M",)] * COUNT
+    )
+
+    last = names[COUNT]
+    utils.create_from_yaml(api, yaml_objects=[claim_pod(last, {"gpu": "by-count"}, node=NODE)], namespace=ns)
+    wait_for(f"{last} Unschedulable", lambda: unschedulable(core, last, ns), timeout=60)
+    explained = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpudra",
+            "explain",
+            "-n",
+            ns,
+            f"--kubeconfig={cluster.kubeconfig}",
+            f"pod/{last}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert explained.returncode == 1, explained.stderr
+    assert f"shares: needs 1, 0 of {COUNT} left" in explained.stdout, explained.stdout
+
+    core.delete_namespaced_pod(names[0], ns, grace_period_seconds=0)
+    wait_for(f"{last} Running", partial(pod_running, core, last, ns), timeout=120)
+    _cleanup(core, ns, counted)
 
 
 def test_a_whole_gpu_claim_waits_while_shares_hold_the_gpu(

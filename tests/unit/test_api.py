@@ -15,6 +15,7 @@ from gpudra.api import (
     MigDeviceConfig,
     MpsConfig,
     TimeSlicingConfig,
+    config_advice,
     config_problems,
     decode_config,
 )
@@ -116,6 +117,14 @@ GOOD = {
         mps(defaultActiveThreadPercentage=50, defaultPinnedDeviceMemoryLimit=8 * GIB),
     ),
     "MIG, no sharing": (MIG, MIG),
+    "MIG time-slicing (accepted as NVIDIA's driver does; sets nothing)": (
+        {**MIG, "sharing": {"strategy": "TimeSlicing"}},
+        {**MIG, "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Default"}}},
+    ),
+    "MIG time-slicing with an interval": (
+        {**MIG, "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}},
+        {**MIG, "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}},
+    ),
     "MIG MPS, no config": (
         {**MIG, "sharing": {"strategy": "MPS"}},
         {**MIG, "sharing": {"strategy": "MPS", "mpsConfig": {}}},
@@ -320,25 +329,27 @@ BAD = {
         gpu(strategy="MPS", mpsConfig=50),
         [("sharing.mpsConfig", "must be an object")],
     ),
-    "MIG time-slicing": (
-        {**MIG, "sharing": {"strategy": "TimeSlicing"}},
+    "MIG unknown strategy": (
+        {**MIG, "sharing": {"strategy": "Other"}},
+        [("sharing.strategy", "must be one of: TimeSlicing, MPS")],
+    ),
+    "MIG timeSlicingConfig with MPS": (
+        {**MIG, "sharing": {"strategy": "MPS", "timeSlicingConfig": {}}},
         [
             (
-                "sharing.strategy",
-                "must be MPS: time-slicing is a setting of the whole physical GPU "
-                "(nvidia-smi compute-policy --set-timeslice) and cannot be set on a MIG device",
+                "sharing.timeSlicingConfig",
+                "must not be set when strategy is MPS: it configures strategy TimeSlicing",
             )
         ],
     ),
-    "MIG unknown strategy": (
-        {**MIG, "sharing": {"strategy": "Other"}},
-        [("sharing.strategy", "must be one of: MPS")],
+    "MIG mpsConfig with TimeSlicing": (
+        {**MIG, "sharing": {"strategy": "TimeSlicing", "mpsConfig": {}}},
+        [("sharing.mpsConfig", "must not be set when strategy is TimeSlicing: it configures strategy MPS")],
     ),
-    "MIG timeSlicingConfig": (
-        {**MIG, "sharing": {"strategy": "MPS", "timeSlicingConfig": {}}},
-        [("sharing.timeSlicingConfig", "unknown field; the fields here are: strategy, mpsConfig")],
+    "MIG no strategy": (
+        {**MIG, "sharing": {}},
+        [("sharing.strategy", "is required; must be one of: TimeSlicing, MPS")],
     ),
-    "MIG no strategy": ({**MIG, "sharing": {}}, [("sharing.strategy", "is required; must be one of: MPS")]),
     "MIG bad MPS limit": (
         {**MIG, "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 0}}},
         [("sharing.mpsConfig.defaultActiveThreadPercentage", PERCENT)],
@@ -466,6 +477,32 @@ def test_accessors_give_the_active_strategy_settings() -> None:
     assert (shared.time_slicing, shared.mps) == (None, MpsConfig())
     mig = MigDeviceConfig.model_validate({**MIG, "sharing": {"strategy": "MPS"}}).sharing
     assert mig is not None and mig.mps == MpsConfig()
+
+
+def test_mig_time_slicing_is_advised_as_setting_nothing() -> None:
+    raw = {**MIG, "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}}
+    [advice] = config_advice(raw, field_prefix="opaque.parameters")
+    assert advice.field == "opaque.parameters.sharing.strategy"
+    assert advice.reason == "MigTimeSliceNotSet"
+    assert advice.message == (
+        "TimeSlicing on a MIG device sets nothing: the claim's containers share the partition; "
+        "interval Long is not applied (the time-slice is the whole GPU's)"
+    )
+    mig = MigDeviceConfig.model_validate(raw).sharing
+    assert mig is not None and (mig.mps, mig.time_slicing) == (None, TimeSlicingConfig(interval="Long"))
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        MIG,
+        {**MIG, "sharing": {"strategy": "MPS"}},
+        gpu(strategy="TimeSlicing", timeSlicingConfig={"interval": "Long"}),
+        {**MIG, "sharing": {"strategy": "TimeSlicing", "mpsConfig": {}}},  # invalid: its problems say it
+    ],
+)
+def test_other_configs_get_no_advice(raw: dict[str, Any]) -> None:
+    assert config_advice(raw) == []
 
 
 def test_configs_are_frozen() -> None:

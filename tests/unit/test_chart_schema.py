@@ -74,4 +74,9 @@ def test_the_schema_gives_types_and_allowed_values() -> None:
     assert plugin["migMode"]["enum"] == ["partitionable", "static", None]
     assert plugin["resyncSeconds"]["type"] == ["number", "null"]
     assert plugin["nvml"]["enum"][:2] == ["real", "sim:dgx-a100"]
+    assert plugin["sharesPerGpu"]["anyOf"] == [
+        {"type": "integer", "minimum": 2, "maximum": 64},
+        {"const": 0},
+        {"type": "null"},
+    ]
     json.dumps(GEN.schema())  # serializable as written

@@ -280,6 +280,41 @@ def test_mig_profiles_refused_with_one_line(
     assert message in err
 
 
+def test_shares_per_gpu_adds_the_count_to_every_shared_device(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, out = _inventory(capsys, tmp_path, "dgx-h100", "-o", "json", *EVERYTHING, "--shares-per-gpu=4")
+    assert code == 0
+    devices = [d for s in json.loads(out)["items"] for d in s["spec"].get("devices", [])]
+    shared = [d for d in devices if d.get("allowMultipleAllocations")]
+    assert len(shared) == 8
+    assert {d["capacity"]["shares"]["value"] for d in shared} == {"4"}
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--shares-per-gpu=4"], "--shares-per-gpu: sets a count of shares per GPU, which needs --shares on"),
+        (
+            ["--shares=on", "--shares-per-gpu=1"],
+            "argument --shares-per-gpu: '1' is not a whole number from 2 to 64, or 0 (off)",
+        ),
+        (
+            ["--shares=on", "--shares-per-gpu=65"],
+            "'65' is not a whole number from 2 to 64, or 0 (off)",
+        ),
+        (["--shares=on", "--shares-per-gpu=four"], "'four' is not a whole number from 2 to 64, or 0 (off)"),
+    ],
+)
+def test_shares_per_gpu_refused_with_one_line(
+    capsys: pytest.CaptureFixture[str], extra: list[str], message: str
+) -> None:
+    code = cli.main(["inventory", "--nvml=sim:dgx-h100", "--node-name=node-a", *extra])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.splitlines()) == 1
+    assert message in err
+
+
 def test_unknown_nvml_is_a_clear_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     code = cli.main(["inventory", "--nvml=sim:dgx-z900"])
     err = capsys.readouterr().err

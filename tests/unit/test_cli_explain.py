@@ -222,6 +222,35 @@ def test_a_claim_with_an_invalid_config_cannot_fit(
     assert "1 to 100" in first
 
 
+def test_time_slicing_a_mig_device_fits_with_the_webhooks_warning_as_a_note(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = build_devices(inv.node(inv.h100(0)), mig_mode="partitionable")
+    items = build_slices(model, driver=DRIVER, node_name="node-h100", generation=1, server_minor=36)
+    slices = write(tmp_path / "node.yaml", {"apiVersion": "v1", "kind": "List", "items": items})
+    mig = template("mig", "true")
+    mig["spec"]["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = "mig.gpudra.io"
+    config = {
+        "opaque": {
+            "driver": DRIVER,
+            "parameters": {
+                "apiVersion": "resource.gpudra.io/v1beta1",
+                "kind": "MigDeviceConfig",
+                "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Short"}},
+            },
+        }
+    }
+    claims = write(tmp_path / "claims.yaml", _with_config(mig, config))
+    assert cli.main(["explain", str(claims), "--slices", str(slices)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("fits on node-h100: gpu-0-mig-")
+    assert (
+        "note: warning: spec.spec.devices.config[0].opaque.parameters.sharing.strategy: TimeSlicing on a MIG "
+        "device sets nothing: the claim's containers share the partition; interval Short is not applied "
+        "(the time-slice is the whole GPU's)\n"
+    ) in out
+
+
 def _node(
     name: str, *, taints: list[dict[str, str]] | None = None, labels: dict[str, str] | None = None
 ) -> Any:

@@ -21,11 +21,14 @@ from gpudra.model.devices import (
     bytes_quantity,
     dns_label,
     gpu_uuid_of,
+    publish,
     semver,
+    shares_of,
     with_health_taints,
 )
 from gpudra.model.gpu_health import device_taints
 from gpudra.model.inventory import Gpu, Inventory, MigDevice, MigPlacement, MigProfile
+from gpudra.model.publishing import MAX_SHARES_PER_GPU, Publishing, ServerFields, fit_to_server
 from gpudra.model.slices import ResourceSlice, build_slices, validate_slices
 from gpudra.quantity import parse_quantity
 from gpudra.sim import machines
@@ -708,6 +711,44 @@ def test_a_share_asks_whole_gib_up_to_the_gpus_memory_rounded_down(mib: int, lar
     }
 
 
+def test_shares_by_count_add_a_count_and_give_a_share_without_memory_1_nth_of_it() -> None:
+    model = build_devices(inv.node(inv.h100(3)), mig_mode="partitionable", shares_per_gpu=4)
+    capacity = by_name(model)["gpu-3-shared"]["capacity"]
+    assert capacity["shares"] == {
+        "value": "4",
+        "requestPolicy": {"default": "1", "validRange": {"min": "1", "max": "4", "step": "1"}},
+    }
+    # 79 whole GiB / 4, rounded down: four such shares fit beside each other
+    assert capacity["memory"]["requestPolicy"] == {
+        "default": "19Gi",
+        "validRange": {"min": "1Gi", "max": "79Gi", "step": "1Gi"},
+    }
+    assert capacity["compute"] == partitionable(inv.h100(3)).devices[1]["capacity"]["compute"]
+    # one capacity more, no device and no counter more
+    without = partitionable(inv.h100(3))
+    assert [d["name"] for d in model.devices] == [d["name"] for d in without.devices]
+    assert model.counter_sets == without.counter_sets
+
+
+def test_a_gpu_offers_at_most_one_share_by_count_per_whole_gib() -> None:
+    t4 = dataclasses.replace(inv.plain(0, "l4"), memory_bytes=15360 * inv.MIB)
+    capacity = by_name(build_devices(inv.node(t4), mig_mode="static", shares_per_gpu=64))["gpu-0-shared"][
+        "capacity"
+    ]
+    assert capacity["shares"]["value"] == "15"
+    assert capacity["memory"]["requestPolicy"]["default"] == "1Gi"
+    assert [shares_of(t4, n) for n in (0, 2, 15, 16)] == [0, 2, 15, 15]
+
+
+def test_publishing_passes_the_count_and_a_server_without_shares_drops_it() -> None:
+    asked = Publishing(shares=True, shares_per_gpu=8)
+    assert "shares" in by_name(publish(inv.node(inv.h100(0)), asked))["gpu-0-shared"]["capacity"]
+    assert asked.describe() == "whole GPUs, existing MIG devices, shares (8 per GPU by count)"
+    fitted, _ = fit_to_server(asked, ServerFields.of_release(35))
+    assert (fitted.shares, fitted.shares_per_gpu) == (False, 0)
+    assert fit_to_server(asked, ServerFields.of_release(36))[0] == asked
+
+
 def test_a_gpu_of_less_than_2_gib_is_not_shared() -> None:
     gpu = dataclasses.replace(inv.plain(0, "l4"), memory_bytes=2047 * inv.MIB)
     assert partitionable(gpu) == build_devices(inv.node(gpu), mig_mode="partitionable", shares=False)
@@ -804,6 +845,11 @@ def test_shared_devices_of_every_simulated_machine_follow_the_apis_request_polic
         assert sorted(capacity) == ["compute", "memory"]
         for name, amount in capacity.items():
             assert policy_problems(dict(amount)) == [], (device["name"], name)
+    counted = build_devices(inventory, mig_mode=mode, shares_per_gpu=MAX_SHARES_PER_GPU)
+    for device in counted.devices:
+        if device.get("allowMultipleAllocations"):
+            for name, amount in device["capacity"].items():
+                assert policy_problems(dict(amount)) == [], (device["name"], name)
     for server_minor in (34, 35, 36):
         slices = build_slices(
             model, driver="gpu.gpudra.io", node_name="n", generation=1, server_minor=server_minor

@@ -279,6 +279,35 @@ def test_shares_add_up_within_a_devices_capacity() -> None:
     assert "gpu-0-shared: memory: needs 30Gi, 30359Mi of 81559Mi left (shared with a/one)" in big.verdict
 
 
+def test_shares_by_count_run_out_and_explain_names_the_count() -> None:
+    counted = build_devices(inv.node(inv.h100(0)), mig_mode="partitionable", shares_per_gpu=4)
+    node_slices = build_slices(counted, driver=DRIVER, node_name="node-h100", generation=1, server_minor=36)
+    inventory = Inventory([dict(s) for s in node_slices])
+    by_count = request("share", "gpu-shared.gpudra.io", capacity={"requests": {"shares": "1"}})
+    answer = run(claim(by_count), inventory=inventory)
+    consumed = node(answer, "node-h100").devices[0].consumed_capacity
+    assert consumed == {"memory": "19Gi", "compute": "0", "shares": "1"}  # a quarter of 79Gi
+    # four shares of the default size: both the count and the memory are used up
+    others = [
+        held(f"a/s{i}", result("gpu-0-shared", shareID=str(i), consumedCapacity=consumed)) for i in range(4)
+    ]
+    fifth = run(claim(by_count), allocated=others, inventory=inventory)
+    assert not fifth.fits
+    assert "shares: needs 1, 0 of 4 left" in fifth.verdict
+    # three shares that named their memory leave memory, but one share that took two leaves no count
+    small = {"memory": "1Gi", "compute": "0", "shares": "1"}
+    two = {"memory": "1Gi", "compute": "0", "shares": "2"}
+    held_count = [
+        held("a/one", result("gpu-0-shared", shareID="1", consumedCapacity=small)),
+        held("a/two", result("gpu-0-shared", shareID="2", consumedCapacity=two)),
+        held("a/three", result("gpu-0-shared", shareID="3", consumedCapacity=small)),
+    ]
+    last = run(claim(by_count), allocated=held_count, inventory=inventory)
+    assert not last.fits
+    assert "gpu-0-shared: shares: needs 1, 0 of 4 left (shared with a/one, a/two, a/three)" in last.verdict
+    assert "memory" not in last.verdict
+
+
 def test_a_request_rounds_up_to_the_capacity_policy_and_beyond_it_is_refused() -> None:
     answer = run(claim(share("1536Mi")))
     assert node(answer, "node-h100").devices[0].consumed_capacity == {"memory": "2Gi", "compute": "0"}

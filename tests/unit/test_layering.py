@@ -26,6 +26,7 @@ def test_the_config_api_surface_is_pinned() -> None:
     """resource.gpudra.io/v1beta1 is what users program against: a change is deliberate."""
     assert sorted(gpudra.api.__all__) == [
         "API_VERSION",
+        "Advice",
         "DeviceConfig",
         "GpuConfig",
         "GpuSharing",
@@ -33,6 +34,7 @@ def test_the_config_api_surface_is_pinned() -> None:
         "MigDeviceSharing",
         "MpsConfig",
         "TimeSlicingConfig",
+        "config_advice",
         "config_problems",
         "decode_config",
         "write_schemas",

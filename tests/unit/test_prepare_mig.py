@@ -11,6 +11,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from gpudra import sim
+from gpudra.api import API_VERSION
 from gpudra.errors import ClaimError
 from gpudra.gpu import nvml
 from gpudra.node import cdi, faults
@@ -18,7 +19,7 @@ from gpudra.node import checkpoint as ckpt
 from gpudra.node.allocation import ClaimRef
 from gpudra.node.metrics import PluginMetrics
 from gpudra.sim import state as sim_state
-from tests.unit.claims import DRIVER, resource_claim, result, whole_gpus
+from tests.unit.claims import DRIVER, from_claim, resource_claim, result, whole_gpus
 from tests.unit.harness.crash import child
 from tests.unit.harness.node import BOOT, Node, uid, write_checkpoint
 
@@ -99,6 +100,41 @@ def test_a_partition_is_created_at_its_placement_and_destroyed_on_unprepare(h100
     assert instances(h100, 2) == {} == recorded(h100, 2)
     assert not h100.spec_path(uid(1)).exists()
     assert uid(1) not in h100.entries()
+
+
+def test_time_slicing_a_partition_sets_nothing_and_posts_a_warning_event(h100: Node) -> None:
+    events: list[tuple[str, str, str]] = []
+    state = h100.state()
+    state.post_event = lambda type_, reason, message: events.append((type_, reason, message))
+    config = {
+        "apiVersion": API_VERSION,
+        "kind": "MigDeviceConfig",
+        "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
+    }
+    claim = h100.claims.add(
+        mig_claim(1, "gpu-2-mig-3g40gb-4", config=[from_claim(config, "mig")], name="ts", namespace="ml")
+    )
+    [device] = state.prepare(claim)
+
+    assert device.mig is not None and device.mig.live is not None
+    assert device.sharing is None  # no record, so no tool runs and nothing is undone
+    assert set(h100.timeslices().values()) == {0}  # the GPU's time-slice untouched: nvidia-smi never ran
+    assert events == [
+        (
+            "Warning",
+            "MigTimeSliceNotSet",
+            "ResourceClaim ml/ts, device gpu-2-mig-3g40gb-4: "
+            "status.allocation.devices.config[0].opaque.parameters.sharing.strategy: TimeSlicing on a MIG "
+            "device sets nothing: the claim's containers share the partition; interval Long is not applied "
+            "(the time-slice is the whole GPU's)",
+        )
+    ]
+    state.prepare(claim)  # answered from the checkpoint: no second event
+    assert len(events) == 1
+
+    state.unprepare(claim)
+    assert instances(h100, 2) == {}
+    h100.assert_nothing_left(uid(1))
 
 
 def test_seven_1g_partitions_fill_one_h100_with_distinct_placements(h100: Node) -> None:

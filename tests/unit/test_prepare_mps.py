@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from gpudra.errors import ClaimError, ConfigError, HardwareError
+from gpudra.model.devices import build_devices
 from gpudra.node import checkpoint as ckpt
 from gpudra.node import faults
 from gpudra.node.allocation import ClaimRef
@@ -279,6 +280,34 @@ def test_shares_of_one_gpu_each_get_a_daemon_with_their_consumed_capacity(h100: 
     assert device.sharing is None
     state.unprepare(whole)
     h100.assert_nothing_left(uid(4))
+
+
+def test_shares_by_count_each_get_1_nth_of_the_memory_as_their_pinned_limit(h100: Node) -> None:
+    # What the scheduler allocates a share that asks `shares: 1` and no memory on a GPU published with
+    # --shares-per-gpu 4: the request policy's defaults (gpudra.model.devices).
+    counted = build_devices(h100.inventory, mig_mode="partitionable", shares_per_gpu=4)
+    policy = next(d for d in counted.devices if d["name"] == "gpu-0-shared")["capacity"]
+    memory = policy["memory"]["requestPolicy"]["default"]
+    assert memory == "19Gi"  # 79 whole GiB / 4
+    state = h100.state()
+    claims = []
+    for n in range(1, 5):
+        result_ = {
+            **result("gpu", "gpu-0-shared"),
+            "shareID": f"{n}f0c3a8e-1b2d-4c6e-8f90-a1b2c3d4e5f6",
+            "consumedCapacity": {"memory": memory, "compute": "0", "shares": "1"},
+        }
+        claims.append(h100.claims.add(resource_claim(uid(n), results=[result_])))
+        state.prepare(claims[-1])
+
+    gpu = h100.uuid(0)
+    assert (
+        sorted((d.default_pinned_memory_limits, d.default_active_thread_percentage) for d in daemons(h100))
+        == [({gpu: "19456M"}, 100.0)] * 4
+    )  # no SM cap: compute 0 asks none, MPS keeps its 100
+    for claim in claims:
+        state.unprepare(claim)
+    assert daemons(h100) == []
 
 
 def test_a_share_that_asks_more_memory_than_it_was_allocated_fails_and_leaves_nothing(h100: Node) -> None:

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from gpudra import cli
+from gpudra.cli import validate
 from gpudra.cli.manifest_files import read_documents
 from gpudra.cli.validate import validate_files
 from gpudra.model.manifests import Problem, validate_documents
@@ -64,8 +65,8 @@ def test_bad_manifests_name_file_object_and_field() -> None:
         f"{mps_at}.defaultActiveThreadPercentage: must be an integer from 1 to 100",
         f"{mps_at}.defaultPinnedDeviceMemoryLimit: "
         "must be a Kubernetes quantity such as 512Mi, 10Gi, 1.5G or 1e9, not '10GB'",
-        f"{template_at}.sharing.strategy: must be MPS: time-slicing is a setting of the whole physical GPU "
-        "(nvidia-smi compute-policy --set-timeslice) and cannot be set on a MIG device",
+        f"{template_at}.sharing.timeSlicingConfig: must not be set when strategy is MPS: it configures "
+        "strategy TimeSlicing",
         f"{class_at}.apiVersion: must be resource.gpudra.io/v1beta1 "
         "(the fields are those of resource.nvidia.com/v1beta1: only the apiVersion differs)",
         f"{class_at}.sharing.timeSlicingConfig.interval: must be one of: Default, Short, Medium, Long",
@@ -74,6 +75,38 @@ def test_bad_manifests_name_file_object_and_field() -> None:
         "driver's: gpudra ignores this config on request(s) gpu, without a word; gpudra's is opaque.driver: "
         "gpu.gpudra.io with parameters.apiVersion: resource.gpudra.io/v1beta1 (docs/migrate.md)",
     ]
+
+
+def test_time_slicing_a_mig_device_is_valid_with_a_warning_on_stderr(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    manifest = tmp_path / "mig.yaml"
+    parameters = {
+        "apiVersion": "resource.gpudra.io/v1beta1",
+        "kind": "MigDeviceConfig",
+        "sharing": {"strategy": "TimeSlicing"},
+    }
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "m", "namespace": "ml"},
+        "spec": {
+            "devices": {
+                "requests": [{"name": "mig", "exactly": {"deviceClassName": "mig.gpudra.io"}}],
+                "config": [{"requests": ["mig"], "opaque": {"driver": DRIVER, "parameters": parameters}}],
+            }
+        },
+    }
+    manifest.write_text(json.dumps(claim))
+    assert validate.run([manifest], driver=DRIVER) == 0
+    out, err = capsys.readouterr()
+    assert out == "1 file(s) valid\n"
+    assert err == (
+        f"gpudra validate: warning: {manifest}: ResourceClaim ml/m: "
+        "spec.devices.config[0].opaque.parameters.sharing.strategy: TimeSlicing on a MIG device sets "
+        "nothing: the claim's containers share the partition; interval Default is not applied "
+        "(the time-slice is the whole GPU's)\n"
+    )
 
 
 def test_list_items_are_checked_with_their_index() -> None:

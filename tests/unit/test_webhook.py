@@ -232,6 +232,24 @@ def test_warnings_are_passed_through_for_claims_and_templates_within_the_api_ser
     assert len(many) == MAX_WARNINGS_CHARS // 203
 
 
+def test_time_slicing_a_mig_device_is_admitted_with_a_warning_naming_the_field() -> None:
+    mig_time_slicing = {
+        "apiVersion": "resource.gpudra.io/v1beta1",
+        "kind": "MigDeviceConfig",
+        "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
+    }
+    note = (
+        "opaque.parameters.sharing.strategy: TimeSlicing on a MIG device sets nothing: the claim's "
+        "containers share the partition; interval Long is not applied (the time-slice is the whole GPU's)"
+    )
+    response = judge(claim(opaque(GOOD), opaque(mig_time_slicing)), warnings=lambda obj: ["reach"])
+    assert response["allowed"]
+    assert response["warnings"] == [f"spec.devices.config[1].{note}", "reach"]
+    # a class's config is advised too (its warnings from the cluster's reach are for claims only)
+    assert judge(device_class(opaque(mig_time_slicing)))["warnings"] == [f"spec.config[0].{note}"]
+    assert "warnings" not in judge(claim(opaque(GOOD)))
+
+
 def test_a_failing_warnings_callback_costs_only_the_warnings(caplog: pytest.LogCaptureFixture) -> None:
     def broken(obj: Mapping[str, Any]) -> list[str]:
         raise RuntimeError("bug")

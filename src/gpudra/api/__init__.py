@@ -6,10 +6,11 @@ whose `opaque.driver` is gpudra's driver name; api/README.md is the reference pa
 
 from __future__ import annotations
 
-from gpudra.api.decode import config_problems, decode_config
+from gpudra.api.decode import config_advice, config_problems, decode_config
 from gpudra.api.schemas import write_schemas
 from gpudra.api.v1beta1 import (
     API_VERSION,
+    Advice,
     DeviceConfig,
     GpuConfig,
     GpuSharing,
@@ -21,6 +22,7 @@ from gpudra.api.v1beta1 import (
 
 __all__ = [
     "API_VERSION",
+    "Advice",
     "DeviceConfig",
     "GpuConfig",
     "GpuSharing",
@@ -28,6 +30,7 @@ __all__ = [
     "MigDeviceSharing",
     "MpsConfig",
     "TimeSlicingConfig",
+    "config_advice",
     "config_problems",
     "decode_config",
     "write_schemas",

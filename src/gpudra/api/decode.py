@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Literal, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
-from gpudra.api.v1beta1 import API_VERSION, KINDS, PER_DEVICE_LIMITS_FIELD, DeviceConfig
+from gpudra.api.v1beta1 import API_VERSION, KINDS, PER_DEVICE_LIMITS_FIELD, Advice, DeviceConfig
 from gpudra.errors import ConfigError
 
 _NVIDIA_API_VERSION = "resource.nvidia.com/v1beta1"
@@ -34,6 +35,15 @@ def decode_config(raw: Mapping[str, object] | bytes | str, *, field_prefix: str 
     if isinstance(decoded, list):
         raise combined(decoded)
     return decoded
+
+
+def config_advice(raw: Mapping[str, object] | bytes | str, *, field_prefix: str = "") -> list[Advice]:
+    """What a valid config does otherwise than it may seem to (`Advice`, fields prefixed with
+    `field_prefix`); empty when `raw` is invalid (its problems are `config_problems`)."""
+    decoded = _decode(raw, field_prefix)
+    if isinstance(decoded, list):
+        return []
+    return [replace(a, field=_path(field_prefix, [a.field])) for a in decoded.advice()]
 
 
 def _depth_exceeds(value: object, limit: int) -> bool:

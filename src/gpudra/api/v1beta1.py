@@ -9,6 +9,7 @@ it turns pydantic's errors into ConfigErrors naming each field and returns the `
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Annotated, Any, Final, Literal
 
@@ -224,33 +225,73 @@ class GpuSharing(_Object):
         return self.model_copy(update={"time_slicing_config": self.time_slicing, "mps_config": self.mps})
 
 
-def _mig_strategy(value: object) -> object:
-    if value == "TimeSlicing":
-        raise _problem(
-            "must be MPS: time-slicing is a setting of the whole physical GPU "
-            "(nvidia-smi compute-policy --set-timeslice) and cannot be set on a MIG device"
-        )
-    if value != "MPS":
-        raise _problem("must be one of: MPS")
-    return value
+MIG_TIME_SLICING_REASON: Final = "MigTimeSliceNotSet"
+
+
+@dataclass(frozen=True)
+class Advice:
+    """What a valid config does otherwise than it may seem to: an admission warning, a line of
+    `gpudra validate` and `gpudra explain`, and an Event when the node prepares it. `reason` is the
+    Event's (UpperCamelCase, stable); `field` is relative to the config."""
+
+    field: str
+    message: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}"
 
 
 class MigDeviceSharing(_Object):
-    """How the containers that share a MIG device (by sharing one claim) run on it: MPS only."""
+    """How the containers that share a MIG device (by sharing one claim) run on it. MPS: the claim's
+    control daemon runs on the partition with the limits. TimeSlicing (accepted as NVIDIA's driver
+    accepts it) sets nothing: the time-slice is a setting of the whole physical GPU, whose other
+    partitions may serve other claims, so the containers share the partition and an interval is not
+    applied (a warning says so)."""
 
-    strategy: Annotated[Literal["MPS"], BeforeValidator(_mig_strategy)] = Field(
-        description="the sharing strategy; MIG devices support only MPS"
+    strategy: Annotated[Strategy, _one_of("TimeSlicing", "MPS")] = Field(
+        description="the sharing strategy; TimeSlicing on a MIG device sets nothing (the time-slice is "
+        "the whole GPU's): the claim's containers share the partition"
+    )
+    time_slicing_config: TimeSlicingConfig | None = Field(
+        default=None,
+        description="accepted for strategy TimeSlicing, not applied: a MIG device has no time-slice",
     )
     mps_config: MpsConfig | None = Field(default=None, description="settings for strategy MPS")
 
+    _time_slicing_only = field_validator("time_slicing_config")(_not_with("MPS", configures="TimeSlicing"))
+    _mps_only = field_validator("mps_config")(_not_with("TimeSlicing", configures="MPS"))
+
     @property
-    def mps(self) -> MpsConfig:
-        """The MPS settings."""
+    def time_slicing(self) -> TimeSlicingConfig | None:
+        """The (unapplied) time-slicing settings when the strategy is TimeSlicing, else None."""
+        if self.strategy != "TimeSlicing":
+            return None
+        return self.time_slicing_config or TimeSlicingConfig()
+
+    @property
+    def mps(self) -> MpsConfig | None:
+        """The MPS settings when the strategy is MPS, else None."""
+        if self.strategy != "MPS":
+            return None
         return self.mps_config or MpsConfig()
 
     def normalized(self) -> MigDeviceSharing:
-        """The same settings with the MPS config spelled out."""
-        return self.model_copy(update={"mps_config": self.mps})
+        """The same settings with the chosen strategy's config spelled out."""
+        return self.model_copy(update={"time_slicing_config": self.time_slicing, "mps_config": self.mps})
+
+    def advice(self) -> list[Advice]:
+        if self.time_slicing is None:
+            return []
+        interval = self.time_slicing.interval
+        return [
+            Advice(
+                "sharing.strategy",
+                f"TimeSlicing on a MIG device sets nothing: the claim's containers share the partition; "
+                f"interval {interval} is not applied (the time-slice is the whole GPU's)",
+                MIG_TIME_SLICING_REASON,
+            )
+        ]
 
 
 def _require_type_fields(schema: dict[str, Any]) -> None:
@@ -274,6 +315,10 @@ class GpuConfig(_Object):
             return self
         return self.model_copy(update={"sharing": self.sharing.normalized()})
 
+    def advice(self) -> list[Advice]:
+        """What the configuration does otherwise than it may seem to (see `Advice`): nothing here."""
+        return []
+
 
 class MigDeviceConfig(_Object):
     """Configuration of MIG devices allocated by gpudra. Without `sharing`, the device is left as it is."""
@@ -291,6 +336,10 @@ class MigDeviceConfig(_Object):
         if self.sharing is None:
             return self
         return self.model_copy(update={"sharing": self.sharing.normalized()})
+
+    def advice(self) -> list[Advice]:
+        """What the configuration does otherwise than it may seem to (see `Advice`)."""
+        return [] if self.sharing is None else self.sharing.advice()
 
 
 DeviceConfig = GpuConfig | MigDeviceConfig

@@ -29,6 +29,7 @@ from gpudra.cli.option_types import (
     Bytes,
     Checked,
     Choice,
+    Count,
     Minor,
     OptionType,
     Pattern,
@@ -42,7 +43,13 @@ from gpudra.cli.output_format import OUTPUT, OUTPUT_HELP
 from gpudra.errors import ConfigError, GpudraError
 from gpudra.model.gpu_health import XidClass, parse_xid_classes
 from gpudra.model.kube_api import NEWEST_MINOR, OLDEST_MINOR
-from gpudra.model.publishing import Publishing, ServerFields, parse_feature_gates
+from gpudra.model.publishing import (
+    MAX_SHARES_PER_GPU,
+    MIN_SHARES_PER_GPU,
+    Publishing,
+    ServerFields,
+    parse_feature_gates,
+)
 
 # Each command imports what it needs when it runs: `gpudra kubelet-plugin` opens the kubelet's sockets
 # before the ~0.3 s of importing NVML, the API client and the models (see gpudra.node.daemon).
@@ -158,6 +165,16 @@ def _common(parser: argparse.ArgumentParser) -> None:
         help="on: publish each whole GPU also as a shared device (MPS/time-slicing shares by memory and "
         "compute; consumable capacity and counter sets: Kubernetes 1.37+ for a fast scheduler)",
         type=Choice(("off", "on")),
+    )
+    _add(
+        parser,
+        "shares-per-gpu",
+        default="0",
+        help=f"with --shares on: shares by count, as the device plugin's replicas: each GPU's shared "
+        f"device offers this many (at most one per GiB of memory), every share takes at least one, and "
+        f"one that names no memory gets the GPU's memory / N; {MIN_SHARES_PER_GPU} to "
+        f"{MAX_SHARES_PER_GPU}, 0: shares by memory and compute only",
+        type=Count(MIN_SHARES_PER_GPU, MAX_SHARES_PER_GPU, zero_means="off"),
     )
 
 
@@ -843,9 +860,17 @@ def _publishing_option(args: argparse.Namespace) -> Publishing:
     profiles = frozenset(p.strip() for p in args.mig_profiles.split(",") if p.strip())
     if profiles and args.mig_mode != "partitionable":
         raise ConfigError(MIG_PROFILES_NEED_PARTITIONABLE, field="--mig-profiles")
-    return Publishing(mig_mode=args.mig_mode, shares=args.shares == "on", mig_profiles=profiles or None)
+    if args.shares_per_gpu and args.shares != "on":
+        raise ConfigError(SHARES_PER_GPU_NEED_SHARES, field="--shares-per-gpu")
+    return Publishing(
+        mig_mode=args.mig_mode,
+        shares=args.shares == "on",
+        shares_per_gpu=args.shares_per_gpu,
+        mig_profiles=profiles or None,
+    )
 
 
+SHARES_PER_GPU_NEED_SHARES = "sets a count of shares per GPU, which needs --shares on"
 MIG_PROFILES_NEED_PARTITIONABLE = (
     "names MIG profiles to offer on demand, which needs --mig-mode partitionable"
 )

@@ -22,7 +22,9 @@ tolerations, nodeSelector and required node affinity, cpu and memory requests ag
 what the pods bound there request): the cluster's Nodes and unfinished Pods online, the Nodes and Pods
 in the --slices files offline (`kubectl get nodes,pods -A -o yaml` beside the slices; no Node: none is
 ruled out). Pod affinity and topology spread are not evaluated, and the answer says so. A claim whose
-gpudra config is invalid (the admission webhook's checks, `gpudra.model.manifests`) cannot fit.
+gpudra config is invalid (the admission webhook's checks, `gpudra.model.manifests`) cannot fit; a valid
+one that does otherwise than it may seem to (TimeSlicing on a MIG device) gets the webhook's warning as
+a note.
 Exit codes: 0 every claim fits, 1 one does not, 2 an error (gpudra.cli.EXIT_CODES).
 
 What the API server keeps decides which forms of a GPU nodes can publish there (shares, MIG partitions
@@ -52,7 +54,7 @@ from gpudra.cli.output_format import dump, one_or_list
 from gpudra.errors import ConfigError, GpudraError
 from gpudra.model.claim import Claim, read_claim, read_spec_of
 from gpudra.model.kube_api import NEWEST_MINOR
-from gpudra.model.manifests import validate_documents
+from gpudra.model.manifests import document_warnings, validate_documents
 from gpudra.model.publishing import ServerFields, parse_feature_gates
 from gpudra.scheduling.explain import (
     ClaimToExplain,
@@ -432,7 +434,11 @@ def claims_to_explain(
             f"{p.field}: {p.message}"
             for p in (validate_documents([("", obj)], driver=driver) if driver else [])
         )
-        found.append(ClaimToExplain(f"template {name}" if template else name, spec, invalid))
+        advice = tuple(
+            f"{p.field}: {p.message}"
+            for p in (document_warnings([("", obj)], driver=driver) if driver else [])
+        )
+        found.append(ClaimToExplain(f"template {name}" if template else name, spec, invalid, advice))
     return found
 
 

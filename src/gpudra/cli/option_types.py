@@ -112,6 +112,29 @@ class Port(OptionType[int]):
 
 
 @dataclass(frozen=True)
+class Count(OptionType[int]):
+    """A whole number from `minimum` to `maximum`, or 0 when `zero_means` says what 0 does."""
+
+    minimum: int
+    maximum: int
+    zero_means: str | None = None
+
+    def parse(self, text: str) -> int:
+        value = int(text) if re.fullmatch(r"[0-9]{1,9}", text.strip()) else None
+        if value is None or not (self.minimum <= value <= self.maximum or (value == 0 and self.zero_means)):
+            zero = f", or 0 ({self.zero_means})" if self.zero_means else ""
+            raise ConfigError(f"{text!r} is not a whole number from {self.minimum} to {self.maximum}{zero}")
+        return value
+
+    def schema(self) -> dict[str, Any]:
+        between = {"type": "integer", "minimum": self.minimum, "maximum": self.maximum}
+        allowed: list[dict[str, Any]] = [between, {"type": "null"}]
+        if self.zero_means:
+            allowed.insert(1, {"const": 0})
+        return {"anyOf": allowed}
+
+
+@dataclass(frozen=True)
 class Minor(OptionType[int]):
     """A Kubernetes 1.x minor, at least `oldest`."""
 

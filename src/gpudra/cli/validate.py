@@ -7,6 +7,9 @@ leftovers, another driver's config on gpudra's requests, a template without spec
 A directory stands for the files directly in it whose names end in .yaml, .yml or .json, in name order,
 as `kubectl apply -f DIR` reads it (subdirectories are not entered).
 
+A valid config that does otherwise than it may seem to (TimeSlicing on a MIG device sets nothing) is
+named on stderr as a warning, which does not change the exit code.
+
 Exit codes: 0 when every file is valid; 1 when there is a problem in one (a bad config, a leftover, a
 file that is not YAML, an empty file); 2 when a path cannot be read (missing, not a regular file, a
 directory holding no manifests, too large) or the command line is wrong.
@@ -21,7 +24,7 @@ from pathlib import Path
 
 from gpudra.cli.manifest_files import STDIN, Unreadable, read_documents
 from gpudra.cli.output_format import as_list, dump
-from gpudra.model.manifests import Problem, validate_documents
+from gpudra.model.manifests import Problem, document_warnings, validate_documents
 from gpudra.model.migration import migration_problems
 
 SUFFIXES = (".yaml", ".yml", ".json")
@@ -36,6 +39,7 @@ class Checked:
     files: int = 0
     problems: list[Problem] = field(default_factory=list)
     unreadable: list[Problem] = field(default_factory=list)
+    warnings: list[Problem] = field(default_factory=list)  # valid configs that do otherwise than they seem
 
 
 def run(paths: Sequence[Path], *, driver: str, output: str = "table") -> int:
@@ -49,6 +53,8 @@ def run(paths: Sequence[Path], *, driver: str, output: str = "table") -> int:
         print(problem)
     for problem in found.unreadable:
         print(f"gpudra validate: {problem}", file=sys.stderr)
+    for warning in found.warnings:
+        print(f"gpudra validate: warning: {warning}", file=sys.stderr)
     if not found.problems and not found.unreadable and not structured:
         print(f"{found.files} file(s) valid")
     return EXIT_UNREADABLE if found.unreadable else EXIT_PROBLEMS if found.problems else 0
@@ -113,3 +119,4 @@ def _check_file(path: Path, *, driver: str, found: Checked) -> None:
     found.problems += (
         problems + validate_documents(objects, driver=driver) + migration_problems(objects, driver=driver)
     )
+    found.warnings += document_warnings(objects, driver=driver)

@@ -4,7 +4,9 @@ server is told to call it (`desired_configuration`, pure) and the HTTPS server t
 
 The judging is `gpudra validate`'s (gpudra.model.manifests): a ResourceClaim, ResourceClaimTemplate or
 DeviceClass whose gpudra config is wrong is rejected with every problem on its own line, worded as
-`gpudra validate` prints it (kind and name, field path, what is allowed).
+`gpudra validate` prints it (kind and name, field path, what is allowed). A valid config that does
+otherwise than it may seem to (TimeSlicing on a MIG device sets nothing) is admitted with a warning
+naming the field (`gpudra.model.manifests.document_warnings`), as `gpudra validate` warns.
 
 A denial carries HTTP status 400 (BadRequest): the request is wrong in a way its sender can fix by
 resending it corrected. 403 (Forbidden) would send users to their RBAC rules, and 422 (Invalid) is the
@@ -53,7 +55,7 @@ from gpudra.controller.certs import Material, read_certificates
 from gpudra.controller.options import Options
 from gpudra.errors import ConfigError
 from gpudra.model.kube_api import GROUP, VERSION
-from gpudra.model.manifests import Problem, validate_documents
+from gpudra.model.manifests import Problem, document_warnings, validate_documents
 
 log = logging.getLogger(__name__)
 
@@ -137,10 +139,10 @@ def review(body: Mapping[str, Any], *, driver: str, warnings: Warnings) -> dict[
                 "reason": "BadRequest",
                 "message": "\n".join(str(p) for p in problems),
             }
-        if kind in WARNED_KINDS:
-            notes = _clean_warnings(_call_warnings(warnings, obj))
-            if notes:
-                response["warnings"] = notes
+        advice = [f"{p.field}: {p.message}" for p in _advice(obj, gvk, driver)]
+        notes = _clean_warnings([*advice, *(_call_warnings(warnings, obj) if kind in WARNED_KINDS else [])])
+        if notes:
+            response["warnings"] = notes
     return {"apiVersion": _REVIEW_VERSION, "kind": "AdmissionReview", "response": response}
 
 
@@ -167,10 +169,19 @@ def _request(body: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def _problems(obj: Mapping[str, Any], gvk: Mapping[str, Any], driver: str) -> list[Problem]:
+    return validate_documents([("", _typed(obj, gvk))], driver=driver)
+
+
+def _advice(obj: Mapping[str, Any], gvk: Mapping[str, Any], driver: str) -> list[Problem]:
+    """What the object's valid configs do otherwise than they may seem to, for every kind judged (a
+    DeviceClass's config too): advice, never a refusal."""
+    return document_warnings([("", _typed(obj, gvk))], driver=driver)
+
+
+def _typed(obj: Mapping[str, Any], gvk: Mapping[str, Any]) -> Mapping[str, Any]:
     # The object is in the version the request names (converted by the API server); saying so here
     # lets manifests judge an object whose apiVersion and kind were left out.
-    typed = {**obj, "apiVersion": f"{GROUP}/{gvk.get('version', '')}", "kind": gvk["kind"]}
-    return validate_documents([("", typed)], driver=driver)
+    return {**obj, "apiVersion": f"{GROUP}/{gvk.get('version', '')}", "kind": gvk["kind"]}
 
 
 def _call_warnings(warnings: Warnings, obj: Mapping[str, Any]) -> Iterable[object]:

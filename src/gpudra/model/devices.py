@@ -44,6 +44,17 @@ and two capacities that a claim asks for in `capacity.requests`:
   it asks 0, meaning no SM share: no cap on the share and none kept for it, so shares that only size
   their memory still pack side by side.
 
+With shares by count (`Publishing.shares_per_gpu` N, the device plugin's `replicas: N`, NVIDIA's
+`--consumable-shares=N`), a third:
+
+- `shares`: value N (at most one per whole GiB of memory, from 2 to 64), default 1, from 1 to N in steps
+  of 1. Every share consumes at least one, so at most N claims share the GPU; and a request that does
+  not name `memory` then gets N's part of it, the memory in whole GiB divided by N and rounded down, so
+  N such shares fit side by side and MPS limits each to that much (its consumed memory is its pinned
+  memory limit). Memory still bounds: a share that names more memory leaves less for the others, and
+  `shares: 2` without memory still gets one part (name the memory to get more). The policy defaults
+  are per device, not per request: the scheduler cannot scale one capacity's default by another's.
+
 The scheduler adds up what the shares of one device request and keeps each total within the value.
 The shared device, the whole GPU and every partition of the GPU exclude each other through counters:
 the shared device consumes every counter of the GPU's set, as the whole GPU does, and the scheduler
@@ -97,6 +108,8 @@ SHARED_SUFFIX = "-shared"
 SHARED_ATTRIBUTE = "shared"
 # A shared device's compute capacity: percent of the GPU's SMs
 SHARED_COMPUTE = 100
+# A shared device's count of shares (with shares by count only)
+SHARES_CAPACITY = "shares"
 
 UNHEALTHY_TAINT_KEY = "gpudra.io/unhealthy"
 _MAX_LABEL_VALUE = 63
@@ -171,12 +184,14 @@ def build_devices(
     *,
     mig_mode: MigMode,
     shares: bool = True,
+    shares_per_gpu: int = 0,
     mig_profiles: frozenset[str] | None = None,
     switch_idle_mig: bool = False,
 ) -> DeviceModel:
     """The devices and counter sets that describe `inventory`, GPUs in minor order.
 
-    With `shares`, each whole GPU published is followed by its shared device (`gpu-<minor>-shared`).
+    With `shares`, each whole GPU published is followed by its shared device (`gpu-<minor>-shared`),
+    offering `shares_per_gpu` shares by count when that is not 0 (see the module docstring).
     `mig_profiles` (partitionable mode): the MIG profiles offered on demand, by name; None offers every
     profile. Fewer profiles mean fewer devices for the scheduler to look at on every node (BENCHMARKS.md,
     cluster scale); the counters still cover the whole GPU, so any mix of the offered ones is exclusive.
@@ -205,7 +220,7 @@ def build_devices(
         if shares and whole and _shareable(gpu):
             if counters is None:
                 counters = _memory_counter_set(gpu)
-            shared = _shared_gpu(gpu, versions, consumes=counters)
+            shared = _shared_gpu(gpu, versions, consumes=counters, shares_per_gpu=shares_per_gpu)
         if counters is not None:
             counter_sets.append(counters)
         if whole:
@@ -236,6 +251,7 @@ def publish(inventory: Inventory, publishing: Publishing) -> DeviceModel:
         inventory,
         mig_mode=publishing.mig_mode,
         shares=publishing.shares,
+        shares_per_gpu=publishing.shares_per_gpu,
         mig_profiles=offered,
         switch_idle_mig=publishing.switch_idle_mig,
     )
@@ -533,14 +549,26 @@ def _memory_counter_set(gpu: Gpu) -> CounterSet:
     }
 
 
-def _shared_gpu(gpu: Gpu, versions: dict[str, str], *, consumes: CounterSet) -> Device:
+def shares_of(gpu: Gpu, shares_per_gpu: int) -> int:
+    """How many shares by count the GPU's shared device offers: `shares_per_gpu`, but at most one per
+    whole GiB of its memory, so that each share's default memory is at least the 1Gi step. 0: off."""
+    return min(shares_per_gpu, gpu.memory_bytes // _GIB)
+
+
+def _shared_gpu(
+    gpu: Gpu, versions: dict[str, str], *, consumes: CounterSet, shares_per_gpu: int = 0
+) -> Device:
     """The whole GPU as a device that several claims each get a share of (see the module docstring)."""
-    whole_gib = bytes_quantity(gpu.memory_bytes // _GIB * _GIB)  # canonical, as the API server stores it
+    gib = gpu.memory_bytes // _GIB
+    whole_gib = bytes_quantity(gib * _GIB)  # canonical, as the API server stores it
+    shares = shares_of(gpu, shares_per_gpu)
+    # By count, a share that names no memory gets its 1/N of the GPU's (whole GiB, rounded down).
+    memory_default = bytes_quantity(gib // shares * _GIB) if shares else whole_gib
     capacity: dict[str, DeviceCapacity] = {
         "memory": {
             "value": bytes_quantity(gpu.memory_bytes),
             "requestPolicy": {
-                "default": whole_gib,
+                "default": memory_default,
                 "validRange": {"min": "1Gi", "max": whole_gib, "step": "1Gi"},
             },
         },
@@ -552,6 +580,11 @@ def _shared_gpu(gpu: Gpu, versions: dict[str, str], *, consumes: CounterSet) -> 
             },
         },
     }
+    if shares:
+        capacity[SHARES_CAPACITY] = {
+            "value": str(shares),
+            "requestPolicy": {"default": "1", "validRange": {"min": "1", "max": str(shares), "step": "1"}},
+        }
     return {
         "name": f"gpu-{gpu.minor}{SHARED_SUFFIX}",
         "attributes": {**_whole_attributes(gpu, versions), SHARED_ATTRIBUTE: {"bool": True}},

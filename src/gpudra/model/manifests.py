@@ -3,17 +3,19 @@
 `validate_documents` judges parsed objects (`gpudra.cli.manifest_files` reads them from files for
 `gpudra validate FILE...`): each config entry whose `opaque.driver` is gpudra's must carry a
 valid GpuConfig or MigDeviceConfig of at most 10 KiB, and in claims its `requests` must name requests of
-the claim. Other drivers' entries and other kinds of objects are left alone.
+the claim. Other drivers' entries and other kinds of objects are left alone. `document_warnings` says
+what a valid config does otherwise than it may seem to (the webhook's warnings, `validate`'s warning
+lines).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpudra.api import config_problems
+from gpudra.api import config_advice, config_problems
 from gpudra.model.kube_api import GROUP
 
 # Kubernetes' limit on opaque parameters (resource/v1 OpaqueParametersMaxLength).
@@ -43,21 +45,46 @@ class Problem:
 def validate_documents(docs: Iterable[tuple[str, Mapping[str, Any]]], *, driver: str) -> list[Problem]:
     """Every problem in the gpudra configs of the (file name, parsed object) pairs, `v1 List`s included."""
     problems: list[Problem] = []
-    for file, document in docs:
-        _check_object(document, file=file, prefix="", driver=driver, problems=problems)
+    for file, label, at, entry, requests in _entries(docs, driver=driver):
+        if isinstance(entry, str):  # the object's config list itself is wrong
+            problems.append(Problem(file, label, at, entry))
+            continue
+        for field, message in _entry_problems(entry, driver=driver, requests=requests):
+            problems.append(Problem(file, label, f"{at}.{field}", message))
     return problems
 
 
-def _check_object(
-    obj: Mapping[str, Any], *, file: str, prefix: str, driver: str, problems: list[Problem]
-) -> None:
+def document_warnings(docs: Iterable[tuple[str, Mapping[str, Any]]], *, driver: str) -> list[Problem]:
+    """What the valid gpudra configs of the pairs do otherwise than they may seem to
+    (`gpudra.api.Advice`: a MIG device's TimeSlicing sets nothing): the admission webhook's warnings,
+    `gpudra validate`'s and `gpudra explain`'s warning lines. Invalid configs give none."""
+    warnings: list[Problem] = []
+    for file, label, at, entry, _ in _entries(docs, driver=driver):
+        parameters = _parameters(entry, driver=driver)
+        if parameters is None:
+            continue
+        for advice in config_advice(parameters, field_prefix="opaque.parameters"):
+            warnings.append(Problem(file, label, f"{at}.{advice.field}", advice.message))
+    return warnings
+
+
+_Entry = tuple[str, str, str, object, set[str] | None]
+
+
+def _entries(docs: Iterable[tuple[str, Mapping[str, Any]]], *, driver: str) -> Iterator[_Entry]:
+    """(file, object label, the entry's field path, the config entry, the names its `requests` may
+    use) for each config entry of each object; the entry is a message instead when the object's config
+    list is not a list."""
+    for file, document in docs:
+        yield from _object_entries(document, file=file, prefix="")
+
+
+def _object_entries(obj: Mapping[str, Any], *, file: str, prefix: str) -> Iterator[_Entry]:
     kind, items = obj.get("kind"), obj.get("items")
     if isinstance(kind, str) and kind.endswith("List") and isinstance(items, list):
         for index, item in enumerate(items):
             if isinstance(item, Mapping):
-                _check_object(
-                    item, file=file, prefix=f"{prefix}items[{index}].", driver=driver, problems=problems
-                )
+                yield from _object_entries(item, file=file, prefix=f"{prefix}items[{index}].")
         return
     api_version = obj.get("apiVersion")
     if not (isinstance(api_version, str) and api_version.startswith(f"{GROUP}/") and kind in _DEVICES_AT):
@@ -70,12 +97,22 @@ def _check_object(
     at = prefix + ".".join(keys)
     configs = devices.get("config") or []
     if not isinstance(configs, list):
-        problems.append(Problem(file, label, f"{at}.config", "must be a list"))
+        yield file, label, f"{at}.config", "must be a list", None
         return
     requests = None if kind == "DeviceClass" else _request_names(devices)
     for index, entry in enumerate(configs):
-        for field, message in _entry_problems(entry, driver=driver, requests=requests):
-            problems.append(Problem(file, label, f"{at}.config[{index}].{field}", message))
+        yield file, label, f"{at}.config[{index}]", entry, requests
+
+
+def _parameters(entry: object, *, driver: str) -> Mapping[str, Any] | None:
+    """The entry's opaque parameters when it is an entry of `driver` that has them as an object."""
+    if not isinstance(entry, Mapping):
+        return None
+    opaque = entry.get("opaque")
+    if not isinstance(opaque, Mapping) or opaque.get("driver") != driver:
+        return None
+    parameters = opaque.get("parameters")
+    return parameters if isinstance(parameters, Mapping) else None
 
 
 def _entry_problems(entry: object, *, driver: str, requests: set[str] | None) -> list[tuple[str, str]]:

@@ -20,11 +20,18 @@ from gpudra.model.kube_api import DRA_GATES_MINOR, FAST_COUNTERS_MINOR, SHARES_M
 
 MigMode = Literal["partitionable", "static"]
 
+# The range of `Publishing.shares_per_gpu` (0: off). Not 1: a count range needs min + step <= value, and
+# one share is a whole GPU. 64: far beyond what shares of one GPU run well (MPS serves 48 clients).
+MIN_SHARES_PER_GPU = 2
+MAX_SHARES_PER_GPU = 64
+
 
 @dataclass(frozen=True)
 class Publishing:
     mig_mode: MigMode = "static"
     shares: bool = False
+    # shares by count: each GPU's shared device offers this many shares (gpudra.model.devices); 0: off
+    shares_per_gpu: int = 0
     # partitionable mode: the MIG profiles offered, by name; None: every profile
     mig_profiles: frozenset[str] | None = None
     # static mode: a GPU whose MIG mode switches without a reset (Hopper and newer, bare metal) that is in
@@ -43,7 +50,10 @@ class Publishing:
             parts.append("existing MIG devices")
             if self.switch_idle_mig:
                 parts.append("idle MIG-mode GPUs whole")
-        parts.append("shares" if self.shares else "no shares")
+        if self.shares and self.shares_per_gpu:
+            parts.append(f"shares ({self.shares_per_gpu} per GPU by count)")
+        else:
+            parts.append("shares" if self.shares else "no shares")
         return "whole GPUs, " + ", ".join(parts)
 
 
@@ -194,6 +204,7 @@ def fit_to_server(publishing: Publishing, fields: ServerFields) -> tuple[Publish
     fitted = Publishing(
         mig_mode=mig_mode,
         shares=shares,
+        shares_per_gpu=publishing.shares_per_gpu if shares else 0,
         mig_profiles=publishing.mig_profiles if mig_mode == "partitionable" else None,
         switch_idle_mig=publishing.switch_idle_mig or mig_mode != publishing.mig_mode,
     )

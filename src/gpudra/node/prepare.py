@@ -26,8 +26,9 @@ decision is made from the checkpoint as it is on disk.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path, PurePath
+from typing import Literal
 
 from gpudra.errors import ClaimError, GpudraError
 from gpudra.model import placement
@@ -39,6 +40,8 @@ from gpudra.node.allocation import Allocated, ClaimRef, ClaimSource, Sharing
 from gpudra.node.claim_reader import NodeDevices, read_allocated
 from gpudra.node.claim_store import ClaimStore
 from gpudra.node.mig import MigPartitions
+
+PostEvent = Callable[[Literal["Normal", "Warning"], str, str], None]
 
 
 class DeviceState:
@@ -59,7 +62,10 @@ class DeviceState:
         boot_id: str,
         toolkit: cdi.ToolkitSpecs,
         dev_root: PurePath = cdi.HOST_DEV_ROOT,
+        post_event: PostEvent | None = None,
     ) -> None:
+        """`post_event(type, reason, message)`: an Event on the node (gpudra.kube.events.NodeEvents.post,
+        which never blocks), for the advice of a config prepared (`gpudra.api.Advice`)."""
         self.driver = driver
         self.node_name = node_name
         self.dev_root = dev_root  # where the runtime finds the device nodes the specs name (--dev-root)
@@ -74,6 +80,7 @@ class DeviceState:
         self.boot_id = boot_id
         self.toolkit = toolkit
         self.store = ClaimStore(checkpoint_path, boot_id=boot_id)
+        self.post_event = post_event
 
     @property
     def refusal(self) -> str | None:
@@ -188,7 +195,22 @@ class DeviceState:
                     err.add_note(f"rolling back also failed: {rollback}")
                 raise
             faults.reached("prepare-completed")
-            return completed.devices
+        self._advise(ref, allocated)
+        return completed.devices
+
+    def _advise(self, ref: ClaimRef, allocated: Sequence[Allocated]) -> None:
+        """An Event for each thing the claim's configs do otherwise than they may seem to (a MIG
+        device's TimeSlicing sets nothing), once per prepare that changed the node."""
+        if self.post_event is None:
+            return
+        for device in allocated:
+            for advice in device.config.advice():
+                self.post_event(
+                    "Warning",
+                    advice.reason,
+                    f"ResourceClaim {ref.namespace}/{ref.name}, device {device.device}: "
+                    f"{device.config_field}.{advice.field}: {advice.message}",
+                )
 
     def _create_partitions(self, planned: Sequence[ckpt.PreparedDevice]) -> tuple[ckpt.PreparedDevice, ...]:
         """Create the planned MIG devices; the devices with their live ids.

@@ -134,6 +134,7 @@ def _run(options: Options, session: nvml.Nvml, server: KubeletServer, *, stop: t
         boot_id=checkpoint.current_boot_id(),
         toolkit=cdi.ToolkitSpecs(options.toolkit_cdi_dirs),
         dev_root=options.dev_root,
+        post_event=events.post,
     )
     tampering.claims = lambda: state.store.current.claims
     _report_recovery(recover(state), events, metrics)

@@ -246,6 +246,7 @@ def capacity_shortfall(
     for name, _ in request.capacity:
         if name not in device.capacity:
             return f"has no capacity {name!r} (it has: {', '.join(sorted(device.capacity)) or 'none'})"
+    short = []
     for name in device.capacity:
         amount = requested_amount(request, device, name)
         if violates_policy(amount, device, name):
@@ -254,11 +255,13 @@ def capacity_shortfall(
         total = used.get(name, 0) + amount + allocating.get(name, 0)
         if total > value:
             left = value - used.get(name, 0) - allocating.get(name, 0)
-            return (
+            short.append(
                 f"{name}: needs {format_amount(amount)}, "
                 f"{format_amount(max(left, 0))} of {format_amount(value)} left"
             )
-    return None
+    # Every capacity that runs short, not only the first: N shares by count that took their default
+    # memory each leave both memory and shares short, and the count is the reason a user looks for.
+    return "; ".join(short) or None
 
 
 def _policy(device: Device, name: str) -> str:

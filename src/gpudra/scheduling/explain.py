@@ -182,6 +182,9 @@ class ClaimToExplain:
     # what is wrong with its gpudra config entries (gpudra.model.manifests, the webhook's own checks):
     # such a claim is refused at admission or fails at prepare, so it cannot fit anywhere
     invalid_config: tuple[str, ...] = ()
+    # what its valid gpudra config entries do otherwise than they may seem to (the webhook's warnings:
+    # TimeSlicing on a MIG device sets nothing), shown as notes
+    config_warnings: tuple[str, ...] = ()
 
     @property
     def path(self) -> str:
@@ -249,7 +252,12 @@ def explain(
     parsed = [claim_from_spec(c.name, c.spec) for c in claims]
     allocations = Allocations.from_claims(allocated, skip=names)
     matcher = Matcher(classes, list_type_attributes=list_type_attributes)
-    notes = list(inventory.unsupported)
+    notes = [
+        f"warning: {c.name}: {w}" if len(claims) > 1 else f"warning: {w}"
+        for c in claims
+        for w in c.config_warnings
+    ]
+    notes += inventory.unsupported
     problem = _static_problem(parsed, classes, matcher)
     if problem is not None:
         return Explanation(claims=names, fits=False, verdict=problem, nodes=[], errors=[problem], notes=notes)

@@ -3,7 +3,8 @@
 - A whole GPU the claim has alone: the compute mode is set to EXCLUSIVE_PROCESS (only the MPS server
   may then hold a context, so no process of the claim can bypass the daemon's limits), and the mode found
   before is put back on unprepare.
-- A MIG device: its daemon limits the claim's processes on that partition; the compute mode is left alone.
+- A MIG device whose config asks MPS: its daemon limits the claim's processes on that partition; the
+  compute mode is left alone.
 - A share (one allocation of a device several claims share, `share_id` set): MPS is its default
   strategy. Its consumed capacity becomes the claim's limits (memory: the pinned device memory limit;
   compute, when asked: the active thread percentage); a config may lower them, never raise them. Several
@@ -72,7 +73,8 @@ class Mps:
     def wants(self, device: Allocated) -> bool:
         config = device.config
         if isinstance(config, MigDeviceConfig):
-            return config.sharing is not None
+            # TimeSlicing on a MIG device sets nothing (gpudra.api.MigDeviceSharing): no strategy wants it
+            return config.sharing is not None and config.sharing.mps is not None
         sharing = config.sharing
         if sharing is None:
             return device.share_id is not None  # MPS is a share's default
@@ -260,7 +262,7 @@ def _settings(device: Allocated) -> MpsConfig:
     if isinstance(config, GpuConfig):
         sharing = config.sharing
         return sharing.mps if sharing is not None and sharing.mps is not None else MpsConfig()
-    assert config.sharing is not None  # see wants
+    assert config.sharing is not None and config.sharing.mps is not None  # see wants
     return config.sharing.mps
 
 

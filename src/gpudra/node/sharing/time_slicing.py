@@ -5,7 +5,9 @@
   instead of MPS limits. Claims sharing one GPU must ask the same interval; the GPU returns to Default
   when the last claim that set one is unprepared.
 - A MIG device: the time-slice belongs to the physical GPU, whose other partitions may serve other claims,
-  so a partition never gets one (the API refuses the config).
+  so a partition never gets one. Its config may still ask TimeSlicing (NVIDIA's driver accepts it): no
+  strategy wants such a device, nothing is set or recorded, the claim's containers share the partition,
+  and the node posts the config's advice as an Event (gpudra.node.prepare).
 
 gpudra owns the time-slice of the GPUs it publishes, and no tool runs for a setting already in place. The
 checkpoint's records say what each GPU runs with: the interval a prepared claim's record set, else
