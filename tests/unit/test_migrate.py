@@ -498,3 +498,38 @@ def test_a_template_is_made_once_per_namespace_over_all_files(
         "ResourceClaimTemplate",
         "Pod",
     ]
+
+
+def test_replicas_become_shares_by_count_that_fit_a_node_offering_that_count(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--shares-by-count: no --gpu-memory needed; the share asks `shares: 1` (and MPS its 1/N of the SMs),
+    and fits a node whose plugin runs with --shares-per-gpu N."""
+    code = cli.main(["migrate", str(INPUTS / "dp-mps.yaml"), *plugin("mps.yaml"), "--shares-by-count"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    objects = list(_objects(yaml.safe_load_all(captured.out)))
+    [template] = [o for o in objects if o["kind"] == "ResourceClaimTemplate"]
+    assert template["metadata"]["name"] == "gpudra-gpu-shared-1of4-mps-25pct"
+    [request] = template["spec"]["spec"]["devices"]["requests"]
+    assert request["exactly"]["deviceClassName"] == "gpu-shared.gpudra.io"
+    assert request["exactly"]["capacity"] == {"requests": {"shares": "1", "compute": "25"}}
+    assert any("sharesPerGpu=4" in line for line in captured.err.splitlines() if "note:" in line), (
+        captured.err
+    )
+
+    output = tmp_path / "migrated.yaml"
+    output.write_text(captured.out)
+    assert [str(p) for p in validate_files([output], driver=DRIVER)] == []
+    with nvml.connect("sim:dgx-h100", state_file=tmp_path / "sim" / "state.json") as session:
+        inventory = session.inventory()
+    model = build_devices(inventory, mig_mode="partitionable", shares=True, shares_per_gpu=4)
+    items = build_slices(model, driver=DRIVER, node_name="dgx-h100", generation=1, server_minor=36)
+    node = tmp_path / "node.json"
+    node.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
+    pods = [o for o in objects if o["kind"] in (*CLAIM_KINDS, "Deployment")]
+    targets = tmp_path / "targets.yaml"
+    targets.write_text(yaml.safe_dump_all(pods))
+    code = cli.main(["explain", str(targets), "--slices", str(node), "-o", "json"])
+    results = documents(capsys.readouterr().out)
+    assert code == 0 and results and all(r["fits"] for r in results), [r["verdict"] for r in results]

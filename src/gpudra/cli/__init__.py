@@ -485,6 +485,13 @@ def _migrate_parser(migrate: argparse.ArgumentParser) -> None:
         help="the memory of the GPUs that time-slicing or MPS replicas divide (e.g. 81559Mi for an H100 "
         "80GB, as gpudra inventory shows it): a replica becomes a share of memory / replicas, in whole Gi",
     )
+    migrate.add_argument(
+        "--shares-by-count",
+        action="store_true",
+        help="a time-slicing or MPS replica becomes one share by count (capacity shares: 1) instead of a "
+        "share of memory: the nodes then need the chart's kubeletPlugin.options.sharesPerGpu set to the "
+        "replicas, which gives each share 1/replicas of the GPU's memory",
+    )
     migrate.add_argument("--driver-name", default=DRIVER, type=_DRIVER_NAME, help="gpudra's DRA driver name")
 
 
@@ -719,6 +726,7 @@ def _migrate(args: argparse.Namespace) -> int:
         device_plugin=args.device_plugin_config,
         mig_strategy=args.mig_strategy,
         gpu_memory=args.gpu_memory,
+        by_count=args.shares_by_count,
     )
 
 

@@ -61,11 +61,12 @@ def run(
     device_plugin: Path | None,
     mig_strategy: MigStrategy | None,
     gpu_memory: int | None,
+    by_count: bool = False,
 ) -> int:
     """Writes the gpudra manifests to stdout and what was not translated to stderr; the exit code as the
     module says. ConfigError (exit 2) for a file that cannot be used."""
     plugin = read_device_plugin(device_plugin, mig_strategy=mig_strategy)
-    options = Options(driver=driver, device_plugin=plugin, gpu_memory=gpu_memory)
+    options = Options(driver=driver, device_plugin=plugin, gpu_memory=gpu_memory, by_count=by_count)
     texts = [(_name(path), _text(path)) for path in paths]  # every file read before a line is written
     migrated = Migrated()
     for file, text in texts:

@@ -218,6 +218,9 @@ class Options:
     driver: str = "gpu.gpudra.io"
     device_plugin: DevicePlugin | None = None  # None: no config given (replicas and renames unknown)
     gpu_memory: int | None = None  # bytes of the GPUs that replicas divide; None: not given
+    # replicas as shares by count (`shares: 1`, the node's --shares-per-gpu set to the replicas) instead
+    # of shares of memory / replicas
+    by_count: bool = False
 
 
 def translate(
@@ -575,6 +578,19 @@ class _Translator:
                 "GPU or several: ask one share of the size needed (gpu-shared, capacity.requests.memory)",
             )
             return None
+        compute = 100 // shared.replicas if shared.strategy == "MPS" else None
+        if self.options.by_count:
+            self.done.notes.append(
+                Remark(
+                    at,
+                    f"{resource} is {shared.replicas} {mode} replicas: one share by count; the nodes need "
+                    f"kubeletPlugin.options.sharesPerGpu={shared.replicas} (and shares: on), which gives it "
+                    f"1/{shared.replicas} of the GPU's memory (docs/migrate.md)",
+                )
+            )
+            return _Ask(
+                "gpu-shared", 1, shares=1, of=shared.replicas, compute=compute, sharing=shared.strategy
+            )
         memory = self.options.gpu_memory
         if memory is None:
             self.left(
@@ -588,7 +604,6 @@ class _Translator:
         if gib < 1:
             self.left(at, f"the GPU's memory divided by {shared.replicas} is less than 1Gi, a share's least")
             return None
-        compute = 100 // shared.replicas if shared.strategy == "MPS" else None
         return _Ask("gpu-shared", 1, memory_gib=gib, compute=compute, sharing=shared.strategy)
 
 
@@ -602,6 +617,8 @@ class _Ask:
     memory_gib: int | None = None
     compute: int | None = None
     sharing: SharingStrategy | None = None
+    shares: int | None = None  # shares by count asked, of `of` per GPU
+    of: int | None = None
 
 
 _NO_KIND = (
@@ -621,7 +638,8 @@ def _template_name(ask: _Ask) -> str:
         kind = f"mig-{dns_label(ask.profile)}" if ask.profile else "mig-any"
     elif ask.form == "gpu-shared":
         how = "time-sliced" if ask.sharing == "TimeSlicing" else f"mps-{ask.compute}pct"
-        return f"gpudra-gpu-shared-{ask.memory_gib}gi-{how}"
+        size = f"{ask.memory_gib}gi" if ask.memory_gib is not None else f"1of{ask.of}"
+        return f"gpudra-gpu-shared-{size}-{how}"
     else:
         kind = "gpu"
     return f"gpudra-{kind}" if ask.count == 1 else f"gpudra-{kind}-x{ask.count}"
@@ -634,8 +652,12 @@ def _template(ask: _Ask, name: str, namespace: object, driver: str) -> dict[str,
     if ask.profile:
         expression = f'device.attributes["{driver}"].profile == "{ask.profile}"'
         exactly["selectors"] = [{"cel": {"expression": expression}}]
-    if ask.memory_gib is not None:
-        capacity: dict[str, str] = {"memory": f"{ask.memory_gib}Gi"}
+    if ask.memory_gib is not None or ask.shares is not None:
+        capacity: dict[str, str] = {}
+        if ask.memory_gib is not None:
+            capacity["memory"] = f"{ask.memory_gib}Gi"
+        if ask.shares is not None:
+            capacity["shares"] = str(ask.shares)
         if ask.compute is not None:
             capacity["compute"] = str(ask.compute)
         exactly["capacity"] = {"requests": capacity}
