@@ -10,6 +10,7 @@ plugin would publish with each option:
 - `static-mig`: gpudra's default on a node whose administrator partitioned half the GPUs (seven 1g.10gb
   each) — also NVIDIA's default shape (whole GPUs and static MIG devices, no counter sets).
 - `shares`: `--shares on`; `mig-profiles`: `--mig-mode partitionable --mig-profiles 1g.10gb,3g.40gb`;
+  `mig-profiles-minimal`: the same with `--partition-attributes minimal`;
   `everything`: `--mig-mode partitionable --shares on` (every profile x placement: the old default).
 """
 
@@ -45,6 +46,15 @@ LAYOUTS = {
             "mig-profiles",
             Publishing(mig_mode="partitionable", mig_profiles=frozenset({"1g.10gb", "3g.40gb"})),
             note="--mig-mode partitionable --mig-profiles 1g.10gb,3g.40gb",
+        ),
+        Layout(
+            "mig-profiles-minimal",
+            Publishing(
+                mig_mode="partitionable",
+                mig_profiles=frozenset({"1g.10gb", "3g.40gb"}),
+                partition_attributes="minimal",
+            ),
+            note="--mig-mode partitionable --mig-profiles 1g.10gb,3g.40gb --partition-attributes minimal",
         ),
         Layout(
             "everything",

@@ -21,6 +21,7 @@ from gpudra.model.devices import (
     bytes_quantity,
     dns_label,
     gpu_uuid_of,
+    partition_of,
     publish,
     semver,
     shares_of,
@@ -275,6 +276,35 @@ def test_partition_device_carries_its_profile_and_its_parents_attributes() -> No
         "ofaEngines": {"value": "0"},
         "memorySlices": {"value": "4"},
     }
+
+
+def test_minimal_partition_attributes_name_the_partition_and_its_product_only() -> None:
+    gpu = inv.h100(2)
+    full_model = partitionable(gpu)
+    full = by_name(full_model)
+    model = build_devices(inv.node(gpu), mig_mode="partitionable", partition_attributes="minimal")
+    minimal = by_name(model)
+    device = minimal["gpu-2-mig-3g40gb-4"]
+    assert device["attributes"] == {
+        "type": {"string": "mig"},
+        "profile": {"string": "3g.40gb"},
+        "parentUUID": {"string": gpu.uuid},
+        "parentMinor": {"int": 2},
+        "placementStart": {"int": 4},
+        "placementSize": {"int": 4},
+        "productName": full["gpu-2"]["attributes"]["productName"],
+    }
+    assert device["capacity"] == {"memory": {"value": "40448Mi"}, "multiprocessors": {"value": "60"}}
+    # Only the partitions change: the same devices, counters and consumption, the whole GPU as it was.
+    assert list(minimal) == list(full)
+    assert minimal["gpu-2"] == full["gpu-2"]
+    assert device["consumesCounters"] == full["gpu-2-mig-3g40gb-4"]["consumesCounters"]
+    assert model.counter_sets == full_model.counter_sets
+    assert partition_of(device) == partition_of(full["gpu-2-mig-3g40gb-4"])
+    assert gpu_uuid_of(device) == gpu.uuid
+    # publish() passes the option through
+    published = publish(inv.node(gpu), Publishing(mig_mode="partitionable", partition_attributes="minimal"))
+    assert by_name(published)["gpu-2-mig-3g40gb-4"]["attributes"] == device["attributes"]
 
 
 def test_optional_attributes_are_left_out_when_unknown() -> None:

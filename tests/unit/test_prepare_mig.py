@@ -14,6 +14,7 @@ from gpudra import sim
 from gpudra.api import API_VERSION
 from gpudra.errors import ClaimError
 from gpudra.gpu import nvml
+from gpudra.model.publishing import PartitionAttributes
 from gpudra.node import cdi, faults
 from gpudra.node import checkpoint as ckpt
 from gpudra.node.allocation import ClaimRef
@@ -72,8 +73,12 @@ def h100(tmp_path: Path) -> Node:
 # --- create and destroy ---------------------------------------------------------------------------
 
 
-def test_a_partition_is_created_at_its_placement_and_destroyed_on_unprepare(h100: Node) -> None:
-    state = h100.state()
+@pytest.mark.parametrize("attributes", ["full", "minimal"])
+def test_a_partition_is_created_at_its_placement_and_destroyed_on_unprepare(
+    h100: Node, attributes: PartitionAttributes
+) -> None:
+    """With minimal partition attributes too: prepare needs only the profile, placement and parent."""
+    state = h100.state(partition_attributes=attributes)
     claim = h100.claims.add(mig_claim(1, "gpu-2-mig-3g40gb-4"))
     [device] = state.prepare(claim)
 

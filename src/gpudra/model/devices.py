@@ -78,7 +78,7 @@ from typing import NotRequired, TypedDict, get_args
 from gpudra.errors import ConfigError, HardwareError, NotSupported
 from gpudra.model.inventory import Gpu, Inventory, MigDevice, MigPlacement, MigProfile
 from gpudra.model.placement import packing_order
-from gpudra.model.publishing import MigMode, Publishing
+from gpudra.model.publishing import MigMode, PartitionAttributes, Publishing
 
 STANDARD_DOMAIN = "resource.kubernetes.io"
 PCI_BUS_ID = f"{STANDARD_DOMAIN}/pciBusID"
@@ -187,6 +187,7 @@ def build_devices(
     shares_per_gpu: int = 0,
     mig_profiles: frozenset[str] | None = None,
     switch_idle_mig: bool = False,
+    partition_attributes: PartitionAttributes = "full",
 ) -> DeviceModel:
     """The devices and counter sets that describe `inventory`, GPUs in minor order.
 
@@ -195,7 +196,8 @@ def build_devices(
     `mig_profiles` (partitionable mode): the MIG profiles offered on demand, by name; None offers every
     profile. Fewer profiles mean fewer devices for the scheduler to look at on every node (BENCHMARKS.md,
     cluster scale); the counters still cover the whole GPU, so any mix of the offered ones is exclusive.
-    `switch_idle_mig` (static mode): see `Publishing.switch_idle_mig`.
+    `switch_idle_mig` (static mode): see `Publishing.switch_idle_mig`. `partition_attributes`: see
+    `PartitionAttributes` (gpudra.model.publishing).
     """
     if mig_mode not in get_args(MigMode):
         raise ConfigError(
@@ -227,7 +229,16 @@ def build_devices(
             devices.append(_whole_gpu(gpu, versions, consumes=counters))
         if shared is not None:
             devices.append(shared)
-        devices.extend(_partition_device(gpu, p, versions, consumes=partition_counters) for p in partitions)
+        devices.extend(
+            _partition_device(
+                gpu,
+                p,
+                versions,
+                consumes=partition_counters,
+                minimal=partition_attributes == "minimal",
+            )
+            for p in partitions
+        )
     _check_unique_names(devices)
     return DeviceModel(devices=devices, counter_sets=counter_sets)
 
@@ -254,6 +265,7 @@ def publish(inventory: Inventory, publishing: Publishing) -> DeviceModel:
         shares_per_gpu=publishing.shares_per_gpu,
         mig_profiles=offered,
         switch_idle_mig=publishing.switch_idle_mig,
+        partition_attributes=publishing.partition_attributes,
     )
 
 
@@ -595,7 +607,12 @@ def _shared_gpu(
 
 
 def _partition_device(
-    gpu: Gpu, partition: _Partition, versions: dict[str, str], *, consumes: CounterSet | None
+    gpu: Gpu,
+    partition: _Partition,
+    versions: dict[str, str],
+    *,
+    consumes: CounterSet | None,
+    minimal: bool = False,
 ) -> Device:
     attributes: dict[str, DeviceAttribute] = {
         "type": {"string": "mig"},
@@ -604,16 +621,18 @@ def _partition_device(
         "parentMinor": {"int": gpu.minor},
         "placementStart": {"int": partition.placement.start},
         "placementSize": {"int": partition.placement.size},
-        **_parent_attributes(gpu, versions),
+        # minimal: only what names the partition, and the product (PartitionAttributes)
+        **({"productName": _string(gpu.name)} if minimal else _parent_attributes(gpu, versions)),
     }
     if partition.uuid is not None:
         attributes["uuid"] = _string(partition.uuid)
     capacity: dict[str, DeviceCapacity] = {
         "memory": {"value": bytes_quantity(partition.memory_bytes)},
         "multiprocessors": {"value": str(partition.multiprocessors)},
-        **{name: {"value": str(count)} for name, count in partition.engines},
-        "memorySlices": {"value": str(partition.placement.size)},
     }
+    if not minimal:
+        capacity.update({name: {"value": str(count)} for name, count in partition.engines})
+        capacity["memorySlices"] = {"value": str(partition.placement.size)}
     device: Device = {
         "name": f"gpu-{gpu.minor}-{partition.name_part}",
         "attributes": attributes,

@@ -19,6 +19,13 @@ from gpudra.errors import ConfigError
 from gpudra.model.kube_api import DRA_GATES_MINOR, FAST_COUNTERS_MINOR, SHARES_MINOR, TAINTS_ALPHA_API_MINOR
 
 MigMode = Literal["partitionable", "static"]
+# What a MIG partition carries: `full`, everything its GPU carries too (product, versions, PCIe root, NUMA
+# node, ...), so one selector reads the same on both; `minimal`, only what names the partition (type,
+# profile, parent, placement, product; memory and multiprocessors). Every scheduling cycle converts and
+# CEL-evaluates each device's attributes: with every profile offered, minimal cut the scheduler's CPU
+# per pod by a third and its memory by 40 % (BENCHMARKS.md, "Cluster scale"), at the price of selectors
+# and constraints over partitions by those GPU attributes.
+PartitionAttributes = Literal["full", "minimal"]
 
 # The range of `Publishing.shares_per_gpu` (0: off). Not 1: a count range needs min + step <= value, and
 # one share is a whole GPU. 64: far beyond what shares of one GPU run well (MPS serves 48 clients).
@@ -39,13 +46,15 @@ class Publishing:
     # partitions on demand were asked but the server cannot keep them (fit_to_server): the operator let
     # gpudra manage MIG mode, and such a GPU would otherwise offer nothing at all.
     switch_idle_mig: bool = False
+    partition_attributes: PartitionAttributes = "full"
 
     def describe(self) -> str:
         """One line for logs, events and `gpudra inventory`: what is offered besides whole GPUs."""
         parts = []
         if self.mig_mode == "partitionable":
             profiles = ",".join(sorted(self.mig_profiles)) if self.mig_profiles else "every profile"
-            parts.append(f"MIG partitions on demand ({profiles})")
+            minimal = ", minimal attributes" if self.partition_attributes == "minimal" else ""
+            parts.append(f"MIG partitions on demand ({profiles}{minimal})")
         else:
             parts.append("existing MIG devices")
             if self.switch_idle_mig:

@@ -12,7 +12,7 @@ from gpudra.gpu import nvml
 from gpudra.gpu.tools import GpuTools
 from gpudra.model import devices
 from gpudra.model.inventory import Inventory
-from gpudra.model.publishing import MigMode
+from gpudra.model.publishing import MigMode, PartitionAttributes
 from gpudra.node import cdi
 from gpudra.node import checkpoint as ckpt
 from gpudra.node import recovery as node_recovery
@@ -83,10 +83,11 @@ class Node:
         recover: bool = True,
         mig_mode: MigMode = "partitionable",
         mig: MigPartitions | None = None,
+        partition_attributes: PartitionAttributes = "full",
     ) -> DeviceState:
         """A DeviceState as the plugin builds it at start-up (recover() included unless told)."""
         inventory = inventory or self.inventory
-        model = devices.build_devices(inventory, mig_mode=mig_mode)
+        model = devices.build_devices(inventory, mig_mode=mig_mode, partition_attributes=partition_attributes)
         device_state = DeviceState(
             driver=DRIVER,
             node_name=NODE,
