@@ -45,6 +45,10 @@ FILES = {
     "binary.yaml": "\udcff",  # written as bytes below
     "slices.yaml": "apiVersion: v1\nkind: List\nitems: []\n",
     "kubeconfig-broken": "garbage: [\n",
+    "deployment-list-metadata.yaml": "apiVersion: apps/v1\nkind: Deployment\nmetadata: [1]\n"
+    "spec: {template: {spec: {containers: []}}}\n",
+    "pod-string-claim.yaml": "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n"
+    "spec: {containers: [], resourceClaims: [x]}\n",
     "kubeconfig-list": "- a\n- b\n",
     "kubeconfig-shape": "apiVersion: v1\nkind: Config\nclusters: 5\n",
     "kubeconfig-no-context": "apiVersion: v1\nkind: Config\n",
@@ -249,6 +253,16 @@ CASES = {
         ["explain", "service/web", "--slices", "slices.yaml"],
         USAGE,
         "service/web: is neither a file nor KIND/NAME of a kind explain reads (claim, pod, deployment,",
+    ),
+    "explain: a workload whose metadata is a list": Case(
+        ["explain", "deployment-list-metadata.yaml", "--slices", "slices.yaml"],
+        USAGE,
+        "Deployment: metadata: is list, not an object",
+    ),
+    "explain: a pod claim that is a string": Case(
+        ["explain", "pod-string-claim.yaml", "--slices", "slices.yaml"],
+        USAGE,
+        "Pod default/p: spec.resourceClaims[0]: is str, not an object",
     ),
     "explain: a workload offline": Case(
         ["explain", "deploy/web", "--slices", "slices.yaml"], USAGE, "deploy/web names an object in a cluster"

@@ -472,10 +472,11 @@ def test_a_count_of_zero_goes_without_a_claim_and_a_bad_count_stays() -> None:
     assert done.obj is not None and not done.added and not done.untranslated
     assert done.obj["spec"]["containers"][0]["resources"] == {}
     assert "resourceClaims" not in done.obj["spec"]
-    left = translate(_pod({"nvidia.com/gpu": "2.5"}), Options())
-    assert left.obj is None and [r.reason for r in left.untranslated] == [
-        "'2.5' is not a whole number of devices"
-    ]
+    for bad in ("2.5", "²"):  # "²".isdigit() is true, int("²") raises
+        left = translate(_pod({"nvidia.com/gpu": bad}), Options())
+        assert left.obj is None and [r.reason for r in left.untranslated] == [
+            f"{bad!r} is not a whole number of devices"
+        ]
 
 
 def test_a_template_is_made_once_per_namespace_over_all_files(

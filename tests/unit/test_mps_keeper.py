@@ -113,6 +113,24 @@ def test_a_killed_daemon_runs_again_with_its_limits_after_one_round(h100: Node) 
     assert_no_daemon(h100, uid(2), [kept])
 
 
+def test_only_the_mps_gpu_of_a_claim_that_also_time_slices_one_is_flagged(h100: Node) -> None:
+    claim = h100.claims.add(
+        resource_claim(
+            uid(1),
+            results=[result("sliced", "gpu-2"), result("mps", "gpu-3")],
+            config=[from_claim(time_slicing("Long"), "sliced"), from_claim(mps_config(30), "mps")],
+        )
+    )
+    state = h100.state()
+    state.prepare(claim)
+    kill_daemon(h100, uid(1))
+    keeper, metrics = keeper_for(state, Events())
+    keeper.step()
+    assert restarts(metrics, "started") == 1
+    assert list(keeper.interrupted_devices()) == ["gpu-3"]
+    state.unprepare(claim)
+
+
 def test_a_restarted_daemon_of_a_share_flags_no_device_health(h100: Node) -> None:
     """A shared device serves other tenants' claims too: their pods' health must not change."""
     share = {

@@ -242,7 +242,7 @@ def _pod_of(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
     template: Any = obj
     for key in WORKLOADS[kind]:
         template = template.get(key) if isinstance(template, Mapping) else None
-    meta = obj.get("metadata") or {}
+    meta = _object(obj.get("metadata"), f"{kind}: metadata")
     spec = template.get("spec") if isinstance(template, Mapping) else None
     if not isinstance(spec, Mapping):
         raise ConfigError(
@@ -250,6 +250,24 @@ def _pod_of(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
         )
     named = {k: v for k, v in meta.items() if k in ("name", "namespace")}
     return {"kind": "Pod", "metadata": {**named, "name": f"{kind}/{meta.get('name', '')}"}, "spec": spec}
+
+
+def _object(value: object, field: str) -> Mapping[str, Any]:
+    """`value` as an object (absent: empty); a user's file may hold anything there."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"is {type(value).__name__}, not an object", field=field)
+    return value
+
+
+def _object_list(value: object, field: str) -> list[Mapping[str, Any]]:
+    """`value` as a list of objects (absent: empty)."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ConfigError(f"is {type(value).__name__}, not a list", field=field)
+    return [_object(item, f"{field}[{index}]") for index, item in enumerate(value)]
 
 
 def _pod_claims(
@@ -262,18 +280,21 @@ def _pod_claims(
 ) -> list[ClaimToExplain]:
     """The claims a pod's `resourceClaims` name, from `objects` first, then from the cluster. A template
     whose claim the pod already has (status.resourceClaimStatuses) is explained as that claim."""
-    meta = pod.get("metadata") or {}
+    meta = _object(pod.get("metadata"), "Pod: metadata")
     pod_namespace = meta.get("namespace") or namespace or "default"
+    pod_name = f"Pod {pod_namespace}/{meta.get('name')}"
+    statuses = _object(pod.get("status"), f"{pod_name}: status").get("resourceClaimStatuses")
     generated = {
         s.get("name"): s.get("resourceClaimName")
-        for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
+        for s in _object_list(statuses, f"{pod_name}: status.resourceClaimStatuses")
         if s.get("resourceClaimName")
     }
     claims = []
-    for index, entry in enumerate((pod.get("spec") or {}).get("resourceClaims") or []):
-        where = f"Pod {pod_namespace}/{meta.get('name')}: spec.resourceClaims[{index}]"
+    entries = _object(pod.get("spec"), f"{pod_name}: spec").get("resourceClaims")
+    for index, entry in enumerate(_object_list(entries, f"{pod_name}: spec.resourceClaims")):
+        where = f"{pod_name}: spec.resourceClaims[{index}]"
         if entry.get("resourceClaimName") or entry.get("name") in generated:
-            name = entry.get("resourceClaimName") or generated[entry.get("name")]
+            name = str(entry.get("resourceClaimName") or generated[entry.get("name")])
             claims.append(
                 _find(
                     objects, "ResourceClaim", pod_namespace, name, cluster=cluster, where=where, driver=driver
@@ -294,7 +315,7 @@ def _pod_claims(
         else:
             raise ConfigError("names neither resourceClaimName nor resourceClaimTemplateName", field=where)
     if not claims:
-        raise ConfigError("the pod has no resourceClaims", field=f"Pod {pod_namespace}/{meta.get('name')}")
+        raise ConfigError("the pod has no resourceClaims", field=pod_name)
     return claims
 
 

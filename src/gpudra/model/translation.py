@@ -11,7 +11,9 @@ Two sources of manifests move to gpudra:
   `nvidia.com/mig-<profile>` or a shared resource the plugin's config names. Each distinct ask becomes
   a ResourceClaimTemplate, and the pod spec names it (`spec.resourceClaims`, the container's
   `resources.claims`) instead of the extended resource. Each container gets claims of its own, as the
-  device plugin gave each container devices of its own.
+  device plugin gave each container devices of its own, except a regular init container asking what an
+  app container asks: it names that container's claim, since its devices were the app container's
+  afterwards (a restartable sidecar runs beside the app containers and keeps its own).
 
 What has no gpudra equivalent is left exactly as it was and reported (`Remark`: the field and
 why), so the output never means something else than the input without a word; a whole object is
@@ -475,12 +477,27 @@ class _Translator:
         at = ".".join(path)
         namespace = _map(obj.get("metadata")).get("namespace")
         taken = {str(_map(e).get("name")) for e in _list(spec.get("resourceClaims"))}
-        entries: list[dict[str, str]] = []
-        for list_name in _CONTAINER_LISTS:
+        by_list: dict[str, list[dict[str, str]]] = {}
+        # The app containers first: a regular init container's devices, under the device plugin, are
+        # the app containers' afterwards (and the scheduler counts the larger of the two, not the sum),
+        # so one asking what an app container asks names that container's claim instead of its own.
+        apps: dict[str, str] = {}  # template -> the first app container's claim of it
+        for list_name in reversed(_CONTAINER_LISTS):
+            by_list[list_name] = []
             for index, container in enumerate(_list(spec.get(list_name))):
                 if isinstance(container, dict):
                     where = f"{at}.{list_name}[{index}]"
-                    entries += self.container(container, where, namespace, taken)
+                    regular_init = (
+                        list_name == "initContainers" and container.get("restartPolicy") != "Always"
+                    )
+                    claims = self.container(
+                        container, where, namespace, taken, reuse=apps if regular_init else {}
+                    )
+                    by_list[list_name] += claims
+                    if list_name == "containers":
+                        for entry in claims:
+                            apps.setdefault(entry["resourceClaimTemplateName"], entry["name"])
+        entries = [entry for list_name in _CONTAINER_LISTS for entry in by_list[list_name]]
         if entries:
             spec["resourceClaims"] = [*_list(spec.get("resourceClaims")), *entries]
             for key in _map(spec.get("nodeSelector")):
@@ -495,8 +512,16 @@ class _Translator:
                     )
 
     def container(
-        self, container: dict[str, Any], at: str, namespace: object, taken: set[str]
+        self,
+        container: dict[str, Any],
+        at: str,
+        namespace: object,
+        taken: set[str],
+        *,
+        reuse: Mapping[str, str],
     ) -> list[dict[str, str]]:
+        """The pod claims this container's asks need (each also named in its resources.claims); an ask
+        whose template is in `reuse` names that existing pod claim instead."""
         resources = container.get("resources")
         if not isinstance(resources, dict):
             return []
@@ -519,6 +544,9 @@ class _Translator:
             if made not in self.made:
                 self.made.add(made)
                 self.done.added.append(_template(template, name, namespace, self.options.driver))
+            if name in reuse:
+                resources["claims"] = [*_list(resources.get("claims")), {"name": reuse[name]}]
+                continue
             entry = _unique_name(f"{container.get('name', 'container')}-{template.form}", taken)
             taken.add(entry)
             entries.append({"name": entry, "resourceClaimTemplateName": name})
@@ -704,7 +732,8 @@ def _count(amount: object) -> int | None:
         return None
     if isinstance(amount, int):
         return amount if amount >= 0 else None
-    if isinstance(amount, str) and amount.isdigit():
+    # ASCII digits only: str.isdigit() also takes "²", which int() refuses
+    if isinstance(amount, str) and amount.isascii() and amount.isdigit():
         return int(amount)
     return None
 

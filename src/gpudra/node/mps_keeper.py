@@ -84,6 +84,7 @@ class MpsKeeper:
     def step(self) -> float:
         """One round; HardwareError naming each claim whose daemon could not be started again."""
         check = restart_stopped_daemons(self.state)
+        self.interrupted_devices()  # forgets unprepared claims, even where no health monitor reads them
         for entry in check.restarted:
             self._interrupt(entry)
             self.metrics.mps_daemon_restarts.labels("started").inc()
@@ -126,7 +127,10 @@ class MpsKeeper:
             return {device: why for devices, why in self._interrupted.values() for device in devices}
 
     def _interrupt(self, entry: ckpt.ClaimEntry) -> None:
-        alone = tuple(d.device for d in entry.devices if d.sharing is not None and d.share_id is None)
+        # MPS devices only: a claim may time-slice another of its GPUs, which lost nothing
+        alone = tuple(
+            d.device for d in entry.devices if isinstance(d.sharing, ckpt.MpsRecord) and d.share_id is None
+        )
         if not alone:
             return
         when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
