@@ -14,6 +14,7 @@ from gpudra import cli
 from gpudra.cli import explain as explain_cli
 from gpudra.cli.output_format import documents
 from gpudra.errors import ClusterError
+from gpudra.kube.client import Forbidden
 from gpudra.model import devices
 from gpudra.model.claim import read_spec, read_spec_of
 from gpudra.model.devices import build_devices
@@ -394,3 +395,27 @@ def test_online_the_options_say_instead_of_a_probe() -> None:
     assert server_of(cluster, gates)[0] == ServerFields.of_release(35, {"DRAPartitionableDevices": True})
     assert server_of(cluster, "--server-minor=37")[0] == ServerFields.of_release(37)
     assert cluster.dry_runs == []
+
+
+class PodLister:
+    def __init__(self, pods: list[dict[str, Any]] | None) -> None:
+        self.pods = pods
+
+    def list_unfinished_pods(self) -> list[dict[str, Any]]:
+        if self.pods is None:
+            raise Forbidden("listing pods: HTTP 403 Forbidden: pods is forbidden")
+        return self.pods
+
+
+def test_online_pods_that_cannot_be_listed_leave_allocatable_only_and_a_note() -> None:
+    pods = [{"metadata": {"namespace": "a", "name": "p"}}, {"metadata": {"namespace": "a", "name": "me"}}]
+    inputs = explain_cli.Inputs()
+    explain_cli._running_pods(inputs, PodLister(pods), ("a", "me"))
+    assert inputs.running == pods[:1] and inputs.notes == []  # the pod explained is not counted
+    refused = explain_cli.Inputs()
+    explain_cli._running_pods(refused, PodLister(None), None)
+    assert refused.running == []
+    assert refused.notes == [
+        "cpu, memory and pod counts are checked against allocatable only: the pods already on the nodes "
+        "could not be listed (listing pods: HTTP 403 Forbidden: pods is forbidden)"
+    ]

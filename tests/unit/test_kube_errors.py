@@ -27,7 +27,7 @@ from kubernetes import client, config
 from kubernetes.client import exceptions as api_exceptions
 
 from gpudra.errors import ClusterError, ConfigError
-from gpudra.kube.client import Conflict, NotFound, _api_errors, connect
+from gpudra.kube.client import Conflict, Forbidden, NotFound, _api_errors, connect
 
 HOST, PORT = "127.0.0.1", 6443
 URL = f"https://{HOST}:{PORT}/apis/resource.k8s.io/v1/resourceslices?labelSelector=x"
@@ -262,7 +262,7 @@ API_STATUSES = [
     (0, ClusterError),
     (400, ClusterError),
     (401, ClusterError),
-    (403, ClusterError),
+    (403, Forbidden),
     (404, NotFound),
     (409, Conflict),
     (410, ClusterError),

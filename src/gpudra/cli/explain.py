@@ -395,12 +395,24 @@ def _online(args: argparse.Namespace) -> Inputs:
         inputs.pods.append(pod)
         explained = (namespace, name) if kind == "Pod" else None
     if inputs.pods:
-        inputs.running.extend(
-            pod
-            for pod in cluster.list_unfinished_pods()
-            if explained is None or _namespace_name(pod) != explained
-        )
+        _running_pods(inputs, cluster, explained)
     return inputs
+
+
+def _running_pods(inputs: Inputs, cluster: Kube, explained: tuple[str, str] | None) -> None:
+    """The unfinished pods whose requests use their nodes, but the one explained; a caller who may not
+    list pods cluster-wide (explaining one's own workload needs no such right) gets a note instead."""
+    from gpudra.kube.client import Forbidden  # noqa: PLC0415 (offline runs need no API client)
+
+    try:
+        unfinished = cluster.list_unfinished_pods()
+    except Forbidden as err:
+        inputs.notes.append(
+            "cpu, memory and pod counts are checked against allocatable only: the pods already on the "
+            f"nodes could not be listed ({err})"
+        )
+        return
+    inputs.running.extend(pod for pod in unfinished if explained is None or _namespace_name(pod) != explained)
 
 
 def _check_target(target: str) -> None:

@@ -67,6 +67,10 @@ class NotFound(ClusterError):
     """The object does not exist (HTTP 404)."""
 
 
+class Forbidden(ClusterError):
+    """403: the caller's RBAC does not allow the request."""
+
+
 class Conflict(ClusterError):
     """The object changed since it was read, or already exists (HTTP 409)."""
 
@@ -168,7 +172,7 @@ def _http_error(
 ) -> ClusterError:
     """The error for an HTTP error status: 404 `NotFound`, 409 `Conflict`, else `ClusterError`; with the
     API server's message when it sent one (a 422 says which field it refused)."""
-    kind = {404: NotFound, 409: Conflict}.get(int(status or 0), ClusterError)
+    kind = {403: Forbidden, 404: NotFound, 409: Conflict}.get(int(status or 0), ClusterError)
     message = status_message(body)
     return kind(f"{what}: HTTP {status} {reason}" + (f": {message}" if message else ""))
 
