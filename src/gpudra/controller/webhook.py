@@ -75,10 +75,25 @@ _REVIEW_VERSION = "admission.k8s.io/v1"
 MAX_WARNING_CHARS = 256
 MAX_WARNINGS_CHARS = 4096
 
-# An AdmissionReview of an UPDATE holds the object twice (object and oldObject), each up to the API
-# server's 3 MiB request limit, plus the envelope: 8 MiB leaves room, and caps what one connection can
-# make this process hold.
-MAX_BODY_BYTES = 8 * 1024 * 1024
+# The largest review the API server can send. It stores no object larger than etcd accepts in one
+# request, `--max-request-bytes`, 1.5 MiB by default (etcd's "System limits: Request size limit",
+# etcd.io/docs/v3.6/dev-guide/limit/; the kube-apiserver's own 3 MiB body limit is for the JSON a
+# client sends, not what it stores), and an UPDATE's review holds the object twice (object and
+# oldObject) plus the envelope (userInfo, options: kilobytes). Twice 1.5 MiB and 512 KiB for the
+# envelope and JSON's spelling: a claim, template or class inside the API's own validation limits
+# (opaque parameters and CEL expressions 10 KiB each, 32 configs and requests) is far below it. A body
+# above it is refused with 413 before it is read; the API server applies the failurePolicy.
+ETCD_MAX_REQUEST_BYTES = 1536 * 1024
+MAX_BODY_BYTES = 2 * ETCD_MAX_REQUEST_BYTES + 512 * 1024
+# Reviews read and decoded at once. Decoding a review builds Python objects several times its size:
+# a bound on the bodies held keeps 32 concurrent large reviews from pushing the controller past the
+# chart's 256 Mi memory limit (tests/integration/test_webhook_memory.py measures it: a 70 MiB process
+# peaked at 182 MiB with 2, 207 MiB with 4, under 32 reviews of 3 MiB at once). The others wait
+# at most REVIEW_WAIT_SECONDS, well inside the API server's timeout for the config webhook
+# (`timeoutSeconds: 10` in desired_configuration), then get 503 and the failurePolicy applies. One
+# review decodes in tens of milliseconds, so a wait is short unless something is wrong.
+MAX_CONCURRENT_REVIEWS = 2
+REVIEW_WAIT_SECONDS = 5.0
 # Seconds a connection may take for its handshake, and between reads; the API server's own
 # timeout per call is at most 30 s.
 CONNECTION_TIMEOUT = 15.0
@@ -388,6 +403,7 @@ class WebhookServer:
         self._thread: threading.Thread | None = None
         self._count_review = count_review
         self._skipped = skipped
+        self.decoding = threading.BoundedSemaphore(MAX_CONCURRENT_REVIEWS)
 
     def use(self, material: Material) -> None:
         """Serve `material`'s certificate from now on; ConfigError when it cannot be loaded."""
@@ -554,11 +570,22 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.close_connection = True  # the body is left unread
             self._send(413, f"the review is {length} bytes; at most {MAX_BODY_BYTES} are accepted".encode())
             return
-        body = self.rfile.read(length)
-        if len(body) < length:
-            self.close_connection = True  # the client went away mid-body
+        decoding = self.server.webhook.decoding
+        if not decoding.acquire(timeout=REVIEW_WAIT_SECONDS):
+            self.close_connection = True  # the body is left unread
+            log.warning("admission review refused: too many at once", extra={"bytes": length})
+            self._send(503, f"busy: {MAX_CONCURRENT_REVIEWS} reviews are being decoded; try again".encode())
             return
-        self._send(*self.server.webhook.answer(body))
+        try:
+            body = self.rfile.read(length)
+            if len(body) < length:
+                self.close_connection = True  # the client went away mid-body
+                return
+            answer = self.server.webhook.answer(body)
+            del body  # the reply is sent outside the bound; the body is not held while it is
+        finally:
+            decoding.release()
+        self._send(*answer)
 
     def _send(self, status: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
         self.send_response(status)
