@@ -41,8 +41,8 @@ def controller(cluster: LocalCluster, api: client.ApiClient) -> Iterator[Control
         if err.status != 409:
             raise
     replica = ControllerProcess(cluster, "ctl-memory", webhook_url_port=free_port())
-    replica.start()
     try:
+        replica.start()
         yield replica
     finally:
         replica.stop()

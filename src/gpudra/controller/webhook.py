@@ -23,6 +23,9 @@ Both list only resource.k8s.io/v1 with matchPolicy Equivalent: the API server co
 through v1beta1 and v1beta2 to v1 before calling (admissionregistration/v1 `matchPolicy`), so one
 handler reads one version.
 
+The same HTTPS port answers GET requests with `pages` (`/status` and the GPU map behind a bearer token,
+gpudra.controller.status_access): it is the port with a certificate.
+
 The review's `object` and `oldObject` are decoded each on its own within `gpudra.bounded_json`'s bounds.
 One beyond them (a tenant's parameters nested thousands of levels deep) cannot be judged: it is refused
 when it carries a config of this driver (found by reading its tokens, as the API server's
@@ -99,6 +102,7 @@ REVIEW_WAIT_SECONDS = 5.0
 CONNECTION_TIMEOUT = 15.0
 
 Warnings = Callable[[Mapping[str, Any]], list[str]]
+WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
 # The review's objects, each decoded on its own; where an unreadable one's opaque configs name drivers.
 _REVIEW_SHAPE = {"request": {"object": bounded_json.ONE, "oldObject": bounded_json.ONE}}
@@ -393,7 +397,12 @@ class WebhookServer:
         warnings: Warnings,
         count_review: Callable[[str, str], None] = lambda kind, result: None,
         skipped: Callable[[str, Poisoned], None] = lambda resource, poisoned: None,
+        pages: WsgiApp | None = None,
     ) -> None:
+        """`pages`: the WSGI application answering GET requests (`/status` and the GPU map behind
+        authentication, gpudra.controller.status_access), served on this port because it is the one
+        with a certificate."""
+        self.pages = pages
         self.address = address
         self.port = port
         self.driver = driver
@@ -587,9 +596,41 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             decoding.release()
         self._send(*answer)
 
-    def _send(self, status: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
+    def do_GET(self) -> None:
+        """A page of `pages`, run as a WSGI application (its requests have no body)."""
+        pages = self.server.webhook.pages
+        if pages is None:
+            self._send(404, f"not found; POST admission reviews to {PATH}".encode())
+            return
+        url = urlsplit(self.path)
+        environ = {
+            "REQUEST_METHOD": "GET",
+            "PATH_INFO": url.path,
+            "QUERY_STRING": url.query,
+            "HTTP_AUTHORIZATION": self.headers.get("Authorization", ""),
+            "wsgi.url_scheme": "https",
+        }
+        answer: dict[str, Any] = {}
+
+        def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> None:
+            answer.update(status=int(status.split(maxsplit=1)[0]), headers=headers)
+
+        body = b"".join(pages(environ, start_response))
+        headers = [(k, v) for k, v in answer["headers"] if k.lower() != "content-type"]
+        content_type = dict((k.lower(), v) for k, v in answer["headers"]).get("content-type", "text/plain")
+        self._send(answer["status"], body, content_type, headers)
+
+    def _send(
+        self,
+        status: int,
+        body: bytes,
+        content_type: str = "text/plain; charset=utf-8",
+        headers: Sequence[tuple[str, str]] = (),
+    ) -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type)
+        for name, value in headers:
+            self.send_header(name, value)
         self.send_header("Content-Length", str(len(body)))
         if self.close_connection:
             self.send_header("Connection", "close")  # the client opens a new one for its next request
