@@ -90,8 +90,9 @@ ETCD_MAX_REQUEST_BYTES = 1536 * 1024
 MAX_BODY_BYTES = 2 * ETCD_MAX_REQUEST_BYTES + 512 * 1024
 # Reviews read and decoded at once. Decoding a review builds Python objects several times its size:
 # a bound on the bodies held keeps 32 concurrent large reviews from pushing the controller past the
-# chart's 256 Mi memory limit (tests/integration/test_webhook_memory.py measures it: a 70 MiB process
-# peaked at 182 MiB with 2, 207 MiB with 4, under 32 reviews of 3 MiB at once). The others wait
+# chart's 256 Mi memory limit (tests/integration/test_webhook_memory.py measures it under 32 reviews of
+# 3 MiB at once: a 70 MiB process peaks at 108-122 MiB with 2 and the controller's two malloc arenas,
+# gpudra.controller.wiring). The others wait
 # at most REVIEW_WAIT_SECONDS, well inside the API server's timeout for the config webhook
 # (`timeoutSeconds: 10` in desired_configuration), then get 503 and the failurePolicy applies. One
 # review decodes in tens of milliseconds, so a wait is short unless something is wrong.
