@@ -192,8 +192,10 @@ def schema() -> dict[str, Any]:
                     "properties": {
                         "enabled": {"type": "boolean"},
                         "replicas": {"type": "integer", "minimum": 0},
-                        "webhookPort": _port("the admission webhook's HTTPS port"),
-                        "port": _port("/metrics, /status, /livez, /readyz"),
+                        "webhookPort": _port(
+                            "HTTPS: admission reviews; /status and the GPU map for a bearer token"
+                        ),
+                        "port": _port("HTTP: /metrics, /livez, /readyz"),
                         **_scheduling(),
                     },
                 },

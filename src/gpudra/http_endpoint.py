@@ -1,6 +1,6 @@
-"""A daemon's HTTP endpoint: Prometheus metrics, liveness and readiness probes, JSON documents (the
-controller's `/status`) and whole WSGI applications at given paths (the controller's GPU map). I/O: one
-listening socket and its request threads. Both binaries use it.
+"""A daemon's HTTP endpoint: Prometheus metrics, liveness and readiness probes. I/O: one listening
+socket and its request threads. Both binaries use it; it checks no credentials, so it serves nothing
+that names a tenant (the controller's `/status` is on its HTTPS port, gpudra.controller.status_access).
 
 `/metrics` serves the registry. `/livez` fails only when the process cannot recover by itself (a
 background thread ended): the kubelet restarts the container then. `/readyz` fails while the plugin
@@ -17,7 +17,7 @@ import socket
 import socketserver
 import tempfile
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,6 @@ from gpudra.service import Loop
 
 # A probe answers "why not" (a short reason) or None when the check passes.
 Probe = Callable[[], str | None]
-WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
 
 @dataclass(frozen=True)
@@ -70,8 +69,7 @@ class _QuietHandler(WSGIRequestHandler):
 
 
 class HttpEndpoint:
-    """Serves `/metrics`, `/livez`, `/readyz`, the `documents` (path -> JSON bytes, made per request) and
-    the `apps` (path -> the WSGI application answering it) on `address:port`, as a `service.Service`."""
+    """Serves `/metrics`, `/livez` and `/readyz` on `address:port`, as a `service.Service`."""
 
     def __init__(
         self,
@@ -81,28 +79,17 @@ class HttpEndpoint:
         port: int,
         liveness: Sequence[Check] = (),
         readiness: Sequence[Check] = (),
-        documents: Mapping[str, Callable[[], bytes]] | None = None,
-        apps: Mapping[str, WsgiApp] | None = None,
     ) -> None:
         self.address = address
         self.port = port
         self.liveness = list(liveness)
         self.readiness = list(readiness)
-        self.documents = dict(documents or {})
-        self.apps = dict(apps or {})
         self._metrics = wsgi_app(registry)
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
 
     def app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "/")
-        app = self.apps.get(path)
-        if app is not None:
-            return app(environ, start_response)
-        document = self.documents.get(path)
-        if document is not None:
-            start_response("200 OK", [("Content-Type", "application/json"), ("Cache-Control", "no-store")])
-            return [document()]
         checks = {"/livez": self.liveness, "/healthz": self.liveness, "/readyz": self.readiness}.get(path)
         if checks is None:
             return self._metrics(environ, start_response)  # type: ignore[no-any-return]

@@ -515,7 +515,8 @@ def test_the_controller_on_its_service_account_and_uninstall_leaves_nothing(
     api: client.ApiClient, dynamic: DynamicClient, cluster: LocalCluster, installed: list[dict[str, Any]]
 ) -> None:
     """The controller with the chart's credentials and names becomes ready and leads (its Secret, webhook
-    configuration and Lease written); deleting its ClusterRole, as helm uninstall does, removes all three."""
+    configuration and Lease written) and answers /status for a token; deleting its ClusterRole, as helm
+    uninstall does, removes all three."""
     kubeconfig = _kubeconfig(cluster, _token(api, CONTROLLER_SA), "controller")
     replica = ControllerProcess(
         cluster,
@@ -545,6 +546,8 @@ def test_the_controller_on_its_service_account_and_uninstall_leaves_nothing(
         for what, read in made.items():
             owners = wait_for(what, partial(_owners, read))
             assert [(o.kind, o.name) for o in owners] == [("ClusterRole", CONTROLLER_SA)], what
+        # /status: the chart's ClusterRole lets the controller make TokenReviews and SubjectAccessReviews
+        assert replica.status()["kind"] == "ClusterStatus"
         assert "Forbidden" not in replica.tail(200)
     finally:
         replica.stop()

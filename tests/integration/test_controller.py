@@ -321,7 +321,15 @@ def test_status_equals_a_hand_count_after_the_examples_run(
             timeout=30,
         )
         shown = subprocess.run(
-            [sys.executable, "-m", "gpudra", "status", "-o", "json", f"--controller-url={controller.url}"],
+            [
+                sys.executable,
+                "-m",
+                "gpudra",
+                "status",
+                "-o",
+                "json",
+                *controller.endpoint().cli_args(controller.log.parent),
+            ],
             capture_output=True,
             text=True,
             check=True,
@@ -758,3 +766,104 @@ def test_a_claim_nested_too_deeply_is_left_out_and_the_picture_stays_current_acr
             lambda: raw_request(cluster, "GET", f"{claims}/poisoned")[0] == 404,
             timeout=120,
         )
+
+
+def _service_account_token(core: client.CoreV1Api, namespace: str, name: str) -> str:
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": name}})
+    request = core.create_namespaced_service_account_token(
+        name, namespace, {"spec": {"expirationSeconds": 600}}
+    )
+    return str(request.status.token)
+
+
+def test_status_answers_each_token_what_rbac_lets_it_list_and_nothing_anonymously(
+    controller: ControllerProcess, core: client.CoreV1Api, resources: Resources, api: client.ApiClient
+) -> None:
+    """/status on the controller's HTTPS port (its webhook's): no token is 401; a ServiceAccount allowed
+    to list claims cluster-wide sees every namespace's, one allowed in one namespace only that one's, one
+    with no rights 403 — decided by the real API server's TokenReview and SubjectAccessReview."""
+    team_a, team_b = new_namespace(core, "status-a"), new_namespace(core, "status-b")
+    h200 = f'device.attributes["{DRIVER}"].productName == "NVIDIA H200"'  # no such GPU: stays pending
+    for namespace in (team_a, team_b):
+        body = _claim("waits", {"apiVersion": "resource.gpudra.io/v1beta1", "kind": "GpuConfig"})
+        body["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [{"cel": {"expression": h200}}]
+        resources.create("resourceclaims", body, namespace)
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "waits"},
+            "spec": _pod_spec_for_claim("waits"),
+        }
+        core.create_namespaced_pod(namespace, pod)
+    rbac = client.RbacAuthorizationV1Api(api)
+    reader = f"claim-reader-{team_a}"
+    rbac.create_cluster_role(
+        {
+            "metadata": {"name": reader},
+            "rules": [{"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["list"]}],
+        }
+    )
+    role_ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": reader}
+    everything = _service_account_token(core, team_a, "everything")
+    own = _service_account_token(core, team_a, "team-a")
+    nobody = _service_account_token(core, team_a, "nobody")
+    rbac.create_cluster_role_binding(
+        {
+            "metadata": {"name": reader},
+            "roleRef": role_ref,
+            "subjects": [{"kind": "ServiceAccount", "name": "everything", "namespace": team_a}],
+        }
+    )
+    rbac.create_namespaced_role_binding(
+        team_a,
+        {
+            "metadata": {"name": "team-a-reads-claims"},
+            "roleRef": role_ref,
+            "subjects": [{"kind": "ServiceAccount", "name": "team-a", "namespace": team_a}],
+        },
+    )
+    try:
+        ours = {team_a, team_b}
+        wait_for(
+            "both claims among the pending ones",
+            lambda: {p["namespace"] for p in controller.status()["pending"]} >= ours,
+            timeout=30,
+        )
+        url = f"{controller.endpoint().url}/status"
+        assert http_get(url)[0] == 401
+        assert http_get(url, token="not-a-token")[0] == 401
+        status, body = http_get(url, token=nobody)
+        assert status == 403, body
+        status, body = http_get(url, token=own)
+        assert status == 200, body
+        assert {p["namespace"] for p in json.loads(body)["pending"]} == {team_a}
+        assert {d["namespace"] for d in json.loads(body)["idle"]} <= {team_a}
+        status, body = http_get(url, token=everything)
+        assert status == 200, body
+        assert {p["namespace"] for p in json.loads(body)["pending"]} >= ours
+        assert http_get(f"{controller.endpoint().url}/", token=own)[0] == 403  # the map: cluster-wide only
+        assert http_get(f"{controller.endpoint().url}/", token=everything)[0] == 200
+        # the plain-HTTP port keeps the probes and metrics and serves no claim
+        assert http_get(f"{controller.url}/readyz")[0] == 200
+        assert b"waits" not in http_get(f"{controller.url}/status")[1]
+        # gpudra status says in one line why it was refused
+        refused = subprocess.run(
+            # the last --token wins over the admin's that cli_args gives
+            [
+                sys.executable,
+                "-m",
+                "gpudra",
+                "status",
+                *controller.endpoint().cli_args(controller.log.parent),
+                f"--token={nobody}",
+            ],
+            check=False,
+            capture_output=True,
+            text=True,
+        )
+        assert refused.returncode != 0 and "(403" in refused.stderr and len(refused.stderr.splitlines()) == 1
+    finally:
+        rbac.delete_cluster_role_binding(reader)
+        rbac.delete_cluster_role(reader)
+        for namespace in (team_a, team_b):
+            core.delete_namespace(namespace)

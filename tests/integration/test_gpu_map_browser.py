@@ -15,12 +15,14 @@ from typing import Any
 
 import pytest
 from kubernetes import client, utils
+from kubernetes.client.exceptions import ApiException
 
 from tests.localcluster import LocalCluster
 from tests.localcluster.browser import Element, dump_dom
-from tests.localcluster.cluster import free_port
-from tests.localcluster.controller import ControllerProcess
+from tests.localcluster.cluster import TOKEN, free_port
+from tests.localcluster.controller import NAMESPACE, ControllerProcess
 from tests.localcluster.node_plugin import DRIVER, PluginProcess
+from tests.localcluster.token_proxy import token_proxy
 
 from .kube_helpers import Resources, claim_pod, claim_template, new_namespace, pod_gone, pod_running, wait_for
 
@@ -120,20 +122,25 @@ def workload(api: client.ApiClient, gpudra: dict[str, PluginProcess]) -> Iterato
 
 
 @pytest.fixture(scope="module")
-def controller(cluster: LocalCluster, workload: Workload) -> Iterator[ControllerProcess]:
-    # No webhook: this controller only draws the map (test_controller.py covers admission).
-    replica = ControllerProcess(
-        cluster,
-        "ctl-map",
-        webhook_url_port=free_port(),
-        idle_after_seconds=IDLE_AFTER,
-        extra_args=("--webhook-port=0",),
-    )
-    replica.start()
+def controller(
+    cluster: LocalCluster, workload: Workload, api: client.ApiClient
+) -> Iterator[ControllerProcess]:
+    # The map is served on the webhook's HTTPS port, so this replica runs the webhook too (its
+    # configuration goes with it, as test_controller.py's does).
     try:
+        client.CoreV1Api(api).create_namespace({"metadata": {"name": NAMESPACE}})  # its Lease and Secret
+    except ApiException as err:
+        if err.status != 409:
+            raise
+    replica = ControllerProcess(
+        cluster, "ctl-map", webhook_url_port=free_port(), idle_after_seconds=IDLE_AFTER
+    )
+    try:
+        replica.start()
         yield replica
     finally:
         replica.stop()
+        client.AdmissionregistrationV1Api(api).delete_validating_webhook_configuration("gpudra")
 
 
 def _slices_by_node(resources: Resources) -> dict[str, list[dict[str, Any]]]:
@@ -232,7 +239,12 @@ def _idle_and_allocated(url: str, workload: Workload) -> bool:
 def test_the_controllers_page_draws_what_the_api_holds(
     controller: ControllerProcess, workload: Workload, api: client.ApiClient
 ) -> None:
-    url = f"{controller.url}/"
+    # A browser sends no bearer token: the proxy adds the cluster admin's.
+    with token_proxy(controller.endpoint().url, TOKEN) as base:
+        _draws_what_the_api_holds(f"{base}/", workload, api)
+
+
+def _draws_what_the_api_holds(url: str, workload: Workload, api: client.ApiClient) -> None:
     wait_for("the map to show the allocations and the idle GPU", lambda: _idle_and_allocated(url, workload))
     resources = Resources(api)
     _check_map(dump_dom(url), workload, resources)

@@ -51,7 +51,7 @@ def static_jobs(gpudra: HostProcesses) -> list[dict[str, Any]]:
         for node, plugin in gpudra.plugins.items()
     ]
     controller = {
-        "targets": [f"127.0.0.1:{gpudra.controller.metrics_port}"],
+        "targets": [f"127.0.0.1:{gpudra.controller_process.metrics_port}"],
         "labels": {"namespace": "gpudra", "pod": "controller-0", "container": "controller"},
     }
     return [

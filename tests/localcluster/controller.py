@@ -1,22 +1,66 @@
 """Runs `gpudra controller` as a real process beside a local cluster, as a Deployment's replica would run,
 with the webhook reached at a URL on loopback (there are no Services or pod networks here). I/O: a child
-process, its log, its HTTP ports. Used by the demo and the integration tests."""
+process, its log, its HTTP ports. Used by the demo and the integration tests.
+
+`StatusEndpoint` is where a controller serves `/status` (its webhook port, HTTPS, a bearer token): read
+here with the cluster's admin token, and by `gpudra status` with the arguments it gives."""
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gpudra.errors import ClusterError
-from tests.localcluster.cluster import LocalCluster, free_port
+from tests.localcluster.cluster import TOKEN, LocalCluster, free_port
 from tests.localcluster.processes import http_get, scrape, terminate
 
 NAMESPACE = "gpudra"
+SECRET = "gpudra-webhook-tls"
+
+
+@dataclass(frozen=True)
+class StatusEndpoint:
+    """A controller's `/status`: `url` (https://, its webhook port), the CA that signed its certificate
+    (PEM) and the name the certificate carries."""
+
+    url: str
+    ca_crt: bytes
+    server_name: str
+
+    def get(self, token: str = TOKEN) -> dict[str, Any]:
+        """The view `token` may see (the cluster's admin token: all of it); TLS unverified, as every
+        request to this throwaway cluster."""
+        status, body = http_get(f"{self.url}/status", token=token)
+        if status != 200:
+            raise ClusterError(f"the controller's /status at {self.url}: HTTP {status}: {body[:200]!r}")
+        document: dict[str, Any] = json.loads(body)
+        return document
+
+    def cli_args(self, directory: Path) -> list[str]:
+        """`gpudra status`'s arguments to read it with the admin token, the CA written in `directory`."""
+        ca = directory / "controller-ca.crt"
+        ca.write_bytes(self.ca_crt)
+        return [
+            f"--controller-url={self.url}",
+            f"--token={TOKEN}",
+            f"--certificate-authority={ca}",
+            f"--tls-server-name={self.server_name}",
+        ]
+
+
+def webhook_ca(cluster: LocalCluster, namespace: str, secret: str) -> bytes:
+    """The CA in the webhook's Secret, as the controller wrote it."""
+    status, body = http_get(f"{cluster.server}/api/v1/namespaces/{namespace}/secrets/{secret}", token=TOKEN)
+    if status != 200:
+        raise ClusterError(f"reading the webhook Secret {namespace}/{secret}: HTTP {status}")
+    return base64.b64decode(json.loads(body)["data"]["ca.crt"])
 
 
 class ControllerProcess:
@@ -127,9 +171,19 @@ class ControllerProcess:
         except (OSError, ClusterError):
             return False
 
-    def status(self) -> dict[str, Any]:
-        status, body = http_get(f"{self.url}/status")
+    def endpoint(self) -> StatusEndpoint:
+        """Where this replica serves /status (its webhook port; the certificate names the webhook URL's
+        host)."""
+        return StatusEndpoint(
+            f"https://127.0.0.1:{self.bind_webhook_port}",
+            webhook_ca(self.cluster, self.namespace, SECRET),
+            "127.0.0.1",
+        )
+
+    def status(self, token: str = TOKEN) -> dict[str, Any]:
+        """The view `token` may see (default: the admin's, all of it)."""
+        status, body = http_get(f"https://127.0.0.1:{self.bind_webhook_port}/status", token=token)
         if status != 200:
-            raise ClusterError(f"status of controller {self.identity}: HTTP {status}")
+            raise ClusterError(f"status of controller {self.identity}: HTTP {status}: {body[:200]!r}")
         document: dict[str, Any] = json.loads(body)
         return document

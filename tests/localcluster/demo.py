@@ -45,20 +45,21 @@ from kubernetes.client.exceptions import ApiException
 
 from gpudra import cli, sim
 from gpudra.cli.output_format import documents
-from gpudra.errors import GpudraError
+from gpudra.errors import ClusterError, GpudraError
 from tests.localcluster import binaries, examples
 from tests.localcluster.api import DemoApi
-from tests.localcluster.cluster import LocalCluster
+from tests.localcluster.cluster import TOKEN, LocalCluster
+from tests.localcluster.controller import StatusEndpoint
 from tests.localcluster.demo_installs import (
     ChartSource,
     Gpudra,
     HelmReleases,
     HostProcesses,
-    controller_status,
     image_of,
     table,
 )
 from tests.localcluster.node_plugin import DRIVER
+from tests.localcluster.token_proxy import token_proxy
 
 MACHINES = {"node-h100": "dgx-h100", "node-a100": "dgx-a100", "node-mixed": "mixed"}
 FAULT_NODE = "node-mixed"  # its GPUs have no MIG partitions: one row in gpudra status
@@ -117,7 +118,7 @@ def run(
             demo.apply()
             demo.show()
             if gpu_map_screenshot is not None:
-                _screenshot(gpudra.controller_url(api), gpu_map_screenshot)
+                _screenshot(gpudra.controller(api), gpu_map_screenshot)
             demo.fault()
             demo.clean_up()
         finally:
@@ -324,11 +325,18 @@ class Demo:
         )
 
         _step("gpudra status: the cluster's GPUs as the controller sees them")
-        url = gpudra.controller_url(api)
+        endpoint = gpudra.controller(api)
         allocated = {n: c for n, c in claims.items() if (c.get("status") or {}).get("allocation")}
-        _wait("the controller to see every allocation", lambda: _allocated_shown(url, allocated), 30)
+        _wait("the controller to see every allocation", lambda: _allocated_shown(endpoint, allocated), 30)
         shown = subprocess.run(
-            [sys.executable, "-m", "gpudra", "status", "--output=wide", f"--controller-url={url}"],
+            [
+                sys.executable,
+                "-m",
+                "gpudra",
+                "status",
+                "--output=wide",
+                *endpoint.cli_args(self.kubeconfig.parent),
+            ],
             capture_output=True,
             text=True,
             check=True,
@@ -339,7 +347,7 @@ class Demo:
         """A free GPU of FAULT_NODE falls off the bus (XID 79, simulated): its taint, `gpudra status`
         and the plugin's Node event; then a reset brings it back and the plugin lifts the taint (the
         reset rule of docs/health.md). About one health poll (10 s) at most."""
-        api, url = self.api, self.gpudra.controller_url(self.api)
+        api, endpoint = self.api, self.gpudra.controller(self.api)
         device, gpu = _free_gpu(api, FAULT_NODE)
         sim_state = self.gpudra.nodes[FAULT_NODE].sim_state
         _step(f"a GPU fails: {device} of {FAULT_NODE} falls off the bus (simulated XID 79)")
@@ -347,11 +355,13 @@ class Demo:
         sim.set_gpu_lost(state_file=sim_state, gpu_uuid=gpu, lost=True)
         sim.raise_xid(state_file=sim_state, gpu_uuid=gpu, xid=79)
         _wait(
-            "gpudra status to list the GPU unhealthy", lambda: _unhealthy(url) == [(FAULT_NODE, device)], 30
+            "gpudra status to list the GPU unhealthy",
+            lambda: _unhealthy(endpoint) == [(FAULT_NODE, device)],
+            30,
         )
         print(f"tainted in {time.monotonic() - started:.1f}s; gpudra status:")
         shown = subprocess.run(
-            [sys.executable, "-m", "gpudra", "status", f"--controller-url={url}"],
+            [sys.executable, "-m", "gpudra", "status", *endpoint.cli_args(self.kubeconfig.parent)],
             capture_output=True,
             text=True,
             check=True,
@@ -361,7 +371,7 @@ class Demo:
         print("the GPU is reset (simulated): the plugin sees it answer again after it was lost")
         started = time.monotonic()
         sim.set_gpu_lost(state_file=sim_state, gpu_uuid=gpu, lost=False)
-        _wait("the taint to be lifted", lambda: _unhealthy(url) == [], 30)
+        _wait("the taint to be lifted", lambda: _unhealthy(endpoint) == [], 30)
         print(f"lifted in {time.monotonic() - started:.1f}s")
         print(f"Node event GpuFaultCleared: {_node_event(api, FAULT_NODE, 'GpuFaultCleared', gpu)}")
 
@@ -404,8 +414,8 @@ def _free_gpu(api: DemoApi, node: str) -> tuple[str, str]:
     return free[-1], uuid[free[-1]]
 
 
-def _unhealthy(url: str) -> list[tuple[str, str]]:
-    return [(d["node"], d["device"]) for d in controller_status(url).get("unhealthy", [])]
+def _unhealthy(endpoint: StatusEndpoint) -> list[tuple[str, str]]:
+    return [(d["node"], d["device"]) for d in endpoint.get().get("unhealthy", [])]
 
 
 def _section(text: str, heading: str) -> str:
@@ -468,15 +478,15 @@ def _admission(api: DemoApi) -> None:
     raise GpudraError("the admission webhook admitted a claim with a bad gpudra config")
 
 
-def _allocated_shown(url: str, claims: dict[str, Any]) -> bool:
+def _allocated_shown(endpoint: StatusEndpoint, claims: dict[str, Any]) -> bool:
     devices = {
         (r["pool"], r["device"].split("-mig-")[0].removesuffix("-shared"))
         for c in claims.values()
         for r in c["status"]["allocation"]["devices"]["results"]
     }
     try:
-        status = controller_status(url)
-    except OSError:
+        status = endpoint.get()
+    except (OSError, ClusterError):
         return False  # the controller not reachable yet
     return sum(row["allocated"] for row in status["nodes"]) == len(devices)
 
@@ -497,11 +507,12 @@ def _products(api: DemoApi) -> dict[tuple[str, str], str]:
     }
 
 
-def _screenshot(controller_url: str, path: Path) -> None:
+def _screenshot(endpoint: StatusEndpoint, path: Path) -> None:
     from tests.localcluster import browser  # noqa: PLC0415 (only this step needs Chromium)
 
-    _step(f"the GPU map page, as the controller serves it: {path}")
-    browser.screenshot(f"{controller_url}/", path, width=1400, height=1300)
+    _step(f"the GPU map page, as the controller serves it (with the admin's token): {path}")
+    with token_proxy(endpoint.url, TOKEN) as url:
+        browser.screenshot(f"{url}/", path, width=1400, height=1300)
     print(f"saved {path}")
 
 

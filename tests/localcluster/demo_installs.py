@@ -27,10 +27,9 @@ from tests.localcluster import containerd, helm
 from tests.localcluster.api import DemoApi
 from tests.localcluster.cluster import LocalCluster, free_port
 from tests.localcluster.controller import NAMESPACE as CONTROLLER_NAMESPACE
-from tests.localcluster.controller import ControllerProcess
+from tests.localcluster.controller import ControllerProcess, StatusEndpoint, webhook_ca
 from tests.localcluster.examples import Expected
 from tests.localcluster.node_plugin import DRIVER, NodeFiles, PluginProcess, publishing_values
-from tests.localcluster.processes import http_get
 
 Obj = dict[str, Any]
 
@@ -60,7 +59,7 @@ class Gpudra(Protocol):
     def received(self, pod: Obj, claim: Obj) -> str:
         """What the container runtime gave the pod's containers for `claim`, for the pod table."""
 
-    def controller_url(self, api: DemoApi) -> str:
+    def controller(self, api: DemoApi) -> StatusEndpoint:
         """Where the controller serves /status."""
 
     def stop(self) -> None: ...
@@ -69,14 +68,6 @@ class Gpudra(Protocol):
 def table(rows: list[tuple[str, ...]]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows)
-
-
-def controller_status(url: str) -> dict[str, Any]:
-    status, body = http_get(f"{url}/status")
-    if status != 200:
-        raise ClusterError(f"the controller's /status at {url}: HTTP {status}")
-    document: dict[str, Any] = json.loads(body)
-    return document
 
 
 class HostProcesses:
@@ -111,7 +102,7 @@ class HostProcesses:
             for n, p in machines.items()
         }
         self.nodes = self.plugins
-        self.controller = ControllerProcess(
+        self.controller_process = ControllerProcess(
             cluster, "demo", webhook_url_port=free_port(), idle_after_seconds=idle_after_seconds
         )
 
@@ -121,7 +112,7 @@ class HostProcesses:
         for plugin in self.plugins.values():
             plugin.start(metrics_port=free_port() if self.metrics else 0, usage_interval=self.usage_interval)
         api.create_namespace(CONTROLLER_NAMESPACE)
-        self.controller.start()
+        self.controller_process.start()
 
     def workload(self, pod: Obj, logs: Mapping[str, Expected]) -> Obj:
         return pod  # the fake CRI pulls nothing and runs nothing: no logs
@@ -145,11 +136,11 @@ class HostProcesses:
         }
         return " ".join(sorted(i.replace(claim["metadata"]["uid"], "<claim>") for i in ids))
 
-    def controller_url(self, api: DemoApi) -> str:
-        return self.controller.url
+    def controller(self, api: DemoApi) -> StatusEndpoint:
+        return self.controller_process.endpoint()
 
     def stop(self) -> None:
-        self.controller.stop()
+        self.controller_process.stop()
         for plugin in self.plugins.values():
             plugin.stop()
 
@@ -411,11 +402,17 @@ class HelmReleases:
             f"pods whose /dev/nvidia<N> are exactly their claims' GPUs: {matching} of {len(pods)}"
         )
 
-    def controller_url(self, api: DemoApi) -> str:
-        """The controller's Service (kube-proxy routes its ClusterIP on this machine, as on a node)."""
-        service = api.service(CONTROLLER_NAMESPACE, f"{RELEASE}-controller")
-        port = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "http")
-        return f"http://{service['spec']['clusterIP']}:{port}"
+    def controller(self, api: DemoApi) -> StatusEndpoint:
+        """The controller's Service (kube-proxy routes its ClusterIP on this machine, as on a node), its
+        webhook port, where /status is served with a token."""
+        name = f"{RELEASE}-controller"
+        service = api.service(CONTROLLER_NAMESPACE, name)
+        port = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "webhook")
+        return StatusEndpoint(
+            f"https://{service['spec']['clusterIP']}:{port}",
+            webhook_ca(self.cluster, CONTROLLER_NAMESPACE, f"{RELEASE}-webhook-tls"),
+            f"{name}.{CONTROLLER_NAMESPACE}.svc",
+        )
 
     def stop(self) -> None:
         """Nothing: stopping the cluster stops every container."""

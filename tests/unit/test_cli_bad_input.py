@@ -297,10 +297,12 @@ CASES = {
         ["status", "--idle-after-seconds=-5"], USAGE, "'-5' is not a number of seconds >= 0"
     ),
     "status: controller URL": Case(
-        ["status", "--controller-url=nonsense"], USAGE, "'nonsense' is not an http:// or https:// URL"
+        ["status", "--controller-url=http://127.0.0.1:8080"], USAGE, "is not an https:// URL"
     ),
     "status: controller down": Case(
-        ["status", "--controller-url=http://127.0.0.1:1"], USAGE, "reading http://127.0.0.1:1/status"
+        ["status", "--controller-url=https://127.0.0.1:1", "--token=t"],
+        USAGE,
+        "reading https://127.0.0.1:1/status",
     ),
     # kubelet-plugin
     "plugin: no node name": Case(["kubelet-plugin"], USAGE, "--node-name: is required"),

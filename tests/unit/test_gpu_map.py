@@ -14,10 +14,10 @@ import pytest
 
 from gpudra.cli import status_web
 from gpudra.controller.cluster import VIEW_SECONDS, ClusterWatch
+from gpudra.controller.status_access import StatusAccess, StatusPages
 from gpudra.errors import ClusterError, ConfigError
 from gpudra.gpu_map_page import CONTENT_SECURITY_POLICY, PAGE, PATHS, GpuMapPage
-from gpudra.http_endpoint import HttpEndpoint
-from gpudra.metrics import CollectorRegistry
+from gpudra.kube.access_review import Caller
 from gpudra.model.claim import read_claim
 from gpudra.scheduling.gpu_map import (
     MAX_PAGE_SIZE,
@@ -270,21 +270,38 @@ def test_the_controller_builds_a_survey_once_per_change_or_view_period() -> None
     assert watch.survey() is not second
 
 
-def test_the_controllers_endpoint_hands_the_map_paths_to_the_page_and_the_rest_to_metrics() -> None:
+def test_the_controllers_status_pages_hand_the_map_paths_to_the_page() -> None:
     page = GpuMapPage(hostile_survey())
-    endpoint = HttpEndpoint(
-        CollectorRegistry(), address="127.0.0.1", port=0, apps={path: page.app for path in PATHS}
+
+    class Everyone:
+        def authenticate(self, token: str) -> Caller | None:
+            return Caller(username="admin")
+
+        def may_list_claims(self, caller: Caller, namespace: str) -> bool:
+            return True
+
+    pages = StatusPages(
+        StatusAccess(Everyone()),
+        view=lambda: pytest.fail("the map does not build the view"),
+        namespaces=lambda: (),
+        map_app=page.app,
+        map_paths=PATHS,
     )
     answers: list[str] = []
 
     def call(path: str) -> bytes:
-        environ = {"PATH_INFO": path, "QUERY_STRING": "", "REQUEST_METHOD": "GET"}
-        return b"".join(endpoint.app(environ, lambda status, headers: answers.append(status)))
+        environ = {
+            "PATH_INFO": path,
+            "QUERY_STRING": "",
+            "REQUEST_METHOD": "GET",
+            "HTTP_AUTHORIZATION": "Bearer t",
+        }
+        return b"".join(pages.app(environ, lambda status, headers: answers.append(status)))
 
     assert call("/") == PAGE
     assert json.loads(call("/gpu-map.json"))["nodesTotal"] == 2
-    assert b"gpu-map" not in call("/metrics")
-    assert answers == ["200 OK"] * 3
+    assert call("/metrics").startswith(b'{"error": "no such page')
+    assert answers == ["200 OK", "200 OK", "404 Not Found"]
 
 
 def test_status_web_draws_the_gpus_without_holders_when_the_caller_may_not_list_claims() -> None:

@@ -113,8 +113,8 @@ def test_every_command_works_from_the_wheel_outside_the_checkout(tmp_path: Path)
     explained = gpudra("explain", "claim.yaml", "--slices", "slices.yaml")
     assert explained.returncode == 0, explained.stderr
     assert explained.stdout.startswith("fits on node-a")
-    status = gpudra("status", "--controller-url=http://127.0.0.1:1")
-    assert status.returncode == 2 and status.stderr.startswith("gpudra status: reading http://127.0.0.1:1")
+    status = gpudra("status", "--controller-url=https://127.0.0.1:1", "--token=t")
+    assert status.returncode == 2 and status.stderr.startswith("gpudra status: reading https://127.0.0.1:1")
     for daemon in ("kubelet-plugin", "controller"):
         assert gpudra(daemon, "--help").returncode == 0
     refused = gpudra("kubelet-plugin", "--node-name=n", "--log-level=LOUD")

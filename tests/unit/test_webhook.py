@@ -23,6 +23,8 @@ from gpudra.controller.metrics import ControllerMetrics
 from gpudra.controller.options import Options
 from gpudra.controller.webhook import (
     JUDGED_KINDS,
+    MAX_BODY_BYTES,
+    MAX_CONCURRENT_REVIEWS,
     MAX_WARNING_CHARS,
     MAX_WARNINGS_CHARS,
     WebhookServer,
@@ -629,9 +631,55 @@ def test_the_server_refuses_a_body_over_its_limit_unread(server: WebhookServer) 
         connection.endheaders()
         response = connection.getresponse()
         assert response.status == 413
-        assert response.read().startswith(b"the review is 67108864 bytes; at most 8388608")
+        assert response.read().startswith(
+            f"the review is 67108864 bytes; at most {MAX_BODY_BYTES} are accepted".encode()
+        )
     finally:
         connection.close()
+
+
+def test_the_body_limit_holds_two_objects_of_etcds_size_and_the_envelope() -> None:
+    assert MAX_BODY_BYTES == 2 * 1536 * 1024 + 512 * 1024  # 3.5 MiB: twice etcd's default request limit
+    obj = claim(opaque(GOOD))
+    obj["metadata"]["annotations"] = {"big": "x" * (1536 * 1024 - 4096)}  # as large as etcd stores
+    body = json.dumps(admission_review(obj, operation="UPDATE", old=obj)).encode()
+    assert len(body) <= MAX_BODY_BYTES
+
+
+def test_reviews_beyond_the_concurrency_bound_wait_then_get_503_unread(
+    server: WebhookServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    material = material_for()
+    server.use(material)
+    monkeypatch.setattr("gpudra.controller.webhook.REVIEW_WAIT_SECONDS", 0.2)
+    body = json.dumps(admission_review(claim(opaque(GOOD)))).encode()
+
+    def connect() -> http.client.HTTPSConnection:
+        return http.client.HTTPSConnection(
+            "127.0.0.1", server.port, context=client_context(material), timeout=5
+        )
+
+    for _ in range(MAX_CONCURRENT_REVIEWS):  # every slot taken, as by slow decodes
+        assert server.decoding.acquire(blocking=False)
+    connection = connect()
+    try:
+        status, text, _ = post(connection, body)
+        assert (status, text) == (
+            503,
+            f"busy: {MAX_CONCURRENT_REVIEWS} reviews are being decoded; try again".encode(),
+        )
+    finally:
+        connection.close()
+    server.decoding.release()  # one slot frees: the next review is answered
+    connection = connect()
+    try:
+        status, text, _ = post(connection, body)
+        assert status == 200 and json.loads(text)["response"]["allowed"]
+    finally:
+        connection.close()
+    for _ in range(MAX_CONCURRENT_REVIEWS - 1):
+        server.decoding.release()
+    assert all(server.decoding.acquire(blocking=False) for _ in range(MAX_CONCURRENT_REVIEWS))
 
 
 def test_a_new_certificate_serves_new_connections_on_the_same_socket(server: WebhookServer) -> None:

@@ -303,8 +303,26 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument(
         "--controller-url",
         default=None,
-        type=Pattern(r"https?://\S+", "an http:// or https:// URL (e.g. http://127.0.0.1:8080)"),
-        help="read the view the controller serves at this URL (e.g. http://127.0.0.1:8080)",
+        type=Pattern(r"https://\S+", "an https:// URL (e.g. https://127.0.0.1:9443)"),
+        help="read the view the controller serves at this URL's /status, its webhook port "
+        "(e.g. https://127.0.0.1:9443 through kubectl port-forward)",
+    )
+    status.add_argument(
+        "--token",
+        default=None,
+        help="with --controller-url: the bearer token to send (default: the kubeconfig's)",
+    )
+    status.add_argument(
+        "--certificate-authority",
+        default=None,
+        help="with --controller-url: the CA file that signed the controller's certificate (the "
+        "webhook Secret's ca.crt); default: the kubeconfig's when the URL is its server, else the system's",
+    )
+    status.add_argument(
+        "--tls-server-name",
+        default=None,
+        help="with --controller-url: the name the controller's certificate must carry, when the URL's "
+        "host is not it (e.g. gpudra-controller.gpudra.svc through a port-forward)",
     )
     status.add_argument(
         "--web",
@@ -549,7 +567,8 @@ def _controller_parser(ctl: argparse.ArgumentParser) -> None:
         ctl,
         "webhook-port",
         default="9443",
-        help="HTTPS port of the admission webhook (0: no webhook)",
+        help="HTTPS port of the admission webhook, and of /status and the GPU map for a bearer token "
+        "(0: none of them)",
         type=Port(),
     )
     _add(ctl, "webhook-address", default="0.0.0.0", help="address the webhook binds")
@@ -578,7 +597,7 @@ def _controller_parser(ctl: argparse.ArgumentParser) -> None:
         ctl,
         "metrics-port",
         default="8080",
-        help="HTTP port for /metrics, /status, /livez, /readyz (0: off)",
+        help="HTTP port for /metrics, /livez, /readyz (0: off)",
         type=Port(),
     )
     _add(ctl, "metrics-address", default="0.0.0.0", help="address the HTTP port binds")
@@ -763,6 +782,9 @@ def _status(args: argparse.Namespace) -> int:
         idle_after_seconds=args.idle_after_seconds,
         controller_url=args.controller_url,
         context=args.context,
+        token=args.token,
+        certificate_authority=args.certificate_authority,
+        tls_server_name=args.tls_server_name,
     )
     sys.stdout.write(status.show(view, output=args.output))
     return 0

@@ -25,6 +25,9 @@ Both list only resource.k8s.io/v1 with matchPolicy Equivalent: the API server co
 through v1beta1 and v1beta2 to v1 before calling (admissionregistration/v1 `matchPolicy`), so one
 handler reads one version.
 
+The same HTTPS port answers GET requests with `pages` (`/status` and the GPU map behind a bearer token,
+gpudra.controller.status_access): it is the port with a certificate.
+
 The review's `object` and `oldObject` are decoded each on its own within `gpudra.bounded_json`'s bounds.
 One beyond them (a tenant's parameters nested thousands of levels deep) cannot be judged: it is refused
 when it carries a config of this driver (found by reading its tokens, as the API server's
@@ -77,15 +80,32 @@ _REVIEW_VERSION = "admission.k8s.io/v1"
 MAX_WARNING_CHARS = 256
 MAX_WARNINGS_CHARS = 4096
 
-# An AdmissionReview of an UPDATE holds the object twice (object and oldObject), each up to the API
-# server's 3 MiB request limit, plus the envelope: 8 MiB leaves room, and caps what one connection can
-# make this process hold.
-MAX_BODY_BYTES = 8 * 1024 * 1024
+# The largest review the API server can send. It stores no object larger than etcd accepts in one
+# request, `--max-request-bytes`, 1.5 MiB by default (etcd's "System limits: Request size limit",
+# etcd.io/docs/v3.6/dev-guide/limit/; the kube-apiserver's own 3 MiB body limit is for the JSON a
+# client sends, not what it stores), and an UPDATE's review holds the object twice (object and
+# oldObject) plus the envelope (userInfo, options: kilobytes). Twice 1.5 MiB and 512 KiB for the
+# envelope and JSON's spelling: a claim, template or class inside the API's own validation limits
+# (opaque parameters and CEL expressions 10 KiB each, 32 configs and requests) is far below it. A body
+# above it is refused with 413 before it is read; the API server applies the failurePolicy.
+ETCD_MAX_REQUEST_BYTES = 1536 * 1024
+MAX_BODY_BYTES = 2 * ETCD_MAX_REQUEST_BYTES + 512 * 1024
+# Reviews read and decoded at once. Decoding a review builds Python objects several times its size:
+# a bound on the bodies held keeps 32 concurrent large reviews from pushing the controller past the
+# chart's 256 Mi memory limit (tests/integration/test_webhook_memory.py measures it under 32 reviews of
+# 3 MiB at once: a 70 MiB process peaks at 108-122 MiB with 2 and the controller's two malloc arenas,
+# gpudra.controller.wiring). The others wait
+# at most REVIEW_WAIT_SECONDS, well inside the API server's timeout for the config webhook
+# (`timeoutSeconds: 10` in desired_configuration), then get 503 and the failurePolicy applies. One
+# review decodes in tens of milliseconds, so a wait is short unless something is wrong.
+MAX_CONCURRENT_REVIEWS = 2
+REVIEW_WAIT_SECONDS = 5.0
 # Seconds a connection may take for its handshake, and between reads; the API server's own
 # timeout per call is at most 30 s.
 CONNECTION_TIMEOUT = 15.0
 
 Warnings = Callable[[Mapping[str, Any]], list[str]]
+WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
 # The review's objects, each decoded on its own; where an unreadable one's opaque configs name drivers.
 _REVIEW_SHAPE = {"request": {"object": bounded_json.ONE, "oldObject": bounded_json.ONE}}
@@ -389,7 +409,12 @@ class WebhookServer:
         warnings: Warnings,
         count_review: Callable[[str, str], None] = lambda kind, result: None,
         skipped: Callable[[str, Poisoned], None] = lambda resource, poisoned: None,
+        pages: WsgiApp | None = None,
     ) -> None:
+        """`pages`: the WSGI application answering GET requests (`/status` and the GPU map behind
+        authentication, gpudra.controller.status_access), served on this port because it is the one
+        with a certificate."""
+        self.pages = pages
         self.address = address
         self.port = port
         self.driver = driver
@@ -399,6 +424,7 @@ class WebhookServer:
         self._thread: threading.Thread | None = None
         self._count_review = count_review
         self._skipped = skipped
+        self.decoding = threading.BoundedSemaphore(MAX_CONCURRENT_REVIEWS)
 
     def use(self, material: Material) -> None:
         """Serve `material`'s certificate from now on; ConfigError when it cannot be loaded."""
@@ -565,15 +591,58 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.close_connection = True  # the body is left unread
             self._send(413, f"the review is {length} bytes; at most {MAX_BODY_BYTES} are accepted".encode())
             return
-        body = self.rfile.read(length)
-        if len(body) < length:
-            self.close_connection = True  # the client went away mid-body
+        decoding = self.server.webhook.decoding
+        if not decoding.acquire(timeout=REVIEW_WAIT_SECONDS):
+            self.close_connection = True  # the body is left unread
+            log.warning("admission review refused: too many at once", extra={"bytes": length})
+            self._send(503, f"busy: {MAX_CONCURRENT_REVIEWS} reviews are being decoded; try again".encode())
             return
-        self._send(*self.server.webhook.answer(body))
+        try:
+            body = self.rfile.read(length)
+            if len(body) < length:
+                self.close_connection = True  # the client went away mid-body
+                return
+            answer = self.server.webhook.answer(body)
+            del body  # the reply is sent outside the bound; the body is not held while it is
+        finally:
+            decoding.release()
+        self._send(*answer)
 
-    def _send(self, status: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
+    def do_GET(self) -> None:
+        """A page of `pages`, run as a WSGI application (its requests have no body)."""
+        pages = self.server.webhook.pages
+        if pages is None:
+            self._send(404, f"not found; POST admission reviews to {PATH}".encode())
+            return
+        url = urlsplit(self.path)
+        environ = {
+            "REQUEST_METHOD": "GET",
+            "PATH_INFO": url.path,
+            "QUERY_STRING": url.query,
+            "HTTP_AUTHORIZATION": self.headers.get("Authorization", ""),
+            "wsgi.url_scheme": "https",
+        }
+        answer: dict[str, Any] = {}
+
+        def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> None:
+            answer.update(status=int(status.split(maxsplit=1)[0]), headers=headers)
+
+        body = b"".join(pages(environ, start_response))
+        headers = [(k, v) for k, v in answer["headers"] if k.lower() != "content-type"]
+        content_type = dict((k.lower(), v) for k, v in answer["headers"]).get("content-type", "text/plain")
+        self._send(answer["status"], body, content_type, headers)
+
+    def _send(
+        self,
+        status: int,
+        body: bytes,
+        content_type: str = "text/plain; charset=utf-8",
+        headers: Sequence[tuple[str, str]] = (),
+    ) -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type)
+        for name, value in headers:
+            self.send_header(name, value)
         self.send_header("Content-Length", str(len(body)))
         if self.close_connection:
             self.send_header("Connection", "close")  # the client opens a new one for its next request

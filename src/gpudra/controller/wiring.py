@@ -1,5 +1,6 @@
 """Wires `gpudra controller`: the cluster watches, leader election, the admission webhook and its
-certificates, housekeeping, metrics, `/status` and the GPU map page (`/`, `/gpu-map.json`). I/O:
+certificates, housekeeping, metrics, and `/status` and the GPU map page (`/`, `/gpu-map.json`) on the
+webhook's HTTPS port behind TokenReview and SubjectAccessReview (gpudra.controller.status_access). I/O:
 everything the controller touches, wired here and nowhere else.
 
 Every replica watches the cluster, serves the webhook (reviews write nothing) and answers `/status`,
@@ -12,9 +13,9 @@ so the other replica takes over at once.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import threading
-from typing import Any
 
 from gpudra import build, service
 from gpudra.controller.cluster import ClusterWatch
@@ -22,20 +23,38 @@ from gpudra.controller.housekeeping import Housekeeping
 from gpudra.controller.leader import LeaderElector
 from gpudra.controller.metrics import ControllerMetrics
 from gpudra.controller.options import Options
+from gpudra.controller.status_access import StatusAccess, StatusPages
 from gpudra.controller.webhook import JUDGED_KINDS, WebhookServer
 from gpudra.controller.webhook_tls import CertificateKeeper
 from gpudra.gpu_map_page import PATHS, GpuMapPage
 from gpudra.http_endpoint import Check, HttpEndpoint, loops_alive
 from gpudra.kube import client as kube
+from gpudra.kube.access_review import AccessReviews
 from gpudra.kube.admission import AdmissionObjects, cluster_role_owner
 from gpudra.kube.claim_status import ClaimStatus
 from gpudra.kube.lease import Leases
 
 log = logging.getLogger(__name__)
 STOP_TIMEOUT_SECONDS = 5.0
+# glibc gives each thread that allocates while another does an arena of its own (up to 8 per core) and
+# keeps what is freed in it: with the webhook's connection threads each reading and decoding reviews of
+# megabytes, a controller peaked at 182-265 MiB under 32 reviews of 3 MiB at once, 108-122 MiB with two
+# arenas (tests/integration/test_webhook_memory.py), against the chart's 256 Mi limit. mallopt(3)'s
+# M_ARENA_MAX, set before any thread starts; a libc without mallopt (musl) is left as it is.
+M_ARENA_MAX = -8
+MALLOC_ARENAS = 2
+
+
+def few_malloc_arenas() -> None:
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(M_ARENA_MAX, MALLOC_ARENAS)
 
 
 def run(options: Options, *, stop: threading.Event) -> None:
+    few_malloc_arenas()
     client = kube.Kube(kube.connect(options.kubeconfig))
     role = options.owner_cluster_role
     owners = [cluster_role_owner(client, role)] if role else []
@@ -71,6 +90,15 @@ def run(options: Options, *, stop: threading.Event) -> None:
     readiness = [Check("cluster-watches", cluster.current)]
     services: list[service.Service] = [cluster, elector]
     if options.webhook_port:
+        pages = StatusPages(
+            StatusAccess(AccessReviews(client)),
+            view=cluster.view,
+            namespaces=lambda: {
+                (c.get("metadata") or {}).get("namespace", "") for c in cluster.claims.objects()
+            },
+            map_app=GpuMapPage(cluster.survey).app if options.gpu_map else None,
+            map_paths=PATHS,
+        )
         webhook = WebhookServer(
             address=options.webhook_address,
             port=options.webhook_port,
@@ -78,6 +106,7 @@ def run(options: Options, *, stop: threading.Event) -> None:
             warnings=cluster.warnings,
             count_review=metrics.admission_reviews(JUDGED_KINDS),
             skipped=client.skipped.record,
+            pages=pages.app,
         )
         keeper = CertificateKeeper(
             AdmissionObjects(client, owners=owners),
@@ -100,8 +129,6 @@ def run(options: Options, *, stop: threading.Event) -> None:
             port=options.metrics_port,
             liveness=loops_alive(loops),
             readiness=readiness,
-            documents={"/status": lambda: cluster.view().model_dump_json(by_alias=True).encode()},
-            apps=_gpu_map(cluster) if options.gpu_map else {},
         )
         services.insert(0, endpoint)
     log.info(
@@ -116,9 +143,3 @@ def run(options: Options, *, stop: threading.Event) -> None:
     with service.running(services, stop_timeout=STOP_TIMEOUT_SECONDS):
         stop.wait()
         log.info("stopping")
-
-
-def _gpu_map(cluster: ClusterWatch) -> dict[str, Any]:
-    """The GPU map's paths on the status port (docs/gpu-map.md says who can reach it)."""
-    page = GpuMapPage(cluster.survey)
-    return {path: page.app for path in PATHS}

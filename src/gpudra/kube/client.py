@@ -31,6 +31,7 @@ import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from typing import Any, cast
 from urllib.parse import quote
 
@@ -289,6 +290,31 @@ def connect(kubeconfig: str | None, context: str | None = None) -> client.ApiCli
     # process's environment, so the proxy it named at start is set once, explicitly: no more look-ups.
     api.configuration.proxy = api.configuration.proxy
     return api
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """What a kubeconfig context holds for talking to its cluster: the server's URL, the bearer token
+    (None with client certificates only) and the CA file it trusts (None: the system's)."""
+
+    server: str
+    token: str | None
+    ca_file: str | None
+
+
+def credentials(kubeconfig: str | None, context: str | None = None) -> Credentials:
+    """The kubeconfig's (else the in-cluster service account's) server, token and CA; ConfigError as
+    `connect` words it."""
+    configuration = connect(kubeconfig, context).configuration
+    if configuration.refresh_api_key_hook is not None:  # an exec plugin's or a file's token, fetched now
+        configuration.refresh_api_key_hook(configuration)
+    header = str((configuration.api_key or {}).get("authorization") or "")
+    scheme, _, token = header.partition(" ")
+    return Credentials(
+        server=str(configuration.host),
+        token=token.strip() if scheme.lower() == "bearer" and token.strip() else None,
+        ca_file=str(configuration.ssl_ca_cert) if configuration.ssl_ca_cert else None,
+    )
 
 
 def _decoded(what: str, body: bytes | str, shape: bounded_json.Shape) -> Any:

@@ -1,0 +1,154 @@
+"""The controller's memory under a burst of the largest admission reviews the API server can send: a
+real `gpudra controller` process on the real control plane, 32 reviews at once straight to its webhook
+port (as 32 concurrent UPDATEs of claims as large as etcd stores would arrive), and 32 more over the
+body limit. It prints the process's peak resident memory (VmHWM); nothing is timed, and the only
+memory assertion is the chart's limit (256 Mi)."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import http.client
+import json
+import ssl
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from gpudra.controller.webhook import ETCD_MAX_REQUEST_BYTES, MAX_BODY_BYTES
+from tests.localcluster import LocalCluster
+from tests.localcluster.cluster import free_port
+from tests.localcluster.controller import NAMESPACE, ControllerProcess
+
+from .kube_helpers import wait_for
+
+CONCURRENT = 32
+CHART_MEMORY_LIMIT_MIB = 256
+DRIVER = "gpu.gpudra.io"
+
+
+@pytest.fixture(scope="module")
+def controller(cluster: LocalCluster, api: client.ApiClient) -> Iterator[ControllerProcess]:
+    core = client.CoreV1Api(api)
+    try:
+        core.create_namespace({"metadata": {"name": NAMESPACE}})
+    except ApiException as err:
+        if err.status != 409:
+            raise
+    replica = ControllerProcess(cluster, "ctl-memory", webhook_url_port=free_port())
+    try:
+        replica.start()
+        yield replica
+    finally:
+        replica.stop()
+        admission = client.AdmissionregistrationV1Api(api)
+        admission.delete_validating_webhook_configuration("gpudra")
+
+
+def _memory_kib(pid: int) -> dict[str, int]:
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            fields[key] = int(value.split()[0])
+    return fields
+
+
+def _review(size: int) -> bytes:
+    """An UPDATE of a claim with a gpudra config, object and oldObject each about `size` bytes."""
+    claim: dict[str, Any] = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "big", "namespace": "default", "annotations": {"pad": "x" * (size - 1024)}},
+        "spec": {
+            "devices": {
+                "requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}],
+                "config": [
+                    {
+                        "opaque": {
+                            "driver": DRIVER,
+                            "parameters": {"apiVersion": "resource.gpudra.io/v1beta1", "kind": "GpuConfig"},
+                        }
+                    }
+                ],
+            }
+        },
+    }
+    review = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "0d6cbd0c-0000-4000-8000-000000000001",
+            "kind": {"group": "resource.k8s.io", "version": "v1", "kind": "ResourceClaim"},
+            "operation": "UPDATE",
+            "object": claim,
+            "oldObject": claim,
+        },
+    }
+    return json.dumps(review).encode()
+
+
+def _post(port: int, context: ssl.SSLContext, body: bytes) -> int:
+    connection = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=60)
+    try:
+        connection.putrequest("POST", "/validate")
+        connection.putheader("Content-Type", "application/json")
+        connection.putheader("Content-Length", str(len(body)))
+        connection.endheaders()
+        with contextlib.suppress(OSError):  # refused unread: the server may close before all is sent
+            connection.send(body)
+        return connection.getresponse().status
+    finally:
+        connection.close()
+
+
+def test_32_concurrent_largest_reviews_stay_under_the_charts_memory_limit(
+    controller: ControllerProcess, api: client.ApiClient
+) -> None:
+    core = client.CoreV1Api(api)
+    secret = wait_for(
+        "the webhook secret",
+        lambda: _or_none(lambda: core.read_namespaced_secret("gpudra-webhook-tls", NAMESPACE)),
+    )
+    context = ssl.create_default_context(cadata=base64.b64decode(secret.data["ca.crt"]).decode())
+    port = controller.webhook_url_port
+    assert controller.process is not None
+    pid = controller.process.pid
+    before = _memory_kib(pid)
+
+    largest = _review(ETCD_MAX_REQUEST_BYTES)
+    assert len(largest) <= MAX_BODY_BYTES
+    with ThreadPoolExecutor(CONCURRENT) as pool:
+        statuses = list(pool.map(lambda _: _post(port, context, largest), range(CONCURRENT)))
+    after_largest = _memory_kib(pid)
+
+    over = b"x" * (MAX_BODY_BYTES + 1)
+    with ThreadPoolExecutor(CONCURRENT) as pool:
+        refused = list(pool.map(lambda _: _post(port, context, over), range(CONCURRENT)))
+    after_over = _memory_kib(pid)
+
+    print(
+        f"\ncontroller memory, {CONCURRENT} concurrent reviews of {len(largest) / 2**20:.2f} MiB "
+        f"(statuses {sorted(set(statuses))}), then {CONCURRENT} of {len(over) / 2**20:.2f} MiB "
+        f"(statuses {sorted(set(refused))}):\n"
+        f"  RSS before {before['VmRSS'] / 1024:.0f} MiB; peak (VmHWM) after the largest "
+        f"{after_largest['VmHWM'] / 1024:.0f} MiB, after the oversized {after_over['VmHWM'] / 1024:.0f} MiB; "
+        f"RSS at the end {after_over['VmRSS'] / 1024:.0f} MiB"
+    )
+    assert set(statuses) <= {200, 503} and 200 in statuses
+    assert set(refused) == {413}
+    assert after_over["VmHWM"] / 1024 < CHART_MEMORY_LIMIT_MIB
+
+
+def _or_none(read: Any) -> Any:
+    try:
+        return read()
+    except ApiException as err:
+        if err.status == 404:
+            return None
+        raise
