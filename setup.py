@@ -35,8 +35,12 @@ def _git_revision() -> str | None:
 class BuildPyWithRevision(build_py):
     def run(self) -> None:
         super().run()
+        # An editable install copies no module into build_lib (its source tree is the package): it has
+        # no revision to carry, as build.py says.
+        if self.dry_run or getattr(self, "editable_mode", False):
+            return
         revision = os.environ.get("GPUDRA_REVISION") or _git_revision()
-        if revision and not self.dry_run:
+        if revision:
             (Path(self.build_lib) / "gpudra" / "REVISION").write_text(f"{revision}\n")
 
 
