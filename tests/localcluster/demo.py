@@ -28,7 +28,6 @@ import argparse
 import contextlib
 import io
 import json
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -123,10 +122,8 @@ def run(
             demo.clean_up()
         finally:
             gpudra.stop()
-    # Each node's containerd holds a copy of the image, unpacked (about 700 MB a node): gone with the
-    # cluster, while the logs stay in `root` as with the fake CRI.
-    for runtime_of_node in cluster.runtimes.values():
-        shutil.rmtree(runtime_of_node.root / "root")
+    # Each node's containerd content (the image unpacked, about 700 MB a node) went with the cluster's
+    # stop (LocalCluster.stop); the logs stay, as with the fake CRI.
     print("\ncluster stopped; no process left running.")
 
 
