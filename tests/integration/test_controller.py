@@ -380,23 +380,26 @@ def test_a_pending_gpu_claim_is_listed(
     controller: ControllerProcess, core: client.CoreV1Api, resources: Resources
 ) -> None:
     namespace = new_namespace(core, "pending")
-    h200 = f'device.attributes["{DRIVER}"].productName == "NVIDIA H200"'
-    body = _claim("waits", {"apiVersion": "resource.gpudra.io/v1beta1", "kind": "GpuConfig"})
-    body["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [{"cel": {"expression": h200}}]
-    resources.create("resourceclaims", body, namespace)
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "waits"},
-        "spec": _pod_spec_for_claim("waits"),
-    }
-    core.create_namespaced_pod(namespace, pod)
+    _pending_claim_and_pod(namespace, core, resources)
     pending = wait_for(
         "the claim among the pending ones",
         lambda: [p for p in controller.status()["pending"] if p["namespace"] == namespace],
         timeout=30,
     )
     assert pending[0]["name"] == "waits" and pending[0]["deviceClasses"] == ["gpu.gpudra.io"]
+
+
+def _pending_claim_and_pod(namespace: str, core: client.CoreV1Api, resources: Resources) -> None:
+    """Claim and pod "waits" in `namespace`: the claim asks an H200, which no node has, so both stay
+    pending."""
+    h200 = f'device.attributes["{DRIVER}"].productName == "NVIDIA H200"'
+    body = _claim("waits", {"apiVersion": "resource.gpudra.io/v1beta1", "kind": "GpuConfig"})
+    body["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [{"cel": {"expression": h200}}]
+    resources.create("resourceclaims", body, namespace)
+    spec = _pod_spec_for_claim("waits")
+    core.create_namespaced_pod(
+        namespace, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "waits"}, "spec": spec}
+    )
 
 
 def _pod_spec_for_claim(claim: str) -> dict[str, Any]:
@@ -783,18 +786,8 @@ def test_status_answers_each_token_what_rbac_lets_it_list_and_nothing_anonymousl
     to list claims cluster-wide sees every namespace's, one allowed in one namespace only that one's, one
     with no rights 403 — decided by the real API server's TokenReview and SubjectAccessReview."""
     team_a, team_b = new_namespace(core, "status-a"), new_namespace(core, "status-b")
-    h200 = f'device.attributes["{DRIVER}"].productName == "NVIDIA H200"'  # no such GPU: stays pending
     for namespace in (team_a, team_b):
-        body = _claim("waits", {"apiVersion": "resource.gpudra.io/v1beta1", "kind": "GpuConfig"})
-        body["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [{"cel": {"expression": h200}}]
-        resources.create("resourceclaims", body, namespace)
-        pod = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": "waits"},
-            "spec": _pod_spec_for_claim("waits"),
-        }
-        core.create_namespaced_pod(namespace, pod)
+        _pending_claim_and_pod(namespace, core, resources)
     rbac = client.RbacAuthorizationV1Api(api)
     reader = f"claim-reader-{team_a}"
     rbac.create_cluster_role(
