@@ -98,7 +98,11 @@ def hot_paths(runs: list[Run]) -> str:
     blocks = []
     largest = max((run.nodes for run in runs), default=0)
     for run in runs:
-        if run.hot_path and run.nodes == largest and run.layout in (REFERENCE, "mig-profiles", "everything"):
+        if (
+            run.hot_path
+            and run.nodes == largest
+            and run.layout in (REFERENCE, "mig-profiles", "mig-profiles-minimal", "everything")
+        ):
             blocks.append(
                 f"Scheduler CPU profile, 1.{run.server_minor}, {run.nodes} nodes, `{run.layout}`, "
                 "while it placed whole-GPU pods (cumulative time, Kubernetes frames):"
