@@ -16,7 +16,8 @@ feeds them:
   lost GPU on them, and reads their uncorrected ECC count (`observe_probe`) so that a double-bit
   error is found there too, a poll later;
 - the health monitor's poll hands over which GPUs answered (`observe_probe`), which lifts reset marks
-  of GPUs seen unreachable and back, and expires recoverable marks and those of an earlier boot;
+  of GPUs seen unreachable and back (not reboot marks: those wait for a new boot ID), and expires
+  recoverable marks and those of an earlier boot;
 - the poll also hands over each answering GPU's conditions (`GpuConditions`: memory repairs waiting
   for a reset, a failed row remapping, NVLinks down): a condition that appears is recorded as a fault
   of its own reason, one that is read gone lifts the mark it made (`gpu_health.observe_cleared`), and
@@ -236,12 +237,9 @@ class GpuFaults:
             self._save()
         crash.reached("health-saved")
         held = self._holders(fault.gpu_uuid, fault.device)
-        effect = self.reset_effect if fault.xid_class == XidClass.RESET else "NoSchedule"
-        until = (
-            f"a GPU reset is observed, the node reboots, or the Node is annotated "
-            f"{gpu_health.CLEAR_ANNOTATION}={fault.gpu_uuid}"
-            if fault.xid_class == XidClass.RESET
-            else f"no fault for {self.clean_seconds:g} s"
+        effect = gpu_health.taint_effect(fault.xid_class, self.reset_effect)
+        until = gpu_health.lifted_when(
+            fault.xid_class, gpu_uuid=fault.gpu_uuid, clean_seconds=self.clean_seconds
         )
         log.warning(
             "GPU fault",
@@ -480,7 +478,7 @@ class GpuFaults:
             data = json.loads(self._file.read_text())
             if data.get("version") != FILE_VERSION:
                 raise ValueError(f"version {data.get('version')!r}, not {FILE_VERSION}")
-            marks = [Mark(**{**m, "xid_class": XidClass(m["xid_class"])}) for m in data["marks"]]
+            marks = [Mark(**{**m, "xid_class": _class_of(m)}) for m in data["marks"]]
             counts = {str(k): int(v) for k, v in data.get("ecc_counts", {}).items()}
             conditions = {
                 str(k): [str(c) for c in v if c in gpu_health.CONDITIONS]
@@ -538,6 +536,14 @@ class GpuFaults:
             write_atomically(self._file, json.dumps(content, indent=1).encode(), mode=0o644)
         except OSError as err:
             log.warning("cannot save the GPU health file", extra={"path": str(self._file), "error": str(err)})
+
+
+def _class_of(mark: dict[str, Any]) -> XidClass:
+    """A saved mark's class. A failed row remapping was saved as `reset` before the `reboot` class
+    existed, with the rules that class has now."""
+    if mark["reason"] == gpu_health.ROW_REMAP_FAILURE:
+        return XidClass.REBOOT
+    return XidClass(mark["xid_class"])
 
 
 class _WriterTurn:
