@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -175,6 +176,16 @@ def test_a_partitions_own_fault_taints_that_partition_only(h100: Node) -> None:
     sim.raise_xid(state_file=h100.state_file, gpu_uuid=gpu, xid=74)
     h100.until("all of gpu-0 tainted", lambda: set(h100.tainted()) == h100.on_gpu("gpu-0"))
     assert h100.tainted()["gpu-0-mig-3g40gb-4"] == "Xid74:NoSchedule"
+
+
+def test_a_mig_configuration_change_tells_its_watchers(h100: Node) -> None:
+    changed = threading.Event()
+    h100.faults.subscribe_mig_change(changed.set)
+    with h100.session() as session:
+        session.create_mig_device(gpu_uuid=h100.gpus["gpu-4"], profile_id=19, placement_start=0)
+    assert changed.wait(5)
+    assert h100.sample("gpudra_gpu_events_total", gpu="gpu-4", type="mig_config_change")
+    assert h100.tainted() == {}
 
 
 def test_a_double_bit_error_needs_a_reset(h100: Node) -> None:

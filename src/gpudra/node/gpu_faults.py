@@ -9,8 +9,10 @@ feeds them:
   `GpuFault` Warning event on the Node naming the GPU (or partition), the XID and the claims holding
   it, and the health monitor is woken to republish; every XID is counted
   (`gpudra_gpu_xid_errors_total{gpu,xid}`). Single-bit ECC and MIG configuration change events are
-  counted only (`gpudra_gpu_events_total{gpu,type}`). A fault naming a GPU instance marks that partition: the
-  published device at the instance's profile and placement;
+  counted only (`gpudra_gpu_events_total{gpu,type}`); a MIG configuration change also tells those
+  who `subscribe_mig_change` (gpudra.node.foreign_mig checks for instances made outside gpudra). A
+  fault naming a GPU instance marks that partition: the published device at the instance's profile
+  and placement;
 - GPUs that offer no XID or double-bit ECC events (NOT_SUPPORTED: some VMs and vGPU guests) are said
   once in the log and as a `GpuEventsUnsupported` Node event; the health monitor's poll still finds a
   lost GPU on them, and reads their uncorrected ECC count (`observe_probe`) so that a double-bit
@@ -68,6 +70,7 @@ from gpudra.service import Loop
 log = logging.getLogger(__name__)
 
 DOUBLE_BIT_ECC_EVENT = "double_bit_ecc"  # gpudra.gpu.nvml.DOUBLE_BIT_ECC: the kind of event that is a fault
+MIG_CONFIG_CHANGE_EVENT = "mig_config_change"  # gpudra.gpu.nvml.MIG_CONFIG_CHANGE
 WAIT_SECONDS = 1.0  # one wait on the event set: how long a stop may wait for the loop
 ANNOTATION_SECONDS = 10.0
 RETRY_SECONDS = 60.0  # GPUs whose registration failed (lost at the time) are tried again this often
@@ -161,6 +164,7 @@ class GpuFaults:
         self._read_annotation = read_annotation
         self._annotation_interval = annotation_interval
         self._clock = clock
+        self._mig_watchers: list[Callable[[], None]] = []
         self._lock = threading.Lock()
         # Held while a fault or a rule is applied (re-entrant: a condition found by a poll is recorded
         # inside it); the turn takes it to change `writing`, so no write starts or runs after a stop.
@@ -200,6 +204,10 @@ class GpuFaults:
     def subscribe(self, changed: Callable[[], None]) -> None:
         """`changed()` runs (it must not block) after a fault or a rule changed the marks."""
         self._subscribers.append(changed)
+
+    def subscribe_mig_change(self, changed: Callable[[], None]) -> None:
+        """`changed()` runs (it must not block) after an NVML MIG configuration change event."""
+        self._mig_watchers.append(changed)
 
     # --- service -------------------------------------------------------------------------------
 
@@ -367,6 +375,9 @@ class GpuFaults:
         else:  # a corrected ECC error, a MIG configuration change (gpudra's own too): counted only
             self._metrics.count_event(self._names.get(event.gpu_uuid, event.gpu_uuid), event.kind)
             log.debug("GPU event", extra={"gpu": event.gpu_uuid, "event": event.kind})
+            if event.kind == MIG_CONFIG_CHANGE_EVENT:
+                for watcher in self._mig_watchers:
+                    watcher()
         return 0
 
     def _open_watch(self) -> EventWatch:
