@@ -400,16 +400,17 @@ def test_a_placement_taken_by_hand_is_not_offered_until_the_instance_is_gone(
             timeout=30,
         )
         assert f"GPU instance {by_hand.gpu_instance_id} (2g.20gb at 4) was made outside gpudra" in said
-        published = wait_for(
-            "the overlapped placements left out of the slice",
+        # The pool's slices are updated one after another: wait for all of them, not the first.
+        wait_for(
+            "the overlapped placements and the whole GPU left out of the slices, the rest offered",
             lambda: (
                 (found := pool_devices(api, node=NODE, driver=DRIVER))
                 and f"gpu-{minor}-mig-1g10gb-5" not in found
-                and found
+                and f"gpu-{minor}" not in found
+                and f"gpu-{minor}-mig-1g10gb-0" in found
             ),
             timeout=30,
         )
-        assert f"gpu-{minor}" not in published and f"gpu-{minor}-mig-1g10gb-0" in published
         utils.create_from_yaml(
             api,
             yaml_objects=[
