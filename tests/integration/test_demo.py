@@ -18,7 +18,7 @@ SUMMARY = (
     "MPS control daemons running for the claims: 4 "
     "(SM share/memory limit: 15%/10240M 25%/20480M 50%/16384M 50%/40960M)",
     "Unhealthy GPUs (tainted gpudra.io/unhealthy; docs/health.md says what lifts it):",
-    "taint gpudra.io/unhealthy=Xid79 lifted: a GPU reset was observed: it was unreachable and answers again",
+    "taint gpudra.io/unhealthy=Xid119 lifted: a GPU reset was observed: it was unreachable and answers again",
     "CDI spec files left: 0; GPU settings back to default: yes; MIG devices left: 0; MPS daemons left: 0",
     "no process left running",
 )

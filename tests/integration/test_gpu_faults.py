@@ -162,6 +162,7 @@ def test_a_fatal_xid_taints_a_gpu_and_its_partitions_an_application_xid_does_not
     gpu = _gpu_uuid(api, 1)
 
     sim.raise_xid(state_file=plugin.sim_state, gpu_uuid=gpu, xid=13)  # the application's own error
+    sim.raise_xid(state_file=plugin.sim_state, gpu_uuid=gpu, xid=94)  # contained ECC: RESTART_APP
     time.sleep(3)
     assert _tainted(api) == {}
     assert not [m for m in _node_events(api, "GpuFault") if gpu in m]
@@ -176,15 +177,15 @@ def test_a_fatal_xid_taints_a_gpu_and_its_partitions_an_application_xid_does_not
     assert set(tainted.values()) == {"Xid79:NoSchedule"}
     assert {"gpu-1", "gpu-1-shared"} < set(tainted) and any("-mig-" in name for name in tainted)
     (event,) = wait_for("a GpuFault event", lambda: [m for m in _node_events(api, "GpuFault") if gpu in m])
-    assert "XID 79 (GPU has fallen off the bus), class reset" in event
+    assert "XID 79 (GPU has fallen off the bus), class reboot" in event
     assert event.endswith(f"held by claim {namespace}/{claim}")
     health = wait_for(
         "the device Unhealthy in the pod status",
         lambda: _resource_health(core, "holder", namespace, health="Unhealthy"),
         timeout=60,
     )
-    assert health.get("message", f"GPU {gpu}: XID 79 (GPU has fallen off the bus); needs a GPU reset") == (
-        f"GPU {gpu}: XID 79 (GPU has fallen off the bus); needs a GPU reset"
+    assert health.get("message", f"GPU {gpu}: XID 79 (GPU has fallen off the bus); needs a node reboot") == (
+        f"GPU {gpu}: XID 79 (GPU has fallen off the bus); needs a node reboot"
     )  # the message field is there on kubelets with ResourceHealthStatusMessage (1.36+)
     time.sleep(3)  # no new event for a while lifts nothing
     assert set(_tainted(api)) == expected
@@ -206,7 +207,7 @@ def test_a_fatal_xid_taints_a_gpu_and_its_partitions_an_application_xid_does_not
     )
     assert _tainted(api)["gpu-2"] == "DoubleBitEcc:NoSchedule"  # the first fault names it (then XID 48)
 
-    # The operator's word after a reset: the annotation names both GPUs.
+    # The operator's word: the annotation names both GPUs (for XID 79 the only rule short of a reboot).
     time.sleep(1)  # the plugin has read the annotation (absent) since the faults
     _annotate(core, f"{gpu},{second}")
     wait_for("the taints lifted", lambda: _tainted(api) == {}, timeout=60)

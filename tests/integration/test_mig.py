@@ -24,7 +24,16 @@ from gpudra.sim import machines
 from gpudra.sim import state as sim_state
 from tests.localcluster.node_plugin import DRIVER, PluginProcess
 
-from .kube_helpers import Resources, new_namespace, pod_events, pod_gone, pod_running, unschedulable, wait_for
+from .kube_helpers import (
+    Resources,
+    new_namespace,
+    pod_events,
+    pod_gone,
+    pod_running,
+    pool_devices,
+    unschedulable,
+    wait_for,
+)
 
 NODE = "node-h100"
 H100 = machines.H100_SXM5_80GB
@@ -361,18 +370,47 @@ def test_an_a100_offers_partitions_only_with_mig_on_and_itself_only_with_mig_off
 # --- errors and crashes ------------------------------------------------------------------------------
 
 
-def test_a_placement_taken_by_hand_fails_that_claim_only_and_names_why(
+def _node_events(core: client.CoreV1Api, reason: str) -> list[str]:
+    events = core.list_namespaced_event(
+        "default", field_selector=f"involvedObject.kind=Node,involvedObject.name={NODE},reason={reason}"
+    )
+    return [str(event.message) for event in events.items]
+
+
+def test_a_placement_taken_by_hand_is_not_offered_until_the_instance_is_gone(
     api: client.ApiClient, plugin: PluginProcess
 ) -> None:
+    """An instance made by hand (not through a claim) is noticed and said once on the Node; the
+    placements it overlaps and the whole GPU leave the slice, so a claim for one stays pending instead
+    of failing at prepare, while other claims on the GPU run. Once it is destroyed, the placement is
+    offered again and the pending claim runs. gpudra never touches the instance."""
     core = client.CoreV1Api(api)
     ns = new_namespace(core, "mig-taken")
     minor = 3
+    uuid = gpu_uuid(plugin, minor)
     # The test plays the administrator who made an instance by hand.
     with nvml.connect("sim:dgx-h100", state_file=plugin.sim_state) as session:
         by_hand = session.create_mig_device(
-            gpu_uuid=gpu_uuid(plugin, minor), profile_id=PROFILE_IDS["2g.20gb"], placement_start=4
+            gpu_uuid=uuid, profile_id=PROFILE_IDS["2g.20gb"], placement_start=4
         )
     try:
+        (said,) = wait_for(
+            "the ForeignMigInstance event",
+            lambda: [m for m in _node_events(core, "ForeignMigInstance") if uuid in m],
+            timeout=30,
+        )
+        assert f"GPU instance {by_hand.gpu_instance_id} (2g.20gb at 4) was made outside gpudra" in said
+        # The pool's slices are updated one after another: wait for all of them, not the first.
+        wait_for(
+            "the overlapped placements and the whole GPU left out of the slices, the rest offered",
+            lambda: (
+                (found := pool_devices(api, node=NODE, driver=DRIVER))
+                and f"gpu-{minor}-mig-1g10gb-5" not in found
+                and f"gpu-{minor}" not in found
+                and f"gpu-{minor}-mig-1g10gb-0" in found
+            ),
+            timeout=30,
+        )
         utils.create_from_yaml(
             api,
             yaml_objects=[
@@ -384,25 +422,25 @@ def test_a_placement_taken_by_hand_fails_that_claim_only_and_names_why(
             namespace=ns,
         )
         wait_for("the other claim's pod Running", lambda: pod_running(core, "free", ns), timeout=120)
-
-        def refused() -> str | None:
-            return next((e for e in pod_events(core, "taken", ns) if "did not create" in e), None)
-
-        event = wait_for("the refusal in the pod's events", refused, timeout=120)
-        for part in ("1g.10gb at placement 5", gpu_uuid(plugin, minor), by_hand.uuid, "never destroys"):
-            assert part in event
-        assert card(plugin, minor)[4] == (PROFILE_IDS["2g.20gb"], by_hand.uuid)
-        core.delete_namespaced_pod("taken", ns, grace_period_seconds=0)
-        core.delete_namespaced_pod("free", ns, grace_period_seconds=0)
         wait_for(
-            "pods deleted", lambda: pod_gone(core, "taken", ns) and pod_gone(core, "free", ns), timeout=90
+            "the taken placement's pod unschedulable", lambda: unschedulable(core, "taken", ns), timeout=60
         )
-        wait_for("only the hand-made instance left", lambda: list(card(plugin, minor)) == [4], timeout=60)
+        assert not [e for e in pod_events(core, "taken", ns) if "did not create" in e]  # never allocated
+        assert card(plugin, minor)[4] == (PROFILE_IDS["2g.20gb"], by_hand.uuid)
     finally:
         with nvml.connect("sim:dgx-h100", state_file=plugin.sim_state) as session:
-            session.destroy_mig_device(
-                gpu_uuid=gpu_uuid(plugin, minor), gpu_instance_id=by_hand.gpu_instance_id
-            )
+            session.destroy_mig_device(gpu_uuid=uuid, gpu_instance_id=by_hand.gpu_instance_id)
+    wait_for(
+        "the ForeignMigInstanceGone event",
+        lambda: [m for m in _node_events(core, "ForeignMigInstanceGone") if uuid in m],
+        timeout=30,
+    )
+    wait_for("the pending claim's pod Running", lambda: pod_running(core, "taken", ns), timeout=120)
+    assert len([m for m in _node_events(core, "ForeignMigInstance") if uuid in m]) == 1  # said once
+    core.delete_namespaced_pod("taken", ns, grace_period_seconds=0)
+    core.delete_namespaced_pod("free", ns, grace_period_seconds=0)
+    wait_for("pods deleted", lambda: pod_gone(core, "taken", ns) and pod_gone(core, "free", ns), timeout=90)
+    wait_for(f"GPU {minor} empty", partial(emptied, plugin, minor), timeout=60)
     core.delete_namespace(ns)
 
 

@@ -8,8 +8,9 @@ with feature gates that cannot keep shares or MIG partitions on demand, explain 
 release they need, and the nodes' PublishingWithheld events say what they left out), applies them all,
 shows the admission webhook refusing a bad config, waits for the pods it can serve to run and finds the
 others left unscheduled, prints what was allocated, what the container runtime received and `gpudra
-status`, makes a free GPU fall off the bus (a simulated XID 79: tainted, listed unhealthy by `gpudra
-status`, then reset and lifted), then deletes the pods and shows that everything was undone. The
+status`, makes a free GPU's firmware stop answering (a simulated XID 119, which NVIDIA's XID catalog
+resolves with a GPU reset: tainted, listed unhealthy by `gpudra status`, then reset and lifted), then
+deletes the pods and shows that everything was undone. The
 release is the local cluster's: `K8S=v1.35.8 make demo` (and GPUDRA_FEATURE_GATES) runs it on another
 (`make compat`).
 
@@ -341,16 +342,21 @@ class Demo:
         print(shown.stdout.rstrip())
 
     def fault(self) -> None:
-        """A free GPU of FAULT_NODE falls off the bus (XID 79, simulated): its taint, `gpudra status`
-        and the plugin's Node event; then a reset brings it back and the plugin lifts the taint (the
-        reset rule of docs/health.md). About one health poll (10 s) at most."""
+        """A free GPU of FAULT_NODE stops answering: its firmware timed out (XID 119, GSP RPC timeout,
+        simulated with the GPU lost to NVML): its taint, `gpudra status` and the plugin's Node event;
+        then a reset brings it back and the plugin lifts the taint (the reset rule of docs/health.md;
+        XID 119's catalog action is RESET_GPU). Not XID 79: a GPU off the bus needs a node reboot,
+        which a reset does not replace. About one health poll (10 s) at most."""
         api, endpoint = self.api, self.gpudra.controller(self.api)
         device, gpu = _free_gpu(api, FAULT_NODE)
         sim_state = self.gpudra.nodes[FAULT_NODE].sim_state
-        _step(f"a GPU fails: {device} of {FAULT_NODE} falls off the bus (simulated XID 79)")
+        _step(
+            f"a GPU fails: the firmware of {device} of {FAULT_NODE} stops answering (simulated XID 119, "
+            "GSP RPC timeout)"
+        )
         started = time.monotonic()
         sim.set_gpu_lost(state_file=sim_state, gpu_uuid=gpu, lost=True)
-        sim.raise_xid(state_file=sim_state, gpu_uuid=gpu, xid=79)
+        sim.raise_xid(state_file=sim_state, gpu_uuid=gpu, xid=119)
         _wait(
             "gpudra status to list the GPU unhealthy",
             lambda: _unhealthy(endpoint) == [(FAULT_NODE, device)],

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -135,15 +136,15 @@ def test_a_fatal_xid_taints_the_gpu_and_its_partitions_and_says_who_holds_it(h10
     health = h100.health()
     assert health["gpu-3-mig-1g10gb-0"] == (
         Health.UNHEALTHY,
-        f"GPU {gpu}: XID 79 (GPU has fallen off the bus); needs a GPU reset",
+        f"GPU {gpu}: XID 79 (GPU has fallen off the bus); needs a node reboot",
     )
     assert health["gpu-2"] == (Health.HEALTHY, "")
     (posted,) = h100.events.posted
     assert posted == (
         "Warning",
         "GpuFault",
-        f"GPU {gpu} (gpu-3): XID 79 (GPU has fallen off the bus), class reset; tainted "
-        f"gpudra.io/unhealthy=Xid79:NoSchedule until a GPU reset is observed, the node reboots, or the "
+        f"GPU {gpu} (gpu-3): XID 79 (GPU has fallen off the bus), class reboot; tainted "
+        f"gpudra.io/unhealthy=Xid79:NoSchedule until the node reboots (a GPU reset does not lift it) or the "
         f"Node is annotated gpudra.io/clear-health={gpu}; held by claim team-a/train",
     )
     assert h100.sample("gpudra_gpu_xid_errors_total", gpu="gpu-3", xid="79") == 1
@@ -151,9 +152,11 @@ def test_a_fatal_xid_taints_the_gpu_and_its_partitions_and_says_who_holds_it(h10
 
 def test_an_application_error_is_counted_and_taints_nothing(h100: Node) -> None:
     gpu = h100.gpus["gpu-1"]
-    for xid in (13, 31, 43, 45, 68, 109):
+    for xid in (13, 31, 43, 45, 63, 68, 92, 94):
         sim.raise_xid(state_file=h100.state_file, gpu_uuid=gpu, xid=xid)
-    h100.until("six XIDs counted", lambda: h100.sample("gpudra_gpu_xid_errors_total", gpu="gpu-1", xid="109"))
+    h100.until(
+        "eight XIDs counted", lambda: h100.sample("gpudra_gpu_xid_errors_total", gpu="gpu-1", xid="94")
+    )
     assert h100.tainted() == {} and h100.events.posted == [] and h100.faults.marks() == ()
     assert h100.sample("gpudra_gpu_xid_errors_total", gpu="gpu-1", xid="13") == 1
     assert all(health == Health.HEALTHY for health, _ in h100.health().values())
@@ -175,6 +178,16 @@ def test_a_partitions_own_fault_taints_that_partition_only(h100: Node) -> None:
     assert h100.tainted()["gpu-0-mig-3g40gb-4"] == "Xid74:NoSchedule"
 
 
+def test_a_mig_configuration_change_tells_its_watchers(h100: Node) -> None:
+    changed = threading.Event()
+    h100.faults.subscribe_mig_change(changed.set)
+    with h100.session() as session:
+        session.create_mig_device(gpu_uuid=h100.gpus["gpu-4"], profile_id=19, placement_start=0)
+    assert changed.wait(5)
+    assert h100.sample("gpudra_gpu_events_total", gpu="gpu-4", type="mig_config_change")
+    assert h100.tainted() == {}
+
+
 def test_a_double_bit_error_needs_a_reset(h100: Node) -> None:
     sim.raise_double_bit_ecc(state_file=h100.state_file, gpu_uuid=h100.gpus["gpu-5"])
     h100.until("gpu-5 tainted", lambda: set(h100.tainted()) == h100.on_gpu("gpu-5"))
@@ -188,10 +201,12 @@ def test_the_reset_effect_option_evicts(tmp_path: Path) -> None:
     try:
         node.until("watching", lambda: node.sample("gpudra_gpu_events_monitored", gpu="gpu-0") == 1)
         sim.raise_xid(state_file=node.state_file, gpu_uuid=node.gpus["gpu-0"], xid=119)
-        sim.raise_xid(state_file=node.state_file, gpu_uuid=node.gpus["gpu-1"], xid=92)
-        node.until("both tainted", lambda: len(node.tainted()) == len(node.on_gpu("gpu-0")) * 2)
+        sim.raise_xid(state_file=node.state_file, gpu_uuid=node.gpus["gpu-1"], xid=8)
+        sim.raise_xid(state_file=node.state_file, gpu_uuid=node.gpus["gpu-2"], xid=79)
+        node.until("all three tainted", lambda: len(node.tainted()) == len(node.on_gpu("gpu-0")) * 3)
         assert node.tainted()["gpu-0"] == "Xid119:NoExecute"
-        assert node.tainted()["gpu-1"] == "Xid92:NoSchedule"  # recoverable: never evicts
+        assert node.tainted()["gpu-1"] == "Xid8:NoSchedule"  # recoverable: never evicts
+        assert node.tainted()["gpu-2"] == "Xid79:NoExecute"  # a reboot: evicts as a reset does
     finally:
         node.monitor.stop()
 
@@ -201,7 +216,7 @@ def test_the_reset_effect_option_evicts(tmp_path: Path) -> None:
 
 def test_a_reset_fault_stays_until_the_gpu_was_seen_gone_and_back(h100: Node) -> None:
     gpu = h100.gpus["gpu-2"]
-    sim.raise_xid(state_file=h100.state_file, gpu_uuid=gpu, xid=79)
+    sim.raise_xid(state_file=h100.state_file, gpu_uuid=gpu, xid=119)
     h100.until("tainted", h100.tainted)
     time.sleep(20 * INTERVAL)  # many polls without another event: still tainted
     assert set(h100.tainted()) == h100.on_gpu("gpu-2")
@@ -211,8 +226,31 @@ def test_a_reset_fault_stays_until_the_gpu_was_seen_gone_and_back(h100: Node) ->
     h100.until("lifted", lambda: h100.tainted() == {})
     assert h100.events.reasons() == ["GpuFault", "GpuFaultCleared"]
     assert h100.events.posted[-1][2] == (
-        f"GPU {gpu}: taint gpudra.io/unhealthy=Xid79 lifted: a GPU reset was observed: it was unreachable "
+        f"GPU {gpu}: taint gpudra.io/unhealthy=Xid119 lifted: a GPU reset was observed: it was unreachable "
         "and answers again"
+    )
+
+
+def test_a_gpu_off_the_bus_stays_tainted_after_a_reset_until_the_node_reboots(h100: Node) -> None:
+    """XID 79's catalog action is RESTART_BM: the GPU seen lost and answering again keeps the taint (the
+    probe's own lost-GPU taint goes); a restart under a new boot ID lifts it."""
+    gpu = h100.gpus["gpu-2"]
+    sim.set_gpu_lost(state_file=h100.state_file, gpu_uuid=gpu, lost=True)
+    sim.raise_xid(state_file=h100.state_file, gpu_uuid=gpu, xid=79)
+    h100.until("unreachable seen", lambda: [m.unreachable_seen for m in h100.faults.marks()] == [True])
+    sim.set_gpu_lost(state_file=h100.state_file, gpu_uuid=gpu, lost=False)
+    h100.until("answering", lambda: h100.health()["gpu-2"][1].endswith("needs a node reboot"))
+    time.sleep(20 * INTERVAL)
+    assert set(h100.tainted().values()) == {"Xid79:NoSchedule"}
+    assert h100.events.reasons() == ["GpuFault"]
+    h100.restart()  # the plugin restarted on the same boot: still there
+    h100.until("the restarted monitor polled", lambda: h100.monitor.wait(after=0, timeout=5))
+    assert set(h100.tainted()) == h100.on_gpu("gpu-2")
+    h100.boot_id = "boot-2"
+    h100.restart()
+    h100.until("lifted by the reboot", lambda: h100.tainted() == {} and h100.monitor.wait(after=0, timeout=5))
+    assert h100.events.posted[-1][2] == (
+        f"GPU {gpu}: taint gpudra.io/unhealthy=Xid79 lifted: the node rebooted since"
     )
 
 
@@ -239,10 +277,10 @@ def test_a_recoverable_fault_is_lifted_after_the_clean_time(tmp_path: Path) -> N
     try:
         node.until("watching", lambda: node.sample("gpudra_gpu_events_monitored", gpu="gpu-4") == 1)
         gpu = node.gpus["gpu-4"]
-        sim.raise_xid(state_file=node.state_file, gpu_uuid=gpu, xid=94)
+        sim.raise_xid(state_file=node.state_file, gpu_uuid=gpu, xid=8)  # unlisted: recoverable
         node.until("tainted", node.tainted)
         started = time.monotonic()
-        sim.raise_xid(state_file=node.state_file, gpu_uuid=gpu, xid=63)  # another: the clock starts again
+        sim.raise_xid(state_file=node.state_file, gpu_uuid=gpu, xid=999)  # another: the clock starts again
         node.until("lifted", lambda: node.tainted() == {})
         assert time.monotonic() - started >= 0.45
         assert node.events.reasons() == ["GpuFault", "GpuFault", "GpuFaultCleared"]
@@ -264,6 +302,34 @@ def test_a_restart_keeps_the_taint_and_a_reboot_lifts_it(h100: Node) -> None:
     h100.restart()
     h100.until("lifted by the reboot", lambda: h100.tainted() == {} and h100.monitor.wait(after=0, timeout=5))
     assert h100.events.posted[-1][2].endswith("lifted: the node rebooted since")
+
+
+def test_a_failed_remap_saved_as_reset_before_the_reboot_class_loads_as_reboot(tmp_path: Path) -> None:
+    (tmp_path / "state").mkdir()
+    mark = {
+        "gpu_uuid": "GPU-x",
+        "device": None,
+        "reason": "RowRemapFailure",
+        "xid_class": "reset",
+        "what": "a row remapping failed",
+        "first_seen": 1.0,
+        "last_seen": 1.0,
+        "boot_id": "boot-1",
+    }
+    saved = {
+        "version": 1,
+        "boot_id": "boot-1",
+        "marks": [mark, {**mark, "gpu_uuid": "GPU-y", "reason": "Xid48"}],
+    }
+    (tmp_path / "state" / "health.json").write_text(json.dumps(saved))
+    node = Node(tmp_path, "mixed")
+    try:
+        assert {m.gpu_uuid: m.xid_class for m in node.faults.marks()} == {
+            "GPU-x": XidClass.REBOOT,
+            "GPU-y": XidClass.RESET,
+        }
+    finally:
+        node.monitor.stop()
 
 
 def test_a_damaged_health_file_is_logged_and_ignored(
@@ -397,6 +463,10 @@ def test_a_failed_row_remap_survives_a_reset_and_yields_to_the_annotation(h100: 
     sim.set_memory_condition(state_file=h100.state_file, gpu_uuid=gpu, condition="row-remap-failed", on=True)
     h100.until("tainted", h100.tainted)
     assert set(h100.tainted().values()) == {"RowRemapFailure:NoSchedule"}
+    assert (
+        "class reboot; tainted gpudra.io/unhealthy=RowRemapFailure:NoSchedule until the node reboots (a "
+        "GPU reset does not lift it)" in h100.events.posted[0][2]
+    )
     sim.set_gpu_lost(state_file=h100.state_file, gpu_uuid=gpu, lost=True)
     h100.until("unreachable seen", lambda: all(m.unreachable_seen for m in h100.faults.marks()))
     sim.set_gpu_lost(state_file=h100.state_file, gpu_uuid=gpu, lost=False)

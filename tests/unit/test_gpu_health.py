@@ -21,11 +21,14 @@ from gpudra.model.gpu_health import (
     device_taints,
     double_bit_ecc,
     expire,
+    lifted_when,
+    needs,
     observe_annotation,
     observe_cleared,
     observe_reachable,
     parse_xid_classes,
     record,
+    taint_effect,
 )
 
 GPU, OTHER = "GPU-aaaa", "GPU-bbbb"
@@ -39,37 +42,50 @@ DEVICE_GPUS = {
     "gpu-1": OTHER,
 }
 
-# Every default, and why (docs/health.md has the sources).
+# Every default: the catalog's immediate action and the class that follows from it (docs/health.md has
+# the table and the sources).
 EXPECTED = {
-    13: XidClass.IGNORE,
-    31: XidClass.IGNORE,
-    43: XidClass.IGNORE,
-    45: XidClass.IGNORE,
-    68: XidClass.IGNORE,
-    109: XidClass.IGNORE,
-    63: XidClass.RECOVERABLE,
-    92: XidClass.RECOVERABLE,
-    94: XidClass.RECOVERABLE,
-    48: XidClass.RESET,
-    64: XidClass.RESET,
-    74: XidClass.RESET,
-    79: XidClass.RESET,
-    95: XidClass.RESET,
-    119: XidClass.RESET,
-    120: XidClass.RESET,
+    13: ("RESTART_APP", XidClass.IGNORE),
+    31: ("RESTART_APP", XidClass.IGNORE),
+    43: ("IGNORE", XidClass.IGNORE),
+    45: ("WORKFLOW_XID_45", XidClass.IGNORE),
+    63: ("IGNORE", XidClass.IGNORE),
+    68: ("RESTART_APP", XidClass.IGNORE),
+    92: ("IGNORE", XidClass.IGNORE),
+    94: ("RESTART_APP", XidClass.IGNORE),
+    48: ("WORKFLOW_XID_48", XidClass.RESET),
+    64: ("RESET_GPU", XidClass.RESET),
+    74: ("WORKFLOW_NVLINK_ERR", XidClass.RESET),
+    95: ("RESET_GPU", XidClass.RESET),
+    109: ("RESET_GPU", XidClass.RESET),
+    119: ("RESET_GPU", XidClass.RESET),
+    120: ("RESET_GPU", XidClass.RESET),
+    79: ("RESTART_BM", XidClass.REBOOT),
+}
+# What each of the catalog's immediate actions asks of the GPU.
+CATALOG_CLASS = {
+    "RESTART_APP": XidClass.IGNORE,
+    "IGNORE": XidClass.IGNORE,
+    "RESET_GPU": XidClass.RESET,
+    "RESTART_BM": XidClass.REBOOT,
 }
 
 
-@pytest.mark.parametrize(("xid", "expected"), EXPECTED.items(), ids=[f"xid-{x}" for x in EXPECTED])
-def test_every_default_classification_entry(xid: int, expected: XidClass) -> None:
+@pytest.mark.parametrize(
+    ("xid", "catalog", "expected"),
+    [(xid, *entry) for xid, entry in EXPECTED.items()],
+    ids=[f"xid-{x}" for x in EXPECTED],
+)
+def test_every_default_classification_entry(xid: int, catalog: str, expected: XidClass) -> None:
     assert DEFAULT_CLASSIFICATION.of(xid) == expected
+    assert catalog not in CATALOG_CLASS or CATALOG_CLASS[catalog] == expected
     fault = classify_xid(DEFAULT_CLASSIFICATION, gpu_uuid=GPU, device=None, xid=xid)
     assert (fault.xid_class, fault.reason) == (expected, f"Xid{xid}")
     assert fault.what.startswith(f"XID {xid} (") and fault.what.endswith(")")
 
 
 def test_the_defaults_are_exactly_the_documented_table() -> None:
-    assert {rule.xid: rule.xid_class for rule in DEFAULT_XIDS} == EXPECTED
+    assert {rule.xid: (rule.catalog, rule.xid_class) for rule in DEFAULT_XIDS} == EXPECTED
     assert len({rule.xid for rule in DEFAULT_XIDS}) == len(DEFAULT_XIDS)
 
 
@@ -90,9 +106,10 @@ def test_a_double_bit_ecc_error_needs_a_reset() -> None:
 
 
 def test_the_option_overrides_entries_and_the_default() -> None:
-    found = parse_xid_classes(" 31=reset, 79 = recoverable,default=ignore,12345=reset ,")
+    found = parse_xid_classes(" 31=reset, 79 = recoverable,default=ignore,12345=reset ,109=reboot")
     assert found.of(31) == XidClass.RESET
     assert found.of(79) == XidClass.RECOVERABLE
+    assert found.of(109) == XidClass.REBOOT
     assert found.of(12345) == XidClass.RESET
     assert found.of(48) == XidClass.RESET  # untouched defaults stay
     assert found.of(13) == XidClass.IGNORE
@@ -106,12 +123,12 @@ def test_the_option_overrides_entries_and_the_default() -> None:
         (
             "79=fatal",
             "--health-xids: '79=fatal' is not comma-separated <xid>=<class> or default=<class>, "
-            "class one of ignore, recoverable, reset",
+            "class one of ignore, recoverable, reset, reboot",
         ),
         (
             "79",
             "--health-xids: '79' is not comma-separated <xid>=<class> or default=<class>, "
-            "class one of ignore, recoverable, reset",
+            "class one of ignore, recoverable, reset, reboot",
         ),
         ("x79=reset", "--health-xids: 'x79=reset': 'x79' is not an XID (0 to 4294967295) or default"),
         ("-1=reset", "--health-xids: '-1=reset': '-1' is not an XID (0 to 4294967295) or default"),
@@ -133,7 +150,7 @@ def test_the_classification_describes_itself_in_one_line() -> None:
     described = Classification(
         xids={13: XidClass.IGNORE, 79: XidClass.RESET}, unlisted=XidClass.IGNORE
     ).describe()
-    assert described == "ignore: 13; recoverable: -; reset: 79; other XIDs: ignore"
+    assert described == "ignore: 13; recoverable: -; reset: 79; reboot: -; other XIDs: ignore"
 
 
 # --- marks -----------------------------------------------------------------------------------------
@@ -150,18 +167,19 @@ def _marked(*faults: Fault, now: float = 100.0) -> Marks:
     return marks
 
 
-def test_an_application_error_leaves_no_mark() -> None:
-    assert _marked(_xid(13), _xid(31), _xid(109)) == {}
+def test_an_application_error_or_one_the_catalog_ignores_leaves_no_mark() -> None:
+    assert _marked(_xid(13), _xid(31), _xid(43), _xid(45), _xid(63), _xid(68), _xid(92), _xid(94)) == {}
+    assert _marked(_xid(94, device="gpu-0-mig-1g10gb-4")) == {}  # contained: its application only
 
 
 def test_a_fault_marks_its_gpu_or_its_partition() -> None:
-    marks = _marked(_xid(79), _xid(94, device="gpu-0-mig-1g10gb-4"))
+    marks = _marked(_xid(79), _xid(48, device="gpu-0-mig-1g10gb-4"))
     assert set(marks) == {(GPU, None), (GPU, "gpu-0-mig-1g10gb-4")}
     assert marks[GPU, None] == Mark(
         gpu_uuid=GPU,
         device=None,
         reason="Xid79",
-        xid_class=XidClass.RESET,
+        xid_class=XidClass.REBOOT,
         what="XID 79 (GPU has fallen off the bus)",
         first_seen=100.0,
         last_seen=100.0,
@@ -170,7 +188,7 @@ def test_a_fault_marks_its_gpu_or_its_partition() -> None:
 
 
 def test_the_worst_fault_names_the_mark_and_the_latest_restarts_its_clock() -> None:
-    marks = record(_marked(_xid(48)), _xid(92), now=200.0, boot_id=BOOT)
+    marks = record(_marked(_xid(48)), _xid(999), now=200.0, boot_id=BOOT)
     mark = marks[GPU, None]
     assert (mark.reason, mark.xid_class, mark.first_seen, mark.last_seen) == (
         "Xid48",
@@ -178,37 +196,41 @@ def test_the_worst_fault_names_the_mark_and_the_latest_restarts_its_clock() -> N
         100,
         200,
     )
-    marks = record(_marked(_xid(92)), _xid(74), now=200.0, boot_id=BOOT)
+    marks = record(_marked(_xid(999)), _xid(74), now=200.0, boot_id=BOOT)
     assert (marks[GPU, None].reason, marks[GPU, None].xid_class) == ("Xid74", XidClass.RESET)
+    marks = record(marks, _xid(79), now=300.0, boot_id=BOOT)  # a reboot is worse than a reset
+    assert (marks[GPU, None].reason, marks[GPU, None].xid_class) == ("Xid79", XidClass.REBOOT)
+    marks = record(marks, _xid(119), now=400.0, boot_id=BOOT)
+    assert (marks[GPU, None].reason, marks[GPU, None].xid_class) == ("Xid79", XidClass.REBOOT)
 
 
 def test_a_recoverable_mark_is_lifted_after_the_clean_time_only() -> None:
-    marks = _marked(_xid(94), _xid(999, gpu=OTHER))
+    marks = _marked(_xid(8), _xid(999, gpu=OTHER))
     kept, lifted = expire(marks, now=100.0 + 599, boot_id=BOOT, clean_seconds=600)
     assert (kept, lifted) == (marks, [])
     kept, lifted = expire(marks, now=100.0 + 600, boot_id=BOOT, clean_seconds=600)
     assert kept == {}
     assert [(done.mark.reason, done.why) for done in lifted] == [
-        ("Xid94", "no fault for 600 s"),
+        ("Xid8", "no fault for 600 s"),
         ("Xid999", "no fault for 600 s"),
     ]
 
 
-def test_a_mark_that_needs_a_reset_never_expires_without_one() -> None:
+def test_a_mark_that_needs_a_reset_or_reboot_never_expires_without_one() -> None:
     marks = _marked(_xid(79), double_bit_ecc(gpu_uuid=OTHER, device=None))
     kept, lifted = expire(marks, now=100.0 + 10**9, boot_id=BOOT, clean_seconds=600)
     assert (kept, lifted) == (marks, [])
 
 
 def test_a_reboot_lifts_every_mark() -> None:
-    marks = _marked(_xid(79), _xid(94, gpu=OTHER))
+    marks = _marked(_xid(79), _xid(999, gpu=OTHER), _xid(119, device="gpu-0-mig-3g40gb-0"))
     kept, lifted = expire(marks, now=101.0, boot_id="boot-2", clean_seconds=600)
     assert kept == {}
     assert {done.why for done in lifted} == {"the node rebooted since"}
 
 
 def test_a_gpu_seen_unreachable_and_back_was_reset() -> None:
-    marks = _marked(_xid(79), _xid(48, device="gpu-0-mig-3g40gb-0"), _xid(74, gpu=OTHER))
+    marks = _marked(_xid(119), _xid(48, device="gpu-0-mig-3g40gb-0"), _xid(74, gpu=OTHER))
     kept, lifted = observe_reachable(marks, {GPU: True, OTHER: True})  # answering all along: no reset
     assert (kept, lifted) == (marks, [])
     kept, lifted = observe_reachable(marks, {GPU: False})  # OTHER could not be probed: nothing said
@@ -223,8 +245,47 @@ def test_a_gpu_seen_unreachable_and_back_was_reset() -> None:
     }
 
 
+def test_a_gpu_off_the_bus_needs_a_reboot_a_reset_does_not_lift_it() -> None:
+    """NVIDIA's XID catalog: 79's immediate action is RESTART_BM. A GPU seen lost and answering again
+    (a reset) leaves the mark; a new boot ID or the operator's annotation lifts it."""
+    marks = _marked(_xid(79), _xid(119, gpu=OTHER))
+    seen, _ = observe_reachable(marks, {GPU: False, OTHER: False})
+    kept, lifted = observe_reachable(seen, {GPU: True, OTHER: True})
+    assert [done.mark.reason for done in lifted] == ["Xid119"]
+    assert set(kept) == {(GPU, None)} and kept[GPU, None].xid_class == XidClass.REBOOT
+    assert expire(kept, now=100.0 + 10**9, boot_id=BOOT, clean_seconds=600)[1] == []
+    assert [done.why for done in expire(kept, now=101.0, boot_id="boot-2", clean_seconds=600)[1]] == [
+        "the node rebooted since"
+    ]
+    baseline, _ = observe_annotation(kept, "")
+    assert observe_annotation(baseline, GPU)[0] == {}
+
+
+def test_what_a_class_needs_and_its_taint_and_what_lifts_it() -> None:
+    assert [needs(c) for c in XidClass] == [
+        "tainted until it stays quiet",
+        "tainted until it stays quiet",
+        "needs a GPU reset",
+        "needs a node reboot",
+    ]
+    assert [taint_effect(c, "NoExecute") for c in XidClass] == [
+        "NoSchedule",
+        "NoSchedule",
+        "NoExecute",
+        "NoExecute",
+    ]
+    assert lifted_when(XidClass.REBOOT, gpu_uuid=GPU, clean_seconds=600) == (
+        f"the node reboots (a GPU reset does not lift it) or the Node is annotated "
+        f"gpudra.io/clear-health={GPU}"
+    )
+    assert lifted_when(XidClass.RESET, gpu_uuid=GPU, clean_seconds=600) == (
+        f"a GPU reset is observed, the node reboots, or the Node is annotated gpudra.io/clear-health={GPU}"
+    )
+    assert lifted_when(XidClass.RECOVERABLE, gpu_uuid=GPU, clean_seconds=600) == "no fault for 600 s"
+
+
 def test_a_new_fault_voids_a_reset_seen_before_it() -> None:
-    marks, _ = observe_reachable(_marked(_xid(79)), {GPU: False})
+    marks, _ = observe_reachable(_marked(_xid(119)), {GPU: False})
     marks = record(marks, _xid(48), now=300.0, boot_id=BOOT)
     kept, lifted = observe_reachable(marks, {GPU: True})
     assert lifted == [] and not kept[GPU, None].unreachable_seen
@@ -265,26 +326,27 @@ def _taint(value: str, effect: str = "NoSchedule") -> dict[str, str]:
 
 
 def test_a_gpus_fault_taints_all_its_devices_and_a_partitions_only_that_partition() -> None:
-    marks = _marked(_xid(79), _xid(94, device="gpu-0-mig-3g40gb-0", gpu=OTHER))
+    marks = _marked(_xid(79), _xid(999, device="gpu-0-mig-3g40gb-0", gpu=OTHER))
     assert device_taints(device_gpus=DEVICE_GPUS, lost={}, marks=marks.values()) == {
         "gpu-0": _taint("Xid79"),
         "gpu-0-shared": _taint("Xid79"),
         "gpu-0-mig-3g40gb-0": _taint("Xid79"),
         "gpu-0-mig-1g10gb-4": _taint("Xid79"),
     }  # the partition mark names a device of another GPU: nothing
-    marks = _marked(_xid(94, device="gpu-0-mig-1g10gb-4"))
+    marks = _marked(_xid(999, device="gpu-0-mig-1g10gb-4"))
     assert device_taints(device_gpus=DEVICE_GPUS, lost={}, marks=marks.values()) == {
-        "gpu-0-mig-1g10gb-4": _taint("Xid94")
+        "gpu-0-mig-1g10gb-4": _taint("Xid999")
     }
 
 
-def test_reset_faults_take_the_reset_effect_and_win_on_a_device() -> None:
-    marks = _marked(_xid(94), _xid(48, device="gpu-0-mig-1g10gb-4"))
+def test_reset_and_reboot_faults_take_the_reset_effect_and_win_on_a_device() -> None:
+    marks = _marked(_xid(999), _xid(48, device="gpu-0-mig-1g10gb-4"), _xid(79, gpu=OTHER))
     taints = device_taints(device_gpus=DEVICE_GPUS, lost={}, marks=marks.values(), reset_effect="NoExecute")
-    assert taints["gpu-0"] == _taint("Xid94")
+    assert taints["gpu-0"] == _taint("Xid999")
     assert taints["gpu-0-mig-1g10gb-4"] == _taint("Xid48", "NoExecute")
+    assert taints["gpu-1"] == _taint("Xid79", "NoExecute")
     taints = device_taints(device_gpus=DEVICE_GPUS, lost={}, marks=marks.values())
-    assert taints["gpu-0-mig-1g10gb-4"] == _taint("Xid94")  # the GPU's own reason before a partition's
+    assert taints["gpu-0-mig-1g10gb-4"] == _taint("Xid999")  # the GPU's own reason before a partition's
 
 
 def test_a_lost_gpu_is_tainted_no_schedule_with_its_nvml_error() -> None:
@@ -344,6 +406,7 @@ def test_a_condition_read_gone_lifts_only_the_mark_it_made_alone() -> None:
 
 def test_a_failed_remap_is_not_lifted_by_an_observed_reset() -> None:
     failed = _marked(condition_fault(gpu_uuid=GPU, condition="RowRemapFailure", what="failed"))
+    assert failed[GPU, None].xid_class == XidClass.REBOOT
     seen, _ = observe_reachable(failed, {GPU: False})
     kept, lifted = observe_reachable(seen, {GPU: True})
     assert lifted == [] and set(kept) == {(GPU, None)}

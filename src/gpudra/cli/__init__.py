@@ -410,7 +410,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="XID classes over the defaults (docs/health.md): comma-separated <xid>=<class> or "
         "default=<class> (XIDs not named); classes: ignore (an application error: counted only), "
         "recoverable (tainted until quiet for --health-recovery-seconds), reset (tainted until a GPU "
-        "reset is seen or the Node is annotated gpudra.io/clear-health=<GPU UUID>); e.g. "
+        "reset is seen, the node reboots or the Node is annotated gpudra.io/clear-health=<GPU UUID>), "
+        "reboot (tainted until the node reboots or the Node is annotated); e.g. "
         "'31=reset,default=ignore'",
         type=_XIDS,
     )
@@ -426,8 +427,8 @@ def build_parser() -> argparse.ArgumentParser:
         "health-reset-effect",
         default="NoSchedule",
         type=Choice(("NoSchedule", "NoExecute")),
-        help="the taint effect of faults that need a GPU reset: NoSchedule keeps new claims off the GPU, "
-        "NoExecute also evicts the pods using it",
+        help="the taint effect of faults that need a GPU reset or a node reboot: NoSchedule keeps new "
+        "claims off the GPU, NoExecute also evicts the pods using it",
     )
     _add(
         plugin,

@@ -10,11 +10,16 @@ double-bit ECC event none; either may name the GPU instance it hit. Each XID fal
   no fault of a tainting class has been seen on it for the recovery time (`clean_seconds`).
 - `reset`: the GPU needs a reset (or the node a reboot). Its devices are tainted until a reset is
   observed or an operator clears it; never because no new event came.
+- `reboot`: the node needs a reboot (the catalog's RESTART_BM: a GPU that fell off the bus). Its devices
+  are tainted until the node's boot ID changes or an operator clears it; a GPU reset observed does not
+  lift it.
 
-The defaults (`DEFAULT_XIDS`, `DEFAULT_UNLISTED`) follow NVIDIA's XID catalog and its GPU memory error
-management guide (docs/health.md has the table and the sources); `--health-xids` overrides them entry
-by entry (`parse_xid_classes`). A double-bit ECC event is `reset`: the memory behind it is retired or
-remapped only by a reset.
+The defaults (`DEFAULT_XIDS`, `DEFAULT_UNLISTED`) follow the immediate action ("resolution bucket") of
+NVIDIA's XID catalog, each rule naming it (`XidRule.catalog`): RESTART_APP and IGNORE are `ignore` (the
+application, not the GPU, needs restarting), RESET_GPU and the workflows that end in one `reset`,
+RESTART_BM `reboot` (docs/health.md has the table and the sources). `--health-xids` overrides them
+entry by entry (`parse_xid_classes`). A double-bit ECC event is `reset`: the memory behind it is retired
+or remapped only by a reset.
 
 A fault with a GPU instance marks that MIG partition only; one without marks the whole GPU, and with
 it its shared device and every partition of it. A mark is lifted (`expire`, `observe_reachable`,
@@ -22,7 +27,7 @@ it its shared device and every partition of it. A mark is lifted (`expire`, `obs
 - the node rebooted since it was made (the boot ID changed): the GPU was reset with it;
 - (`reset`) the GPU was seen unreachable after the fault (fell off the bus, reset in progress) and
   answers again: a reset was observed;
-- (`reset`) the Node's annotation `gpudra.io/clear-health` names the GPU (or says `all`) with a value
+- (any class) the Node's annotation `gpudra.io/clear-health` names the GPU (or says `all`) with a value
   other than the one read first after the fault: an operator's word, after a reset out of band, that
   the GPU is fine. A value that was there before the fault never clears it, so a stale annotation
   cannot hide a new fault;
@@ -35,9 +40,9 @@ Each is a fault of the `reset` class when it appears (`condition_fault`), named 
 (`RowRemapPending`, `RetiredPagesPending`, `RowRemapFailure`, `NvLinkDown`). Besides the rules above,
 a condition's mark is lifted when a later poll reads the condition gone and no other fault hit the GPU
 since (`observe_cleared`): a pending repair is applied only by a reset, and a link trains again only
-after one. A failed remapping never reads gone (NVML keeps it across resets) and an observed reset does
-not lift it: only the annotation or a reboot does, and it comes back at the next boot — the GPU needs
-replacing.
+after one. A failed remapping is of the `reboot` class: it never reads gone (NVML keeps it across
+resets) and an observed reset does not lift it: only the annotation or a reboot does, and it comes back
+at the next boot — the GPU needs replacing.
 """
 
 from __future__ import annotations
@@ -62,9 +67,16 @@ DOUBLE_BIT_ECC = "DoubleBitEcc"
 
 
 class XidClass(enum.StrEnum):
+    """In order of severity: a later class wins over an earlier one on the same GPU."""
+
     IGNORE = "ignore"
     RECOVERABLE = "recoverable"
     RESET = "reset"
+    REBOOT = "reboot"
+
+
+# The classes whose taint takes `--health-reset-effect` and that quiet time never lifts.
+NEEDS_INTERVENTION = frozenset({XidClass.RESET, XidClass.REBOOT})
 
 
 @dataclass(frozen=True)
@@ -72,36 +84,37 @@ class XidRule:
     xid: int
     xid_class: XidClass
     what: str  # NVIDIA's name for it, short
+    catalog: str  # the catalog's immediate action ("resolution bucket") for it
 
 
 DEFAULT_XIDS: tuple[XidRule, ...] = (
-    # Application errors: the skip list NVIDIA's device plugin and DRA driver use; the catalog's
-    # immediate action for them is restarting the application.
-    XidRule(13, XidClass.IGNORE, "graphics engine exception"),
-    XidRule(31, XidClass.IGNORE, "GPU memory page fault"),
-    XidRule(43, XidClass.IGNORE, "GPU stopped processing (the application's channel was reset)"),
-    XidRule(45, XidClass.IGNORE, "preemptive cleanup after earlier errors"),
-    XidRule(68, XidClass.IGNORE, "video decoder exception"),
-    XidRule(109, XidClass.IGNORE, "context switch timeout"),
-    # The GPU keeps working: a row remap or page retirement is pending until the next reset and new
-    # work may start (memory error management guide); a high single-bit rate; an ECC error contained
-    # to the application that hit it.
-    XidRule(63, XidClass.RECOVERABLE, "row remapping or page retirement recorded, pending a reset"),
-    XidRule(92, XidClass.RECOVERABLE, "high single-bit ECC error rate"),
-    XidRule(94, XidClass.RECOVERABLE, "contained ECC error"),
-    # A reset (or reboot) is the remedy.
-    XidRule(48, XidClass.RESET, "double-bit ECC error"),
-    XidRule(64, XidClass.RESET, "row remapping or page retirement failed"),
-    # NVIDIA's XID catalog (docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html), checked for
-    # 74, 119 and 120: 74 NVLINK_ERROR, immediate action WORKFLOW_NVLINK_ERR, "a GPU reset or node
-    # reboot is needed to clear this error" (A100 and H100; Blackwell reports NVLink faults as 155);
-    # 119 GSP_RPC_TIMEOUT and 120 GSP_ERROR, immediate action RESET_GPU (every listed GPU). None
-    # of them clears by itself, so recoverable (lifted after quiet time) would be wrong.
-    XidRule(74, XidClass.RESET, "NVLink error"),
-    XidRule(79, XidClass.RESET, "GPU has fallen off the bus"),
-    XidRule(95, XidClass.RESET, "uncontained ECC error"),
-    XidRule(119, XidClass.RESET, "GSP RPC timeout"),
-    XidRule(120, XidClass.RESET, "GSP error"),
+    # The catalog (docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html) gives each XID an
+    # immediate action; the class follows it (docs/health.md has the table and where each was read).
+    # The application, not the GPU, needs restarting (RESTART_APP), or nothing is needed (IGNORE).
+    XidRule(13, XidClass.IGNORE, "graphics engine exception", "RESTART_APP"),
+    XidRule(31, XidClass.IGNORE, "GPU memory page fault", "RESTART_APP"),
+    XidRule(43, XidClass.IGNORE, "GPU stopped processing (the application's channel was reset)", "IGNORE"),
+    XidRule(45, XidClass.IGNORE, "preemptive cleanup after earlier errors", "WORKFLOW_XID_45"),
+    XidRule(68, XidClass.IGNORE, "video decoder exception", "RESTART_APP"),
+    # A row remapping or page retirement recorded: applied at the next reset, new work unaffected (the
+    # memory error management guide). The reset it waits for is the polled RowRemapPending /
+    # RetiredPagesPending condition's, lifted when the poll reads it applied.
+    XidRule(63, XidClass.IGNORE, "row remapping or page retirement recorded, pending a reset", "IGNORE"),
+    XidRule(92, XidClass.IGNORE, "high single-bit ECC error rate", "IGNORE"),  # corrected errors
+    # Contained: only the application that touched the memory is stopped; the GPU keeps running.
+    XidRule(94, XidClass.IGNORE, "contained ECC error", "RESTART_APP"),
+    # The GPU needs a reset: RESET_GPU, or a workflow whose end is one (48: a double-bit error, retired
+    # or remapped only by a reset; 74: "a GPU reset or node reboot is needed to clear this error").
+    XidRule(48, XidClass.RESET, "double-bit ECC error", "WORKFLOW_XID_48"),
+    XidRule(64, XidClass.RESET, "row remapping or page retirement failed", "RESET_GPU"),
+    XidRule(74, XidClass.RESET, "NVLink error", "WORKFLOW_NVLINK_ERR"),
+    XidRule(95, XidClass.RESET, "uncontained ECC error", "RESET_GPU"),
+    # NVIDIA's device plugin skips 109 as an application error; the catalog resets the GPU.
+    XidRule(109, XidClass.RESET, "context switch timeout", "RESET_GPU"),
+    XidRule(119, XidClass.RESET, "GSP RPC timeout", "RESET_GPU"),
+    XidRule(120, XidClass.RESET, "GSP error", "RESET_GPU"),
+    # The node needs a reboot (RESTART_BM): a GPU reset does not bring back a GPU off the bus.
+    XidRule(79, XidClass.REBOOT, "GPU has fallen off the bus", "RESTART_BM"),
 )
 # Any other XID (999 is NVML's "unknown"): tainted, as NVIDIA's device plugin does for every XID off its
 # skip list, but lifted after the recovery time rather than held until a reset.
@@ -263,8 +276,11 @@ class GpuConditions:
 
 
 def condition_fault(*, gpu_uuid: str, condition: str, what: str) -> Fault:
+    """A condition needs a reset; a failed remapping, which a reset does not undo, is of the `reboot`
+    class: only a reboot (which finds it again) or the annotation lifts it."""
+    xid_class = XidClass.REBOOT if condition == ROW_REMAP_FAILURE else XidClass.RESET
     return Fault(
-        gpu_uuid=gpu_uuid, device=None, xid=None, xid_class=XidClass.RESET, condition=condition, detail=what
+        gpu_uuid=gpu_uuid, device=None, xid=None, xid_class=xid_class, condition=condition, detail=what
     )
 
 
@@ -366,14 +382,15 @@ def observe_reachable(
     marks: Mapping[tuple[str, str | None], Mark], reachable: Mapping[str, bool]
 ) -> tuple[Marks, list[Lifted]]:
     """After a probe: `reachable` says per GPU whether it answered (False: lost, needs a reset, gone;
-    GPUs that could not be probed are absent). A GPU seen unreachable and then answering was reset."""
+    GPUs that could not be probed are absent). A GPU seen unreachable and then answering was reset: its
+    marks are lifted, but those of the `reboot` class."""
     kept: Marks = {}
     lifted = []
     for key, mark in marks.items():
         answered = reachable.get(mark.gpu_uuid)
         if answered is False and not mark.unreachable_seen:
             kept[key] = dataclasses.replace(mark, unreachable_seen=True)
-        elif answered and mark.unreachable_seen and mark.reason != ROW_REMAP_FAILURE:  # a reset keeps it
+        elif answered and mark.unreachable_seen and mark.xid_class != XidClass.REBOOT:
             lifted.append(Lifted(mark, "a GPU reset was observed: it was unreachable and answers again"))
         else:
             kept[key] = mark
@@ -405,6 +422,28 @@ def _rank(xid_class: XidClass) -> int:
 # --- taints ------------------------------------------------------------------------------------------
 
 
+def taint_effect(xid_class: XidClass, reset_effect: str) -> str:
+    """The taint effect of a mark of `xid_class`: `reset_effect` where a reset or a reboot is needed."""
+    return reset_effect if xid_class in NEEDS_INTERVENTION else "NoSchedule"
+
+
+def needs(xid_class: XidClass) -> str:
+    """What the GPU needs, for people: "needs a GPU reset"."""
+    if xid_class == XidClass.REBOOT:
+        return "needs a node reboot"
+    return "needs a GPU reset" if xid_class == XidClass.RESET else "tainted until it stays quiet"
+
+
+def lifted_when(xid_class: XidClass, *, gpu_uuid: str, clean_seconds: float) -> str:
+    """What lifts a mark of `xid_class`, for the Node event (docs/health.md, Recovery)."""
+    annotation = f"the Node is annotated {CLEAR_ANNOTATION}={gpu_uuid}"
+    if xid_class == XidClass.REBOOT:
+        return f"the node reboots (a GPU reset does not lift it) or {annotation}"
+    if xid_class == XidClass.RESET:
+        return f"a GPU reset is observed, the node reboots, or {annotation}"
+    return f"no fault for {clean_seconds:g} s"
+
+
 def device_taints(
     *,
     device_gpus: Mapping[str, str],
@@ -413,7 +452,8 @@ def device_taints(
     reset_effect: str = "NoSchedule",
 ) -> dict[str, DeviceTaint]:
     """Device name -> its unhealthy taint: every device of a `lost` GPU (UUID -> NVML error) and of a
-    GPU with a mark, and each marked partition. Marks of the `reset` class get `reset_effect`, all else
+    GPU with a mark, and each marked partition. Marks of the `reset` and `reboot` classes get
+    `reset_effect`, all else
     NoSchedule (a transient NVML error must not evict workloads). One taint per device: the most severe
     effect, the GPU's own reason before a partition's."""
     found: dict[str, tuple[int, str, str]] = {}  # device -> (severity, reason, effect)
@@ -424,7 +464,7 @@ def device_taints(
 
     ordered = sorted(marks, key=lambda m: m.device is not None)  # a GPU's marks before its partitions'
     for mark in ordered:
-        effect = reset_effect if mark.xid_class == XidClass.RESET else "NoSchedule"
+        effect = taint_effect(mark.xid_class, reset_effect)
         severity = 2 * TAINT_EFFECTS.index(effect) + (mark.device is None)
         for device, gpu in device_gpus.items():
             if gpu == mark.gpu_uuid and mark.device in (None, device):

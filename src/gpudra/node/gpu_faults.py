@@ -9,14 +9,17 @@ feeds them:
   `GpuFault` Warning event on the Node naming the GPU (or partition), the XID and the claims holding
   it, and the health monitor is woken to republish; every XID is counted
   (`gpudra_gpu_xid_errors_total{gpu,xid}`). Single-bit ECC and MIG configuration change events are
-  counted only (`gpudra_gpu_events_total{gpu,type}`). A fault naming a GPU instance marks that partition: the
-  published device at the instance's profile and placement;
+  counted only (`gpudra_gpu_events_total{gpu,type}`); a MIG configuration change also tells those
+  who `subscribe_mig_change` (gpudra.node.foreign_mig checks for instances made outside gpudra). A
+  fault naming a GPU instance marks that partition: the published device at the instance's profile
+  and placement;
 - GPUs that offer no XID or double-bit ECC events (NOT_SUPPORTED: some VMs and vGPU guests) are said
   once in the log and as a `GpuEventsUnsupported` Node event; the health monitor's poll still finds a
   lost GPU on them, and reads their uncorrected ECC count (`observe_probe`) so that a double-bit
   error is found there too, a poll later;
 - the health monitor's poll hands over which GPUs answered (`observe_probe`), which lifts reset marks
-  of GPUs seen unreachable and back, and expires recoverable marks and those of an earlier boot;
+  of GPUs seen unreachable and back (not reboot marks: those wait for a new boot ID), and expires
+  recoverable marks and those of an earlier boot;
 - the poll also hands over each answering GPU's conditions (`GpuConditions`: memory repairs waiting
   for a reset, a failed row remapping, NVLinks down): a condition that appears is recorded as a fault
   of its own reason, one that is read gone lifts the mark it made (`gpu_health.observe_cleared`), and
@@ -67,6 +70,7 @@ from gpudra.service import Loop
 log = logging.getLogger(__name__)
 
 DOUBLE_BIT_ECC_EVENT = "double_bit_ecc"  # gpudra.gpu.nvml.DOUBLE_BIT_ECC: the kind of event that is a fault
+MIG_CONFIG_CHANGE_EVENT = "mig_config_change"  # gpudra.gpu.nvml.MIG_CONFIG_CHANGE
 WAIT_SECONDS = 1.0  # one wait on the event set: how long a stop may wait for the loop
 ANNOTATION_SECONDS = 10.0
 RETRY_SECONDS = 60.0  # GPUs whose registration failed (lost at the time) are tried again this often
@@ -160,6 +164,7 @@ class GpuFaults:
         self._read_annotation = read_annotation
         self._annotation_interval = annotation_interval
         self._clock = clock
+        self._mig_watchers: list[Callable[[], None]] = []
         self._lock = threading.Lock()
         # Held while a fault or a rule is applied (re-entrant: a condition found by a poll is recorded
         # inside it); the turn takes it to change `writing`, so no write starts or runs after a stop.
@@ -200,6 +205,10 @@ class GpuFaults:
         """`changed()` runs (it must not block) after a fault or a rule changed the marks."""
         self._subscribers.append(changed)
 
+    def subscribe_mig_change(self, changed: Callable[[], None]) -> None:
+        """`changed()` runs (it must not block) after an NVML MIG configuration change event."""
+        self._mig_watchers.append(changed)
+
     # --- service -------------------------------------------------------------------------------
 
     def start(self) -> None:
@@ -236,12 +245,9 @@ class GpuFaults:
             self._save()
         crash.reached("health-saved")
         held = self._holders(fault.gpu_uuid, fault.device)
-        effect = self.reset_effect if fault.xid_class == XidClass.RESET else "NoSchedule"
-        until = (
-            f"a GPU reset is observed, the node reboots, or the Node is annotated "
-            f"{gpu_health.CLEAR_ANNOTATION}={fault.gpu_uuid}"
-            if fault.xid_class == XidClass.RESET
-            else f"no fault for {self.clean_seconds:g} s"
+        effect = gpu_health.taint_effect(fault.xid_class, self.reset_effect)
+        until = gpu_health.lifted_when(
+            fault.xid_class, gpu_uuid=fault.gpu_uuid, clean_seconds=self.clean_seconds
         )
         log.warning(
             "GPU fault",
@@ -369,6 +375,9 @@ class GpuFaults:
         else:  # a corrected ECC error, a MIG configuration change (gpudra's own too): counted only
             self._metrics.count_event(self._names.get(event.gpu_uuid, event.gpu_uuid), event.kind)
             log.debug("GPU event", extra={"gpu": event.gpu_uuid, "event": event.kind})
+            if event.kind == MIG_CONFIG_CHANGE_EVENT:
+                for watcher in self._mig_watchers:
+                    watcher()
         return 0
 
     def _open_watch(self) -> EventWatch:
@@ -480,7 +489,7 @@ class GpuFaults:
             data = json.loads(self._file.read_text())
             if data.get("version") != FILE_VERSION:
                 raise ValueError(f"version {data.get('version')!r}, not {FILE_VERSION}")
-            marks = [Mark(**{**m, "xid_class": XidClass(m["xid_class"])}) for m in data["marks"]]
+            marks = [Mark(**{**m, "xid_class": _class_of(m)}) for m in data["marks"]]
             counts = {str(k): int(v) for k, v in data.get("ecc_counts", {}).items()}
             conditions = {
                 str(k): [str(c) for c in v if c in gpu_health.CONDITIONS]
@@ -538,6 +547,14 @@ class GpuFaults:
             write_atomically(self._file, json.dumps(content, indent=1).encode(), mode=0o644)
         except OSError as err:
             log.warning("cannot save the GPU health file", extra={"path": str(self._file), "error": str(err)})
+
+
+def _class_of(mark: dict[str, Any]) -> XidClass:
+    """A saved mark's class. A failed row remapping was saved as `reset` before the `reboot` class
+    existed, with the rules that class has now."""
+    if mark["reason"] == gpu_health.ROW_REMAP_FAILURE:
+        return XidClass.REBOOT
+    return XidClass(mark["xid_class"])
 
 
 class _WriterTurn:

@@ -36,7 +36,7 @@ from typing import Protocol
 
 from gpudra.errors import GpudraError
 from gpudra.model.devices import Device, DeviceTaint, gpu_uuid_of
-from gpudra.model.gpu_health import GpuConditions, Mark, XidClass, device_taints
+from gpudra.model.gpu_health import GpuConditions, Mark, device_taints, needs
 from gpudra.model.inventory import MigDevice
 from gpudra.node.gpu_faults import GpuFaults
 from gpudra.service import Loop
@@ -155,9 +155,8 @@ def devices_health(
 
 
 def fault_message(mark: Mark) -> str:
-    """ "GPU GPU-…: XID 79 (GPU has fallen off the bus); needs a GPU reset"."""
-    needs = "needs a GPU reset" if mark.xid_class == XidClass.RESET else "tainted until it stays quiet"
-    return f"{mark.target}: {mark.what}; {needs}"
+    """ "GPU GPU-…: XID 79 (GPU has fallen off the bus); needs a node reboot"."""
+    return f"{mark.target}: {mark.what}; {needs(mark.xid_class)}"
 
 
 def vanished_partitions(

@@ -149,6 +149,13 @@ class PluginMetrics(DaemonMetrics):
             ["gpu", "type"],
             registry=self.registry,
         )
+        self.foreign_mig = Gauge(
+            "gpudra_mig_foreign_instances",
+            "MIG GPU instances on the GPU that gpudra did not create (made by hand or by another tool); "
+            "the devices they exclude are not offered (gpudra.node.foreign_mig).",
+            ["gpu"],
+            registry=self.registry,
+        )
         self.clock_slowdown = Gauge(
             "gpudra_gpu_clock_slowdown",
             "1 while the reason holds the GPU's clocks down at the health poll (NVML's clocks event "
@@ -185,6 +192,9 @@ class PluginMetrics(DaemonMetrics):
 
     def count_event(self, gpu: str, kind: str) -> None:
         self.gpu_events.labels(gpu, kind).inc()
+
+    def set_foreign_mig(self, gpu: str, count: int) -> None:
+        self.foreign_mig.labels(gpu).set(count)
 
     def set_clock_slowdowns(self, gpu: str, reasons: frozenset[str]) -> None:
         for reason in CLOCK_SLOWDOWNS:

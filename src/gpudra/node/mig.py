@@ -18,7 +18,8 @@ without one. Ownership comes from the checkpoint alone:
   placement that holds no compute instance; without live ids (a crash before they were saved), the
   instance at exactly the recorded profile and placement, which `plan` found free before the record.
 (The one window left: an instance created by hand at that exact placement between the record and the
-create; out-of-band MIG changes on a node that gpudra partitions are unsupported, as in NVIDIA's driver.)
+create. Instances made by hand otherwise are noticed by gpudra.node.foreign_mig, which stops offering
+the placements they take.)
 
 MIG mode. On a GPU whose mode changes without a reset (`Gpu.mig_mode_switchable`: Hopper and newer on
 bare metal) the mode is switched when a claim needs the other one: on for a partition, off for the

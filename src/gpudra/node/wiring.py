@@ -30,6 +30,7 @@ from gpudra.kube.slice_sync import SliceController
 from gpudra.model import devices
 from gpudra.model.gpu_health import CLEAR_ANNOTATION
 from gpudra.node import cdi, checkpoint
+from gpudra.node.foreign_mig import ForeignMig
 from gpudra.node.gpu_faults import GpuFaults
 from gpudra.node.health import HealthMonitor
 from gpudra.node.instances import PublisherTurn
@@ -153,12 +154,25 @@ def _run(options: Options, session: nvml.Nvml, server: KubeletServer, *, stop: t
         withheld_gauge=lambda form, on: metrics.publishing_withheld.labels(form).set(1 if on else 0),
         on_model=lambda fitted: state.published.update({d["name"]: d for d in fitted.devices}),
     )
+    # MIG instances made outside gpudra: the devices they exclude are left out of the slices.
+    foreign = ForeignMig(
+        devices=model.devices,
+        gpus=inventory.gpus,
+        hardware=session,
+        claims=lambda: state.store.current.claims,
+        mig_mode=options.publishing.mig_mode,
+        interval=options.health_interval_seconds or options.resync_seconds,
+        events=events,
+        metrics=metrics,
+    )
     slices = SliceController(
         client,
         driver=options.driver,
         node_name=options.node_name,
         # Unhealthy devices are published tainted; `health` is bound below, before anything starts.
-        model=lambda: served.model(health.taints() if health else {}),
+        model=lambda: devices.without_devices(
+            served.model(health.taints() if health else {}), foreign.withheld().keys()
+        ),
         resync_seconds=options.resync_seconds,
         on_publish=lambda op: metrics.slice_writes.labels(op).inc(),
         on_server_minor=served.on_server,
@@ -168,9 +182,11 @@ def _run(options: Options, session: nvml.Nvml, server: KubeletServer, *, stop: t
     keeper = None
     if options.mps_check_interval_seconds:
         keeper = MpsKeeper(state, interval=options.mps_check_interval_seconds, metrics=metrics, events=events)
+    foreign.subscribe(slices.trigger)
     health = faults = None
     if options.health_interval_seconds:
         faults = _faults(options, model.devices, state=state, client=client, events=events, metrics=metrics)
+        faults.subscribe_mig_change(foreign.loop.wake)
         health = HealthMonitor(
             pool=options.node_name,
             devices=model.devices,
@@ -204,6 +220,7 @@ def _run(options: Options, session: nvml.Nvml, server: KubeletServer, *, stop: t
         list(health.loops) if health is not None else []
     )
     loops += [usage.loop] if usage is not None else []
+    loops += [foreign.loop]
     loops += [keeper.loop] if keeper is not None else []
     metrics.track_loops(loops)
     # What it writes to the API server, and the GPU faults' events and health file, one instance on the
@@ -211,7 +228,9 @@ def _run(options: Options, session: nvml.Nvml, server: KubeletServer, *, stop: t
     # the previous instance left.
     publishing = PublisherTurn(
         options.state_dir / "publisher.lock",
-        ([faults.turn] if faults is not None else []) + ([usage] if usage is not None else []) + [slices],
+        ([faults.turn] if faults is not None else [])
+        + ([usage] if usage is not None else [])
+        + [foreign, slices],
     )
 
     def slices_published() -> str | None:
