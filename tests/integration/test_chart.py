@@ -374,8 +374,13 @@ CONTROLLER_ALLOWED = [
     _a("update", LEASES, "leases", ns=NAMESPACE, name=CONTROLLER_SA),
     _a("update", ADMISSION, "validatingwebhookconfigurations", name="chart-gpudra"),
     _a("get", RBAC, "clusterroles", name=CONTROLLER_SA),
+    _a("create", "authentication.k8s.io", "tokenreviews"),
+    _a("create", "authorization.k8s.io", "subjectaccessreviews"),
+    _a("list", CORE, "namespaces"),
 ]
 CONTROLLER_DENIED = [
+    _a("get", CORE, "namespaces", name="kube-system"),
+    _a("update", CORE, "namespaces", name="team-a"),
     _a("get", CORE, "secrets", ns=NAMESPACE, name="other"),
     _a("list", CORE, "secrets", ns=NAMESPACE),
     _a("get", CORE, "secrets", ns="kube-system", name=TLS),
