@@ -241,6 +241,12 @@ def schema() -> dict[str, Any]:
                         "type": "array",
                         "items": {"type": "object"},
                     },
+                    "prometheusFrom": {
+                        "description": "NetworkPolicy peers allowed to the HTTP ports while "
+                        "monitoring.monitors.enabled: where that Prometheus runs",
+                        "type": "array",
+                        "items": {"type": "object"},
+                    },
                 },
             },
             "monitoring": _monitoring(),

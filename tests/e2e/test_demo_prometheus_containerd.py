@@ -30,6 +30,7 @@ from tests.integration.kube_helpers import wait_for
 from tests.integration.test_prometheus_demo import unsatisfiable_claim
 from tests.localcluster import LocalCluster, prometheus
 from tests.localcluster.api import DemoApi
+from tests.localcluster.controller import NAMESPACE as CONTROLLER_NAMESPACE
 from tests.localcluster.demo import MACHINES, NAMESPACE, Demo
 from tests.localcluster.demo_installs import ChartSource, HelmReleases
 
@@ -92,6 +93,7 @@ def test_prometheus_through_the_charts_monitors_has_data_for_every_dashboard_and
         objects = operator_objects(api)
         assert sorted(o["kind"] for o in objects) == ["PodMonitor"] * 3 + ["PrometheusRule", "ServiceMonitor"]
         rules = prometheus.rule_groups(objects)
+        assert scrapers_admitted(api) == {"monitoring"}
         scrape = prometheus.scrape_configs(objects, discover=prometheus.discover_from(api))
         with prometheus.Prometheus(root / "prometheus", scrape=scrape, rules=rules) as server:
 
@@ -125,6 +127,23 @@ def test_prometheus_through_the_charts_monitors_has_data_for_every_dashboard_and
             server.wait_for_series(queries, since=started, timeout=60)
     for runtime_of_node in cluster.runtimes.values():
         shutil.rmtree(runtime_of_node.root / "root", ignore_errors=True)
+
+
+def scrapers_admitted(api: client.ApiClient) -> set[str]:
+    """The namespaces the installed NetworkPolicies (the chart's default) admit to every release's
+    HTTP port, each of the 3 plugins' and the controller's: with the monitors on, the chart adds
+    `networkPolicy.prometheusFrom` (namespace `monitoring`). This cluster's CNI bridge does not enforce
+    NetworkPolicies and its Prometheus runs on the host, so the scrapes below do not test them; on an
+    enforcing CNI a Prometheus elsewhere would be refused (docs/install.md, "Who can reach gpudra")."""
+    policies = client.NetworkingV1Api(api).list_namespaced_network_policy(CONTROLLER_NAMESPACE).items
+    http_ports = {8080, 9400}
+    rules = [r for p in policies for r in p.spec.ingress or [] if {q.port for q in r.ports} <= http_ports]
+    assert len(rules) == len(MACHINES) + 1, [p.metadata.name for p in policies]
+    return {
+        peer.namespace_selector.match_labels["kubernetes.io/metadata.name"]
+        for rule in rules
+        for peer in rule._from or []
+    }
 
 
 def installed_dashboard(api: client.ApiClient) -> list[dict[str, Any]]:

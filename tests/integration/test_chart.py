@@ -165,30 +165,90 @@ def test_every_rendered_object_passes_a_server_side_dry_run(
     assert refused == []
 
 
-def test_network_policies_are_opt_in_and_open_the_http_ports_only_to_whom_they_name() -> None:
-    """Off by default. On: the webhook port stays open to the API server, wherever it calls from; the
-    HTTP ports (/status names every tenant's claims) admit only `httpFrom`, nobody when it is empty; mps-host
-    nothing. (ci/network-policy-values.yaml passes the server-side dry run above.)"""
-    assert not [o for o in render() if o["kind"] == "NetworkPolicy"]
+WEBHOOK, HTTP, PLUGIN_HTTP = ({"port": p, "protocol": "TCP"} for p in (9443, 8080, 9400))
+MONITORING_NS = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
 
-    def policies(*args: str) -> dict[str, list[dict[str, Any]]]:
-        found = [
-            o for o in render("--set", "networkPolicy.enabled=true", *args) if o["kind"] == "NetworkPolicy"
-        ]
-        assert all(o["spec"]["policyTypes"] == ["Ingress"] for o in found)
-        return {o["metadata"]["labels"]["app.kubernetes.io/component"]: o["spec"]["ingress"] for o in found}
 
-    closed = policies()
-    assert closed == {
-        "controller": [{"ports": [{"port": 9443, "protocol": "TCP"}]}],
-        "kubelet-plugin": [],
+def _policies(*args: str) -> dict[str, list[dict[str, Any]]]:
+    """Each rendered NetworkPolicy's ingress rules by the component it selects; checks that each
+    selects that component's pods (their template's labels) and restricts ingress only: egress stays
+    open, the pods must reach the API server."""
+    objects = render(*args)
+    pods = {
+        o["metadata"]["labels"]["app.kubernetes.io/component"]: o["spec"]["template"]["metadata"]["labels"]
+        for o in objects
+        if o["kind"] in ("Deployment", "DaemonSet")
+    }
+    found = {}
+    for policy in (o for o in objects if o["kind"] == "NetworkPolicy"):
+        component = policy["metadata"]["labels"]["app.kubernetes.io/component"]
+        assert policy["spec"]["policyTypes"] == ["Ingress"] and "egress" not in policy["spec"]
+        assert policy["spec"]["podSelector"]["matchLabels"].items() <= pods[component].items()
+        found[component] = policy["spec"]["ingress"]
+    return found
+
+
+def test_network_policies_are_on_by_default_and_open_the_http_ports_only_to_whom_they_name() -> None:
+    """On by default: the webhook port admits every source (the API server calls from an address that
+    depends on the cluster; /status there needs a token RBAC allows), the HTTP ports (/metrics, probes)
+    nobody over the network, mps-host nothing. `enabled: false` renders none."""
+    assert _policies() == {"controller": [{"ports": [WEBHOOK]}], "kubelet-plugin": [], "mps-host": []}
+    assert _policies("--set", "networkPolicy.enabled=false") == {}
+    assert _policies("--set", "controller.enabled=false", "--set", "mpsHost.enabled=false") == {
+        "kubelet-plugin": []
+    }
+    # The ports follow their values.
+    moved = _policies(
+        "--set",
+        "controller.webhookPort=10443",
+        "--set",
+        "kubeletPlugin.port=9500",
+        *("-f", str(CHART / "ci" / "network-policy-values.yaml")),
+    )
+    assert moved["controller"][0] == {"ports": [{"port": 10443, "protocol": "TCP"}]}
+    assert moved["kubelet-plugin"][0]["ports"] == [{"port": 9500, "protocol": "TCP"}]
+
+    opened = _policies("-f", str(CHART / "ci" / "network-policy-values.yaml"))
+    assert opened == {
+        "controller": [{"ports": [WEBHOOK]}, {"ports": [HTTP], "from": [MONITORING_NS]}],
+        "kubelet-plugin": [{"ports": [PLUGIN_HTTP], "from": [MONITORING_NS]}],
         "mps-host": [],
     }
-    peer = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
-    opened = policies("-f", str(CHART / "ci" / "network-policy-values.yaml"))
-    assert opened["controller"][1] == {"ports": [{"port": 8080, "protocol": "TCP"}], "from": [peer]}
-    assert opened["kubelet-plugin"] == [{"ports": [{"port": 9400, "protocol": "TCP"}], "from": [peer]}]
-    assert opened["mps-host"] == []
+
+
+def test_the_monitors_prometheus_is_admitted_to_the_http_ports_while_monitoring_is_on() -> None:
+    """Turning the monitors on must not leave their Prometheus refused on an enforcing CNI: the HTTP
+    ports then admit `prometheusFrom` too (default: the namespace `monitoring`, a label the API server
+    sets), beside `httpFrom`; rules and dashboard alone scrape nothing and open nothing."""
+    monitors = ("--set", "monitoring.monitors.enabled=true")
+
+    def http_from(*args: str) -> tuple[list[dict[str, Any]] | None, list[dict[str, Any]] | None]:
+        found = _policies(*args)
+        controller = [r for r in found["controller"] if r["ports"] == [HTTP]]
+        plugin = [r for r in found["kubelet-plugin"] if r["ports"] == [PLUGIN_HTTP]]
+        assert all(r["ports"] == [WEBHOOK] and "from" not in r for r in found["controller"][:1])
+        return (controller[0]["from"] if controller else None, plugin[0]["from"] if plugin else None)
+
+    assert http_from(*monitors) == ([MONITORING_NS], [MONITORING_NS])
+    others = ("--set", "monitoring.rules.enabled=true", "--set", "monitoring.dashboard.enabled=true")
+    assert http_from(*others) == (None, None)
+    # Their Prometheus elsewhere: the list replaces the default.
+    observability = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "observability"}}}
+    renamed = "networkPolicy.prometheusFrom[0].namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name"
+    assert http_from(*monitors, "--set", f"{renamed}=observability") == ([observability], [observability])
+    # Beside httpFrom, each peer once.
+    scraper = {"podSelector": {"matchLabels": {"app": "scraper"}}}
+    both = http_from(*monitors, "--set", "networkPolicy.httpFrom[0].podSelector.matchLabels.app=scraper")
+    assert both == ([scraper, MONITORING_NS], [scraper, MONITORING_NS])
+    same = http_from(*monitors, "-f", str(CHART / "ci" / "network-policy-values.yaml"))
+    assert same == ([MONITORING_NS], [MONITORING_NS])
+    # Emptied on purpose: closed, and the install notes say scraping will fail.
+    assert http_from(*monitors, "--set", "networkPolicy.prometheusFrom=null") == (None, None)
+    assert "Prometheus cannot scrape gpudra" in _notes(
+        *monitors, "--set", "networkPolicy.prometheusFrom=null"
+    )
+    assert "prometheusFrom's default: namespace monitoring" in _notes(*monitors)
+    assert "prometheusFrom" not in _notes()
 
 
 def test_a_misspelt_option_is_refused_by_the_schema_with_its_name() -> None:
@@ -314,8 +374,13 @@ CONTROLLER_ALLOWED = [
     _a("update", LEASES, "leases", ns=NAMESPACE, name=CONTROLLER_SA),
     _a("update", ADMISSION, "validatingwebhookconfigurations", name="chart-gpudra"),
     _a("get", RBAC, "clusterroles", name=CONTROLLER_SA),
+    _a("create", "authentication.k8s.io", "tokenreviews"),
+    _a("create", "authorization.k8s.io", "subjectaccessreviews"),
+    _a("list", CORE, "namespaces"),
 ]
 CONTROLLER_DENIED = [
+    _a("get", CORE, "namespaces", name="kube-system"),
+    _a("update", CORE, "namespaces", name="team-a"),
     _a("get", CORE, "secrets", ns=NAMESPACE, name="other"),
     _a("list", CORE, "secrets", ns=NAMESPACE),
     _a("get", CORE, "secrets", ns="kube-system", name=TLS),

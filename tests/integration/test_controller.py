@@ -783,9 +783,12 @@ def test_status_answers_each_token_what_rbac_lets_it_list_and_nothing_anonymousl
     controller: ControllerProcess, core: client.CoreV1Api, resources: Resources, api: client.ApiClient
 ) -> None:
     """/status on the controller's HTTPS port (its webhook's): no token is 401; a ServiceAccount allowed
-    to list claims cluster-wide sees every namespace's, one allowed in one namespace only that one's, one
-    with no rights 403 — decided by the real API server's TokenReview and SubjectAccessReview."""
+    to list claims cluster-wide sees every namespace's and the nodes, one allowed in one namespace only
+    that one's claims and no nodes (they need list resourceslices), one allowed only in a namespace
+    without claims an empty view (200), one with no rights 403 — decided by the real API server's
+    TokenReview and SubjectAccessReview."""
     team_a, team_b = new_namespace(core, "status-a"), new_namespace(core, "status-b")
+    team_c = new_namespace(core, "status-c")  # no claims
     for namespace in (team_a, team_b):
         _pending_claim_and_pod(namespace, core, resources)
     rbac = client.RbacAuthorizationV1Api(api)
@@ -800,6 +803,7 @@ def test_status_answers_each_token_what_rbac_lets_it_list_and_nothing_anonymousl
     everything = _service_account_token(core, team_a, "everything")
     own = _service_account_token(core, team_a, "team-a")
     nobody = _service_account_token(core, team_a, "nobody")
+    quiet = _service_account_token(core, team_c, "quiet")
     rbac.create_cluster_role_binding(
         {
             "metadata": {"name": reader},
@@ -813,6 +817,14 @@ def test_status_answers_each_token_what_rbac_lets_it_list_and_nothing_anonymousl
             "metadata": {"name": "team-a-reads-claims"},
             "roleRef": role_ref,
             "subjects": [{"kind": "ServiceAccount", "name": "team-a", "namespace": team_a}],
+        },
+    )
+    rbac.create_namespaced_role_binding(
+        team_c,
+        {
+            "metadata": {"name": "team-c-reads-claims"},
+            "roleRef": role_ref,
+            "subjects": [{"kind": "ServiceAccount", "name": "quiet", "namespace": team_c}],
         },
     )
     try:
@@ -831,9 +843,16 @@ def test_status_answers_each_token_what_rbac_lets_it_list_and_nothing_anonymousl
         assert status == 200, body
         assert {p["namespace"] for p in json.loads(body)["pending"]} == {team_a}
         assert {d["namespace"] for d in json.loads(body)["idle"]} <= {team_a}
+        assert json.loads(body)["nodes"] == json.loads(body)["unhealthy"] == []  # no list resourceslices
+        # rights in a namespace that has no claims: the right answered, with nothing in it
+        status, body = http_get(url, token=quiet, timeout=10)
+        assert status == 200, body
+        empty = json.loads(body)
+        assert empty["pending"] == empty["idle"] == empty["nodes"] == empty["mig"] == empty["unhealthy"] == []
         status, body = http_get(url, token=everything)
         assert status == 200, body
         assert {p["namespace"] for p in json.loads(body)["pending"]} >= ours
+        assert json.loads(body)["nodes"]  # the local cluster's simulated GPUs
         assert http_get(f"{controller.endpoint().url}/", token=own)[0] == 403  # the map: cluster-wide only
         assert http_get(f"{controller.endpoint().url}/", token=everything)[0] == 200
         # the plain-HTTP port keeps the probes and metrics and serves no claim
@@ -855,8 +874,26 @@ def test_status_answers_each_token_what_rbac_lets_it_list_and_nothing_anonymousl
             text=True,
         )
         assert refused.returncode != 0 and "(403" in refused.stderr and len(refused.stderr.splitlines()) == 1
+        # and, for the empty view, why it is empty
+        shown = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "gpudra",
+                "status",
+                *controller.endpoint().cli_args(controller.log.parent),
+                f"--token={quiet}",
+                "--output=json",
+            ],
+            check=False,
+            capture_output=True,
+            text=True,
+        )
+        assert shown.returncode == 0, shown.stderr
+        assert json.loads(shown.stdout)["pending"] == []
+        assert "none of the namespaces where you may list resourceclaims has a claim" in shown.stderr
     finally:
         rbac.delete_cluster_role_binding(reader)
         rbac.delete_cluster_role(reader)
-        for namespace in (team_a, team_b):
+        for namespace in (team_a, team_b, team_c):
             core.delete_namespace(namespace)

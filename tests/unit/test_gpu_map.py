@@ -277,8 +277,11 @@ def test_the_controllers_status_pages_hand_the_map_paths_to_the_page() -> None:
         def authenticate(self, token: str) -> Caller | None:
             return Caller(username="admin")
 
-        def may_list_claims(self, caller: Caller, namespace: str) -> bool:
+        def may_list(self, caller: Caller, resource: str, namespace: str) -> bool:
             return True
+
+        def namespaces(self) -> tuple[list[str], bool]:
+            return [], False
 
     pages = StatusPages(
         StatusAccess(Everyone()),

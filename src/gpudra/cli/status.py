@@ -77,8 +77,8 @@ def fetch(
 
 
 def _warn(line: str) -> None:
-    """An object left out of the view (a tenant's claim nested too deeply to decode, see
-    gpudra.bounded_json): the rest of the cluster is shown."""
+    """What was left out of the view: an object nested too deeply to decode (a tenant's claim, see
+    gpudra.bounded_json), or what the controller's view cut to the token's rights leaves out."""
     print(f"gpudra status: warning: {line}", file=sys.stderr)
 
 
@@ -89,7 +89,7 @@ def _origin(url: str) -> tuple[str, str, int | None]:
 
 _REFUSALS = {
     401: "the controller did not accept the token (401: not valid, or expired)",
-    403: "the token's user may not list resourceclaims, cluster-wide or in any namespace with claims "
+    403: "the token's user may list resourceclaims in no namespace, nor resourceslices "
     "(403; ask for list on resourceclaims)",
 }
 
@@ -108,12 +108,24 @@ def _get(url: str, token: str, ca_file: str | None, server_name: str | None) -> 
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
     try:
         with _opener(context, server_name).open(request, timeout=URL_TIMEOUT_SECONDS) as response:
+            # What the controller left out of a view cut to the caller's rights (299 warnings).
+            for warning in response.headers.get_all("Warning") or []:
+                _warn(_warning_text(warning))
             return json.loads(response.read())
     except urllib.error.HTTPError as err:
         detail = _REFUSALS.get(err.code) or f"HTTP {err.code}: {_error_text(err.read())}"
         raise ClusterError(f"reading {url}: {detail}") from None
     except (urllib.error.URLError, OSError, ValueError) as err:
         raise ClusterError(f"reading {url}: {err}") from err
+
+
+def _warning_text(header: str) -> str:
+    """The text of a Warning header `299 - "text"`; the header as sent when it is not of that form."""
+    code, _, rest = header.strip().partition(" ")
+    agent, _, text = rest.partition(" ")
+    if code.isdigit() and agent and len(text) >= 2 and text[0] == text[-1] == '"':
+        return text[1:-1]
+    return header.strip()
 
 
 def _error_text(body: bytes) -> str:

@@ -1,22 +1,38 @@
 """`/status` and the GPU map behind the cluster's authentication and RBAC, as kube-rbac-proxy puts a
 workload behind them: each request carries a bearer token; a TokenReview says whose it is, and
-SubjectAccessReviews whether that user may `list resourceclaims` cluster-wide (the whole view) or in
-which namespaces (the view cut down to those namespaces' claims). I/O: the reviews (an `Reviews`,
+SubjectAccessReviews what that user may list. I/O: the reviews (an `Reviews`,
 gpudra.kube.access_review.AccessReviews in the controller); the rest is pure.
 
-The candidate namespaces of a caller without the cluster-wide right are the namespaces of the claims in
-the cluster picture (`namespaces()`): only those can have anything to show, so a request costs one
-review per such namespace at most, and none while the answers are cached. Answers are kept TTL seconds,
-keyed by the token's SHA-256 (the token itself is never kept); a token the API server refused is
-remembered as refused for the same time, so a client retrying a bad token costs one review per TTL.
+What a caller sees is what the same user would see with kubectl:
+- `list resourceclaims` cluster-wide: the whole view, and the GPU map (it draws every namespace's claims
+  on one page, so it is served to this right only).
+- Otherwise the claims (pending, idle) of the namespaces where the user may list ResourceClaims.
+- The inventory, nodes with their GPU counts, MIG room and unhealthy GPUs, only with `list
+  resourceslices` (cluster-scoped: no RoleBinding grants it). It names no claim, namespace or pod, but
+  it is the cluster's hardware and where it stands, which RBAC does not show a namespace's user: a
+  team bound to `view` in its namespace sees its own claims and nothing about the nodes.
+- 403 when the user may see none of it: list claims in no namespace and slices not at all. A user who
+  may list claims in a namespace that has none gets 200 and an empty view: it has the right, there is
+  nothing to show; the answer then says no more than `kubectl get resourceclaims` would. The user
+  without any right keeps the 403, as kubectl gets one, so that "no claims" and "no access" are told
+  apart (an empty 200 would leak nothing either, but would let a missing RoleBinding pass for an empty
+  namespace).
 
-The GPU map draws every namespace's claims on one page: it is served only to callers with the
-cluster-wide right. Nodes, GPU counts, MIG room and unhealthy devices name no claim and are in every
-caller's view.
+Whose claims: the candidate namespaces are first those of the claims in the cluster picture
+(`namespaces()`), the only ones with anything to show. Only when the user may list claims in none of
+them, and not the slices, are the cluster's other namespaces asked about (the API server has no review
+of "may list in some namespace" for another user), the user's own first (a ServiceAccount's), until one
+allows it. Bounds: the namespaces considered are at most gpudra.kube.access_review.MAX_NAMESPACES (one
+LIST, kept TTL seconds for every caller); a request makes at most REVIEWS_PER_REQUEST reviews it has no
+answer for, the namespaces beyond counted as not allowed this time, and the answer says so (a `Warning`
+header on 200, the text of a 403); the next request, with the answers cached, goes on from there.
+Answers are kept TTL seconds, keyed by the token's SHA-256 (the token itself is never kept); a token the
+API server refused is remembered as refused for the same time, so a client retrying a bad token costs
+one review per TTL.
 
 Answers: 401 without a token or with one the API server does not accept (with `WWW-Authenticate:
-Bearer`), 403 when the user may list claims in none of the candidate namespaces, 503 when the reviews
-cannot be made (the API server is away): the caller is told, never shown more than it may see.
+Bearer`), 403 as above, 503 when the reviews cannot be made (the API server is away): the caller is
+told, never shown more than it may see.
 """
 
 from __future__ import annotations
@@ -38,9 +54,19 @@ log = logging.getLogger(__name__)
 
 STATUS_PATH = "/status"
 TTL_SECONDS = 30.0
-# Cached answers at most; past it the cache starts afresh (a flood of made-up tokens costs reviews,
-# never memory).
-MAX_CACHED = 4096
+# Cached answers at most, every token's together; past it the cache starts afresh (a flood of made-up
+# tokens costs reviews, never memory). A user without rights anywhere holds one answer per namespace
+# asked about (up to 1000): a few hundred bytes each, some 5 MB when full.
+MAX_CACHED = 16384
+# Reviews a request makes that the cache does not answer, beyond the token's: a user without rights in
+# a cluster of 1000 namespaces costs the API server at most this many SubjectAccessReviews per request
+# (each an in-memory RBAC check, no storage read), and the request a fraction of a second.
+REVIEWS_PER_REQUEST = 100
+
+CLAIMS, SLICES = "resourceclaims", "resourceslices"
+_SERVICE_ACCOUNT = "system:serviceaccount:"
+# The cluster's namespaces, every caller's: no token hashes to "".
+_NAMESPACE_LIST: tuple[str, str | None] = ("", None)
 
 WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
@@ -48,19 +74,38 @@ WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 class Reviews(Protocol):
     def authenticate(self, token: str) -> Caller | None: ...
 
-    def may_list_claims(self, caller: Caller, namespace: str) -> bool: ...
+    def may_list(self, caller: Caller, resource: str, namespace: str) -> bool: ...
+
+    def namespaces(self) -> tuple[list[str], bool]: ...
 
 
 @dataclass(frozen=True)
 class Scope:
-    """What a caller may see: `everything`, else the claims of `namespaces` (empty: nothing)."""
+    """What a caller may see: `everything`; else the claims of `namespaces` (those with claims it may
+    list), the inventory when `inventory`. `somewhere`: it may list claims in some namespace, with
+    claims or not. `note`: what was left unasked (the review budget, the namespace list's bound)."""
 
     everything: bool
     namespaces: frozenset[str] = frozenset()
+    inventory: bool = False
+    somewhere: bool = False
+    note: str = ""
+
+    @property
+    def sees_anything(self) -> bool:
+        return self.everything or self.inventory or self.somewhere
 
 
 class Unauthenticated(Exception):
     """No token, or one the API server does not accept."""
+
+
+class _Budget:
+    """The reviews one request may still make that the cache does not answer."""
+
+    def __init__(self, reviews: int) -> None:
+        self.left = reviews
+        self.skipped = 0
 
 
 class StatusAccess:
@@ -72,10 +117,12 @@ class StatusAccess:
         *,
         ttl: float = TTL_SECONDS,
         clock: Callable[[], float] = time.monotonic,
+        reviews_per_request: int = REVIEWS_PER_REQUEST,
     ) -> None:
         self.reviews = reviews
         self.ttl = ttl
         self.clock = clock
+        self.reviews_per_request = reviews_per_request
         self._lock = threading.Lock()
         self._cache: dict[tuple[str, str | None], tuple[float, Any]] = {}
 
@@ -86,13 +133,58 @@ class StatusAccess:
         caller = self._cached((key, None), lambda: self.reviews.authenticate(token))
         if caller is None:
             raise Unauthenticated
-        if self._may_list(key, caller, ""):
-            return Scope(everything=True)
-        allowed = {n for n in set(candidates()) if n and self._may_list(key, caller, n)}
-        return Scope(everything=False, namespaces=frozenset(allowed))
+        if self._may_list(key, caller, CLAIMS, ""):
+            return Scope(everything=True, inventory=True, somewhere=True)
+        inventory = self._may_list(key, caller, SLICES, "")
+        budget = _Budget(self.reviews_per_request)
+        with_claims = sorted({n for n in candidates() if n})
+        allowed = frozenset(n for n in with_claims if self._may_list(key, caller, CLAIMS, n, budget))
+        note = ""
+        somewhere = bool(allowed)
+        if not somewhere and not inventory:
+            somewhere, note = self._anywhere_else(key, caller, set(with_claims), budget)
+        if budget.skipped:
+            unchecked = (
+                f"access not yet checked in {budget.skipped} namespaces (at most "
+                f"{self.reviews_per_request} reviews a request), counted as not allowed: ask again"
+            )
+            note = f"{unchecked}; {note}" if note else unchecked
+        return Scope(
+            everything=False, namespaces=allowed, inventory=inventory, somewhere=somewhere, note=note
+        )
 
-    def _may_list(self, key: str, caller: Caller, namespace: str) -> bool:
-        return bool(self._cached((key, namespace), lambda: self.reviews.may_list_claims(caller, namespace)))
+    def _anywhere_else(self, key: str, caller: Caller, asked: set[str], budget: _Budget) -> tuple[bool, str]:
+        """Whether `caller` may list claims in a namespace other than `asked` (those with claims), the
+        caller's own first (a ServiceAccount's), stopping at the first that allows it; and a note when
+        not every namespace could be considered."""
+        try:
+            names, more = self._cached(_NAMESPACE_LIST, self.reviews.namespaces)
+        except GpudraError as err:  # the claims' namespaces were answered: say what is missing
+            log.warning("cannot list namespaces for a /status caller", extra={"error": str(err)})
+            return False, f"namespaces without claims were not considered (cannot list them: {err})"
+        own = caller.username.removeprefix(_SERVICE_ACCOUNT).partition(":")[0]
+        order = [own] if caller.username.startswith(_SERVICE_ACCOUNT) and own else []
+        order += [n for n in names if n != own]
+        for namespace in order:
+            if namespace not in asked and self._may_list(key, caller, CLAIMS, namespace, budget):
+                return True, ""
+        return False, f"only the first {len(names)} namespaces were considered" if more else ""
+
+    def _may_list(
+        self, key: str, caller: Caller, resource: str, namespace: str, budget: _Budget | None = None
+    ) -> bool:
+        entry = (key, namespace if resource == CLAIMS else f"{resource}/{namespace}")
+        if budget is not None and not self._fresh(entry):
+            if budget.left <= 0:
+                budget.skipped += 1
+                return False
+            budget.left -= 1
+        return bool(self._cached(entry, lambda: self.reviews.may_list(caller, resource, namespace)))
+
+    def _fresh(self, key: tuple[str, str | None]) -> bool:
+        with self._lock:
+            hit = self._cache.get(key)
+        return hit is not None and hit[0] > self.clock()
 
     def _cached(self, key: tuple[str, str | None], review: Callable[[], Any]) -> Any:
         now = self.clock()
@@ -111,13 +203,15 @@ class StatusAccess:
 
 
 def visible(view: ClusterView, scope: Scope) -> ClusterView:
-    """`view` with only the claims `scope` may see. Pure."""
+    """`view` with only the claims `scope` may see, and the inventory only when it may. Pure."""
     if scope.everything:
         return view
+    inventory: dict[str, Any] = {} if scope.inventory else {"nodes": [], "mig": [], "unhealthy": []}
     return view.model_copy(
         update={
             "pending": [c for c in view.pending if c.namespace in scope.namespaces],
             "idle": [d for d in view.idle if d.namespace in scope.namespaces],
+            **inventory,
         }
     )
 
@@ -167,15 +261,38 @@ class StatusPages:
                 )
             assert self.map_app is not None
             return self.map_app(environ, start_response)
-        if not scope.everything and not scope.namespaces:
+        if not scope.sees_anything:
+            refusal = "may list resourceclaims in no namespace, nor resourceslices"
             return _text(
-                start_response,
-                "403 Forbidden",
-                "may list resourceclaims neither cluster-wide nor in any namespace with claims",
+                start_response, "403 Forbidden", f"{refusal} ({scope.note})" if scope.note else refusal
             )
         body = visible(self.view(), scope).model_dump_json(by_alias=True).encode()
-        start_response("200 OK", [("Content-Type", "application/json"), ("Cache-Control", "no-store")])
+        warnings = [("Warning", _warning(note)) for note in _notes(scope)]
+        start_response(
+            "200 OK", [("Content-Type", "application/json"), ("Cache-Control", "no-store"), *warnings]
+        )
         return [body]
+
+
+def _notes(scope: Scope) -> list[str]:
+    """What a cut view leaves out, for the caller (its own rights: nothing another's)."""
+    if scope.everything:
+        return []
+    notes = (
+        [] if scope.inventory else ["nodes, GPUs and MIG room are left out: they need list resourceslices"]
+    )
+    if not scope.somewhere:
+        notes.append("claims are left out: they need list resourceclaims in their namespace")
+    elif not scope.namespaces:
+        notes.append("none of the namespaces where you may list resourceclaims has a claim")
+    return [*notes, *([scope.note] if scope.note else [])]
+
+
+def _warning(text: str) -> str:
+    """An HTTP Warning header's value as the API server writes one (299, "miscellaneous persistent
+    warning"): printable ASCII, no quotes or backslashes, which would end or escape the quoted text."""
+    clean = "".join(c if " " <= c <= "~" and c not in '"\\' else "?" for c in text)
+    return f'299 - "{clean}"'
 
 
 def _bearer(header: str) -> str | None:

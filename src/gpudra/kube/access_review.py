@@ -1,5 +1,6 @@
-"""Who is asking, and may they list ResourceClaims: the API server's TokenReview and SubjectAccessReview,
-the two calls kube-rbac-proxy makes in front of a workload. I/O: the API server (through `Kube`).
+"""Who is asking, and may they list ResourceClaims (or ResourceSlices): the API server's TokenReview and
+SubjectAccessReview, the two calls kube-rbac-proxy makes in front of a workload; and the cluster's
+namespaces, to ask about. I/O: the API server (through `Kube`).
 
 The controller's `/status` is authorized with them (gpudra.controller.status_access), so the cluster's
 own authentication (service-account tokens, OIDC, whatever the API server accepts) and RBAC decide
@@ -12,6 +13,9 @@ from dataclasses import dataclass
 
 from gpudra.kube.client import Kube
 from gpudra.model.kube_api import GROUP
+
+# The namespaces /status considers at most (one LIST page): past them a caller's rights are not looked for.
+MAX_NAMESPACES = 1000
 
 
 @dataclass(frozen=True)
@@ -51,9 +55,9 @@ class AccessReviews:
             extra=tuple(sorted((str(k), tuple(str(v) for v in vs or ())) for k, vs in extra.items())),
         )
 
-    def may_list_claims(self, caller: Caller, namespace: str) -> bool:
-        """Whether RBAC (or the cluster's authorizer) lets `caller` list ResourceClaims in `namespace`
-        ("": in every namespace, cluster-wide)."""
+    def may_list(self, caller: Caller, resource: str, namespace: str) -> bool:
+        """Whether RBAC (or the cluster's authorizer) lets `caller` list `resource` (of resource.k8s.io)
+        in `namespace` ("": in every namespace, cluster-wide; the only one for a cluster-scoped resource)."""
         spec = {
             "user": caller.username,
             "uid": caller.uid,
@@ -62,14 +66,28 @@ class AccessReviews:
             "resourceAttributes": {
                 "verb": "list",
                 "group": GROUP,
-                "resource": "resourceclaims",
+                "resource": resource,
                 "namespace": namespace,
             },
         }
         reply = self.api.request(
-            "reviewing access to resourceclaims",
+            f"reviewing access to {resource}",
             "POST",
             "/apis/authorization.k8s.io/v1/subjectaccessreviews",
             body={"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": spec},
         )
         return (reply.get("status") or {}).get("allowed") is True
+
+    def namespaces(self) -> tuple[list[str], bool]:
+        """The names of the cluster's namespaces, at most MAX_NAMESPACES (one page), and whether there
+        are more. The API server has no review that answers "may this user list claims in *some*
+        namespace" for another user (SelfSubjectRulesReview answers for the caller itself, and its API
+        documentation says not to drive authorization decisions with it), so /status asks per
+        namespace, and needs to know which there are."""
+        page = self.api.list_page("namespaces", "/api/v1/namespaces", limit=MAX_NAMESPACES)
+        names = [
+            str(name)
+            for item in page.get("items") or []
+            if (name := (item.get("metadata") or {}).get("name"))
+        ]
+        return names, bool((page.get("metadata") or {}).get("continue"))
