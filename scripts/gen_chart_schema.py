@@ -99,19 +99,27 @@ def _property(action: argparse.Action) -> dict[str, Any]:
     return {"description": description, **action.type.schema()}
 
 
-def _mig_profiles_need_partitionable() -> dict[str, Any]:
-    """--mig-profiles with anything in it needs --mig-mode partitionable (gpudra.cli refuses it
-    otherwise): the same rule across the two options."""
+def _mig_profiles_need_partitionable(field: str = "migProfiles") -> dict[str, Any]:
+    """--mig-profiles (or --mig-share-profiles) with anything in it needs --mig-mode partitionable
+    (gpudra.cli refuses it otherwise): the same rule across the two options."""
     return {
         "if": {
-            "properties": {"migProfiles": {"type": "string", "pattern": "[^\\s,]"}},
-            "required": ["migProfiles"],
+            "properties": {field: {"type": "string", "pattern": "[^\\s,]"}},
+            "required": [field],
         },
         "then": {
             "properties": {"migMode": {"const": "partitionable"}},
             "required": ["migMode"],
         },
     }
+
+
+def _partitionable_rules(props: dict[str, Any]) -> dict[str, Any]:
+    """The rules above for the options `props` has: one as `if`/`then`, two under `allOf`."""
+    rules = [_mig_profiles_need_partitionable(f) for f in ("migProfiles", "migShareProfiles") if f in props]
+    if len(rules) == 1:
+        return rules[0]
+    return {"allOf": rules} if rules else {}
 
 
 def schema() -> dict[str, Any]:
@@ -127,7 +135,7 @@ def schema() -> dict[str, Any]:
                     "type": "object",
                     "additionalProperties": False,
                     "properties": props,
-                    **(_mig_profiles_need_partitionable() if "migProfiles" in props else {}),
+                    **_partitionable_rules(props),
                 }
             },
         }
@@ -204,7 +212,7 @@ def schema() -> dict[str, Any]:
                 "type": "object",
                 "additionalProperties": False,
                 "properties": {
-                    **{k: {"type": "boolean"} for k in ("gpu", "shared", "mig")},
+                    **{k: {"type": "boolean"} for k in ("gpu", "shared", "mig", "migShared")},
                     "migProfiles": {
                         "description": "MIG profiles that get a DeviceClass of their own (quota by size)",
                         "type": "array",

@@ -545,3 +545,114 @@ def _claim_pipe(
     pipe = _pipe_mount(plugin.cdi_specs()[claim["metadata"]["uid"]])
     assert pipe is not None
     return str(name), pipe
+
+
+MIG_MINOR = 5  # the H100 whose 1g.10gb partition the test below shares (MINOR's GPU is whole-GPU shares')
+MIG_SHARED = f"gpu-{MIG_MINOR}-mig-1g10gb-6-shared"
+
+
+@pytest.fixture
+def mig_shares(plugin: PluginProcess, api: client.ApiClient) -> Iterator[PluginProcess]:
+    """The H100 node's plugin restarted with 1g.10gb partitions shareable (--mig-share-profiles); its
+    slices then carry their shared forms. Restarted as it was afterwards."""
+    original = plugin.group
+    plugin.stop()
+    plugin.group = {**original, "mig-share-profiles": "1g.10gb"}
+    try:
+        plugin.start()
+        wait_for("the shared partitions published", lambda: MIG_SHARED in _published(api), timeout=60)
+        yield plugin
+    finally:
+        plugin.stop()
+        plugin.group = original
+        plugin.start()
+        wait_for("the shared partitions gone", lambda: MIG_SHARED not in _published(api), timeout=60)
+
+
+def _published(api: client.ApiClient) -> set[str]:
+    slices = client.CustomObjectsApi(api).list_cluster_custom_object(
+        "resource.k8s.io", "v1", "resourceslices"
+    )
+    return {
+        d["name"]
+        for item in slices["items"]
+        if item["spec"].get("nodeName") == NODE and item["spec"].get("driver") == DRIVER
+        for d in item["spec"].get("devices", [])
+    }
+
+
+def _placement(exclusive: bool) -> dict[str, Any]:
+    attrs = f'device.attributes["{DRIVER}"]'
+    expression = f"{attrs}.parentMinor == {MIG_MINOR} && {attrs}.placementStart == 6"
+    return {
+        "deviceClassName": "mig.gpudra.io" if exclusive else "mig-shared.gpudra.io",
+        "selectors": [{"cel": {"expression": f'{expression} && {attrs}.profile == "1g.10gb"'}}],
+    }
+
+
+def _mig_template(name: str, capacity: dict[str, str] | None) -> dict[str, Any]:
+    exactly = _placement(exclusive=capacity is None)
+    if capacity is not None:
+        exactly["capacity"] = {"requests": capacity}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}},
+    }
+
+
+def _mig_instances(plugin: PluginProcess) -> dict[int, str]:
+    """placement start -> MIG UUID of each partition on the simulated H100 with MIG_MINOR."""
+    gpu = json.loads(plugin.sim_state.read_text())["gpus"][MIG_MINOR]
+    return {
+        gi["start"]: ",".join(ci["uuid"] for ci in gi["compute_instances"]) for gi in gpu["gpu_instances"]
+    }
+
+
+def test_two_pods_share_one_1g_partition_with_mps_limits_inside_it_and_the_last_one_out_destroys_it(
+    api: client.ApiClient, mig_shares: PluginProcess
+) -> None:
+    plugin = mig_shares
+    core = client.CoreV1Api(api)
+    ns = new_namespace(core, "mig-shares")
+    asks = {"small": {"memory": "3Gi", "compute": "30"}, "large": {"memory": "6Gi", "compute": "60"}}
+    objects = [_mig_template(name, capacity) for name, capacity in asks.items()]
+    objects += [_mig_template("exclusive", None)]
+    objects += [claim_pod(name, {"gpu": name}, node=NODE) for name in asks]
+    utils.create_from_yaml(api, yaml_objects=objects, namespace=ns)
+    running = {n: wait_for(f"{n} Running", partial(pod_running, core, n, ns), timeout=120) for n in asks}
+    results = {n: allocation(api, p) for n, p in running.items()}
+    assert {r["device"] for r in results.values()} == {MIG_SHARED}
+    assert len({r["shareID"] for r in results.values()}) == 2
+
+    # One partition, created by the first share; each share's daemon sees that MIG device only.
+    [(start, mig_uuid)] = _mig_instances(plugin).items()
+    assert start == 6 and mig_uuid.startswith("MIG-")
+    limits = {
+        (
+            d["visible_devices"],
+            d["default_active_thread_percentage"],
+            tuple(d["default_pinned_memory_limits"].items()),
+        )
+        for d in daemons(plugin)
+    }
+    assert limits == {(mig_uuid, 30.0, ((mig_uuid, "3072M"),)), (mig_uuid, 60.0, ((mig_uuid, "6144M"),))}
+
+    # The exclusive form of the placement is not allocated while the shares hold it.
+    utils.create_from_yaml(
+        api, yaml_objects=[claim_pod("exclusive", {"gpu": "exclusive"}, node=NODE)], namespace=ns
+    )
+    wait_for("exclusive Unschedulable", lambda: unschedulable(core, "exclusive", ns), timeout=60)
+    core.delete_namespaced_pod("exclusive", ns, grace_period_seconds=0)
+    wait_for("exclusive deleted", partial(pod_gone, core, "exclusive", ns), timeout=90)
+
+    # The first share out leaves the partition to the other; the last one destroys it.
+    core.delete_namespaced_pod("small", ns, grace_period_seconds=0)
+    wait_for("small deleted", partial(pod_gone, core, "small", ns), timeout=90)
+    wait_for("one daemon left", lambda: len(daemons(plugin)) == 1, timeout=60)
+    assert _mig_instances(plugin) == {6: mig_uuid}
+    core.delete_namespaced_pod("large", ns, grace_period_seconds=0)
+    wait_for("large deleted", partial(pod_gone, core, "large", ns), timeout=90)
+    wait_for("the partition destroyed", lambda: _mig_instances(plugin) == {}, timeout=60)
+    _cleanup(core, ns, plugin)

@@ -294,7 +294,11 @@ def test_shares_per_gpu_adds_the_count_to_every_shared_device(
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--shares-per-gpu=4"], "--shares-per-gpu: sets a count of shares per GPU, which needs --shares on"),
+        (
+            ["--shares-per-gpu=4"],
+            "--shares-per-gpu: sets a count of shares per GPU, which needs --shares on "
+            "(or --mig-share-profiles)",
+        ),
         (
             ["--shares=on", "--shares-per-gpu=1"],
             "argument --shares-per-gpu: '1' is not a whole number from 2 to 64, or 0 (off)",
@@ -307,6 +311,60 @@ def test_shares_per_gpu_adds_the_count_to_every_shared_device(
     ],
 )
 def test_shares_per_gpu_refused_with_one_line(
+    capsys: pytest.CaptureFixture[str], extra: list[str], message: str
+) -> None:
+    code = cli.main(["inventory", "--nvml=sim:dgx-h100", "--node-name=node-a", *extra])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.splitlines()) == 1
+    assert message in err
+
+
+def test_mig_share_profiles_add_a_shared_form_of_each_placement(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, out = _inventory(
+        capsys,
+        tmp_path,
+        "dgx-h100",
+        "-o",
+        "json",
+        "--mig-mode=partitionable",
+        "--mig-profiles=1g.10gb,3g.40gb",
+        "--mig-share-profiles=1g.10gb",
+        "--shares-per-gpu=4",  # without --shares on: a count for the shares of partitions
+    )
+    assert code == 0
+    devices = [d for s in json.loads(out)["items"] for d in s["spec"].get("devices", [])]
+    shared = [d for d in devices if d.get("allowMultipleAllocations")]
+    assert len(shared) == 8 * 7  # one per 1g.10gb placement, no GPU shared device without --shares on
+    assert {d["attributes"]["profile"]["string"] for d in shared} == {"1g.10gb"}
+    assert {d["capacity"]["shares"]["value"] for d in shared} == {"4"}
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            ["--mig-share-profiles=1g.10gb"],
+            "--mig-share-profiles: names MIG profiles to offer as shareable partitions, which needs "
+            "--mig-mode partitionable",
+        ),
+        (
+            ["--mig-mode=partitionable", "--mig-profiles=1g.10gb,3g.40gb", "--mig-share-profiles=2g.20gb"],
+            "--mig-share-profiles: 2g.20gb is not among the offered --mig-profiles; "
+            "allowed: 1g.10gb, 3g.40gb",
+        ),
+        (
+            ["--mig-mode=partitionable", "--mig-share-profiles=1g.5gb"],
+            "--mig-share-profiles: 1g.5gb is not a MIG profile offered on this node; allowed: 1g.10gb, ",
+        ),
+        (
+            ["--mig-mode=partitionable", "--mig-share-profiles=1g"],
+            "argument --mig-share-profiles: '1g' is not comma-separated MIG profile names",
+        ),
+    ],
+)
+def test_mig_share_profiles_refused_with_one_line(
     capsys: pytest.CaptureFixture[str], extra: list[str], message: str
 ) -> None:
     code = cli.main(["inventory", "--nvml=sim:dgx-h100", "--node-name=node-a", *extra])

@@ -149,6 +149,7 @@ def test_pending_claims_are_those_for_this_drivers_classes() -> None:
         "gpu.gpudra.io",
         "gpu-shared.gpudra.io",
         "mig.gpudra.io",
+        "mig-shared.gpudra.io",
     }
 
 

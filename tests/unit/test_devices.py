@@ -887,6 +887,161 @@ def test_shared_devices_of_every_simulated_machine_follow_the_apis_request_polic
         assert validate_slices(slices, server_minor=server_minor) == []
 
 
+# ---- shares of MIG partitions
+
+
+def mig_shares(*gpus: Gpu, shares_per_gpu: int = 0, profiles: frozenset[str] | None = None) -> DeviceModel:
+    return build_devices(
+        inv.node(*gpus),
+        mig_mode="partitionable",
+        mig_profiles=profiles,
+        mig_share_profiles=frozenset({"1g.10gb"}),
+        shares_per_gpu=shares_per_gpu,
+    )
+
+
+def test_a_shareable_profile_adds_a_shared_device_after_each_of_its_placements() -> None:
+    model = mig_shares(inv.h100(0))
+    plain = partitionable(inv.h100(0))
+    names = [d["name"] for d in model.devices]
+    one_g = [d["name"] for d in plain.devices if d["name"].startswith("gpu-0-mig-1g10gb-")]
+    assert len(one_g) == 7
+    for name in one_g:  # right after its exclusive form, so each class keeps packing order
+        assert names[names.index(name) + 1] == f"{name}-shared"
+    assert len(names) == len(plain.devices) + 7  # one device per placement, no counter more
+    assert model.counter_sets == plain.counter_sets
+    # the rest is the model without shareable profiles, unchanged and in its order
+    assert [
+        d for d in model.devices if not d.get("allowMultipleAllocations") or "-mig-" not in d["name"]
+    ] == (plain.devices)
+
+
+def test_the_shared_partition_carries_its_partitions_attributes_and_counters() -> None:
+    devices = by_name(mig_shares(inv.h100(0), shares_per_gpu=4))
+    partition, shared = devices["gpu-0-mig-1g10gb-6"], devices["gpu-0-mig-1g10gb-6-shared"]
+    assert shared == {
+        "name": "gpu-0-mig-1g10gb-6-shared",
+        "attributes": {**partition["attributes"], "shared": {"bool": True}},
+        "capacity": {
+            "memory": {
+                "value": partition["capacity"]["memory"]["value"],  # 9984Mi: 9 whole GiB
+                "requestPolicy": {
+                    "default": "2Gi",
+                    "validRange": {"min": "1Gi", "max": "9Gi", "step": "1Gi"},
+                },
+            },
+            "compute": {
+                "value": "100",
+                "requestPolicy": {"default": "0", "validRange": {"min": "0", "max": "100", "step": "1"}},
+            },
+            "shares": {
+                "value": "4",
+                "requestPolicy": {"default": "1", "validRange": {"min": "1", "max": "4", "step": "1"}},
+            },
+        },
+        "allowMultipleAllocations": True,
+        "consumesCounters": partition["consumesCounters"],
+    }
+    # without shares by count: memory and compute only, a share that names no memory gets all of it
+    plain = by_name(mig_shares(inv.h100(0)))["gpu-0-mig-1g10gb-6-shared"]["capacity"]
+    assert sorted(plain) == ["compute", "memory"]
+    assert plain["memory"]["requestPolicy"]["default"] == "9Gi"
+
+
+def test_only_the_shareable_profiles_get_a_shared_form() -> None:
+    model = mig_shares(inv.h100(0), profiles=frozenset({"1g.10gb", "3g.40gb"}))
+    shared = [d["name"] for d in model.devices if d.get("allowMultipleAllocations") and "-mig-" in d["name"]]
+    assert sorted(shared) == sorted(f"gpu-0-mig-1g10gb-{start}-shared" for start in range(7))
+    assert all(attribute(by_name(model)[name], "profile") == "1g.10gb" for name in shared)
+
+
+def test_static_mode_has_no_shared_partitions() -> None:
+    node = inv.node(dataclasses.replace(inv.h100(0), mig_enabled=True))
+    model = build_devices(node, mig_mode="static", mig_share_profiles=frozenset({"1g.10gb"}))
+    assert not any(d["name"].endswith("-shared") and "-mig-" in d["name"] for d in model.devices)
+
+
+@pytest.mark.parametrize("server_minor", [36, 37])
+def test_a_placements_exclusive_and_shared_forms_exclude_each_other(server_minor: int) -> None:
+    model = mig_shares(inv.h100(0))
+    pool = Pool(
+        build_slices(model, driver="gpu.gpudra.io", node_name="n", generation=1, server_minor=server_minor)
+    )
+    shared, exclusive = "gpu-0-mig-1g10gb-6-shared", "gpu-0-mig-1g10gb-6"
+    assert pool.fits([shared]) and pool.fits([exclusive])
+    assert not pool.fits([shared, exclusive])
+    # the scheduler counts a multi-allocatable device's counters once: two shares fit as one
+    assert pool.demand(shared) == pool.demand(exclusive)
+    # beside another placement's partition or shared form, as partitions do
+    assert pool.fits([shared, "gpu-0-mig-1g10gb-5", "gpu-0-mig-1g10gb-4-shared"])
+    # and never beside the whole GPU, its shared device, or a partition overlapping the placement
+    for other in ("gpu-0", "gpu-0-shared", "gpu-0-mig-7g80gb-0", "gpu-0-mig-3g40gb-4", "gpu-0-mig-1g20gb-6"):
+        assert pool.fits([other]) and not pool.fits([shared, other]), other
+
+
+def test_shared_partitions_of_every_simulated_machine_follow_the_apis_rules(tmp_path: Path) -> None:
+    for machine in sorted(machines.MACHINES):
+        inventory = machine_inventory(machine, tmp_path / f"{machine}.json")
+        profiles = frozenset(p.name for g in inventory.gpus for p in g.mig_profiles)
+        for per_gpu in (0, MAX_SHARES_PER_GPU):
+            model = build_devices(
+                inventory, mig_mode="partitionable", mig_share_profiles=profiles, shares_per_gpu=per_gpu
+            )
+            for device in model.devices:
+                if device.get("allowMultipleAllocations"):
+                    for name, amount in device["capacity"].items():
+                        assert policy_problems(dict(amount)) == [], (machine, device["name"], name)
+            for server_minor in (36, 37):
+                slices = build_slices(
+                    model, driver="gpu.gpudra.io", node_name="n", generation=1, server_minor=server_minor
+                )
+                assert validate_slices(slices, server_minor=server_minor) == [], machine
+
+
+def test_publish_refuses_a_shareable_profile_that_is_not_offered() -> None:
+    node = inv.node(inv.h100(0))
+    offered = Publishing(
+        mig_mode="partitionable",
+        mig_profiles=frozenset({"1g.10gb", "3g.40gb"}),
+        mig_share_profiles=frozenset({"2g.20gb"}),
+    )
+    with pytest.raises(ConfigError) as refused:
+        publish(node, offered)
+    assert refused.value.field == "--mig-share-profiles"
+    assert "2g.20gb is not a MIG profile offered on this node; allowed: 1g.10gb, 3g.40gb" in str(
+        refused.value
+    )
+    # a node without MIG-capable GPUs (one node group's values on another) publishes what it has
+    plain = inv.node(inv.plain(0, "l4"))
+    assert [d["name"] for d in publish(plain, offered).devices] == ["gpu-0"]
+
+
+def test_a_server_without_shares_drops_the_shared_partitions_and_keeps_the_rest() -> None:
+    asked = Publishing(
+        mig_mode="partitionable",
+        mig_share_profiles=frozenset({"1g.10gb"}),
+        shares_per_gpu=4,
+        partition_attributes="minimal",
+    )
+    assert asked.describe() == (
+        "whole GPUs, MIG partitions on demand (every profile, minimal attributes), "
+        "shares of MIG partitions (1g.10gb, 4 each by count), no shares"
+    )
+    assert fit_to_server(asked, ServerFields.of_release(36))[0] == asked
+    fitted, withheld = fit_to_server(asked, ServerFields.of_release(35))
+    assert (fitted.mig_share_profiles, fitted.shares_per_gpu) == (frozenset(), 0)
+    assert "partitions" in [w.form for w in withheld]  # no partitions, so no shares of them
+    # partitions kept (1.35 with the counter gate on), their minimal attributes too; shares withheld
+    gates = {"DRAPartitionableDevices": True}
+    fitted, withheld = fit_to_server(asked, ServerFields.of_release(35, gates))
+    assert "shares" in [w.form for w in withheld]
+    assert (fitted.mig_mode, fitted.partition_attributes, fitted.mig_share_profiles) == (
+        "partitionable",
+        "minimal",
+        frozenset(),
+    )
+
+
 # ---- health taints
 
 

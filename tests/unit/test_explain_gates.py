@@ -82,6 +82,8 @@ def test_the_form_a_class_asks_for_is_read_from_its_selectors() -> None:
     assert class_forms(CLASSES["gpu.gpudra.io"], driver=DRIVER) == {"whole"}
     assert class_forms(CLASSES["gpu-shared.gpudra.io"], driver=DRIVER) == {"shares"}
     assert class_forms(CLASSES["mig.gpudra.io"], driver=DRIVER) == {"partitions", "mig-devices"}
+    # a share of a MIG partition needs what any share needs (consumable capacity and counters)
+    assert class_forms(CLASSES["mig-shared.gpudra.io"], driver=DRIVER) == {"shares"}
     assert class_forms(CLASSES["gpu.gpudra.io"], driver="other.example.com") == frozenset()
     assert class_forms(
         ['device.driver == "gpu.gpudra.io" && device.allowMultipleAllocations'], driver=DRIVER

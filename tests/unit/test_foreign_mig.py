@@ -33,6 +33,7 @@ class Machine:
         self.events = Events()
         self.metrics = PluginMetrics()
         self.changes = 0
+        self.mig_share_profiles: frozenset[str] = frozenset()
 
     def session(self) -> nvml.Nvml:
         return nvml.connect(f"sim:{self.profile}", state_file=self.state_file)
@@ -40,7 +41,9 @@ class Machine:
     def start(self) -> ForeignMig:
         with self.session() as session:
             self.inventory: Inventory = session.inventory()
-        self.model = devices.build_devices(self.inventory, mig_mode=self.mig_mode)
+        self.model = devices.build_devices(
+            self.inventory, mig_mode=self.mig_mode, mig_share_profiles=self.mig_share_profiles
+        )
         self.hardware = self.session()
         foreign = ForeignMig(
             devices=self.model.devices,
@@ -230,3 +233,16 @@ def test_static_mode_withholds_a_destroyed_device_and_reports_a_new_one(static_h
     )
     assert set(foreign.withheld()) == {"gpu-0-mig-3g40gb-0"}
     assert machine.foreign_count("gpu-0") == 1
+
+
+def test_a_shared_partition_is_withheld_only_where_the_instance_overlaps_it(h100: Machine) -> None:
+    """A shareable profile publishes each placement twice; a foreign instance takes both forms of the
+    placements it overlaps, and neither form of the others."""
+    h100.mig_share_profiles = frozenset({"1g.10gb"})
+    foreign = h100.start()
+    h100.create(0, PROFILE_3G40GB, 4)
+    foreign._step()
+    foreign._step()
+    withheld = foreign.withheld()
+    assert {"gpu-0-mig-1g10gb-5", "gpu-0-mig-1g10gb-5-shared", "gpu-0-shared"} <= set(withheld)
+    assert {"gpu-0-mig-1g10gb-0", "gpu-0-mig-1g10gb-0-shared"}.isdisjoint(withheld)

@@ -339,6 +339,16 @@ def test_a_gpus_fault_taints_all_its_devices_and_a_partitions_only_that_partitio
     }
 
 
+def test_a_partitions_fault_taints_its_shared_form_too() -> None:
+    """One MIG device, two published forms (a shareable profile): both leave the scheduler's hands."""
+    shared = {**DEVICE_GPUS, "gpu-0-mig-1g10gb-4-shared": DEVICE_GPUS["gpu-0-mig-1g10gb-4"]}
+    marks = _marked(_xid(999, device="gpu-0-mig-1g10gb-4"))
+    assert device_taints(device_gpus=shared, lost={}, marks=marks.values()) == {
+        "gpu-0-mig-1g10gb-4": _taint("Xid999"),
+        "gpu-0-mig-1g10gb-4-shared": _taint("Xid999"),
+    }
+
+
 def test_reset_and_reboot_faults_take_the_reset_effect_and_win_on_a_device() -> None:
     marks = _marked(_xid(999), _xid(48, device="gpu-0-mig-1g10gb-4"), _xid(79, gpu=OTHER))
     taints = device_taints(device_gpus=DEVICE_GPUS, lost={}, marks=marks.values(), reset_effect="NoExecute")

@@ -160,6 +160,16 @@ def _common(parser: argparse.ArgumentParser) -> None:
     )
     _add(
         parser,
+        "mig-share-profiles",
+        default="",
+        help="with --mig-mode partitionable: offered MIG profiles whose partitions are also published as "
+        "shareable, comma-separated (e.g. 1g.10gb): several claims each get a share (memory, compute, "
+        "and a count with --shares-per-gpu) of one partition, limited by MPS inside it; each adds one "
+        "device per placement for the scheduler to look at on every node",
+        type=_MIG_PROFILES,
+    )
+    _add(
+        parser,
         "partition-attributes",
         default="full",
         help="the attributes of MIG partitions: full, everything their GPU carries too (product, versions, "
@@ -180,10 +190,10 @@ def _common(parser: argparse.ArgumentParser) -> None:
         parser,
         "shares-per-gpu",
         default="0",
-        help=f"with --shares on: shares by count, as the device plugin's replicas: each GPU's shared "
-        f"device offers this many (at most one per GiB of memory), every share takes at least one, and "
-        f"one that names no memory gets the GPU's memory / N; {MIN_SHARES_PER_GPU} to "
-        f"{MAX_SHARES_PER_GPU}, 0: shares by memory and compute only",
+        help=f"with --shares on (or --mig-share-profiles): shares by count, as the device plugin's "
+        f"replicas: each GPU's (or partition's) shared device offers this many (at most one per GiB "
+        f"of memory), every share takes at least one, and one that names no memory gets the memory / "
+        f"N; {MIN_SHARES_PER_GPU} to {MAX_SHARES_PER_GPU}, 0: shares by memory and compute only",
         type=Count(MIN_SHARES_PER_GPU, MAX_SHARES_PER_GPU, zero_means="off"),
     )
 
@@ -899,9 +909,18 @@ def _mps_host(args: argparse.Namespace) -> int:
 
 def _publishing_option(args: argparse.Namespace) -> Publishing:
     profiles = frozenset(p.strip() for p in args.mig_profiles.split(",") if p.strip())
+    shareable = frozenset(p.strip() for p in args.mig_share_profiles.split(",") if p.strip())
     if profiles and args.mig_mode != "partitionable":
         raise ConfigError(MIG_PROFILES_NEED_PARTITIONABLE, field="--mig-profiles")
-    if args.shares_per_gpu and args.shares != "on":
+    if shareable and args.mig_mode != "partitionable":
+        raise ConfigError(MIG_SHARE_PROFILES_NEED_PARTITIONABLE, field="--mig-share-profiles")
+    if shareable and profiles and not shareable <= profiles:
+        raise ConfigError(
+            f"{', '.join(sorted(shareable - profiles))} is not among the offered --mig-profiles; allowed: "
+            f"{', '.join(sorted(profiles))}",
+            field="--mig-share-profiles",
+        )
+    if args.shares_per_gpu and args.shares != "on" and not shareable:
         raise ConfigError(SHARES_PER_GPU_NEED_SHARES, field="--shares-per-gpu")
     return Publishing(
         mig_mode=args.mig_mode,
@@ -909,10 +928,16 @@ def _publishing_option(args: argparse.Namespace) -> Publishing:
         shares_per_gpu=args.shares_per_gpu,
         mig_profiles=profiles or None,
         partition_attributes=args.partition_attributes,
+        mig_share_profiles=shareable,
     )
 
 
-SHARES_PER_GPU_NEED_SHARES = "sets a count of shares per GPU, which needs --shares on"
+SHARES_PER_GPU_NEED_SHARES = (
+    "sets a count of shares per GPU, which needs --shares on (or --mig-share-profiles)"
+)
+MIG_SHARE_PROFILES_NEED_PARTITIONABLE = (
+    "names MIG profiles to offer as shareable partitions, which needs --mig-mode partitionable"
+)
 MIG_PROFILES_NEED_PARTITIONABLE = (
     "names MIG profiles to offer on demand, which needs --mig-mode partitionable"
 )

@@ -63,6 +63,19 @@ counter set otherwise (not MIG-capable, static mode, no profiles) gets `gpu-<min
 `memory` counter, which the GPU and its shared device both consume in full. A GPU of less than 2 GiB is
 not shared: a range of 1 GiB steps needs room for two.
 
+Shares of a MIG partition (partitionable mode, `Publishing.mig_share_profiles`, opt-in per profile):
+each placement of such a profile is published twice, the partition itself and right after it
+`gpu-<minor>-mig-<profile>-<start>-shared`, which several claims each get a share of. It carries the
+partition's attributes plus `shared: true`, and the capacities of a GPU's shared device, sized to the
+partition: `memory` (the partition's, in whole GiB), `compute` (percent of the partition's SMs) and,
+with shares by count, `shares` (N, at most one per whole GiB of the partition). It consumes exactly
+the counters the partition at that placement consumes, so the two forms of one placement exclude each
+other, and each excludes the whole GPU, its shared device and every overlapping partition as the
+partition does; the scheduler counts those counters once for all the shares. Each shareable profile
+adds one device per placement (seven for 1g.10gb on an H100) to what the scheduler reads on every
+node, hence opt-in. The node plugin creates the partition with the first share it prepares and
+destroys it with the last (gpudra.node.prepare); MPS keeps each share to its limits inside it.
+
 A GPU found unhealthy is published with a device taint (KEP-5055, `with_health_taints`) on itself, its
 shared device and every partition of it (a partition's own fault taints that partition only; see
 gpudra.model.gpu_health), so the scheduler allocates none of them until the taint is lifted.
@@ -188,6 +201,7 @@ def build_devices(
     mig_profiles: frozenset[str] | None = None,
     switch_idle_mig: bool = False,
     partition_attributes: PartitionAttributes = "full",
+    mig_share_profiles: frozenset[str] = frozenset(),
 ) -> DeviceModel:
     """The devices and counter sets that describe `inventory`, GPUs in minor order.
 
@@ -197,7 +211,9 @@ def build_devices(
     profile. Fewer profiles mean fewer devices for the scheduler to look at on every node (BENCHMARKS.md,
     cluster scale); the counters still cover the whole GPU, so any mix of the offered ones is exclusive.
     `switch_idle_mig` (static mode): see `Publishing.switch_idle_mig`. `partition_attributes`: see
-    `PartitionAttributes` (gpudra.model.publishing).
+    `PartitionAttributes` (gpudra.model.publishing). `mig_share_profiles` (partitionable mode): the
+    offered profiles whose partitions are also published as shareable, each placement followed by its
+    shared form (`shares_per_gpu` gives those a count too).
     """
     if mig_mode not in get_args(MigMode):
         raise ConfigError(
@@ -229,16 +245,14 @@ def build_devices(
             devices.append(_whole_gpu(gpu, versions, consumes=counters))
         if shared is not None:
             devices.append(shared)
-        devices.extend(
-            _partition_device(
-                gpu,
-                p,
-                versions,
-                consumes=partition_counters,
-                minimal=partition_attributes == "minimal",
+        for p in partitions:
+            partition = _partition_device(
+                gpu, p, versions, consumes=partition_counters, minimal=partition_attributes == "minimal"
             )
-            for p in partitions
-        )
+            devices.append(partition)
+            # Right after its exclusive form: the classes tell them apart, so each keeps packing order.
+            if mig_mode == "partitionable" and p.profile in mig_share_profiles and p.memory_bytes >= 2 * _GIB:
+                devices.append(_shared_partition(partition, p.memory_bytes, shares_per_gpu=shares_per_gpu))
     _check_unique_names(devices)
     return DeviceModel(devices=devices, counter_sets=counter_sets)
 
@@ -247,16 +261,25 @@ def publish(inventory: Inventory, publishing: Publishing) -> DeviceModel:
     """What a node with `inventory` publishes when configured with `publishing`.
 
     Raises ConfigError when `publishing` names MIG profiles none of the node's GPUs has (a typo would
-    otherwise publish no partitions at all, silently).
+    otherwise publish no partitions at all, silently), or shareable MIG profiles that are not offered.
     """
     offered = publishing.mig_profiles
-    if offered is not None and publishing.mig_mode == "partitionable":
-        known = {p.name for gpu in inventory.gpus for p in gpu.mig_profiles}
-        if known and not offered & known:
+    known = {p.name for gpu in inventory.gpus for p in gpu.mig_profiles}
+    if offered is not None and publishing.mig_mode == "partitionable" and known and not offered & known:
+        raise ConfigError(
+            f"none of {', '.join(sorted(offered))} is a MIG profile of this node's GPUs; they have: "
+            f"{', '.join(sorted(known))}",
+            field="--mig-profiles",
+        )
+    shareable = publishing.mig_share_profiles
+    if shareable and publishing.mig_mode == "partitionable":
+        allowed = (offered if offered is not None else known) & known
+        # A node without MIG-capable GPUs has nothing to share; a node group's values may still name them.
+        if known and not shareable <= allowed:
             raise ConfigError(
-                f"none of {', '.join(sorted(offered))} is a MIG profile of this node's GPUs; they have: "
-                f"{', '.join(sorted(known))}",
-                field="--mig-profiles",
+                f"{', '.join(sorted(shareable - allowed))} is not a MIG profile offered on this node; "
+                f"allowed: {', '.join(sorted(allowed))}",
+                field="--mig-share-profiles",
             )
     return build_devices(
         inventory,
@@ -266,6 +289,7 @@ def publish(inventory: Inventory, publishing: Publishing) -> DeviceModel:
         mig_profiles=offered,
         switch_idle_mig=publishing.switch_idle_mig,
         partition_attributes=publishing.partition_attributes,
+        mig_share_profiles=publishing.mig_share_profiles,
     )
 
 
@@ -564,21 +588,23 @@ def _memory_counter_set(gpu: Gpu) -> CounterSet:
 def shares_of(gpu: Gpu, shares_per_gpu: int) -> int:
     """How many shares by count the GPU's shared device offers: `shares_per_gpu`, but at most one per
     whole GiB of its memory, so that each share's default memory is at least the 1Gi step. 0: off."""
-    return min(shares_per_gpu, gpu.memory_bytes // _GIB)
+    return _shares_within(gpu.memory_bytes, shares_per_gpu)
 
 
-def _shared_gpu(
-    gpu: Gpu, versions: dict[str, str], *, consumes: CounterSet, shares_per_gpu: int = 0
-) -> Device:
-    """The whole GPU as a device that several claims each get a share of (see the module docstring)."""
-    gib = gpu.memory_bytes // _GIB
+def _shares_within(memory_bytes: int, shares_per_gpu: int) -> int:
+    return min(shares_per_gpu, memory_bytes // _GIB)
+
+
+def _share_capacity(memory_bytes: int, shares_per_gpu: int) -> dict[str, DeviceCapacity]:
+    """The capacities of a shared device (a whole GPU's or a partition's) of `memory_bytes`."""
+    gib = memory_bytes // _GIB
     whole_gib = bytes_quantity(gib * _GIB)  # canonical, as the API server stores it
-    shares = shares_of(gpu, shares_per_gpu)
-    # By count, a share that names no memory gets its 1/N of the GPU's (whole GiB, rounded down).
+    shares = _shares_within(memory_bytes, shares_per_gpu)
+    # By count, a share that names no memory gets its 1/N of the device's (whole GiB, rounded down).
     memory_default = bytes_quantity(gib // shares * _GIB) if shares else whole_gib
     capacity: dict[str, DeviceCapacity] = {
         "memory": {
-            "value": bytes_quantity(gpu.memory_bytes),
+            "value": bytes_quantity(memory_bytes),
             "requestPolicy": {
                 "default": memory_default,
                 "validRange": {"min": "1Gi", "max": whole_gib, "step": "1Gi"},
@@ -597,6 +623,14 @@ def _shared_gpu(
             "value": str(shares),
             "requestPolicy": {"default": "1", "validRange": {"min": "1", "max": str(shares), "step": "1"}},
         }
+    return capacity
+
+
+def _shared_gpu(
+    gpu: Gpu, versions: dict[str, str], *, consumes: CounterSet, shares_per_gpu: int = 0
+) -> Device:
+    """The whole GPU as a device that several claims each get a share of (see the module docstring)."""
+    capacity = _share_capacity(gpu.memory_bytes, shares_per_gpu)
     return {
         "name": f"gpu-{gpu.minor}{SHARED_SUFFIX}",
         "attributes": {**_whole_attributes(gpu, versions), SHARED_ATTRIBUTE: {"bool": True}},
@@ -604,6 +638,22 @@ def _shared_gpu(
         "allowMultipleAllocations": True,
         "consumesCounters": _consumes_all(consumes),
     }
+
+
+def _shared_partition(partition: Device, memory_bytes: int, *, shares_per_gpu: int) -> Device:
+    """The shareable form of `partition` (see the module docstring): its attributes, counters and memory,
+    with the request policies of a GPU's shared device sized to the partition."""
+    device: Device = {
+        "name": f"{partition['name']}{SHARED_SUFFIX}",
+        "attributes": {**partition["attributes"], SHARED_ATTRIBUTE: {"bool": True}},
+        "capacity": _share_capacity(memory_bytes, shares_per_gpu),
+        "allowMultipleAllocations": True,
+    }
+    # The same counters: the scheduler then keeps this form, the exclusive one and everything that
+    # overlaps them apart, and counts them once however many shares it hands out.
+    if "consumesCounters" in partition:
+        device["consumesCounters"] = partition["consumesCounters"]
+    return device
 
 
 def _partition_device(

@@ -53,7 +53,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from gpudra.errors import ConfigError
-from gpudra.model.devices import UNHEALTHY_TAINT_KEY, DeviceTaint, label_value
+from gpudra.model.devices import SHARED_SUFFIX, UNHEALTHY_TAINT_KEY, DeviceTaint, label_value
 
 CLEAR_ANNOTATION = "gpudra.io/clear-health"
 CLEAR_ALL = "all"
@@ -467,7 +467,8 @@ def device_taints(
         effect = taint_effect(mark.xid_class, reset_effect)
         severity = 2 * TAINT_EFFECTS.index(effect) + (mark.device is None)
         for device, gpu in device_gpus.items():
-            if gpu == mark.gpu_uuid and mark.device in (None, device):
+            # A partition's mark taints its shared form too (`<partition>-shared`): one MIG device.
+            if gpu == mark.gpu_uuid and mark.device in (None, device, device.removesuffix(SHARED_SUFFIX)):
                 add(device, mark.reason, effect, severity)
     for device, gpu in device_gpus.items():
         if gpu in lost:

@@ -28,7 +28,7 @@ MIGRATE = "docs/migrate.md"
 def gpudra_classes(driver: str) -> dict[str, str]:
     """gpudra's DeviceClasses for `driver`, as the chart names them: form -> class name."""
     suffix = driver.removeprefix("gpu.")
-    return {form: f"{form}.{suffix}" for form in ("gpu", "gpu-shared", "mig")}
+    return {form: f"{form}.{suffix}" for form in ("gpu", "gpu-shared", "mig", "mig-shared")}
 
 
 def migration_problems(docs: Iterable[tuple[str, Mapping[str, Any]]], *, driver: str) -> list[Problem]:
@@ -127,7 +127,7 @@ def _request_leftovers(
     name = chosen.get("deviceClassName")
     if name in NVIDIA_CLASSES:
         form = NVIDIA_CLASSES[str(name)]
-        instead = classes[form] + (f" ({classes['gpu-shared']} for a share)" if form == "gpu" else "")
+        instead = f"{classes[form]} ({classes[form + '-shared']} for a share)"
         found.append(("deviceClassName", f"{_nvidia(str(name))}; gpudra's is {instead}"))
     for index, selector in enumerate(_list(chosen.get("selectors"))):
         expression = str(_map(_map(selector).get("cel")).get("expression", ""))

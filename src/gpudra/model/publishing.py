@@ -47,6 +47,10 @@ class Publishing:
     # gpudra manage MIG mode, and such a GPU would otherwise offer nothing at all.
     switch_idle_mig: bool = False
     partition_attributes: PartitionAttributes = "full"
+    # partitionable mode: the offered MIG profiles whose partitions are also published as shareable (one
+    # device more per placement of each, so opt-in per profile; gpudra.model.devices). Independent of
+    # `shares` (whole GPUs); `shares_per_gpu` gives them a count too.
+    mig_share_profiles: frozenset[str] = frozenset()
 
     def describe(self) -> str:
         """One line for logs, events and `gpudra inventory`: what is offered besides whole GPUs."""
@@ -55,6 +59,10 @@ class Publishing:
             profiles = ",".join(sorted(self.mig_profiles)) if self.mig_profiles else "every profile"
             minimal = ", minimal attributes" if self.partition_attributes == "minimal" else ""
             parts.append(f"MIG partitions on demand ({profiles}{minimal})")
+            if self.mig_share_profiles:
+                count = f", {self.shares_per_gpu} each by count" if self.shares_per_gpu else ""
+                shared = ",".join(sorted(self.mig_share_profiles))
+                parts.append(f"shares of MIG partitions ({shared}{count})")
         else:
             parts.append("existing MIG devices")
             if self.switch_idle_mig:
@@ -177,7 +185,8 @@ def fit_to_server(publishing: Publishing, fields: ServerFields) -> tuple[Publish
                 (PARTITIONABLE_GATE,),
             )
         )
-    if shares:
+    mig_shares = publishing.mig_share_profiles if mig_mode == "partitionable" else frozenset()
+    if shares or mig_shares:
         off = tuple(
             gate
             for gate, kept in (
@@ -198,7 +207,7 @@ def fit_to_server(publishing: Publishing, fields: ServerFields) -> tuple[Publish
                 None,
             )
         if cause is not None:
-            shares = False
+            shares, mig_shares = False, frozenset()
             withheld.append(_withheld("shares", cause, "GPU shares are not offered", fields, off))
     if not fields.device_taints:
         withheld.append(
@@ -213,9 +222,11 @@ def fit_to_server(publishing: Publishing, fields: ServerFields) -> tuple[Publish
     fitted = Publishing(
         mig_mode=mig_mode,
         shares=shares,
-        shares_per_gpu=publishing.shares_per_gpu if shares else 0,
+        shares_per_gpu=publishing.shares_per_gpu if shares or mig_shares else 0,
         mig_profiles=publishing.mig_profiles if mig_mode == "partitionable" else None,
         switch_idle_mig=publishing.switch_idle_mig or mig_mode != publishing.mig_mode,
+        partition_attributes=publishing.partition_attributes,
+        mig_share_profiles=mig_shares,
     )
     return fitted, withheld
 

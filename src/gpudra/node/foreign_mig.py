@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from gpudra.errors import GpudraError
-from gpudra.model.devices import SHARED_ATTRIBUTE, Device, gpu_uuid_of, partition_of
+from gpudra.model.devices import Device, gpu_uuid_of, partition_of
 from gpudra.model.inventory import Gpu, GpuInstance
 from gpudra.model.publishing import MigMode
 from gpudra.node import checkpoint as ckpt
@@ -141,9 +141,10 @@ def withheld_devices(
         on_gpu = [f for f in foreign if f.gpu_uuid == gpu]
         if not on_gpu:
             continue
-        if "parentUUID" not in attributes or SHARED_ATTRIBUTE in attributes:
+        if "parentUUID" not in attributes:  # the whole GPU, or its shared device
             withheld[device["name"]] = f"{on_gpu[0].named()} is on its GPU"
             continue
+        # a partition, exclusive or shared (a shareable profile): only where the instance overlaps it
         slices = set(partition_of(device)[1].slices)
         for f in on_gpu:
             if slices & set(f.instance.placement.slices):

@@ -152,8 +152,11 @@ class GpuFaults:
             for d in devices
             if "parentUUID" not in d["attributes"] and SHARED_ATTRIBUTE not in d["attributes"]
         }
+        # A placement's exclusive form names it; the mark taints its shared form too (device_taints).
         self._partitions = {
-            (gpu_uuid_of(d), *partition_of(d)): d["name"] for d in devices if "parentUUID" in d["attributes"]
+            (gpu_uuid_of(d), *partition_of(d)): d["name"]
+            for d in devices
+            if "parentUUID" in d["attributes"] and SHARED_ATTRIBUTE not in d["attributes"]
         }
         self._open_nvml = open_nvml
         self._file = state_file

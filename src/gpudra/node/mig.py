@@ -92,18 +92,30 @@ class MigPartitions:
 
     # --- planning (no side effects) --------------------------------------------------------------
 
-    def plan(self, device: Allocated, published: Device, *, owned: set[str]) -> ckpt.MigRecord | None:
+    def plan(
+        self, device: Allocated, published: Device, *, owned: set[str], joins: ckpt.MigLive | None = None
+    ) -> ckpt.MigRecord | None:
         """The record of the partition `device` will be, or None for a static MIG device.
 
         `published` is the device as the slice shows it; `owned` are the MIG UUIDs the checkpoint
         holds. Refuses a placement that a GPU instance gpudra does not own overlaps, one without a
-        compute instance included (see the module docstring).
+        compute instance included (see the module docstring). `joins`: the live ids of the partition
+        another share of the device created, which this record then holds too (it must still exist).
         """
         if "uuid" in published["attributes"]:  # static: it exists already
             return None
         gpu = device.gpu
-        record = ckpt.MigRecord(spec=self.spec_of(device.device, published, gpu))
+        record = ckpt.MigRecord(spec=self.spec_of(device.device, published, gpu), live=joins)
         profile_name, placement = partition_of(published)
+        if joins is not None:
+            instances = self._call(device.device, gpu, "list GPU instances", self.hardware.gpu_instances)
+            if not any(joins.uuid in existing.mig_devices for existing in instances):
+                raise ClaimError(
+                    f"{_where(device.device, gpu, record.spec, profile_name)}: MIG device {joins.uuid}, "
+                    "which another share of this partition created, no longer exists (a GPU reset?); "
+                    "the kubelet retries once that claim is unprepared"
+                )
+            return record
         if self._mig_enabled(device.device, gpu):
             wanted = set(placement.slices)
             for existing in self._call(device.device, gpu, "list GPU instances", self.hardware.gpu_instances):

@@ -16,6 +16,13 @@ types it; below it, gpudra.node.claim_store keeps the checkpoint (group commit, 
 another plugin instance out, device locks), gpudra.node.mig makes partitions and gpudra.node.sharing
 applies time-slicing and MPS; above it, gpudra.node.recovery settles what a crash left.
 
+A share of a MIG partition (`gpu-<n>-mig-<profile>-<start>-shared`, several claims on one device) holds
+the partition jointly with the other shares on it: the first share prepared creates it as an exclusive
+partition would be created; a later one records the same live ids (it joins the partition); unprepare
+destroys it only when no other claim of the checkpoint records it, so the last share out destroys it.
+The count comes from the checkpoint, never from memory alone, so a crash at any step leaves a
+partition that some entry records (destroyed once the last of them goes) or none (recovery destroys it).
+
 Claims that touch different devices prepare concurrently: a claim holds the locks of its own devices
 (taken in name order, so two claims never deadlock) and the checkpoint lock only while it edits and
 saves the checkpoint. Another instance of the plugin may share the node (a rolling update): every call
@@ -32,7 +39,7 @@ from typing import Literal
 
 from gpudra.errors import ClaimError, GpudraError
 from gpudra.model import placement
-from gpudra.model.devices import Device, partition_of
+from gpudra.model.devices import Device, gpu_uuid_of, partition_of
 from gpudra.model.inventory import Inventory
 from gpudra.node import cdi, faults
 from gpudra.node import checkpoint as ckpt
@@ -146,7 +153,7 @@ class DeviceState:
                 if entry.changes_gpus:
                     self.store.record(entry)
                 faults.reached("prepare-started")
-                if any(d.mig is not None for d in planned):
+                if any(d.mig is not None and d.mig.live is None for d in planned):
                     entry = entry.with_state("PrepareStarted", devices=self._create_partitions(planned))
                     # The live ids, so that a rollback or recover() destroys exactly these instances.
                     recorded.append(entry)
@@ -218,16 +225,18 @@ class DeviceState:
         On a failure the devices created so far are in no record yet: destroy them here (the caller's
         rollback finds the rest by their specs), then raise."""
         done: list[ckpt.PreparedDevice] = []
+        created_here: list[ckpt.PreparedDevice] = []
         try:
             for prepared in planned:
-                if prepared.mig is None:
+                # A share that joins a partition another share created has its live ids already.
+                if prepared.mig is None or prepared.mig.live is not None:
                     done.append(prepared)
                     continue
-                done.append(
-                    prepared.model_copy(update={"mig": self.mig.create(prepared.device, prepared.mig)})
-                )
+                created = prepared.model_copy(update={"mig": self.mig.create(prepared.device, prepared.mig)})
+                done.append(created)
+                created_here.append(created)
         except BaseException as err:
-            for created in done:
+            for created in created_here:
                 if created.mig is not None and created.mig.live is not None:
                     try:
                         self.mig.destroy(created.device, created.mig)
@@ -306,10 +315,16 @@ class DeviceState:
     def _undo(self, entry: ckpt.ClaimEntry) -> None:
         """Undo the side effects of `entry`: sharing, the MIG devices it created, then its CDI spec.
         Idempotent."""
-        self.sharing.undo(entry, others=self.store.others(entry.uid))
+        others = self.store.others(entry.uid)
+        self.sharing.undo(entry, others=others)
         faults.reached("unprepare-undone")
+        # A partition that another claim records too (shares of one partition) stays for it: the last
+        # share out destroys it. Read from the checkpoint, so a restart counts the same.
+        held = {
+            d.mig.live.uuid for e in others for d in e.devices if d.mig is not None and d.mig.live is not None
+        }
         for device in entry.devices:
-            if device.mig is not None:
+            if device.mig is not None and not (device.mig.live is not None and device.mig.live.uuid in held):
                 self.mig.destroy(device.device, device.mig)
         faults.reached("unprepare-mig-destroyed")
         cdi.delete_spec(self.cdi_root, driver=self.driver, claim_uid=entry.uid)
@@ -359,6 +374,7 @@ class DeviceState:
         the same GPU in another form (its whole self, a share of it, a partition of it), which the
         scheduler's counters keep apart too."""
         mine = [(a.device, a.gpu.uuid, _form(a.kind, a.share_id)) for a in allocated if not a.admin_access]
+        placements = {a.device: self._placement(a.device) for a in allocated if a.kind == "mig"}
         for other in self.store.current.claims.values():
             if other.uid == ref.uid:
                 continue
@@ -369,13 +385,24 @@ class DeviceState:
                     continue
                 held_form, held_gpu = _form(kind, held.share_id), held.gpu_uuids[:1]
                 for device, gpu, form in mine:
-                    if device == held.device and not (form == held_form == "share"):
+                    if device == held.device and not (form == held_form in ("share", "mig-share")):
                         taken.add(device)
+                    # A partition's exclusive and shared forms are two devices of one placement.
+                    elif (
+                        device != held.device
+                        and placements.get(device) is not None
+                        and placements.get(device) == self._placement(held.device)
+                    ):
+                        taken.add(f"{device} (its placement is prepared as {held.device})")
                     # Two devices of one GPU exclude each other unless both are MIG partitions (their
                     # placements are checked when created). Not by form alone: where the API server drops
                     # allowMultipleAllocations, the scheduler hands out a shared device without a share
                     # ID, which looks like the whole GPU's form (Kubernetes 1.34/1.35, default gates).
-                    elif device != held.device and held_gpu == (gpu,) and not form == held_form == "mig":
+                    elif (
+                        device != held.device
+                        and held_gpu == (gpu,)
+                        and not {form, held_form} <= {"mig", "mig-share"}
+                    ):
                         taken.add(f"{device} (its GPU is prepared as {held.device})")
             if taken:
                 holder = (
@@ -395,7 +422,9 @@ class DeviceState:
         )
         mig = None
         if device.kind == "mig" and not device.admin_access:
-            mig = self.mig.plan(device, self.devices[device.device], owned=owned)
+            # A share of a partition that another share already created joins it (same live ids).
+            joins = self._live_of(device.device, besides=ref.uid) if device.share_id is not None else None
+            mig = self.mig.plan(device, self.devices[device.device], owned=owned, joins=joins)
         return ckpt.PreparedDevice(
             request_names=(device.base_request,),
             pool=self.node_name,
@@ -472,6 +501,19 @@ class DeviceState:
                 if d.mig is not None and d.mig.live is not None:
                     yield entry, d.device, d.mig.live
 
+    def _live_of(self, device: str, *, besides: str) -> ckpt.MigLive | None:
+        """The live ids of partition `device` as another claim than `besides` records them."""
+        return next(
+            (live for entry, name, live in self._created() if name == device and entry.uid != besides), None
+        )
+
+    def _placement(self, device: str) -> tuple[str, int] | None:
+        """The parent GPU and placement start of a published partition (None: not one, or gone)."""
+        published = self.devices.get(device)
+        if published is None or "parentUUID" not in published["attributes"]:
+            return None
+        return (gpu_uuid_of(published), partition_of(published)[1].start)
+
     def _live_uuid(self, device: str) -> str | None:
         """The MIG UUID of partition `device` as a prepared claim created it, if one did."""
         return next((live.uuid for _, name, live in self._created() if name == device), None)
@@ -501,5 +543,7 @@ def _complete(entry: ckpt.ClaimEntry) -> bool:
 
 
 def _form(kind: str, share_id: str | None) -> str:
-    """How a claim holds a GPU: whole, one share of it, or a partition."""
-    return "mig" if kind == "mig" else ("share" if share_id is not None else "whole")
+    """How a claim holds a GPU: whole, one share of it, a partition, or one share of a partition."""
+    if kind == "mig":
+        return "mig-share" if share_id is not None else "mig"
+    return "share" if share_id is not None else "whole"

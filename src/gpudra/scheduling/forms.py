@@ -62,7 +62,22 @@ _MIG = {
 _COUNTERS = [{"counterSet": "gpu-0-counters", "counters": {"memory": {"value": "10Gi"}}}]
 
 
-def _exemplars() -> dict[str, dict[str, Any]]:
+def _exemplars() -> list[tuple[str, dict[str, Any]]]:
+    """(form, device) pairs; a share of a MIG partition is of form "shares" too: it needs what any
+    share needs (consumable capacity, counters), and counters are what partitions need."""
+    return [*_by_form().items(), ("shares", _MIG_SHARE)]
+
+
+_MIG_SHARE = {
+    "name": "gpu-0-mig-1g10gb-0-shared",
+    "attributes": {**_MIG, SHARED_ATTRIBUTE: {"bool": True}},
+    "capacity": {"memory": {"value": "10Gi"}, "compute": {"value": "100"}},
+    "allowMultipleAllocations": True,
+    "consumesCounters": _COUNTERS,
+}
+
+
+def _by_form() -> dict[str, dict[str, Any]]:
     return {
         "whole": {"name": "gpu-0", "attributes": _GPU, "capacity": {"memory": {"value": "80Gi"}}},
         "shares": {
@@ -94,7 +109,7 @@ def class_forms(selectors: Sequence[str], *, driver: str) -> frozenset[str]:
     except CelError:
         return frozenset()
     found = set()
-    for form, raw in _exemplars().items():
+    for form, raw in _exemplars():
         device = Device(raw, driver, "exemplar", None)
         try:
             if all(selector.matches(device) for selector in compiled):

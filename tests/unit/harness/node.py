@@ -26,6 +26,7 @@ from tests.unit.claims import DRIVER, NODE
 from tests.unit.harness.kube import Claims
 
 BOOT = "3f0b4e2a-6d1c-4c55-9d0e-1b2a3c4d5e6f"
+MIG_SHARE_PROFILES = frozenset({"1g.10gb"})
 
 
 def uid(n: int) -> str:
@@ -84,10 +85,18 @@ class Node:
         mig_mode: MigMode = "partitionable",
         mig: MigPartitions | None = None,
         partition_attributes: PartitionAttributes = "full",
+        mig_share_profiles: frozenset[str] = MIG_SHARE_PROFILES,
     ) -> DeviceState:
-        """A DeviceState as the plugin builds it at start-up (recover() included unless told)."""
+        """A DeviceState as the plugin builds it at start-up (recover() included unless told). Its
+        1g.10gb partitions are shareable too (their shared devices only add names; the crash child
+        builds the same devices)."""
         inventory = inventory or self.inventory
-        model = devices.build_devices(inventory, mig_mode=mig_mode, partition_attributes=partition_attributes)
+        model = devices.build_devices(
+            inventory,
+            mig_mode=mig_mode,
+            partition_attributes=partition_attributes,
+            mig_share_profiles=mig_share_profiles,
+        )
         device_state = DeviceState(
             driver=DRIVER,
             node_name=NODE,

@@ -5,10 +5,11 @@
   before is put back on unprepare.
 - A MIG device whose config asks MPS: its daemon limits the claim's processes on that partition; the
   compute mode is left alone.
-- A share (one allocation of a device several claims share, `share_id` set): MPS is its default
-  strategy. Its consumed capacity becomes the claim's limits (memory: the pinned device memory limit;
-  compute, when asked: the active thread percentage); a config may lower them, never raise them. Several
-  claims' daemons share the GPU in its DEFAULT compute mode, which shares do not change.
+- A share (one allocation of a device several claims share, `share_id` set; of a whole GPU, or of a
+  MIG partition, whose daemon then sees the MIG device only): MPS is its default strategy. Its consumed
+  capacity becomes the claim's limits (memory: the pinned device memory limit; compute, when asked: the
+  active thread percentage); a config may lower them, never raise them. Several claims' daemons share
+  the GPU (or partition) in its DEFAULT compute mode, which shares do not change.
 
 All MPS devices of one claim are served by one daemon (`MpsDaemons`, in `<state dir>/mps/<daemon id>/`;
 run by `gpudra mps-host` through `MpsHostDaemons` when the plugin is given its socket, so that it outlives
@@ -74,7 +75,9 @@ class Mps:
         config = device.config
         if isinstance(config, MigDeviceConfig):
             # TimeSlicing on a MIG device sets nothing (gpudra.api.MigDeviceSharing): no strategy wants it
-            return config.sharing is not None and config.sharing.mps is not None
+            if config.sharing is None:
+                return device.share_id is not None  # a share of a partition: MPS keeps it to its share
+            return config.sharing.mps is not None
         sharing = config.sharing
         if sharing is None:
             return device.share_id is not None  # MPS is a share's default
@@ -262,7 +265,9 @@ def _settings(device: Allocated) -> MpsConfig:
     if isinstance(config, GpuConfig):
         sharing = config.sharing
         return sharing.mps if sharing is not None and sharing.mps is not None else MpsConfig()
-    assert config.sharing is not None and config.sharing.mps is not None  # see wants
+    if config.sharing is None:  # a share of a MIG partition without a config (see wants)
+        return MpsConfig()
+    assert config.sharing.mps is not None  # see wants
     return config.sharing.mps
 
 
