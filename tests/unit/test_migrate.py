@@ -77,6 +77,7 @@ CASES = {
     "dra-first-available.yaml": Case(),
     "dra-topology.yaml": Case(),
     "dra-consumable-shares-memory.yaml": Case(),
+    "dra-consumable-shares-mig.yaml": Case(notes=1),
     "dra-device-class.yaml": Case(),
     "dra-vfio.yaml": Case(
         untranslated=(
@@ -216,7 +217,8 @@ def node_slices(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     for machine in ("dgx-h100", "dgx-a100"):
         with nvml.connect(f"sim:{machine}", state_file=where / machine / "state.json") as session:
             inventory = session.inventory()
-        model = build_devices(inventory, mig_mode="partitionable")
+        # 1g.10gb also shareable: what dra-consumable-shares-mig.yaml's note asks of the nodes
+        model = build_devices(inventory, mig_mode="partitionable", mig_share_profiles=frozenset({"1g.10gb"}))
         items = build_slices(model, driver=DRIVER, node_name=machine, generation=1, server_minor=36)
         files.append(where / f"{machine}.json")
         files[-1].write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))

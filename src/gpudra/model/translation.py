@@ -347,7 +347,28 @@ class _Translator:
             else:
                 chosen["deviceClassName"] = classes["gpu"]
         elif name == "mig.nvidia.com":
-            chosen["deviceClassName"] = classes["mig"]
+            capacity = _map(chosen.get("capacity")).get("requests")
+            if not capacity:
+                chosen["deviceClassName"] = classes["mig"]
+            elif set(_map(capacity)) <= {"memory"}:
+                # NVIDIA's ConsumableShares on a MIG device: gpudra's shares of a MIG partition, which a
+                # node offers only for the profiles it is told to (publishing each costs the scheduler)
+                chosen["deviceClassName"] = classes["mig-shared"]
+                self.done.notes.append(
+                    Remark(
+                        self.prefix + f"{at}.capacity.requests",
+                        "a share of a MIG device (NVIDIA's ConsumableShares): the nodes need the profile in "
+                        "kubeletPlugin.options.migShareProfiles (with migMode: partitionable) "
+                        "(docs/migrate.md)",
+                    )
+                )
+            else:
+                others = ", ".join(sorted(set(_map(capacity)) - {"memory"}))
+                self.left(
+                    f"{at}.capacity.requests",
+                    f"asks {others} of a MIG share (NVIDIA's ConsumableShares); gpudra's shares of a MIG "
+                    "partition (mig-shared) have memory and compute only",
+                )
         elif nvidia:
             self.left(f"{at}.deviceClassName", _NO_CLASS.get(str(name), f"{name} has no gpudra equivalent"))
         for index, selector in enumerate(_list(chosen.get("selectors"))):
