@@ -101,7 +101,9 @@ class PendingReason(_Model):
 
 
 class GpuMap(_Model):
-    generated: datetime
+    generated: datetime  # when the survey drawn was built
+    age_seconds: float  # how old that survey was when this page was drawn
+    rebuilding: bool  # a newer survey is being built (the next refresh shows it)
     driver: str
     idle_after_seconds: float
     nodes_total: int
@@ -241,9 +243,18 @@ def survey(
     )
 
 
-def draw(found: Survey, query: MapQuery) -> GpuMap:
+def draw(
+    found: Survey,
+    query: MapQuery,
+    *,
+    age_seconds: float = 0.0,
+    rebuilding: bool = False,
+    notes: Iterable[str] = (),
+) -> GpuMap:
     """One page of the map: the nodes that pass the query's filters, and the pending claims of its
-    namespace (all of them without one), with the reasons already found."""
+    namespace (all of them without one), with the reasons already found. `age_seconds`, `rebuilding`:
+    how old the survey is and whether a newer one is on its way (the server's cache); `notes`: the
+    server's, after the survey's own."""
     nodes = [
         node
         for node in found.nodes
@@ -261,6 +272,8 @@ def draw(found: Survey, query: MapQuery) -> GpuMap:
     oldest = sorted(pending, key=lambda p: -p.age_seconds)[:MAX_PENDING]
     return GpuMap(
         generated=found.view.generated,
+        age_seconds=round(age_seconds, 3),
+        rebuilding=rebuilding,
         driver=found.view.driver,
         idle_after_seconds=found.view.idle_after_seconds,
         nodes_total=len(found.nodes),
@@ -286,7 +299,7 @@ def draw(found: Survey, query: MapQuery) -> GpuMap:
             | {p.namespace for p in found.view.pending}
         ),
         query=query.as_dict(),
-        notes=found.notes,
+        notes=[*found.notes, *notes],
     )
 
 
