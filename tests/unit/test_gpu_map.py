@@ -33,8 +33,9 @@ from gpudra.scheduling.gpu_map import (
     reason,
     survey,
 )
+from tests.unit import inventories as inv
 
-from .test_cluster_view import CLASS_OBJECTS, DRIVER, GIB, NOW, SLICES, claim, idle_entry
+from .test_cluster_view import CLASS_OBJECTS, DRIVER, GIB, NOW, SLICES, claim, idle_entry, slices
 
 HOSTILE = '<img src=x onerror="alert(1)">'
 
@@ -175,6 +176,14 @@ def test_a_query_is_read_from_url_parameters_and_a_bad_one_named() -> None:
     ]:
         with pytest.raises(QueryError, match=named):
             MapQuery.parse(parse_qs(text))
+
+
+def test_a_mig_gpu_without_a_whole_gpu_device_shows_its_largest_partitions_memory() -> None:
+    """A100s with MIG on publish only partitions, and count memory slices, not bytes."""
+    found = draw(surveyed(slices=slices("node-a100", inv.a100_node())), MapQuery())
+    memory = {g.name: g.memory for g in found.nodes[0].gpus}
+    assert memory["gpu-0"] == memory["gpu-5"] and 39 * GIB <= memory["gpu-0"] < 40 * GIB  # 7g.40gb
+    assert memory["gpu-6"] == 40 * GIB  # MIG off: the whole GPU's
 
 
 # --- the page over WSGI --------------------------------------------------------------------------

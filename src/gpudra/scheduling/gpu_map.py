@@ -352,6 +352,7 @@ class _Gpu:
     product: str = ""
     memory: int = 0
     mig_slots: int = 0
+    largest_partition: int = 0  # bytes: the memory of its largest MIG partition
     holders: list[str] = field(default_factory=list)
     partitions: list[Partition] = field(default_factory=list)
     shares: list[Share] = field(default_factory=list)
@@ -377,11 +378,13 @@ class _Gpu:
                 )
         elif kind == "mig":
             self.name = self.name or f"gpu-{attribute(device, 'parentMinor')}"
-            # Without a whole-GPU device (MIG on, no reset possible), its counter set holds its memory.
+            # Without a whole-GPU device (MIG on, no reset possible), its counter set may hold its memory;
+            # where it counts memory slices instead, the largest partition's memory stands for it.
             self.memory = self.memory or max(
                 (int(pool.counter_sets.get(name, {}).get("memory", 0)) for name in device.counters()),
                 default=0,
             )
+            self.largest_partition = max(self.largest_partition, int(_capacity(device, "memory")))
             start, size = (
                 int(attribute(device, "placementStart") or 0),
                 int(attribute(device, "placementSize") or 0),
@@ -413,7 +416,7 @@ class _Gpu:
             name=self.name,
             uuid=self.uuid,
             product=self.product,
-            memory=self.memory,
+            memory=self.memory or self.largest_partition,
             state=state,
             holders=self.holders,
             mig_slots=self.mig_slots,
