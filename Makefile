@@ -50,7 +50,9 @@ chromium:
 	bash deploy/local/install-chromium.sh >/dev/null
 
 # docs/gpu-map.png: the GPU map page as the controller serves it in `make demo`'s state (fake CRI),
-# taken by headless Chromium after the demo's pods run, before they are deleted. About 3 minutes.
+# taken by headless Chromium after the demo's pods run, before they are deleted, and beside it
+# docs/gpu-map.state.json, what that page load drew (tests/integration/test_demo.py fails when the demo's
+# page no longer draws it: run this again and commit both). About 3 minutes.
 gpu-map-screenshot: $(STAMP) k8s chromium
 	$(BIN)/python -m tests.localcluster.demo --runtime fakecri --gpu-map-screenshot docs/gpu-map.png
 

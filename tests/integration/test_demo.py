@@ -1,11 +1,16 @@
-"""README's demo command works and leaves nothing behind."""
+"""README's demo command works and leaves nothing behind, and the GPU map screenshot in docs/ shows its
+state: headless Chromium loads the controller's GPU map page while the demo's pods run and its summary
+must equal docs/gpu-map.state.json, which `make gpu-map-screenshot` writes with docs/gpu-map.png."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 from .procs import cluster_processes
+
+GPU_MAP_STATE = Path(__file__).resolve().parents[2] / "docs" / "gpu-map.state.json"
 
 # What the demo prints with either runtime (tests/e2e/test_demo_containerd.py checks the containerd one).
 SUMMARY = (
@@ -43,5 +48,6 @@ def run_demo(*args: str, timeout: float, expected: tuple[str, ...] = ()) -> str:
 
 
 def test_demo_runs_end_to_end_and_cleans_up() -> None:
-    run_demo(timeout=600)
+    out = run_demo("--gpu-map-check", str(GPU_MAP_STATE), timeout=600)
+    assert "the GPU map shows what" in out, out
     assert cluster_processes("/tmp/gpudra-demo-") == []

@@ -6,11 +6,15 @@ The pending claim's selector carries markup, which explain quotes: the page must
 
 from __future__ import annotations
 
+import contextlib
+import json
 import re
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -268,9 +272,9 @@ def _draws_what_the_api_holds(url: str, workload: Workload, api: client.ApiClien
     assert drawn == t4 and t4
 
 
-def test_status_web_serves_the_same_page_from_a_kubeconfig(
-    cluster: LocalCluster, workload: Workload, api: client.ApiClient, controller: ControllerProcess
-) -> None:
+@contextlib.contextmanager
+def _status_web(kubeconfig: Path | str, *args: str) -> Iterator[str]:
+    """`gpudra status --web` from `kubeconfig` on a free loopback port: the page's URL."""
     served = subprocess.Popen(
         [
             sys.executable,
@@ -279,8 +283,9 @@ def test_status_web_serves_the_same_page_from_a_kubeconfig(
             "status",
             "--web",
             "--listen=127.0.0.1:0",
-            f"--kubeconfig={cluster.kubeconfig}",
+            f"--kubeconfig={kubeconfig}",
             f"--idle-after-seconds={IDLE_AFTER}",
+            *args,
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -291,9 +296,131 @@ def test_status_web_serves_the_same_page_from_a_kubeconfig(
         line = served.stdout.readline()
         found = re.search(r"http://127\.0\.0\.1:[0-9]+/", line)
         assert found, line
-        _check_map(dump_dom(found.group(0)), workload, Resources(api))
+        yield found.group(0)
     finally:
         served.terminate()
         served.wait(timeout=30)
         if served.stdout is not None:
             served.stdout.close()
+
+
+def test_status_web_serves_the_same_page_from_a_kubeconfig(
+    cluster: LocalCluster, workload: Workload, api: client.ApiClient, controller: ControllerProcess
+) -> None:
+    with _status_web(cluster.kubeconfig) as url:
+        _check_map(dump_dom(url), workload, Resources(api))
+
+
+def _account_kubeconfig(
+    cluster: LocalCluster, core: client.CoreV1Api, directory: Path, account: str, namespace: str
+) -> Path:
+    """A kubeconfig for a new ServiceAccount `account` in `namespace` (its context's namespace): the
+    admin's cluster and CA, the account's token."""
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": account}})
+    token = core.create_namespaced_service_account_token(
+        account, namespace, {"spec": {"expirationSeconds": 600}}
+    ).status.token
+    config = json.loads(cluster.kubeconfig.read_text())
+    config["users"] = [{"name": account, "user": {"token": token}}]
+    config["contexts"] = [
+        {"name": "local", "context": {"cluster": "local", "user": account, "namespace": namespace}}
+    ]
+    path = directory / f"{account}.kubeconfig"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def _map_json(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(f"{url}gpu-map.json", timeout=30) as reply:
+        assert reply.status == 200
+        document: dict[str, Any] = json.loads(reply.read())
+    return document
+
+
+def _holders(document: dict[str, Any]) -> set[str]:
+    return {
+        claim
+        for node in document["nodes"]
+        for gpu in node["gpus"]
+        for claim in [
+            *gpu["holders"],
+            *(c for p in gpu["partitions"] for c in p["claims"]),
+            *(s["claim"] for s in gpu["shares"]),
+        ]
+    }
+
+
+def test_status_web_shows_only_what_the_callers_kubeconfig_may_read(
+    cluster: LocalCluster, workload: Workload, api: client.ApiClient, tmp_path: Path
+) -> None:
+    """A ServiceAccount that may list slices and classes, and claims in its own namespace only, gets the
+    page with that namespace's claims and not another's, and a note saying so; one that may read
+    nothing gets an empty map that says what it could not read. No 503, no page error: the real API
+    server's RBAC refuses, `gpudra status --web` draws the rest."""
+    core, rbac, resources = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api), Resources(api)
+    ns = workload.namespace
+    other = new_namespace(core, "gpumap-other")
+    resources.create("resourceclaims", _hostile_claim("elsewhere"), other)
+    reader = f"gpu-map-reader-{ns}"
+    team = _account_kubeconfig(cluster, core, tmp_path, "team", ns)
+    bare = _account_kubeconfig(cluster, core, tmp_path, "bare", ns)
+    lists = [
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "resources": ["resourceslices", "deviceclasses"],
+            "verbs": ["list"],
+        }
+    ]
+    rbac.create_cluster_role({"metadata": {"name": reader}, "rules": lists})
+    rbac.create_cluster_role_binding(
+        {
+            "metadata": {"name": reader},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": reader},
+            "subjects": [{"kind": "ServiceAccount", "name": "team", "namespace": ns}],
+        }
+    )
+    claims_rule = [{"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["list"]}]
+    rbac.create_namespaced_role(ns, {"metadata": {"name": "claims"}, "rules": claims_rule})
+    rbac.create_namespaced_role_binding(
+        ns,
+        {
+            "metadata": {"name": "team-lists-claims"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "claims"},
+            "subjects": [{"kind": "ServiceAccount", "name": "team", "namespace": ns}],
+        },
+    )
+    ours = {f"{ns}/{c['metadata']['name']}" for c in workload.claims.values()}
+    try:
+        with _status_web(cluster.kubeconfig) as url:  # the admin's map shows the other namespace's
+            assert (other, "elsewhere") in {(p["namespace"], p["name"]) for p in _map_json(url)["pending"]}
+        with _status_web(team) as url:
+            # RBAC's caches take a moment to see the new bindings: the map is rebuilt every few seconds.
+            wait_for("the team's claims on the map", lambda: _holders(_map_json(url)) == ours, timeout=60)
+            document = _map_json(url)
+            assert [(p["namespace"], p["name"]) for p in document["pending"]] == [(ns, "never")]
+            assert other not in document["namespaces"]
+            [note] = document["notes"]
+            assert note.startswith(f"only namespace {ns}'s claims are shown: your kubeconfig may not list")
+            assert "403" in note, note
+            dom = dump_dom(url)
+            assert "hidden" in dom.by_id("error").attrs, dom.by_id("error").text
+            assert [li.text for li in dom.by_id("notes").find_all(lambda e: e.tag == "li")] == [note]
+            assert {e.attrs["data-node"] for e in dom.find_all(lambda e: e.tag == "section")} == {
+                "node-h100",
+                "node-a100",
+                "node-mixed",
+            }
+            assert not dom.find_all(lambda e: e.attrs.get("data-claim") == f"{other}/elsewhere")
+        with _status_web(bare) as url:
+            document = _map_json(url)
+            assert document["nodes"] == [] and document["pending"] == []
+            assert [n.split(":")[0] for n in document["notes"]] == [
+                "no GPUs are shown",
+                "no pending claims are shown",
+                "the GPUs are shown without their claims",
+            ]
+            assert f"nor in namespace {ns}" in document["notes"][2]
+    finally:
+        rbac.delete_cluster_role_binding(reader)
+        rbac.delete_cluster_role(reader)
+        core.delete_namespace(other)

@@ -1,5 +1,7 @@
 """Headless Chromium for the GPU map's tests, screenshot and benchmark: the DOM after the page's script ran
-(`--dump-dom`), parsed into a small tree, and screenshots. I/O: a Chromium process per call.
+(`--dump-dom`), parsed into a small tree, and screenshots; over the DevTools protocol, the page's own
+load time (`drawn_ms`) and its DOM and screenshot from one page load (`capture`). I/O: a Chromium
+process per call.
 
 Chromium comes from Debian (deploy/local/install-chromium.sh, idempotent, run on first use here so a
 fresh CI machine gets it). `--virtual-time-budget` lets the page's fetch of its JSON and its drawing
@@ -8,6 +10,8 @@ finish before the DOM is dumped, and stops before the first 10-second refresh.
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import functools
 import json
 import re
@@ -76,8 +80,60 @@ def screenshot(url: str, path: Path, *, width: int = 1400, height: int = 1000, t
 def drawn_ms(url: str, *, timeout: float = 120) -> float:
     """Milliseconds from navigating to `url` until the GPU map page first drew its JSON (the page's
     `data-drawn-ms`, its own performance.now()), in real time over the DevTools protocol."""
+    with _devtools(timeout) as call:
+        call("Page.navigate", url=url)
+        return float(
+            _wait_for(call, "document.body ? document.body.dataset.drawnMs || '' : ''", url, timeout)
+        )
+
+
+# The GPU map page has drawn its JSON and asked for every reason it shows (or says it cannot load).
+_SETTLED = (
+    "document.body && (document.body.dataset.explained || "
+    "(document.getElementById('error') && !document.getElementById('error').hidden)) ? 'yes' : ''"
+)
+
+
+def capture(
+    url: str, *, screenshot: Path | None = None, width: int = 1400, height: int = 1000, timeout: float = 120
+) -> Element:
+    """The GPU map page's DOM once it drew its JSON and the reasons of the pending claims it shows, and,
+    from the same page load, a PNG screenshot of `width` x `height` saved at `screenshot`."""
+    with _devtools(timeout, f"--window-size={width},{height}", "--hide-scrollbars") as call:
+        call(
+            "Emulation.setDeviceMetricsOverride",
+            width=width,
+            height=height,
+            deviceScaleFactor=1,
+            mobile=False,
+        )
+        call("Page.navigate", url=url)
+        _wait_for(call, _SETTLED, url, timeout)
+        html = call("Runtime.evaluate", expression="document.documentElement.outerHTML", returnByValue=True)
+        if screenshot is not None:
+            shot = call("Page.captureScreenshot", format="png")
+            screenshot.write_bytes(base64.b64decode(shot["data"]))
+        return parse(str(html["result"]["value"]))
+
+
+def _wait_for(call: Callable[..., Any], expression: str, url: str, timeout: float) -> str:
+    """Until `expression` is truthy in the page (polled): its value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = call("Runtime.evaluate", expression=expression, returnByValue=True)
+        value = found.get("result", {}).get("value", "")
+        if value:
+            return str(value)
+        time.sleep(0.02)
+    raise RuntimeError(f"{url} did not draw in {timeout:.0f} s")
+
+
+@contextlib.contextmanager
+def _devtools(timeout: float, *flags: str) -> Iterator[Callable[..., Any]]:
+    """Headless Chromium on about:blank, driven over the DevTools protocol: `call(method, **params)`
+    sends one command to its page and returns its result."""
     # websocket-client comes with the kubernetes client (its watch over websockets).
-    import websocket  # noqa: PLC0415 (only the benchmark speaks the DevTools protocol)
+    import websocket  # noqa: PLC0415 (only the benchmark and the screenshot speak the DevTools protocol)
 
     # Chromium's helper processes may still write to the profile as it is removed.
     with tempfile.TemporaryDirectory(prefix="gpudra-chromium-", ignore_cleanup_errors=True) as profile:
@@ -90,6 +146,7 @@ def drawn_ms(url: str, *, timeout: float = 120) -> float:
                 "--no-first-run",
                 "--remote-debugging-port=0",
                 f"--user-data-dir={profile}",
+                *flags,
                 "about:blank",
             ],
             stdout=subprocess.DEVNULL,
@@ -111,21 +168,11 @@ def drawn_ms(url: str, *, timeout: float = 120) -> float:
                     while True:
                         answer = json.loads(socket.recv())
                         if answer.get("id") == number:
+                            if "error" in answer:
+                                raise RuntimeError(f"chromium {method}: {answer['error']}")
                             return answer.get("result", {})
 
-                call("Page.navigate", url=url)
-                deadline = time.monotonic() + timeout
-                while time.monotonic() < deadline:
-                    found = call(
-                        "Runtime.evaluate",
-                        expression="document.body ? document.body.dataset.drawnMs || '' : ''",
-                        returnByValue=True,
-                    )
-                    value = found.get("result", {}).get("value", "")
-                    if value:
-                        return float(value)
-                    time.sleep(0.02)
-                raise RuntimeError(f"{url} did not draw in {timeout:.0f} s")
+                yield call
             finally:
                 socket.close()
         finally:

@@ -85,12 +85,15 @@ def run(
     image: Path | None = None,
     registry: str | None = None,
     gpu_map_screenshot: Path | None = None,
+    gpu_map_check: Path | None = None,
 ) -> None:
     """The demo on a new cluster in `root`; with runtime "containerd", `image` is a `make image`
     archive, imported into every node and installed with the chart, or `registry` the plain-HTTP
     registry that serves the release. The release and its feature gates are the local cluster's (K8S,
     GPUDRA_FEATURE_GATES, GPUDRA_RUNTIME_CONFIG). `gpu_map_screenshot`: where headless Chromium saves the
-    controller's GPU map page while the examples run (`make gpu-map-screenshot`)."""
+    controller's GPU map page while the examples run (`make gpu-map-screenshot`), with the summary of
+    what it drew beside it (`.state.json`, tests/localcluster/gpu_map_state.py); `gpu_map_check`: such
+    a summary the page the demo's cluster serves must match (GpudraError naming what differs)."""
     images = (image,) if image is not None else ()
     registries = (registry,) if registry is not None else ()
     with_runtime = "a fake container runtime" if runtime == "fakecri" else "containerd, runc and CNI"
@@ -117,8 +120,8 @@ def run(
             demo.install()
             demo.apply()
             demo.show()
-            if gpu_map_screenshot is not None:
-                _screenshot(gpudra.controller(api), gpu_map_screenshot)
+            if gpu_map_screenshot is not None or gpu_map_check is not None:
+                _gpu_map(api, gpudra.controller(api), screenshot=gpu_map_screenshot, check=gpu_map_check)
             demo.fault()
             demo.clean_up()
         finally:
@@ -510,13 +513,28 @@ def _products(api: DemoApi) -> dict[tuple[str, str], str]:
     }
 
 
-def _screenshot(endpoint: StatusEndpoint, path: Path) -> None:
-    from tests.localcluster import browser  # noqa: PLC0415 (only this step needs Chromium)
+def _gpu_map(api: DemoApi, endpoint: StatusEndpoint, *, screenshot: Path | None, check: Path | None) -> None:
+    """The controller's GPU map page in headless Chromium (with the admin's token), once it drew and
+    explained: saved as `screenshot` with its summary beside it, and/or compared with the summary at
+    `check`."""
+    from tests.localcluster import browser, gpu_map_state  # noqa: PLC0415 (only this step needs Chromium)
 
-    _step(f"the GPU map page, as the controller serves it (with the admin's token): {path}")
+    _step("the GPU map page, as the controller serves it (with the admin's token)")
+    names = gpu_map_state.stable_names(api.list_claims(NAMESPACE))
     with token_proxy(endpoint.url, TOKEN) as url:
-        browser.screenshot(f"{url}/", path, width=1400, height=1300)
-    print(f"saved {path}")
+        dom = browser.capture(f"{url}/", screenshot=screenshot, width=1400, height=1300)
+    state = gpu_map_state.summary(dom, names)
+    if state["error"]:
+        raise GpudraError(f"the GPU map page did not load: {state['error']}")
+    if screenshot is not None:
+        sidecar = screenshot.with_suffix(".state.json")
+        gpu_map_state.write(sidecar, state)
+        print(f"saved {screenshot} and what it shows, {sidecar}")
+    if check is not None:
+        differs = gpu_map_state.mismatch(check, state)
+        if differs:
+            raise GpudraError(differs)
+        print(f"the GPU map shows what {check} says the screenshot shows")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -531,6 +549,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--gpu-map-screenshot", type=Path, help="save the controller's GPU map page here while the pods run"
+    )
+    parser.add_argument(
+        "--gpu-map-check",
+        type=Path,
+        help="fail unless the controller's GPU map page shows what this summary (a screenshot's "
+        ".state.json) says, while the pods run",
     )
     parser.add_argument(
         "--registry", help="with containerd: HOST:PORT of the plain-HTTP registry `make publish` pushed to"
@@ -551,6 +575,7 @@ def main(argv: list[str] | None = None) -> int:
             image=args.image,
             registry=args.registry,
             gpu_map_screenshot=args.gpu_map_screenshot,
+            gpu_map_check=args.gpu_map_check,
         )
     except (GpudraError, ApiException) as err:
         where = "nodes/*/gpudra-plugin.log" if args.runtime == "fakecri" else "nodes/*/pod-logs"

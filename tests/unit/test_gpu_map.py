@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import threading
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -16,8 +17,9 @@ from gpudra.cli import status_web
 from gpudra.controller.cluster import VIEW_SECONDS, ClusterWatch
 from gpudra.controller.status_access import StatusAccess, StatusPages
 from gpudra.errors import ClusterError, ConfigError
-from gpudra.gpu_map_page import CONTENT_SECURITY_POLICY, PAGE, PATHS, GpuMapPage
-from gpudra.kube.access_review import Caller
+from gpudra.gpu_map_page import CONTENT_SECURITY_POLICY, PAGE, PATHS, GpuMapPage, Served, SurveyCache
+from gpudra.kube.access_review import Caller as Reviewed
+from gpudra.kube.client import Forbidden
 from gpudra.model.claim import read_claim
 from gpudra.scheduling.gpu_map import (
     MAX_PAGE_SIZE,
@@ -31,8 +33,9 @@ from gpudra.scheduling.gpu_map import (
     reason,
     survey,
 )
+from tests.unit import inventories as inv
 
-from .test_cluster_view import CLASS_OBJECTS, DRIVER, GIB, NOW, SLICES, claim, idle_entry
+from .test_cluster_view import CLASS_OBJECTS, DRIVER, GIB, NOW, SLICES, claim, idle_entry, slices
 
 HOSTILE = '<img src=x onerror="alert(1)">'
 
@@ -175,6 +178,14 @@ def test_a_query_is_read_from_url_parameters_and_a_bad_one_named() -> None:
             MapQuery.parse(parse_qs(text))
 
 
+def test_a_mig_gpu_without_a_whole_gpu_device_shows_its_largest_partitions_memory() -> None:
+    """A100s with MIG on publish only partitions, and count memory slices, not bytes."""
+    found = draw(surveyed(slices=slices("node-a100", inv.a100_node())), MapQuery())
+    memory = {g.name: g.memory for g in found.nodes[0].gpus}
+    assert memory["gpu-0"] == memory["gpu-5"] and 39 * GIB <= memory["gpu-0"] < 40 * GIB  # 7g.40gb
+    assert memory["gpu-6"] == 40 * GIB  # MIG off: the whole GPU's
+
+
 # --- the page over WSGI --------------------------------------------------------------------------
 
 
@@ -259,25 +270,139 @@ def test_the_controller_builds_a_survey_once_per_change_or_view_period() -> None
     class NoKube:
         """Informers never started: every collection is empty."""
 
-    now = [NOW]
-    watch = ClusterWatch(NoKube(), driver=DRIVER, idle_after_seconds=60, clock=lambda: now[0])
-    first = watch.survey()
-    assert watch.survey() is first
-    watch._changed()  # a watch event
-    second = watch.survey()
-    assert second is not first and watch.survey() is second
-    now[0] += timedelta(seconds=VIEW_SECONDS)  # idle times grow with the clock
-    assert watch.survey() is not second
+    now = [0.0]
+    watch = ClusterWatch(
+        NoKube(), driver=DRIVER, idle_after_seconds=60, clock=lambda: NOW, monotonic=lambda: now[0]
+    )
+    first = watch.survey().survey
+    assert watch.survey().survey is first
+    watch._changed()  # a watch event: served the last survey while the next is built
+    assert watch.survey().survey is first
+    assert watch.surveys.wait(timeout=10)
+    second = watch.survey().survey
+    assert second is not first and watch.survey().survey is second
+    now[0] += VIEW_SECONDS  # idle times grow with the clock
+    stale = watch.survey()
+    assert stale.survey is second and stale.age_seconds == VIEW_SECONDS
+    assert watch.surveys.wait(timeout=10)
+    assert watch.survey().survey is not second
+
+
+class SlowBuilds:
+    """Surveys built on request: each build waits for the test to let it finish, and its rebuilds run
+    on threads the test starts by hand, so the order is the test's, not the clock's."""
+
+    def __init__(self) -> None:
+        self.built: list[Survey] = []
+        self.release = threading.Event()
+        self.started = threading.Event()
+        self.rebuilds: list[Callable[[], None]] = []
+        self.version = 0
+        self.now = 0.0
+        self.fail: Exception | None = None
+
+    def build(self) -> Survey:
+        self.started.set()
+        assert self.release.wait(timeout=10), "the test never let the build finish"
+        self.release.clear()
+        if self.fail is not None:
+            raise self.fail
+        self.built.append(surveyed())
+        return self.built[-1]
+
+    def cache(self) -> SurveyCache:
+        return SurveyCache(
+            self.build,
+            max_age_seconds=VIEW_SECONDS,
+            version=lambda: self.version,
+            monotonic=lambda: self.now,
+            start=self.rebuilds.append,
+        )
+
+    def run_rebuild(self) -> threading.Thread:
+        thread = threading.Thread(target=self.rebuilds.pop(0))
+        thread.start()
+        assert self.started.wait(timeout=10)
+        return thread
+
+
+def test_a_page_request_waits_only_for_the_first_survey_and_never_for_a_rebuild() -> None:
+    slow = SlowBuilds()
+    cache = slow.cache()
+    first: list[Served] = []
+    waiting = threading.Thread(target=lambda: first.append(cache.get()))
+    waiting.start()
+    assert slow.started.wait(timeout=10)
+    assert not first  # no survey yet: the first request waits for the build
+    slow.started.clear()
+    slow.release.set()
+    waiting.join(timeout=10)
+    [served] = first
+    assert served.survey is slow.built[0] and not served.rebuilding and not slow.rebuilds
+
+    slow.version += 1  # the cluster changed
+    slow.now += 2.0
+    served = cache.get()  # answered at once with the last survey, its age, and a rebuild queued
+    assert served.survey is slow.built[0] and served.rebuilding and served.age_seconds == 2.0
+    assert len(slow.rebuilds) == 1
+    rebuilding = slow.run_rebuild()  # now building, held until released
+    for _ in range(3):  # requests meanwhile: the old survey at once, no second rebuild
+        served = cache.get()
+        assert served.survey is slow.built[0] and served.rebuilding
+    assert not slow.rebuilds and len(slow.built) == 1
+    slow.release.set()
+    rebuilding.join(timeout=10)
+    assert cache.wait(timeout=10)
+    served = cache.get()
+    assert served.survey is slow.built[1] and not served.rebuilding and served.age_seconds == 0.0
+    assert not slow.rebuilds  # up to date: nothing to rebuild
+
+    slow.now += VIEW_SECONDS  # too old: the next request starts one rebuild
+    assert cache.get().survey is slow.built[1] and len(slow.rebuilds) == 1
+
+
+def test_a_failed_rebuild_leaves_the_last_survey_served_with_why() -> None:
+    slow = SlowBuilds()
+    cache = slow.cache()
+    slow.release.set()
+    kept = cache.get().survey
+    slow.started.clear()
+    slow.version += 1
+    slow.fail = ClusterError("listing resourceslices: connection refused")
+    cache.get()
+    slow.release.set()
+    slow.run_rebuild().join(timeout=10)
+    served = cache.get()  # another rebuild queued: the next one tries again
+    assert served.survey is kept and served.failed == "listing resourceslices: connection refused"
+    assert len(slow.rebuilds) == 1
+    status, _, body = get(GpuMapPage(lambda: served), "/gpu-map.json")
+    assert status == "200 OK"
+    assert json.loads(body)["notes"] == [
+        "the map could not be brought up to date: listing resourceslices: connection refused"
+    ]
+    assert json.loads(body)["rebuilding"] is True
+
+
+def test_the_first_surveys_failure_is_the_requests() -> None:
+    slow = SlowBuilds()
+    cache = slow.cache()
+    slow.fail = ClusterError("listing resourceslices: connection refused")
+    slow.release.set()
+    status, _, body = get(GpuMapPage(cache.get), "/gpu-map.json")
+    assert status == "503 Service Unavailable" and "connection refused" in json.loads(body)["error"]
+    slow.fail = None
+    slow.release.set()
+    assert get(GpuMapPage(cache.get), "/gpu-map.json")[0] == "200 OK"  # tried again
 
 
 def test_the_controllers_status_pages_hand_the_map_paths_to_the_page() -> None:
     page = GpuMapPage(hostile_survey())
 
     class Everyone:
-        def authenticate(self, token: str) -> Caller | None:
-            return Caller(username="admin")
+        def authenticate(self, token: str) -> Reviewed | None:
+            return Reviewed(username="admin")
 
-        def may_list(self, caller: Caller, resource: str, namespace: str) -> bool:
+        def may_list(self, caller: Reviewed, resource: str, namespace: str) -> bool:
             return True
 
         def namespaces(self) -> tuple[list[str], bool]:
@@ -307,26 +432,107 @@ def test_the_controllers_status_pages_hand_the_map_paths_to_the_page() -> None:
     assert answers == ["200 OK", "200 OK", "404 Not Found"]
 
 
+class Caller:
+    """A kubeconfig that may list slices and classes, and claims only in `allowed` (None: everywhere);
+    `forbidden`: the cluster-scoped lists it may not read."""
+
+    def __init__(self, claims: list[dict[str, Any]], allowed: str | None, forbidden: tuple[str, ...] = ()):
+        self.claims = claims
+        self.allowed = allowed
+        self.forbidden = forbidden
+
+    def _refuse(self, resource: str, where: str = "at the cluster scope") -> Forbidden:
+        return Forbidden(f"listing {resource}: HTTP 403 Forbidden: cannot list {resource} {where}")
+
+    def list_all_slices(self) -> list[dict[str, Any]]:
+        if "resourceslices" in self.forbidden:
+            raise self._refuse("resourceslices")
+        return SLICES
+
+    def list_device_classes(self) -> list[dict[str, Any]]:
+        if "deviceclasses" in self.forbidden:
+            raise self._refuse("deviceclasses")
+        return CLASS_OBJECTS
+
+    def list_all_claims(self) -> list[dict[str, Any]]:
+        if self.allowed is not None:
+            raise self._refuse("resourceclaims")
+        return self.claims
+
+    def list_claims(self, namespace: str) -> list[dict[str, Any]]:
+        if namespace != self.allowed:
+            raise self._refuse("resourceclaims", f"in namespace {namespace}")
+        return [c for c in self.claims if c["metadata"]["namespace"] == namespace]
+
+
+def web_map(caller: Caller, namespace: str | None) -> GpuMap:
+    surveys = status_web._Surveys(caller, driver=DRIVER, idle_after_seconds=60, namespace=namespace)
+    status, _, body = get(GpuMapPage(surveys.get), "/gpu-map.json")
+    assert status == "200 OK", body
+    return GpuMap.model_validate_json(body)
+
+
+TWO_TEAMS = [
+    in_namespace(claim("train", ("node-h100", "gpu-0")), "team-a"),
+    in_namespace(claim("waits", classes=("gpu.gpudra.io",)), "team-a"),
+    in_namespace(claim("other", ("node-mixed", "gpu-0")), "team-b"),
+    in_namespace(claim("queued", classes=("gpu.gpudra.io",)), "team-b"),
+]
+
+
+def holders(drawn: GpuMap) -> set[str]:
+    return {h for n in drawn.nodes for g in n.gpus for h in g.holders}
+
+
+def test_status_web_shows_every_claim_to_a_caller_who_may_list_them_everywhere() -> None:
+    drawn = web_map(Caller(TWO_TEAMS, allowed=None), namespace="team-a")
+    assert holders(drawn) == {"team-a/train", "team-b/other"}
+    assert {p.name for p in drawn.pending} == {"waits", "queued"} and drawn.notes == []
+
+
+def test_status_web_shows_only_the_namespace_the_caller_may_list_claims_in_and_says_so() -> None:
+    drawn = web_map(Caller(TWO_TEAMS, allowed="team-a"), namespace="team-a")
+    assert holders(drawn) == {"team-a/train"}  # team-b's GPU is drawn free
+    assert [(p.namespace, p.name) for p in drawn.pending] == [("team-a", "waits")]
+    assert sum(len(n.gpus) for n in drawn.nodes) == 6
+    [note] = drawn.notes
+    assert note.startswith("only namespace team-a's claims are shown: your kubeconfig may not list")
+    assert "cannot list resourceclaims at the cluster scope" in note and "drawn free" in note
+
+
 def test_status_web_draws_the_gpus_without_holders_when_the_caller_may_not_list_claims() -> None:
-    class Caller:
-        """A kubeconfig that may read slices and classes but not claims cluster-wide."""
+    for namespace, named in [(None, "--namespace"), ("team-b", "nor in namespace team-b")]:
+        drawn = web_map(Caller(TWO_TEAMS, allowed="team-a"), namespace=namespace)
+        assert sum(len(n.gpus) for n in drawn.nodes) == 6 and holders(drawn) == set()
+        assert drawn.pending == []
+        [note] = drawn.notes
+        assert note.startswith("the GPUs are shown without their claims") and named in note, note
+
+
+def test_status_web_says_which_cluster_wide_lists_it_may_not_read_and_draws_the_rest() -> None:
+    caller = Caller(TWO_TEAMS, allowed="team-a", forbidden=("resourceslices", "deviceclasses"))
+    drawn = web_map(caller, namespace="team-a")
+    assert drawn.nodes == [] and drawn.pending == []
+    assert [n.split(":")[0] for n in drawn.notes] == [
+        "no GPUs are shown",
+        "no pending claims are shown",
+        "only namespace team-a's claims are shown",
+    ]
+
+
+def test_status_web_reads_the_cluster_at_most_once_per_period() -> None:
+    class Counting(Caller):
+        reads = 0
 
         def list_all_slices(self) -> list[dict[str, Any]]:
-            return SLICES
+            self.reads += 1
+            return super().list_all_slices()
 
-        def list_device_classes(self) -> list[dict[str, Any]]:
-            return CLASS_OBJECTS
-
-        def list_all_claims(self) -> list[dict[str, Any]]:
-            raise ClusterError("listing resourceclaims: forbidden (HTTP 403)")
-
-    surveys = status_web._Surveys(Caller(), driver=DRIVER, idle_after_seconds=60)
-    drawn = draw(surveys.get(), MapQuery())
-    assert sum(len(n.gpus) for n in drawn.nodes) == 6
-    assert drawn.notes == [
-        "the GPUs are shown without their claims: listing resourceclaims: forbidden (HTTP 403)"
-    ]
-    assert surveys.get() is surveys.get()  # read at most once per SURVEY_SECONDS
+    caller = Counting(TWO_TEAMS, allowed=None)
+    rebuilds: list[Callable[[], None]] = []
+    surveys = status_web._Surveys(caller, driver=DRIVER, idle_after_seconds=60, start=rebuilds.append)
+    assert surveys.get().survey is surveys.get().survey
+    assert caller.reads == 1 and not rebuilds
 
 
 def test_status_web_takes_host_and_port_or_names_the_option() -> None:

@@ -342,6 +342,13 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument(
         "--listen", default="127.0.0.1:8090", help="with --web: HOST:PORT to serve the page on (0: any port)"
     )
+    status.add_argument(
+        "-n",
+        "--namespace",
+        default=None,
+        help="with --web: the namespace whose claims the page shows when your kubeconfig may not list "
+        "them in every namespace (default: the kubeconfig context's)",
+    )
 
     plugin = _command(commands, "kubelet-plugin", "run the node plugin (DaemonSet)")
     _common(plugin)
@@ -816,6 +823,7 @@ def _status_web(args: argparse.Namespace) -> int:
         idle_after_seconds=args.idle_after_seconds,
         listen=args.listen,
         context=args.context,
+        namespace=args.namespace,
     )
 
 

@@ -3,8 +3,10 @@ ResourceClaim, every DeviceClass. I/O: the API server, through `gpudra.kube.info
 
 Every replica keeps it (a follower answers `gpudra status` and admission warnings as well as the
 leader). `view()` builds `gpudra.scheduling.cluster_view` from it, again only when a watch saw a change or
-VIEW_SECONDS passed (idle times grow with the clock), and so `survey()` for the GPU map
-(`gpudra.scheduling.gpu_map`); `reach()` holds requests against the published
+VIEW_SECONDS passed (idle times grow with the clock); `survey()` for the GPU map
+(`gpudra.scheduling.gpu_map`) is kept by `gpudra.gpu_map_page.SurveyCache` on the same terms, but a page
+request never waits for its rebuild once there is one (the last is served with its age while the next
+is built in the background); `reach()` holds requests against the published
 devices for the admission warnings, rebuilt when slices or classes changed. The warnings also name the
 feature gate or release a request's form of the GPUs needs where no node can publish it
 (`gpudra.scheduling.forms`): the server's fields are taken from its release's default gates and what
@@ -22,6 +24,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpudra.errors import GpudraError
+from gpudra.gpu_map_page import Served, SurveyCache
 from gpudra.kube.client import Kube
 from gpudra.kube.informer import Informer
 from gpudra.model.claim import read_claim, read_spec_of
@@ -85,9 +88,12 @@ class ClusterWatch:
         self._lock = threading.Lock()
         self._changes = 0  # watch events seen; a view or reach remembers the count it was built at
         self._device_changes = 0
-        # What view() and survey() built last: the change count and time it was built at, and it.
+        # What view() built last: the change count and time it was built at, and it.
         self._built: dict[str, tuple[int, datetime, Any]] = {}
         self._building = threading.Lock()  # one build at a time: callers asking together wait for it
+        self.surveys = SurveyCache(
+            self._survey, max_age_seconds=VIEW_SECONDS, version=self._change_count, monotonic=monotonic
+        )
         self._reach: tuple[int, Reach] | None = None
         # Called after each change to the slices (e.g. housekeeping's wake(): a pool may be gone).
         self.on_slices_change: list[Callable[[], None]] = []
@@ -139,11 +145,25 @@ class ClusterWatch:
         view: cluster_view.ClusterView = self._build("view", cluster_view.build)
         return view
 
-    def survey(self) -> gpu_map.Survey:
-        """The GPU map's survey, rebuilt as `view()` is: a page refreshing every few seconds in many
-        browsers must not walk a thousand nodes' slices each time, nor several times at once."""
-        found: gpu_map.Survey = self._build("survey", gpu_map.survey)
-        return found
+    def survey(self) -> Served:
+        """The GPU map's survey, out of date after a change or VIEW_SECONDS as `view()` is: a page
+        refreshing every few seconds in many browsers must not walk a thousand nodes' slices each time,
+        nor several times at once, nor wait for that walk once there is a survey to show."""
+        return self.surveys.get()
+
+    def _change_count(self) -> int:
+        with self._lock:
+            return self._changes
+
+    def _survey(self) -> gpu_map.Survey:
+        return gpu_map.survey(
+            driver=self.driver,
+            slices=self.slices.objects(),
+            claims=[read_claim(obj) for obj in self.claims.objects()],
+            classes=self.classes.objects(),
+            now=self.clock(),
+            idle_after_seconds=self.idle_after_seconds,
+        )
 
     def _build(self, name: str, build: Callable[..., Any]) -> Any:
         """`build` over the watched picture, again only after a change and at most every VIEW_SECONDS;

@@ -719,6 +719,11 @@ class Kube:
         """Every ResourceClaim in every namespace (their allocations hold devices)."""
         return self._list_all("resourceclaims", f"/apis/{GROUP}/{VERSION}/resourceclaims")
 
+    def list_claims(self, namespace: str) -> list[Obj]:
+        """The ResourceClaims of one namespace (a caller who may not list them in every one)."""
+        path = f"/apis/{GROUP}/{VERSION}/namespaces/{quote(namespace, safe='')}/resourceclaims"
+        return self._list_all("resourceclaims", path)
+
     def get_claim_template(self, namespace: str, name: str) -> Obj:
         path = f"/apis/{GROUP}/{VERSION}/namespaces/{quote(namespace, safe='')}/resourceclaimtemplates"
         return self.request(

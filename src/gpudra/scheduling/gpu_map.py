@@ -101,7 +101,9 @@ class PendingReason(_Model):
 
 
 class GpuMap(_Model):
-    generated: datetime
+    generated: datetime  # when the survey drawn was built
+    age_seconds: float  # how old that survey was when this page was drawn
+    rebuilding: bool  # a newer survey is being built (the next refresh shows it)
     driver: str
     idle_after_seconds: float
     nodes_total: int
@@ -241,9 +243,18 @@ def survey(
     )
 
 
-def draw(found: Survey, query: MapQuery) -> GpuMap:
+def draw(
+    found: Survey,
+    query: MapQuery,
+    *,
+    age_seconds: float = 0.0,
+    rebuilding: bool = False,
+    notes: Iterable[str] = (),
+) -> GpuMap:
     """One page of the map: the nodes that pass the query's filters, and the pending claims of its
-    namespace (all of them without one), with the reasons already found."""
+    namespace (all of them without one), with the reasons already found. `age_seconds`, `rebuilding`:
+    how old the survey is and whether a newer one is on its way (the server's cache); `notes`: the
+    server's, after the survey's own."""
     nodes = [
         node
         for node in found.nodes
@@ -261,6 +272,8 @@ def draw(found: Survey, query: MapQuery) -> GpuMap:
     oldest = sorted(pending, key=lambda p: -p.age_seconds)[:MAX_PENDING]
     return GpuMap(
         generated=found.view.generated,
+        age_seconds=round(age_seconds, 3),
+        rebuilding=rebuilding,
         driver=found.view.driver,
         idle_after_seconds=found.view.idle_after_seconds,
         nodes_total=len(found.nodes),
@@ -286,7 +299,7 @@ def draw(found: Survey, query: MapQuery) -> GpuMap:
             | {p.namespace for p in found.view.pending}
         ),
         query=query.as_dict(),
-        notes=found.notes,
+        notes=[*found.notes, *notes],
     )
 
 
@@ -339,6 +352,7 @@ class _Gpu:
     product: str = ""
     memory: int = 0
     mig_slots: int = 0
+    largest_partition: int = 0  # bytes: the memory of its largest MIG partition
     holders: list[str] = field(default_factory=list)
     partitions: list[Partition] = field(default_factory=list)
     shares: list[Share] = field(default_factory=list)
@@ -364,11 +378,13 @@ class _Gpu:
                 )
         elif kind == "mig":
             self.name = self.name or f"gpu-{attribute(device, 'parentMinor')}"
-            # Without a whole-GPU device (MIG on, no reset possible), its counter set holds its memory.
+            # Without a whole-GPU device (MIG on, no reset possible), its counter set may hold its memory;
+            # where it counts memory slices instead, the largest partition's memory stands for it.
             self.memory = self.memory or max(
                 (int(pool.counter_sets.get(name, {}).get("memory", 0)) for name in device.counters()),
                 default=0,
             )
+            self.largest_partition = max(self.largest_partition, int(_capacity(device, "memory")))
             start, size = (
                 int(attribute(device, "placementStart") or 0),
                 int(attribute(device, "placementSize") or 0),
@@ -400,7 +416,7 @@ class _Gpu:
             name=self.name,
             uuid=self.uuid,
             product=self.product,
-            memory=self.memory,
+            memory=self.memory or self.largest_partition,
             state=state,
             holders=self.holders,
             mig_slots=self.mig_slots,
