@@ -24,6 +24,7 @@ from gpudra.node.sharing.mps_daemons import Daemon
 from gpudra.node.sharing.mps_host_client import MpsHostDaemons
 from gpudra.node.sharing.mps_host_protocol import (
     DaemonRef,
+    ProcessRef,
     Reply,
     Request,
     Running,
@@ -197,3 +198,14 @@ def test_commands_sent_through_the_shared_pipe_directory_reach_the_plugins_count
     thread.join()
     listener.close()
     assert heard == [daemon.root] * 3
+
+
+def test_a_reply_names_only_what_is_not_at_its_default() -> None:
+    """A plugin older than mps-host (rolled back) reads its replies with a schema that refuses fields it
+    does not know: those added since are left out where they say nothing."""
+    left, right = socket.socketpair()
+    with left, right:
+        send(left, Reply(process=ProcessRef(pid=7, start_time=8, parent=1)))
+        assert right.recv(4096) == b'{"process":{"pid":7,"start_time":8,"parent":1}}\n'
+        send(left, Reply(shared_pipe_commands=2))
+        assert receive(right, Reply) == Reply(shared_pipe_commands=2)

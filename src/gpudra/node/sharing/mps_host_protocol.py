@@ -87,7 +87,11 @@ class ProtocolError(Exception):
 
 
 def send(connection: socket.socket, message: Request | Reply) -> None:
-    data = message.model_dump_json().encode() + b"\n"
+    # A reply leaves out what is at its default (a request cannot: `op` is its discriminator), so that a
+    # plugin older than mps-host (mps-host is replaced only when deleted; a plugin may be rolled back)
+    # reads it, as long as the fields it does not know say nothing.
+    text = message.model_dump_json(exclude_defaults=isinstance(message, Reply))
+    data = text.encode() + b"\n"
     if len(data) > MAX_MESSAGE_BYTES:
         raise ProtocolError(f"a {len(data)}-byte message is over the {MAX_MESSAGE_BYTES} bytes allowed")
     connection.sendall(data)
