@@ -3,11 +3,12 @@ while it unprepares their claim (issue 29, items 2 to 4).
 
 Each case prepares an attacker's MPS claim beside a victim's, changes the attacker's pipe directory as
 its container can (the pid file made a FIFO, given the victim daemon's pid, or deleted; the control
-socket linked to the victim's), and has a plugin process unprepare the attacker's claim and SIGKILL
-itself at `unprepare-started`. A new plugin process must then recover and finish the kubelet's retry
-within the child's time limit (a FIFO once blocked recovery forever), stop exactly the attacker's daemon,
-and leave the victim's running and answering; once the victim's claim is unprepared too, the auditor
-finds the node clean (no daemon, compute modes Default, nothing in the checkpoint or the CDI root).
+socket linked to the victim's; the directory filled with 200k files), and has a plugin process
+unprepare the attacker's claim and SIGKILL itself at `unprepare-started`. A new plugin process must then
+recover and finish the kubelet's retry within the child's time limit (a FIFO once blocked recovery
+forever), stop exactly the attacker's daemon, and leave the victim's running and answering; once the
+victim's claim is unprepared too, the auditor finds the node clean (no daemon, compute modes Default,
+nothing in the checkpoint or the CDI root), and the trash the attacker's directory went to is emptied.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from tests.unit.harness.mps import (
     kill_leftover_daemons,  # noqa: F401 (an autouse fixture: every test kills what it left)
     mps_claim,
     mps_root,
+    trash_of,
+    wait_until_empty,
 )
 from tests.unit.harness.node import BOOT, Node, uid
 
@@ -48,10 +51,24 @@ def tamper(node: Node, how: str, victim_pid: int) -> None:
         case "control-linked-to-the-victim":
             (pipe / "control").unlink()
             (pipe / "control").symlink_to(victims / "control")
+        case "pipe-directory-filled":
+            handle = os.open(pipe, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                for n in range(200_000):
+                    os.mknod(f"f{n}", dir_fd=handle)
+            finally:
+                os.close(handle)
 
 
 @pytest.mark.parametrize(
-    "how", ["pid-file-fifo", "pid-file-naming-the-victim", "pid-file-deleted", "control-linked-to-the-victim"]
+    "how",
+    [
+        "pid-file-fifo",
+        "pid-file-naming-the-victim",
+        "pid-file-deleted",
+        "control-linked-to-the-victim",
+        "pipe-directory-filled",
+    ],
 )
 def test_a_tampered_pipe_directory_and_a_sigkill_in_unprepare_stop_only_the_tenants_daemon(
     tmp_path: Path, how: str
@@ -74,6 +91,7 @@ def test_a_tampered_pipe_directory_and_a_sigkill_in_unprepare_stop_only_the_tena
     assert_no_daemon(node, ATTACKER, [own])
     node.assert_nothing_left(ATTACKER)
     assert daemon_of(node, VICTIM).pid == other and answers(node, VICTIM)
-    node.state().unprepare(victim)
+    node.state().unprepare(victim)  # this process's trash empties what the killed plugins left there
     assert_no_daemon(node, VICTIM, [other])
     assert audit(SimNode(tmp_path), settled=True, boot=BOOT) == []
+    wait_until_empty(trash_of(node))

@@ -20,6 +20,7 @@ from gpudra.gpu import nvml
 from gpudra.gpu.tools import MPS_CONTROL, GpuTools
 from gpudra.node.sharing import mps_daemons as mps
 from gpudra.node.sharing import mps_processes
+from gpudra.node.sharing.trash import Trash
 
 pytestmark = pytest.mark.gpu
 
@@ -75,7 +76,7 @@ def test_discovery_agrees_with_what_a_cuda_context_sees(gpu: tuple[str, int, int
 
 def test_mps_daemon_limits_its_clients_and_stops_clean(gpu: tuple[str, int, int], tmp_path: Path) -> None:
     uuid, multiprocessors, _ = gpu
-    daemons = mps.MpsDaemons(GpuTools())
+    daemons = mps.MpsDaemons(GpuTools(), trash=Trash(tmp_path / "trash"))
     assert daemons.tools.command(MPS_CONTROL)  # the driver's MPS tool is installed on a GPU machine
     root = mps.daemon_root(tmp_path, "claim-under-test")
     daemon = mps.Daemon(root, mps_processes.new_token())
@@ -153,7 +154,7 @@ def test_whether_a_client_needs_to_write_in_the_pipe_directory(
     if os.geteuid() != 0:
         pytest.skip("a read-only bind mount needs root")
     uuid, multiprocessors, _ = gpu
-    daemons = mps.MpsDaemons(GpuTools())
+    daemons = mps.MpsDaemons(GpuTools(), trash=Trash(tmp_path / "trash"))
     root = mps.daemon_root(tmp_path, "claim-read-only")
     daemon = mps.Daemon(root, mps_processes.new_token())
     daemons.start(daemon, visible=[uuid], active_thread_percentage=THREAD_PERCENTAGE, pinned_memory_limits={})
@@ -182,3 +183,36 @@ def test_whether_a_client_needs_to_write_in_the_pipe_directory(
         assert abs(seen["multiprocessors"] - multiprocessors * THREAD_PERCENTAGE / 100) <= 2, seen
     finally:
         daemons.stop(daemon)
+
+
+def test_the_control_tool_works_through_the_private_directory(
+    gpu: tuple[str, int, int], tmp_path: Path
+) -> None:
+    """gpudra sends every command with `tool/` as the tool's pipe directory, which holds only hard links
+    to the daemon's checked sockets (`control`, and `control_privileged` where it is a socket), so that a
+    tenant who swaps `pipe/control` after the check reaches nothing (mps_daemons says why). A real tool
+    that needs more there falls back to the shared pipe directory: none of this test's commands (the
+    limits set and read back, `get_server_list`, `quit`) may have."""
+    uuid, _, _ = gpu
+    through_pipe: list[Path] = []
+    daemons = mps.MpsDaemons(GpuTools(), trash=Trash(tmp_path / "trash"), on_shared_pipe=through_pipe.append)
+    root = mps.daemon_root(tmp_path, "claim-tool-directory")
+    daemon = mps.Daemon(root, mps_processes.new_token())
+    limits = {uuid: LIMIT_MIB * MIB}
+    daemons.start(
+        daemon, visible=[uuid], active_thread_percentage=THREAD_PERCENTAGE, pinned_memory_limits=limits
+    )
+    try:
+        print("pipe directory of a real daemon:", _entries(mps.pipe_dir(root)), "run as uid", os.geteuid())
+        assert through_pipe == []
+        assert list(mps.tool_dir(root).iterdir()) == []  # the links are removed once the tool returned
+        # The same by hand: a directory with nothing but a link to the control socket is enough.
+        linked = tmp_path / "linked"
+        linked.mkdir(mode=0o700)
+        os.link(mps.pipe_dir(root) / mps.CONTROL, linked / mps.CONTROL)
+        reply = daemons.tools.mps_control(["get_default_active_thread_percentage"], pipe_dir=linked)
+        assert float(reply) == THREAD_PERCENTAGE
+    finally:
+        daemons.stop(daemon)
+    assert through_pipe == []  # `quit` went through `tool/` too
+    assert _daemons_alive(root) == []

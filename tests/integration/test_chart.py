@@ -155,7 +155,9 @@ def test_every_rendered_object_passes_a_server_side_dry_run(
     assert {"DaemonSet", "ClusterRole", "ValidatingAdmissionPolicy"} <= kinds
     # A release for a further group of nodes leaves the DeviceClasses to the first (ci/node-group-values).
     classes = yaml.safe_load(values.read_text()).get("deviceClasses", {}) if values else {}
-    assert ("DeviceClass" in kinds) == any(classes.get(kind, True) for kind in ("gpu", "shared", "mig", "migShared"))
+    assert ("DeviceClass" in kinds) == any(
+        classes.get(kind, True) for kind in ("gpu", "shared", "mig", "migShared")
+    )
     refused = []
     for obj in objects:
         try:

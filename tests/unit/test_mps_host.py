@@ -9,22 +9,31 @@ import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
 
+from gpudra.errors import HardwareError
+from gpudra.gpu.tools import MPS_NO_DAEMON, GpuTools
 from gpudra.node import checkpoint as ckpt
+from gpudra.node import mps_host as mps_host_module
 from gpudra.node.sharing.mps_daemons import Daemon
+from gpudra.node.sharing.mps_host_client import MpsHostDaemons
 from gpudra.node.sharing.mps_host_protocol import (
     DaemonRef,
+    ProcessRef,
     Reply,
     Request,
     Running,
     Start,
+    Stop,
     receive,
+    send,
 )
+from gpudra.node.sharing.mps_processes import new_token
 from tests.unit.harness.crash import child
 from tests.unit.harness.mps import (
     MpsHost,
@@ -149,3 +158,54 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
     except OSError:
         return "X"
+
+
+def test_commands_sent_through_the_shared_pipe_directory_reach_the_plugins_count(
+    node: Node, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """mps-host runs the daemons, the plugin has the metric: mps-host's reply says how many of the
+    request's commands went through the shared pipe directory (gpudra.node.sharing.mps_daemons), and the
+    plugin's client hears each (`on_shared_pipe`)."""
+    tool = GpuTools.mps_control
+
+    def wants_more_than_sockets(self: GpuTools, commands: Sequence[str], *, pipe_dir: Path) -> str:
+        if pipe_dir.name != "pipe":
+            raise HardwareError(f"nvidia-cuda-mps-control failed (1): {MPS_NO_DAEMON}")
+        return tool(self, commands, pipe_dir=pipe_dir)
+
+    monkeypatch.setattr(GpuTools, "mps_control", wants_more_than_sockets)
+    host = mps_host_module.MpsHost(node.tools, mps_root=node.root / "mps", socket_path=tmp_path / "unused")
+    daemon = DaemonRef(root=node.root / "mps" / "0123456789ab", token=new_token())
+    start = Start(daemon=daemon, visible=[node.uuid(2)], active_thread_percentage=30, pinned_memory_limits={})
+    started = host.handle(Request(request=start))
+    assert started.error is None and started.shared_pipe_commands == 2  # the limits, then their read-back
+    assert host.handle(Request(request=Stop(daemon=daemon))).shared_pipe_commands == 1  # its `quit`
+
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(tmp_path / "mps-host.sock"))
+    listener.listen()
+
+    def answer() -> None:
+        connection, _ = listener.accept()
+        with connection:
+            receive(connection, Request)
+            send(connection, Reply(shared_pipe_commands=3))
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    heard: list[Path] = []
+    MpsHostDaemons(tmp_path / "mps-host.sock", on_shared_pipe=heard.append).running(Daemon(daemon.root, None))
+    thread.join()
+    listener.close()
+    assert heard == [daemon.root] * 3
+
+
+def test_a_reply_names_only_what_is_not_at_its_default() -> None:
+    """A plugin older than mps-host (rolled back) reads its replies with a schema that refuses fields it
+    does not know: those added since are left out where they say nothing."""
+    left, right = socket.socketpair()
+    with left, right:
+        send(left, Reply(process=ProcessRef(pid=7, start_time=8, parent=1)))
+        assert right.recv(4096) == b'{"process":{"pid":7,"start_time":8,"parent":1}}\n'
+        send(left, Reply(shared_pipe_commands=2))
+        assert receive(right, Reply) == Reply(shared_pipe_commands=2)

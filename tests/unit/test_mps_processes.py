@@ -13,6 +13,7 @@ from gpudra.gpu.tools import GpuTools
 from gpudra.node.sharing import mps_daemons, mps_processes
 from gpudra.node.sharing.mps_daemons import Daemon, MpsDaemons
 from gpudra.node.sharing.mps_processes import ENVIRON_BYTES, Mark
+from gpudra.node.sharing.trash import Trash
 from gpudra.sim import procfs
 
 CLAIMS = 40
@@ -94,7 +95,7 @@ def test_a_round_over_every_claim_costs_one_pass(
 
     monkeypatch.setattr(mps_processes, "survey", counted)
     monkeypatch.setattr(mps_daemons, "_SURVEY_REUSE_S", 3600.0)
-    daemons = MpsDaemons(GpuTools(search_path=""), proc=proc)
+    daemons = MpsDaemons(GpuTools(search_path=""), trash=Trash(tmp_path / "mps-trash"), proc=proc)
     claims = [Daemon(tmp_path / "mps" / f"{c:012x}", f"{c:032x}") for c in range(CLAIMS + 5)]
 
     running = {daemon: daemons.running(daemon) for daemon in claims}

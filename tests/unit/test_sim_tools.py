@@ -16,6 +16,7 @@ import pytest
 
 from gpudra import sim
 from gpudra.gpu import nvml
+from gpudra.gpu.tools import MPS_NO_DAEMON
 from gpudra.sim import state
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -311,7 +312,22 @@ def test_an_mps_client_without_a_daemon_says_so(mps_env: dict[str, str]) -> None
 def test_mps_client_without_a_daemon(mps_env: dict[str, str]) -> None:
     result = _run(mps_env, "nvidia-cuda-mps-control", stdin="get_server_list\n")
     assert result.returncode == 1
-    assert result.stdout.strip() == "Cannot find MPS control daemon process"
+    assert result.stdout.strip() == MPS_NO_DAEMON  # what gpudra reads as "no daemon reached"
+
+
+def test_the_mps_client_needs_only_the_control_socket_in_its_pipe_directory(
+    mps_env: dict[str, str], tmp_path: Path
+) -> None:
+    """As gpudra runs it (gpudra.node.sharing.mps_daemons): in a directory that holds nothing but a hard
+    link to the daemon's control socket, the client reaches the daemon."""
+    assert _run(mps_env, "nvidia-cuda-mps-control", "-d").returncode == 0
+    linked = tmp_path / "tool"
+    linked.mkdir(mode=0o700)
+    os.link(tmp_path / "pipe" / "control", linked / "control")
+    through_link = {**mps_env, "CUDA_MPS_PIPE_DIRECTORY": str(linked)}
+    replies = _run(through_link, "nvidia-cuda-mps-control", stdin="set_default_active_thread_percentage 40\n")
+    assert (replies.returncode, replies.stdout.strip()) == (0, "40.0")
+    assert _run(mps_env, "nvidia-cuda-mps-control", stdin="quit\n").returncode == 0
 
 
 def test_mps_daemon_without_a_driver(env: dict[str, str], tmp_path: Path) -> None:

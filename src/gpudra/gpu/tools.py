@@ -32,6 +32,8 @@ from gpudra.errors import HardwareError, NotSupported, NvmlUnavailable
 from gpudra.gpu import driver_root as roots
 
 MPS_CONTROL: Final = "nvidia-cuda-mps-control"
+# What it says when no daemon answers in its pipe directory (the simulator's stand-in says the same).
+MPS_NO_DAEMON: Final = "Cannot find MPS control daemon process"
 # nvidia-smi(1), RETURN VALUE: "the requested operation is not available on target device".
 _NVIDIA_SMI_NOT_SUPPORTED: Final = 3
 # What `nvidia-smi --query-gpu=compute_mode` prints, and what `nvidia-smi -c` takes, per NVML value.

@@ -28,6 +28,11 @@ STEPS = PREPARE_STEPS + UNPREPARE_STEPS
 # Reached only by claims with MPS devices, inside "prepare-applied" and "unprepare-undone".
 MPS_PREPARE_STEPS = ("prepare-mps-directories", "prepare-mps-started")
 MPS_UNPREPARE_STEPS = ("unprepare-mps-stopped",)
+# Reached where the MPS daemons run: in the plugin, or in `gpudra mps-host` (whose own GPUDRA_CRASH_AT
+# it is). A command's checked control sockets linked into the daemon's `tool/` directory and not yet
+# unlinked (in prepare and unprepare alike); a stopped daemon's directory moved into the trash and not
+# yet emptied (gpudra.node.sharing.mps_daemons).
+MPS_DAEMON_STEPS = ("mps-control-linked", "unprepare-mps-trashed")
 # Recording a GPU fault (gpudra.node.gpu_faults): saved in the health file, its Node event not yet posted.
 HEALTH_STEPS = ("health-saved",)
 

@@ -103,6 +103,14 @@ class PluginMetrics(DaemonMetrics):
         )
         for kind in TAMPERING_KINDS:
             self.mps_tampering.labels(kind)
+        self.mps_shared_pipe_commands = Counter(
+            "gpudra_mps_shared_pipe_commands",
+            "Commands to MPS control daemons sent through the claim's shared pipe directory because the "
+            "driver's nvidia-cuda-mps-control did not reach the daemon through gpudra's private links to "
+            "its checked sockets. Not 0: on this driver a container can swap the control socket between "
+            "gpudra's check and the tool's connect (gpudra.node.sharing.mps_daemons).",
+            registry=self.registry,
+        )
         self.publishing_withheld = Gauge(
             "gpudra_publishing_withheld",
             "1 for each form of this node's GPUs that its options offer but the cluster cannot keep "

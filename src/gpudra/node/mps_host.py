@@ -43,7 +43,7 @@ from typing import Final
 from gpudra.errors import GpudraError
 from gpudra.gpu.tools import GpuTools
 from gpudra.node.sharing import tools_for
-from gpudra.node.sharing.mps_daemons import Daemon, MpsDaemons, Tampering
+from gpudra.node.sharing.mps_daemons import Daemon, MpsDaemons, Tampering, trash_dir
 from gpudra.node.sharing.mps_host_protocol import (
     ProcessRef,
     ProtocolError,
@@ -56,6 +56,7 @@ from gpudra.node.sharing.mps_host_protocol import (
     receive,
     send,
 )
+from gpudra.node.sharing.trash import Trash
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +100,15 @@ class MpsHost:
         self.socket_path = socket_path
         self._runs = threading.Condition()
         self._tools = _ReapedTools(tools, self._runs)
-        self._found = threading.local()  # what the request in this thread found tampered with
-        self.daemons = MpsDaemons(self._tools, on_tampering=self._heard)
+        # What the request in this thread found tampered with, and how many commands it sent through a
+        # shared pipe directory.
+        self._found = threading.local()
+        self.daemons = MpsDaemons(
+            self._tools,
+            trash=Trash(trash_dir(mps_root)),  # what a killed mps-host left there is removed from now on
+            on_tampering=self._heard,
+            on_shared_pipe=self._through_pipe,
+        )
         self._slots = threading.BoundedSemaphore(_MAX_CONNECTIONS)
 
     def serve(self, stop: threading.Event, *, ready: Callable[[], None] = lambda: None) -> None:
@@ -182,6 +190,7 @@ class MpsHost:
             return Reply(error=f"daemon.root {root} is not a daemon directory under {self.mps_root}")
         daemon = Daemon(root, operation.daemon.token)
         self._found.list = []
+        self._found.shared_pipe = 0
         try:
             process = None
             if isinstance(operation, Running):
@@ -206,11 +215,15 @@ class MpsHost:
             if process is None
             else ProcessRef(pid=process.pid, start_time=process.start_time, parent=process.parent),
             tampering=[TamperingReport(kind=t.kind, root=t.root, detail=t.detail) for t in found],
+            shared_pipe_commands=self._found.shared_pipe,
             error=error,
         )
 
     def _heard(self, found: Tampering) -> None:
         self._found.list.append(found)  # MpsDaemons logged it; the plugin counts it and posts the event
+
+    def _through_pipe(self, root: Path) -> None:
+        self._found.shared_pipe += 1  # MpsDaemons logged it; the plugin counts it
 
     def _reap(self, stop: threading.Event) -> None:
         while not stop.wait(_REAP_INTERVAL_S):

@@ -128,6 +128,7 @@ def _run(options: Options, session: nvml.Nvml, server: KubeletServer, *, stop: t
             mps_root=options.state_dir / "mps",
             mps_host=options.mps_host_socket,
             on_tampering=tampering,
+            on_shared_pipe=lambda _root: metrics.mps_shared_pipe_commands.inc(),
         ),
         mig=MigPartitions(session, gpus={gpu.uuid: gpu for gpu in inventory.gpus}),
         cdi_root=options.cdi_root,

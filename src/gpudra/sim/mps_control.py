@@ -9,6 +9,9 @@ CUDA_MPS_LOG_DIRECTORY (`control.log`) and CUDA_VISIBLE_DEVICES, registers itsel
 limits in the simulated machine's state, and exits on `quit` (or SIGTERM), removing its socket, pid file
 and entry. It keeps the environment it was started with, where gpudra finds its token (as on the real
 one).
+Without an option it needs nothing of the pipe directory but the `control` socket, which it connects to
+by path (`$CUDA_MPS_PIPE_DIRECTORY/control`), as gpudra expects of the real one (it gives the tool a
+directory holding only links to the daemon's sockets; tests/gpu/test_real_mps.py checks the real one).
 It starts no MPS servers (there is no CUDA to serve), so `get_server_list` prints nothing. A stand-in
 CUDA application (gpudra.sim.mps_client) attaches with `attach_client`: the daemon answers with its pid
 and limits and holds the connection open until it exits, so the client sees the daemon's end as a real

@@ -100,6 +100,20 @@ def mps_root(node: Node, claim_uid: str) -> Path:
     return node.root / "mps" / hashlib.sha256(claim_uid.encode()).hexdigest()[:12]
 
 
+def trash_of(node: Node) -> Path:
+    """Where the node's stopped daemons' directories go to be removed (mps_daemons.trash_dir)."""
+    return node.root / "mps-trash"
+
+
+def wait_until_empty(directory: Path, seconds: float = 120.0) -> None:
+    """Wait until a trash's worker thread (this process's or another's) has emptied `directory`; fail if
+    it has not within `seconds` (it stopped emptying it)."""
+    deadline = time.monotonic() + seconds
+    while directory.exists() and any(directory.iterdir()):
+        assert time.monotonic() < deadline, f"{directory} still holds {sorted(directory.iterdir())[:5]}"
+        time.sleep(0.05)
+
+
 def daemons(node: Node) -> list[sim_state.MpsDaemon]:
     """The daemons registered in the machine's state that still run."""
     return [d for d in sim_state.StateFile(node.state_file).read().mps_daemons if alive(d.pid)]

@@ -47,13 +47,21 @@ class GpuSharing:
         mps_root: Path,
         mps_host: Path | None = None,
         on_tampering: Callable[[Tampering], None] | None = None,
+        on_shared_pipe: Callable[[Path], None] | None = None,
     ) -> None:
         """`mps_host`: the socket of `gpudra mps-host`, which then runs the MPS daemons (None: this
-        process does). `on_tampering` hears of what a tenant changed in an MPS pipe directory (see
+        process does). `on_tampering` hears of what a tenant changed in an MPS pipe directory,
+        `on_shared_pipe` of each command sent to a daemon through its shared pipe directory (see
         `mps_daemons`)."""
         self.tools = tools
         self.mps_root = mps_root
-        self.mps = Mps(tools, mps_root=mps_root, mps_host=mps_host, on_tampering=on_tampering)
+        self.mps = Mps(
+            tools,
+            mps_root=mps_root,
+            mps_host=mps_host,
+            on_tampering=on_tampering,
+            on_shared_pipe=on_shared_pipe,
+        )
         # Time-slicing first: a share asking for it gets it instead of MPS, a share's default.
         self.strategies: tuple[Strategy, ...] = (TimeSlicing(tools), self.mps)
 

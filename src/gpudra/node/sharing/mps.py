@@ -21,7 +21,6 @@ claim holds the same root and token.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar
@@ -43,8 +42,10 @@ from gpudra.node.sharing.mps_daemons import (
     daemon_root,
     pipe_dir,
     shm_dir,
+    trash_dir,
 )
 from gpudra.node.sharing.mps_host_client import MpsHostDaemons
+from gpudra.node.sharing.trash import Trash
 
 EXCLUSIVE_PROCESS = COMPUTE_MODES["Exclusive_Process"]
 DEFAULT_COMPUTE_MODE = COMPUTE_MODES["Default"]
@@ -62,13 +63,16 @@ class Mps:
         mps_root: Path,
         mps_host: Path | None = None,
         on_tampering: Callable[[Tampering], None] | None = None,
+        on_shared_pipe: Callable[[Path], None] | None = None,
     ) -> None:
         self.tools = tools
         self.mps_root = mps_root
+        # This process's: daemons' directories it stops, and those `discard` removes (with mps-host too).
+        self.trash = Trash(trash_dir(mps_root))
         self.daemons: MpsDaemons | MpsHostDaemons = (
-            MpsDaemons(tools, on_tampering=on_tampering)
+            MpsDaemons(tools, trash=self.trash, on_tampering=on_tampering, on_shared_pipe=on_shared_pipe)
             if mps_host is None
-            else MpsHostDaemons(mps_host, on_tampering=on_tampering)
+            else MpsHostDaemons(mps_host, on_tampering=on_tampering, on_shared_pipe=on_shared_pipe)
         )
 
     def wants(self, device: Allocated) -> bool:
@@ -204,7 +208,8 @@ class Mps:
 
     def discard(self, devices: Sequence[ckpt.PreparedDevice]) -> None:
         for root in _roots(devices):
-            shutil.rmtree(root, ignore_errors=True)
+            self.trash.put(root)  # a tenant's pipe directory may hold millions of files
+        self.trash.empty_later()
 
     def reset(self, gpu_uuids: Sequence[str]) -> None:
         return None  # a rebuilt record says the compute mode to restore (see `rebuild`)

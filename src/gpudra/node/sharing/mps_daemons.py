@@ -7,6 +7,7 @@ would take 36 of them):
     pipe/   CUDA_MPS_PIPE_DIRECTORY: the daemon's control socket and pid file; containers mount it
     log/    CUDA_MPS_LOG_DIRECTORY: control.log and server.log
     shm/    mounted as the containers' /dev/shm: MPS clients and their server share memory through it
+    tool/   mode 0700, mounted nowhere: the pipe directory the control tool is given to send a command
 
 The daemon is started with `nvidia-cuda-mps-control -d`, which detaches it into its own session, so the
 end of the process that started it (a SIGKILL included) leaves it and its clients running; the end of
@@ -21,11 +22,31 @@ exists (`mps_processes`), and pinned by pid and start time. `start` is a no-op f
 by the mark if it does not, then removes the directory. Both are idempotent, so a crash between any two
 steps is settled by calling again. The pipe directory is only looked at, never blocking: an entry is
 opened only as a regular file (no FIFO, device or symlink is ever opened), a bounded number of bytes
-read; a command is sent through it only when its control entry is a socket (a symlink could lead to
-another claim's daemon) on which a process carrying the claim's mark listens (a socket a tenant bound
-there could answer anything, or never: the listener is read from a connection made without following a
-link and without waiting, SO_PEERCRED). What a tenant changed there is reported (`Tampering`) and
-otherwise ignored.
+read; a command is sent only when its control entry is a socket (a symlink could lead to another
+claim's daemon) on which a process carrying the claim's mark listens (a socket a tenant bound there
+could answer anything, or never: the listener is read from a connection made through an O_PATH and
+O_NOFOLLOW descriptor of the entry, without waiting, SO_PEERCRED). What a tenant changed there is
+reported (`Tampering`) and otherwise ignored.
+
+Why commands go through `tool/`, not `pipe/`: `nvidia-cuda-mps-control` finds the daemon by the path
+`$CUDA_MPS_PIPE_DIRECTORY/control` when it runs, a moment after the check, and in between a tenant can
+put a socket of its own there, or rename the daemon's away and back (issue 29). So the very inode that
+was checked (the descriptor's) is hard-linked into `tool/` (linkat of /proc/self/fd/N, which links what
+the descriptor refers to; the link's device and inode are compared with the descriptor's), and the tool
+is run with `tool/` as its pipe directory: what a tenant does to `pipe/` afterwards reaches nothing the
+tool uses. `control_privileged`, which the tool may use when run as root, is linked too where it is a
+socket, checked like `control`; anything else under that name is not linked. The links are removed
+once the tool returned; a process killed before that leaves them, and the next command of that daemon
+(commands of one daemon take turns) or its `stop` removes them. Whether the real tool needs more than
+these sockets is not yet seen on a GPU (`tests/gpu/test_real_mps.py` checks it): if it says it cannot
+find the daemon from `tool/` although the daemon was just seen listening there, the command is sent
+through `pipe/` after the same check, as before, which leaves the race open on that driver; that is
+logged once per process and counted (`on_shared_pipe`: the plugin's
+`gpudra_mps_shared_pipe_commands_total`), so that it is seen and MPS keeps working.
+
+`stop` removes the claim's directory by renaming it into the trash (`trash.Trash`), which a thread of its
+own empties outside the node lock: a pipe directory a tenant filled with millions of files costs the
+unprepare one rename.
 
 Why the pipe directory is mounted read-write, not read-only: MPS documents it as the directory of "named
 pipes and UNIX domain sockets" the daemon, its servers and the clients communicate through, and does not
@@ -59,20 +80,23 @@ from pathlib import Path
 from typing import Final, Literal, get_args
 
 from gpudra.errors import HardwareError
-from gpudra.gpu.tools import MPS_CONTROL, GpuTools
+from gpudra.gpu.tools import MPS_CONTROL, MPS_NO_DAEMON, GpuTools
 from gpudra.node import faults
 from gpudra.node.sharing import mps_processes
 from gpudra.node.sharing.mps_processes import Mark, Process, Survey
+from gpudra.node.sharing.trash import Trash
 
 log = logging.getLogger(__name__)
 
 PID_FILE: Final = "nvidia-cuda-mps-control.pid"
 CONTROL: Final = "control"  # the daemon's control socket in its pipe directory
+CONTROL_PRIVILEGED: Final = "control_privileged"  # another socket of the daemon's (gpu-mechanics.md §3)
+_TOOL_SOCKETS: Final = (CONTROL, CONTROL_PRIVILEGED)  # what `tool/` may hold
 CONTAINER_PIPE_DIR: Final = "/tmp/nvidia-mps"  # CUDA_MPS_PIPE_DIRECTORY inside containers
 MIB: Final = 2**20
 # A unix socket path holds at most 107 bytes; MPS puts several sockets in the pipe directory.
 _MAX_SOCKET_PATH: Final = 107
-_LONGEST_SOCKET: Final = "control_privileged"
+_LONGEST_SOCKET: Final = CONTROL_PRIVILEGED
 _STOP_TIMEOUT_S: Final = 10.0
 _KILL_TIMEOUT_S: Final = 5.0
 _READY_TIMEOUT_S: Final = 10.0
@@ -89,6 +113,19 @@ def pipe_dir(root: Path) -> Path:
     return root / "pipe"
 
 
+def tool_dir(root: Path) -> Path:
+    """The pipe directory the control tool is given: links to the daemon's checked sockets. Its name is
+    no longer than `pipe`'s, so the socket path limit `daemon_root` checks holds for both."""
+    return root / "tool"
+
+
+def trash_dir(mps_root: Path) -> Path:
+    """Where stopped daemons' directories go to be removed (`trash.Trash`): beside the MPS root, in the
+    same state directory (one filesystem, so a move is a rename), and not in it (nothing that lists
+    daemon directories sees it)."""
+    return mps_root.parent / "mps-trash"
+
+
 def log_dir(root: Path) -> Path:
     return root / "log"
 
@@ -100,7 +137,7 @@ def shm_dir(root: Path) -> Path:
 def daemon_root(state_root: Path, claim_uid: str) -> Path:
     """The claim's daemon directory; HardwareError when its sockets' paths would be too long."""
     root = state_root / hashlib.sha256(claim_uid.encode()).hexdigest()[:12]
-    longest = pipe_dir(root) / _LONGEST_SOCKET
+    longest = max((d / _LONGEST_SOCKET for d in (pipe_dir(root), tool_dir(root))), key=lambda p: len(str(p)))
     if len(os.fsencode(longest)) > _MAX_SOCKET_PATH:
         raise HardwareError(
             f"the MPS pipe directory {pipe_dir(root)} is too long for unix sockets ({len(str(longest))} "
@@ -144,13 +181,23 @@ class MpsDaemons:
         self,
         tools: GpuTools,
         *,
+        trash: Trash,
         on_tampering: Callable[[Tampering], None] | None = None,
+        on_shared_pipe: Callable[[Path], None] | None = None,
         proc: Path = mps_processes.PROC,
     ) -> None:
+        """`trash` takes stopped daemons' directories (see `trash_dir`); `on_shared_pipe` hears of each
+        command sent through a claim's shared pipe directory (see the module docstring), with its daemon
+        directory."""
         self.tools = tools
+        self.trash = trash
         self.proc = proc  # the simulator's fake /proc in tests of many processes
         self.on_tampering = on_tampering
+        self.on_shared_pipe = on_shared_pipe
         self._lock = threading.Lock()  # the keeper's thread checks while calls start and stop
+        # One command at a time per daemon: a command clears the daemon's `tool/` before it links there.
+        self._commanding: dict[Path, threading.Lock] = {}
+        self._shared_pipe_logged = False
         self._pinned: dict[Daemon, Process] = {}
         self._reported: set[tuple[Path, TamperingKind]] = set()  # until the daemon is stopped
         self._survey: tuple[float, Survey] | None = None  # the last pass over /proc, and when it began
@@ -274,24 +321,89 @@ class MpsDaemons:
             )
 
     def _command(self, daemon: Daemon, commands: Sequence[str]) -> str:
-        """Send `commands` through the control socket, if the control entry is a socket on which a process
-        with the claim's mark listens: a symlink there (or anything else) is not followed, since it could
+        """Send `commands` to the claim's daemon, if its control entry is a socket on which a process with
+        the claim's mark listens: a symlink there (or anything else) is not followed, since it could
         lead to another claim's daemon, and a tenant's own socket is sent nothing, since it could answer
-        anything or never."""
+        anything or never. The tool reaches the checked socket through `tool/` (module docstring)."""
+        with self._lock:
+            turn = self._commanding.setdefault(daemon.root, threading.Lock())
+        with turn:
+            tool = tool_dir(daemon.root)
+            _make_tool_dir(tool)
+            try:
+                _clear(tool)  # what a process killed between its link and its unlink left
+                self._link_checked(daemon, tool)
+                faults.reached("mps-control-linked")
+                try:
+                    return self.tools.mps_control(commands, pipe_dir=tool)
+                except HardwareError as err:
+                    if MPS_NO_DAEMON not in str(err):
+                        raise
+                    unreached = err
+            finally:
+                with contextlib.suppress(FileNotFoundError):  # stopped meanwhile: trashed with its root
+                    _clear(tool)
+            return self._command_through_pipe(daemon, commands, unreached)
+
+    def _command_through_pipe(self, daemon: Daemon, commands: Sequence[str], unreached: HardwareError) -> str:
+        """The tool found no daemon from `tool/` although it listened on the socket linked there: this
+        driver's tool needs more of the pipe directory than its sockets. Send through `pipe/` after the
+        same check, leaving the race between the check and the tool's connect open; said once per
+        process, counted every time."""
         pipe = pipe_dir(daemon.root)
-        kind = _file_type(pipe / CONTROL)
-        if kind is None:
-            raise HardwareError(f"no control socket in {pipe} (yet)")
+        handle = _open_entry(pipe / CONTROL)
+        try:
+            self._check(daemon, pipe / CONTROL, handle)
+        finally:
+            os.close(handle)
+        if not self._shared_pipe_logged:
+            self._shared_pipe_logged = True
+            log.warning(
+                "the MPS control tool did not reach the daemon through gpudra's private links to its checked "
+                "sockets; commands go through the claims' shared pipe directories, where a tenant can swap "
+                "the control socket between gpudra's check and the tool's connect (logged once)",
+                extra={"pipe": str(pipe), "error": str(unreached)},
+            )
+        if self.on_shared_pipe is not None:
+            self.on_shared_pipe(daemon.root)
+        return self.tools.mps_control(commands, pipe_dir=pipe)
+
+    def _link_checked(self, daemon: Daemon, tool: Path) -> None:
+        """Hard-link into `tool` the daemon's `control` socket and, where it is a socket, its
+        `control_privileged`, each once checked through a descriptor of that very entry: the link is to
+        the descriptor's inode, whatever the entry's name leads to by now."""
+        pipe = pipe_dir(daemon.root)
+        for name in _TOOL_SOCKETS:
+            try:
+                handle = _open_entry(pipe / name)
+            except HardwareError:
+                if name == CONTROL:
+                    raise
+                continue
+            try:
+                # Another entry under the other name is not the daemon's (a tenant's FIFO, file,
+                # symlink): not linked, so the tool in `tool/` cannot be led by it.
+                if name == CONTROL or stat.S_ISSOCK(os.fstat(handle).st_mode):
+                    self._check(daemon, pipe / name, handle)
+                    _link(handle, tool / name)
+            finally:
+                os.close(handle)
+
+    def _check(self, daemon: Daemon, path: Path, handle: int) -> None:
+        """That `handle` (an O_PATH descriptor of `path`) is a socket on which a process with the claim's
+        mark listens; MpsTampered (reported) when it is something else or another process's socket,
+        HardwareError when nothing listens there (yet)."""
+        kind = stat.S_IFMT(os.fstat(handle).st_mode)
         what = _describe(kind)
         if kind == stat.S_IFSOCK:
-            listener = _listener(pipe / CONTROL)
+            listener = _listener(path, handle)
             if listener is not None and mps_processes.carries(daemon.mark, listener):
-                return self.tools.mps_control(commands, pipe_dir=pipe)
+                return
             what = f"a socket of pid {listener}" if listener else "a socket of a process not visible here"
         found = Tampering(
             "control-replaced",
             daemon.root,
-            f"{pipe / CONTROL} is {what}, not the daemon's control socket; gpudra sent it nothing",
+            f"{path} is {what}, not the daemon's control socket; gpudra sent it nothing",
         )
         self._report([found])
         raise MpsTampered(found.detail)
@@ -306,7 +418,12 @@ class MpsDaemons:
         with self._lock:
             self._pinned.pop(daemon, None)
             self._reported = {seen for seen in self._reported if seen[0] != daemon.root}
-        shutil.rmtree(daemon.root, ignore_errors=True)  # unlinks entries, never follows or opens them
+            self._commanding.pop(daemon.root, None)
+        # A rename under the node lock, whatever a tenant filled the pipe directory with; the trash's
+        # thread removes it (module docstring).
+        self.trash.put(daemon.root)
+        faults.reached("unprepare-mps-trashed")
+        self.trash.empty_later()
         if daemon.root.exists():
             raise HardwareError(f"cannot remove the MPS directory {daemon.root}")
 
@@ -409,29 +526,61 @@ def _read_regular(path: Path, limit: int) -> bytes:
         os.close(readable)
 
 
-def _listener(path: Path) -> int | None:
-    """The pid of the process listening on the unix socket at `path` (None when its pid is not visible
-    in this pid namespace); HardwareError when nothing listens there (yet) or its backlog is full. The
-    socket is reached through an O_PATH descriptor of that very entry, so no symlink is followed, and the
-    connection does not wait; it is closed at once, before anything is sent."""
+def _open_entry(path: Path) -> int:
+    """An O_PATH descriptor of the entry at `path` itself (a symlink's own, never its target's): it opens
+    no FIFO or device and waits for nothing. HardwareError when there is none (yet)."""
     try:
-        handle = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+        return os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError as err:
+        raise HardwareError(f"no control socket in {path.parent} (yet)") from err
     except OSError as err:
         raise HardwareError(f"{path}: {err.strerror}") from err
-    try:
-        kind = stat.S_IFMT(os.fstat(handle).st_mode)
-        if kind != stat.S_IFSOCK:  # replaced since it was looked at
-            raise MpsTampered(f"{path} is {_describe(kind)}, not a socket")
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-            probe.setblocking(False)
-            try:
-                probe.connect(f"/proc/self/fd/{handle}")
-            except OSError as err:  # refused: the daemon is not listening yet (or any more)
-                raise HardwareError(f"nothing answers on {path} (yet): {err.strerror}") from err
-            pid, _, _ = _UCRED.unpack(probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
-    finally:
-        os.close(handle)
+
+
+def _listener(path: Path, handle: int) -> int | None:
+    """The pid of the process listening on the unix socket `handle` (an O_PATH descriptor of `path`);
+    None when its pid is not visible in this pid namespace. HardwareError when nothing listens there
+    (yet) or its backlog is full. The connection is made through the descriptor, so it reaches that
+    inode whatever `path` names by now, does not wait, and is closed at once, before anything is sent."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.setblocking(False)
+        try:
+            probe.connect(f"/proc/self/fd/{handle}")
+        except OSError as err:  # refused: the daemon is not listening yet (or any more)
+            raise HardwareError(f"nothing answers on {path} (yet): {err.strerror}") from err
+        pid, _, _ = _UCRED.unpack(probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
     return pid or None
+
+
+def _make_tool_dir(tool: Path) -> None:
+    """`tool/`, a directory of this process's user, mode 0700: nothing but this process writes there.
+    HardwareError when something else is in its place (only root could have put it there), or the
+    daemon's directory is gone."""
+    try:
+        with contextlib.suppress(FileExistsError):
+            tool.mkdir(mode=0o700)
+        found = os.lstat(tool)
+    except OSError as err:
+        raise HardwareError(f"{tool}: {err.strerror}") from err
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.geteuid():
+        raise HardwareError(f"{tool} is not a directory of uid {os.geteuid()}; remove it")
+    if stat.S_IMODE(found.st_mode) != 0o700:
+        os.chmod(tool, 0o700)
+
+
+def _link(handle: int, link: Path) -> None:
+    """Hard-link the inode of `handle` at `link`, and check that `link` is that inode. linkat follows the
+    /proc/self/fd magic link to the descriptor's inode (AT_SYMLINK_FOLLOW, which os.link passes when
+    given a directory descriptor; plain link(2) would try to link the magic link itself)."""
+    directory = os.open(link.parent, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.link(f"/proc/self/fd/{handle}", link.name, dst_dir_fd=directory, follow_symlinks=True)
+        linked = os.stat(link.name, dir_fd=directory, follow_symlinks=False)
+    finally:
+        os.close(directory)
+    checked = os.fstat(handle)
+    if (linked.st_dev, linked.st_ino) != (checked.st_dev, checked.st_ino):
+        raise HardwareError(f"{link} is not the socket that was checked; nothing was sent")
 
 
 def _file_type(path: Path) -> int | None:

@@ -39,9 +39,16 @@ _REPLY_TIMEOUT_S: Final = 60.0
 
 
 class MpsHostDaemons:
-    def __init__(self, socket_path: Path, *, on_tampering: Callable[[Tampering], None] | None = None) -> None:
+    def __init__(
+        self,
+        socket_path: Path,
+        *,
+        on_tampering: Callable[[Tampering], None] | None = None,
+        on_shared_pipe: Callable[[Path], None] | None = None,
+    ) -> None:
         self.socket_path = socket_path
         self.on_tampering = on_tampering
+        self.on_shared_pipe = on_shared_pipe
 
     def running(self, daemon: Daemon) -> Process | None:
         return self._ask(Running(daemon=_ref(daemon)))
@@ -86,6 +93,9 @@ class MpsHostDaemons:
         for found in reply.tampering:
             if self.on_tampering is not None:
                 self.on_tampering(Tampering(found.kind, found.root, found.detail))
+        for _ in range(reply.shared_pipe_commands):
+            if self.on_shared_pipe is not None:
+                self.on_shared_pipe(operation.daemon.root)
         if reply.error is not None:
             raise HardwareError(f"gpudra mps-host: {reply.error}")
         process = reply.process

@@ -8,8 +8,9 @@ is a bug or a stranger: it is refused with one line naming what was wrong, never
 The operations are `MpsDaemons`'s three (`gpudra.node.sharing.mps_daemons`): `running`, `start` (which
 adopts a daemon that runs) and `stop`, each naming the daemon as the claim's checkpoint records do (its
 directory and its token). A reply carries the daemon's process (pid and start time) where there is one,
-what a tenant changed in the daemon's pipe directory (for the plugin's metrics and Node events), and
-the error of a failed operation.
+what a tenant changed in the daemon's pipe directory (for the plugin's metrics and Node events), how
+many commands went through the shared pipe directory (for the plugin's metric), and the error of a
+failed operation.
 """
 
 from __future__ import annotations
@@ -73,6 +74,8 @@ class TamperingReport(_Message):
 class Reply(_Message):
     process: ProcessRef | None = None
     tampering: list[TamperingReport] = []
+    # Commands the operation sent through the daemon's shared pipe directory (mps_daemons: on_shared_pipe).
+    shared_pipe_commands: int = Field(default=0, ge=0)
     error: str | None = None  # the operation failed (a HardwareError's message)
 
 
@@ -84,7 +87,11 @@ class ProtocolError(Exception):
 
 
 def send(connection: socket.socket, message: Request | Reply) -> None:
-    data = message.model_dump_json().encode() + b"\n"
+    # A reply leaves out what is at its default (a request cannot: `op` is its discriminator), so that a
+    # plugin older than mps-host (mps-host is replaced only when deleted; a plugin may be rolled back)
+    # reads it, as long as the fields it does not know say nothing.
+    text = message.model_dump_json(exclude_defaults=isinstance(message, Reply))
+    data = text.encode() + b"\n"
     if len(data) > MAX_MESSAGE_BYTES:
         raise ProtocolError(f"a {len(data)}-byte message is over the {MAX_MESSAGE_BYTES} bytes allowed")
     connection.sendall(data)
