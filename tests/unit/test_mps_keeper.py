@@ -22,7 +22,7 @@ from gpudra.node.allocation import ClaimRef
 from gpudra.node.metrics import PluginMetrics
 from gpudra.node.mps_keeper import MpsKeeper, TamperingReports
 from gpudra.node.prepare import DeviceState
-from gpudra.node.sharing import GpuSharing
+from gpudra.node.sharing import GpuSharing, mps_daemons
 from gpudra.node.sharing.mps_daemons import PID_FILE, TAMPERING_KINDS
 from tests.unit.claims import from_claim, resource_claim, result, time_slicing, whole_gpus
 from tests.unit.harness.crash import child
@@ -420,3 +420,34 @@ def test_a_daemon_that_cannot_be_given_its_limits_is_not_left_running_without_th
     assert_no_daemon(h100, uid(1), [killed, restarted.pid])
     assert daemon_of(h100, uid(2)).pid == other
     state.unprepare(victim)
+
+
+def test_a_restart_clears_a_flooded_pipe_directory_within_a_bound(
+    h100: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tenant's files in its pipe directory (its containers' mount, so cleared in place, under the
+    node lock): a restart removes the daemon's own leftovers first and a bounded number of the rest, so
+    the daemon runs again at once; the rest stays until unprepare (the trash); nothing outside is
+    touched."""
+    monkeypatch.setattr(mps_daemons, "_RESTART_CLEAR_BUDGET", 100)
+    claim = h100.claims.add(mps_claim(uid(1), "gpu-2", threads=30))
+    state = h100.state()
+    state.prepare(claim)
+    pipe = mps_root(h100, uid(1)) / "pipe"
+    outside = pipe.parent.parent / "not-the-tenants"
+    outside.write_text("kept")
+    for index in range(250):
+        (pipe / f"junk-{index}").write_text("")
+    (pipe / "deep").mkdir()
+    (pipe / "deep" / "escape").symlink_to(outside)
+    kill_daemon(h100, uid(1))  # its pid file and control socket stay behind
+    keeper, metrics = keeper_for(state, Events())
+
+    keeper.step()
+    [restarted] = [d for d in daemons(h100) if d.pipe_directory == str(pipe)]
+    assert restarted.default_active_thread_percentage == 30.0
+    junk = [p for p in pipe.iterdir() if p.name.startswith(("junk-", "deep"))]
+    assert len(junk) == 251 - 100  # the budget, after the daemon's own pid file and socket
+    assert outside.read_text() == "kept"
+    assert restarts(metrics, "started") == 1
+    state.unprepare(claim)

@@ -104,6 +104,11 @@ _PID_FILE_BYTES: Final = 32  # a pid and a newline, with room to spare; more is 
 # A pass over /proc answers `running` for this long: a round of checks over many claims costs one pass.
 _SURVEY_REUSE_S: Final = 1.0
 _UCRED: Final = struct.Struct("3i")  # SO_PEERCRED: pid, uid, gid
+# What a daemon makes in its pipe directory (gpu-mechanics reference: `control`, `control_lock`,
+# `control_privileged`, `log`, the pid file): removed before any other entry when a daemon restarts.
+_MPS_NAMES: Final = (CONTROL, "control_lock", CONTROL_PRIVILEGED, "log", PID_FILE)
+# Entries a daemon's restart removes from its pipe directory beyond those, under the node lock.
+_RESTART_CLEAR_BUDGET: Final = 10_000
 
 TamperingKind = Literal["pid-file-removed", "pid-file-replaced", "pid-file-foreign", "control-replaced"]
 TAMPERING_KINDS: Final[tuple[TamperingKind, ...]] = get_args(TamperingKind)
@@ -254,7 +259,16 @@ class MpsDaemons:
         if started:
             # What a daemon that died left there, or a container put there (a socket of its own where
             # the control socket goes would make the new daemon refuse to start, "already running").
-            _clear(pipe_dir(root))
+            # This runs under the node lock, and a restarted daemon's directory is still its containers'
+            # mount (it cannot go to the trash): a bounded clear, so that a tenant's millions of files
+            # cost the node a bounded time. What is left is the tenant's own files in its own
+            # directory; the claim's unprepare moves the whole directory to the trash.
+            left = _clear(pipe_dir(root), budget=_RESTART_CLEAR_BUDGET)
+            if left:
+                log.warning(
+                    "the MPS pipe directory holds more than a restart clears; the rest stays until unprepare",
+                    extra={"pipe": str(pipe_dir(root)), "cleared": _RESTART_CLEAR_BUDGET},
+                )
             self.tools.start_mps_daemon(
                 env={
                     **daemon.mark.env(),
@@ -604,15 +618,28 @@ def _describe(kind: int) -> str:
     return names.get(kind, "not a regular file")
 
 
-def _clear(pipe: Path) -> None:
-    """Remove everything in `pipe`, unlinking entries (no link is followed, nothing is opened)."""
+def _clear(pipe: Path, *, budget: int | None = None) -> bool:
+    """Remove what is in `pipe`, unlinking entries (no link is followed, nothing is opened): the names
+    MPS itself uses first, then at most `budget` other entries (None: all). True when entries are left.
+    A directory of a tenant's counts as one entry, however deep (shutil.rmtree follows no link)."""
+
+    def remove(path: str, is_dir: bool) -> None:
+        if is_dir:
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+                os.unlink(path)
+
+    for name in _MPS_NAMES:
+        remove(os.path.join(pipe, name), _file_type(pipe / name) == stat.S_IFDIR)
+    removed = 0
     with os.scandir(pipe) as entries:
-        for entry in list(entries):
-            if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path, ignore_errors=True)
-            else:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(entry.path)
+        for entry in entries:  # not listed whole first: the directory may hold millions
+            if budget is not None and removed >= budget:
+                return True
+            remove(entry.path, entry.is_dir(follow_symlinks=False))
+            removed += 1
+    return False
 
 
 def _wait_gone(processes: Sequence[Process], timeout: float) -> None:
