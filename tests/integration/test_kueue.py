@@ -17,10 +17,11 @@ import pytest
 import yaml
 from kubernetes import client, utils
 
+from gpudra.model.migration import gpudra_classes
 from tests.localcluster import LocalCluster
 from tests.localcluster.helm import helm_binary
 from tests.localcluster.kueue import KueueProcess
-from tests.localcluster.node_plugin import PluginProcess
+from tests.localcluster.node_plugin import DRIVER, PluginProcess
 
 from .kube_helpers import Resources, pod_gone, wait_for
 
@@ -54,7 +55,13 @@ def profile_classes() -> list[dict[str, Any]]:
         capture_output=True,
         text=True,
     ).stdout
-    return [c for c in yaml.safe_load_all(rendered) if c and c["metadata"]["name"].startswith("mig-")]
+    # the per-profile ones only: the local cluster already has the chart's base classes (mig-shared too)
+    base = set(gpudra_classes(DRIVER).values())
+    return [
+        c
+        for c in yaml.safe_load_all(rendered)
+        if c and c["metadata"]["name"].startswith("mig-") and c["metadata"]["name"] not in base
+    ]
 
 
 @pytest.fixture(scope="module")
