@@ -243,7 +243,7 @@ class HelmReleases:
         """`helm install` arguments per node, the controller's release first."""
         chart = helm.chart()  # its ci/ values, whichever chart is installed
         plugin_only = ["--set", "controller.enabled=false"]
-        for kind in ("gpu", "shared", "mig"):
+        for kind in ("gpu", "shared", "mig", "migShared"):  # the first release owns every class
             plugin_only += ["--set", f"deviceClasses.{kind}=false"]
         found = []
         for index, (node, profile) in enumerate(self.machines.items()):
