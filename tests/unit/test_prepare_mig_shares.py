@@ -18,7 +18,11 @@ from gpudra.node.allocation import ClaimRef
 from gpudra.sim import state as sim_state
 from tests.unit.claims import resource_claim, result
 from tests.unit.harness.crash import child
-from tests.unit.harness.mps import daemons, mps_root
+from tests.unit.harness.mps import (
+    daemons,
+    kill_leftover_daemons,  # noqa: F401 (an autouse fixture: every test kills the daemons it left)
+    mps_root,
+)
 from tests.unit.harness.node import Node, uid
 from tests.unit.test_prepare_mig import instances, mig_claim, recorded
 
