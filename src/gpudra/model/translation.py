@@ -193,6 +193,11 @@ def _known(value: Mapping[str, Any], at: str, allowed: tuple[str, ...]) -> None:
 # --- what a translation returns ---------------------------------------------------------------------
 
 
+# NVIDIA's classes whose devices its ConsumableShares share by memory -> gpudra's form of them
+_SHAREABLE = {"gpu.nvidia.com": "gpu", "mig.nvidia.com": "mig"}
+_SHARES_OF = {"gpu": "shares", "mig": "shares of a MIG partition"}
+
+
 @dataclass(frozen=True)
 class Remark:
     """Where in an object, and what of it: why it was left as it was (untranslated), or what a reader
@@ -331,44 +336,31 @@ class _Translator:
         name = chosen.get("deviceClassName")
         classes = gpudra_classes(self.options.driver)
         nvidia = isinstance(name, str) and name.endswith(".nvidia.com")
-        if name == "gpu.nvidia.com":
+        if name in _SHAREABLE:
+            form = _SHAREABLE[name]
             capacity = _map(chosen.get("capacity")).get("requests")
-            if capacity:
-                # NVIDIA's ConsumableShares: a share of a GPU by memory is gpudra's shared class
-                if set(_map(capacity)) <= {"memory"}:
-                    chosen["deviceClassName"] = classes["gpu-shared"]
-                else:
-                    others = ", ".join(sorted(set(_map(capacity)) - {"memory"}))
-                    self.left(
-                        f"{at}.capacity.requests",
-                        f"asks {others} of a GPU share (NVIDIA's ConsumableShares); gpudra's shares "
-                        "(gpu-shared) have memory and compute only",
-                    )
-            else:
-                chosen["deviceClassName"] = classes["gpu"]
-        elif name == "mig.nvidia.com":
-            capacity = _map(chosen.get("capacity")).get("requests")
+            others = ", ".join(sorted(set(_map(capacity)) - {"memory"}))
             if not capacity:
-                chosen["deviceClassName"] = classes["mig"]
-            elif set(_map(capacity)) <= {"memory"}:
-                # NVIDIA's ConsumableShares on a MIG device: gpudra's shares of a MIG partition, which a
-                # node offers only for the profiles it is told to (publishing each costs the scheduler)
-                chosen["deviceClassName"] = classes["mig-shared"]
-                self.done.notes.append(
-                    Remark(
-                        self.prefix + f"{at}.capacity.requests",
-                        "a share of a MIG device (NVIDIA's ConsumableShares): the nodes need the profile in "
-                        "kubeletPlugin.options.migShareProfiles (with migMode: partitionable) "
-                        "(docs/migrate.md)",
-                    )
-                )
-            else:
-                others = ", ".join(sorted(set(_map(capacity)) - {"memory"}))
+                chosen["deviceClassName"] = classes[form]
+            elif others:
                 self.left(
                     f"{at}.capacity.requests",
-                    f"asks {others} of a MIG share (NVIDIA's ConsumableShares); gpudra's shares of a MIG "
-                    "partition (mig-shared) have memory and compute only",
+                    f"asks {others} of a {form.upper()} share (NVIDIA's ConsumableShares); gpudra's "
+                    f"{_SHARES_OF[form]} ({form}-shared) have memory and compute only",
                 )
+            else:
+                # NVIDIA's ConsumableShares by memory: gpudra's share of a GPU, or of a MIG partition,
+                # which a node offers only for the profiles it is told to (each costs the scheduler)
+                chosen["deviceClassName"] = classes[f"{form}-shared"]
+                if form == "mig":
+                    self.done.notes.append(
+                        Remark(
+                            self.prefix + f"{at}.capacity.requests",
+                            "a share of a MIG device (NVIDIA's ConsumableShares): the nodes need the profile "
+                            "in kubeletPlugin.options.migShareProfiles (with migMode: partitionable) "
+                            "(docs/migrate.md)",
+                        )
+                    )
         elif nvidia:
             self.left(f"{at}.deviceClassName", _NO_CLASS.get(str(name), f"{name} has no gpudra equivalent"))
         for index, selector in enumerate(_list(chosen.get("selectors"))):
