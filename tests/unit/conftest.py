@@ -8,8 +8,8 @@ import pytest
 
 from tests.layers import default_timeout
 
-# The slowest unit test took 14 s (test_mps_keeper's loop that retries a failed MPS daemon restart),
-# the whole suite running on two busy cores: 90 s is more than 5 times that.
+# Unit tests start no daemon, crash child or venv (those are tests/faults' and tests/integration's): the
+# slowest took 14 s (test_validate's 100-level nesting) on two busy cores; 90 s is more than 5 times that.
 TIMEOUT = 90
 
 
