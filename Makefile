@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install lint test unit integration faults e2e k8s kueue chromium gpu-map-screenshot bench-gpu-map helm prometheus chart-lint chart-schema manifests render-manifests bench bench-scale compat cluster-up cluster-down demo proto schemas clean
+.PHONY: install packages lint check test unit integration faults e2e k8s kueue chromium gpu-map-screenshot bench-gpu-map helm prometheus chart-lint chart-schema manifests render-manifests bench bench-scale compat cluster-up cluster-down demo proto schemas clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -14,27 +14,45 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# Every Debian package the targets use, in one apt-get run (root; warm, one dpkg query each).
+packages:
+	bash -c 'source deploy/packages.sh && ensure_packages "$${GPUDRA_PACKAGES[@]}"'
+
 lint: $(STAMP)
 	$(BIN)/ruff check src tests scripts
 	$(BIN)/ruff format --check src tests scripts
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-# The test command named in README.md (and run by .ci/run): lint, unit tests, and the integration
-# tests against a real local control plane and kubelet (built once into ~/.cache/gpudra).
-test: lint k8s kueue chart-lint chromium prometheus
-	$(BIN)/pytest
+# pytest-xdist workers. A cluster test spends most of its time waiting on the processes it drives (the
+# scheduler, a kubelet, gpudra's daemons), so more workers than the 2 cores pay; each worker that draws a
+# cluster test starts its own control plane (about 1.5 GiB), and tests/layers.py keeps a module's tests
+# (the compat layer's: the whole layer) on one worker so that its fixtures are made once.
+WORKERS ?= 3
+PYTEST_PARALLEL = $(BIN)/pytest -n $(WORKERS) --dist loadgroup
+
+# The contributor's answer within 3 minutes: lint, type check, import contracts and the unit tests
+# (which start no process, daemon or cluster).
+check: lint unit
+
+# The test command named in README.md (and run by .ci/run): `make check`, then the integration tests on
+# a real local control plane and kubelets (built once into ~/.cache/gpudra), the fault suite and the
+# compat tests on the pinned release, one pytest run over the three layers.
+test: check k8s kueue chart-lint chromium prometheus
+	$(PYTEST_PARALLEL) tests/compat tests/integration tests/faults
 
 unit: $(STAMP)
-	$(BIN)/pytest tests/unit
+	$(PYTEST_PARALLEL) tests/unit
 
 integration: $(STAMP) k8s kueue chromium prometheus
-	$(BIN)/pytest tests/integration
+	$(PYTEST_PARALLEL) tests/integration
 
 # The fault suite (also part of `make test`): random SIGKILLs with an auditor, disk full at every
-# write, damaged checkpoints, a read-only CDI root. Simulated GPUs, no cluster; about a minute.
+# write, damaged checkpoints, a read-only CDI root, and the node's tests that start processes: crash
+# children SIGKILLed at each step of prepare and unprepare, MPS daemons a tenant tampers with, mps-host,
+# the MPS trash. Simulated GPUs, no cluster.
 faults: $(STAMP)
-	$(BIN)/pytest tests/faults
+	$(PYTEST_PARALLEL) tests/faults
 
 k8s:
 	bash deploy/local/build.sh >/dev/null

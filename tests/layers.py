@@ -35,3 +35,15 @@ def default_timeout(
     for item in items:
         if item.path.is_relative_to(layer) and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(seconds))
+
+
+def one_worker_for(items: Sequence[pytest.Item], *, layer: Path, whole_layer: bool = False) -> None:
+    """Under pytest-xdist's `--dist loadgroup` (make test), keep the tests of each module under `layer`
+    (or, with `whole_layer`, all of the layer's) on one worker: their module- and session-scoped
+    fixtures — a control plane, gpudra's processes, a browser, Kueue — are made once there, not once per
+    worker that happens to draw one of their tests. Tests of the other layers carry no group and are
+    spread one by one. Without xdist the marker is inert."""
+    for item in items:
+        if item.path.is_relative_to(layer):
+            group = layer.name if whole_layer else f"{layer.name}/{item.path.stem}"
+            item.add_marker(pytest.mark.xdist_group(group))

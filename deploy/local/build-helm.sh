@@ -11,6 +11,11 @@ if [ -x "$out/helm" ]; then
   echo "$out/helm"
   exit 0
 fi
+build_lock helm
+if [ -x "$out/helm" ]; then  # built by another run while this one waited
+  echo "$out/helm"
+  exit 0
+fi
 start=$(date +%s)
 echo "building Helm $HELM_VERSION into $out (cold: a few minutes on 2 cores)" >&2
 mkdir -p "$out"

@@ -16,6 +16,11 @@ if [ -x "$out/manager" ] && [ -d "$out/crds" ] && [ -f "$out/webhooks.yaml" ]; t
   echo "$out"
   exit 0
 fi
+build_lock kueue
+if [ -x "$out/manager" ] && [ -d "$out/crds" ] && [ -f "$out/webhooks.yaml" ]; then  # built by another run while this one waited
+  echo "$out"
+  exit 0
+fi
 start=$(date +%s)
 mkdir -p "$out"
 if [ ! -x "$out/manager" ]; then

@@ -25,6 +25,11 @@ if [ -f "$out/.complete" ]; then
   echo "$out/bin"
   exit 0
 fi
+build_lock runtime
+if [ -f "$out/.complete" ]; then  # built by another run while this one waited
+  echo "$out/bin"
+  exit 0
+fi
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/images"
 start=$(date +%s)

@@ -6,3 +6,12 @@ export GOCACHE=$GPUDRA_CACHE/go/build
 export GOFLAGS=-modcacherw
 export GOTOOLCHAIN=local
 export CGO_ENABLED=0
+
+# One build of a thing at a time per cache: .ci/run builds some things in the background while the tests
+# that need them may ask for them too (they then wait here for that build, and find it done). Call it
+# after the fast path that finds a complete build, and check again once the lock is held.
+build_lock() {
+  mkdir -p "$GPUDRA_CACHE"
+  exec 9>"$GPUDRA_CACHE/.build-$1.lock"
+  flock 9
+}
