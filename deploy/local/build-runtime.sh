@@ -15,7 +15,11 @@ source ./env.sh
 containerd_module=github.com/containerd/containerd/v2
 containerd_version=v2.4.2
 k8s_version=$(awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v/ {print $2}' go.mod)
-key=$(cat build-runtime.sh go.mod go.sum | sha256sum | cut -c1-12)
+# The key: the pinned module (the pause image's source and tag) and RECIPE, what is built and how; this
+# script's own text is left out, so that a change to how it runs rebuilds nothing (change RECIPE instead).
+RECIPE="containerd containerd-shim-runc-v2 ctr; -trimpath; tags no_btrfs netgo osusergo; -s -w; \
+pause: gcc -Os -static, strip, image_archive.py"
+key=$( { cat go.mod go.sum image_archive.py; echo "$RECIPE"; } | sha256sum | cut -c1-12)
 out=$GPUDRA_CACHE/runtime-containerd-$containerd_version-$k8s_version-$key
 
 source ../packages.sh

@@ -10,7 +10,6 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 source ./env.sh
-here=$PWD
 pinned=$(awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v/ {print $2}' go.mod)
 version=${K8S:-$pinned}
 if [ "$version" != "$pinned" ]; then
@@ -25,9 +24,19 @@ if [ "$version" != "$pinned" ]; then
   fi
   cd "$src"
 fi
-key=$(cat go.mod go.sum "$here/build.sh" fakecri/*.go | sha256sum | cut -c1-12)
+# The key: what the binaries are made of, the module (go.mod, go.sum), fakecri's sources and RECIPE (the
+# components and flags below). This script's own text is not in it, so that a change to how the script
+# runs (its lock, its messages) rebuilds nothing; a change to what it builds must change RECIPE.
+RECIPE="kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy etcd fakecri; -trimpath; \
+-s -w; version.gitVersion gitMajor gitMinor gitTreeState=clean"
+key=$( { cat go.mod go.sum fakecri/*.go; echo "$RECIPE"; } | sha256sum | cut -c1-12)
 out=$GPUDRA_CACHE/k8s-$version-$key
 if [ -f "$out/.complete" ]; then
+  echo "$out/bin"
+  exit 0
+fi
+build_lock "k8s-$version"
+if [ -f "$out/.complete" ]; then  # built by another run while this one waited
   echo "$out/bin"
   exit 0
 fi
@@ -39,12 +48,20 @@ mkdir -p "$out/bin"
 start=$(date +%s)
 echo "building Kubernetes $version components into $out (cold: tens of minutes on 2 cores)" >&2
 # One package per go build keeps peak memory to one linker at a time.
+# Each component's time is printed as it is built (the first one compiles most of what the others share).
+timed() {
+  local name=$1 t
+  t=$(date +%s)
+  shift
+  "$@" >&2
+  echo "  $name: $(( $(date +%s) - t ))s" >&2
+}
 for cmd in kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy; do
-  go build -trimpath -ldflags "$ldflags" -o "$out/bin/$cmd" "k8s.io/kubernetes/cmd/$cmd" >&2
+  timed "$cmd" go build -trimpath -ldflags "$ldflags" -o "$out/bin/$cmd" "k8s.io/kubernetes/cmd/$cmd"
 done
-go build -trimpath -ldflags "-s -w" -o "$out/bin/etcd" go.etcd.io/etcd/server/v3 >&2
-go build -trimpath -ldflags "-s -w" -o "$out/bin/fakecri" ./fakecri >&2
-echo "built in $(( $(date +%s) - start ))s" >&2
+timed etcd go build -trimpath -ldflags "-s -w" -o "$out/bin/etcd" go.etcd.io/etcd/server/v3
+timed fakecri go build -trimpath -ldflags "-s -w" -o "$out/bin/fakecri" ./fakecri
+echo "built Kubernetes $version in $(( $(date +%s) - start ))s" >&2
 touch "$out/.complete"
 # Older builds of this release are dead weight (a few hundred MB each); other releases are kept.
 find "$GPUDRA_CACHE" -maxdepth 1 -name "k8s-$version-*" ! -path "$out" -exec rm -rf {} +
