@@ -4,7 +4,12 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install packages lint check test unit integration faults e2e k8s kueue chromium gpu-map-screenshot bench-gpu-map helm prometheus chart-lint chart-schema manifests render-manifests bench bench-scale compat cluster-up cluster-down demo proto schemas clean
+# Tests start hundreds of Python processes (daemons, crash children, stand-in tools); where the machine
+# sets PYTHONDONTWRITEBYTECODE each of them compiles every module it imports again. Bytecode goes to
+# __pycache__ (ignored by git and by the image's build context).
+unexport PYTHONDONTWRITEBYTECODE
+
+.PHONY: install packages ci-builds lint check test unit integration faults e2e k8s kueue chromium gpu-map-screenshot bench-gpu-map helm prometheus chart-lint chart-schema manifests render-manifests bench bench-scale compat cluster-up cluster-down demo proto schemas clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -151,6 +156,11 @@ render-manifests:
 COMPAT_RELEASES ?= v1.34.12 v1.35.8 v1.36.3
 GATED_RELEASES  ?= v1.34.12 v1.35.8
 DRA_GATES := DRAPartitionableDevices=true,DRAConsumableCapacity=true,DRADeviceTaints=true,DRAExtendedResource=true,ResourceHealthStatus=true
+# .ci/run's background builds (.ci/builds): Kueue, containerd, the image for both architectures and the
+# compat releases, at the lowest CPU priority, while `make test` runs (root).
+ci-builds:
+	nice -n 19 bash .ci/builds $(COMPAT_RELEASES)
+
 compat: $(STAMP) helm
 	for r in $(COMPAT_RELEASES); do K8S=$$r bash deploy/local/build.sh >/dev/null || exit 1; done
 	for r in $(COMPAT_RELEASES); do \

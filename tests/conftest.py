@@ -1,11 +1,38 @@
-"""For every layer: the root logger as each test found it."""
+"""For every layer: the root logger as each test found it, and a short base for tmp_path under xdist."""
 
 from __future__ import annotations
 
 import logging
+import shutil
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+
+# The base directory this run's xdist workers were given, removed when the run passed.
+_SHORT_BASETEMP = pytest.StashKey[Path]()
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's tmp_path plugin reads --basetemp
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (make check, make test) each worker's tmp_path is <basetemp>/popen-gwN/<test>:
+    with pytest's default base (/tmp/pytest-of-USER/pytest-N) a claim's MPS sockets under a test's state
+    directory outgrow the 107 bytes of a unix socket's address, and the plugin refuses the directory
+    (rightly). The controller gives its workers /tmp/gd-XXXXXXXX instead, a fresh one per run: with
+    popen-gwN/ below it, still shorter than a run without xdist gets. A run that passed removes it, a
+    failed one leaves it to look at."""
+    if config.option.basetemp or hasattr(config, "workerinput") or not config.getoption("numprocesses", None):
+        return
+    base = Path(tempfile.mkdtemp(prefix="gd-", dir="/tmp"))
+    config.option.basetemp = str(base)
+    config.stash[_SHORT_BASETEMP] = base
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    base = session.config.stash.get(_SHORT_BASETEMP, None)
+    if base is not None and exitstatus == 0:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
