@@ -37,7 +37,6 @@ def default_timeout(
             item.add_marker(pytest.mark.timeout(seconds))
 
 
-
 def one_worker_for(items: Sequence[pytest.Item], *, layer: Path, whole_layer: bool = False) -> None:
     """Under pytest-xdist's `--dist loadgroup` (make check, make test), keep on one worker the tests of a
     module under `layer` that share a module- or class-scoped fixture (a controller, a browser, Kueue),
