@@ -44,7 +44,7 @@ check: lint unit
 # a real local control plane and kubelets (built once into ~/.cache/gpudra), the fault suite and the
 # compat tests on the pinned release, one pytest run over the three layers.
 test: check k8s kueue chart-lint chromium prometheus
-	$(PYTEST_PARALLEL) tests/compat tests/integration tests/faults
+	$(PYTEST_PARALLEL) --durations=30 tests/compat tests/integration tests/faults
 
 unit: $(STAMP)
 	$(PYTEST_PARALLEL) tests/unit

@@ -7,8 +7,11 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from tests.workers import FixtureScopeScheduling
 
 # The base directory this run's xdist workers were given, removed when the run passed.
 _SHORT_BASETEMP = pytest.StashKey[Path]()
@@ -27,6 +30,13 @@ def pytest_configure(config: pytest.Config) -> None:
     base = Path(tempfile.mkdtemp(prefix="gd-", dir="/tmp"))
     config.option.basetemp = str(base)
     config.stash[_SHORT_BASETEMP] = base
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadgroup` (make check, make test): tests/workers.py's units."""
+    if config.getoption("dist") != "loadgroup":
+        return None
+    return FixtureScopeScheduling(config, log)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

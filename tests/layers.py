@@ -35,31 +35,3 @@ def default_timeout(
     for item in items:
         if item.path.is_relative_to(layer) and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(seconds))
-
-
-def one_worker_for(items: Sequence[pytest.Item], *, layer: Path, whole_layer: bool = False) -> None:
-    """Under pytest-xdist's `--dist loadgroup` (make check, make test), keep on one worker the tests of a
-    module under `layer` that share a module- or class-scoped fixture (a controller, a browser, Kueue),
-    so that it is made once, not once per worker that draws one of its tests; with `whole_layer`, all of
-    the layer's tests (the compat layer's demo is one session fixture for two modules). Every other test
-    is spread one by one: a session-scoped cluster is made once per worker that needs one. Without
-    xdist the marker is inert."""
-    for item in items:
-        if not item.path.is_relative_to(layer):
-            continue
-        if whole_layer:
-            item.add_marker(pytest.mark.xdist_group(layer.name))
-        elif _shares_a_narrow_fixture(item):
-            item.add_marker(pytest.mark.xdist_group(f"{layer.name}/{item.path.stem}"))
-
-
-def _shares_a_narrow_fixture(item: pytest.Item) -> bool:
-    """Whether the test uses a fixture made once per module or class (pytest's FixtureDef.scope)."""
-    info = getattr(item, "_fixtureinfo", None)
-    if info is None:
-        return False
-    return any(
-        definition.scope in ("module", "class", "package")
-        for definitions in info.name2fixturedefs.values()
-        for definition in definitions
-    )

@@ -21,7 +21,7 @@ import pytest
 from kubernetes import client, config
 
 from gpudra.gpu import nvml
-from tests.layers import default_timeout, one_worker_for
+from tests.layers import default_timeout
 from tests.localcluster import LocalCluster
 from tests.localcluster.api import DemoApi
 from tests.localcluster.demo import MACHINES, Demo
@@ -87,8 +87,6 @@ def make_mig_device(sim_state: Path, machine: str, profile: str, start: int) -> 
 TIMEOUT = 600
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """This layer's default timeout (tests/layers.py)."""
     default_timeout(config, items, layer=Path(__file__).parent, seconds=TIMEOUT)
-    one_worker_for(items, layer=Path(__file__).parent, whole_layer=True)

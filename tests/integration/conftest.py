@@ -12,7 +12,7 @@ import pytest
 import yaml
 from kubernetes import client, config, utils
 
-from tests.layers import default_timeout, one_worker_for
+from tests.layers import default_timeout
 from tests.localcluster import LocalCluster
 from tests.localcluster.node_plugin import PluginProcess
 
@@ -73,8 +73,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 TIMEOUT = 600
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """This layer's default timeout (tests/layers.py)."""
     default_timeout(config, items, layer=Path(__file__).parent, seconds=TIMEOUT)
-    one_worker_for(items, layer=Path(__file__).parent)
