@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.workers import FixtureScopeScheduling
+from tests.workers import FixtureScopeScheduling, longest_first
 
 # The base directory this run's xdist workers were given, removed when the run passed.
 _SHORT_BASETEMP = pytest.StashKey[Path]()
@@ -37,6 +37,14 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     if config.getoption("dist") != "loadgroup":
         return None
     return FixtureScopeScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On an xdist worker: the longest tests first (tests/workers.py). Every worker sorts alike, so
+    their collections stay the same, as xdist requires."""
+    if hasattr(config, "workerinput"):
+        order = longest_first([item.nodeid for item in items])
+        items[:] = [items[i] for i in order]
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

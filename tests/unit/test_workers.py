@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.workers import shares_a_narrow_fixture, work_unit
+from tests.workers import longest_first, shares_a_narrow_fixture, work_unit
 
 
 @pytest.mark.parametrize(
@@ -40,3 +40,14 @@ def test_each_test_is_its_own_unit_unless_it_shares_a_fixture_or_the_compat_demo
 
 def test_a_module_missing_from_the_checkout_is_no_group() -> None:
     assert not shares_a_narrow_fixture("tests/unit/test_no_such_module.py")
+
+
+def test_the_longest_modules_go_first_and_the_rest_keep_their_order() -> None:
+    nodeids = [
+        "tests/compat/test_release.py::a",
+        "tests/integration/test_demo.py::b",
+        "tests/unit/test_x.py::c",
+        "tests/faults/test_random_kills.py::d",
+        "tests/unit/test_x.py::e",
+    ]
+    assert [nodeids[i].rsplit("::", 1)[1] for i in longest_first(nodeids)] == ["d", "b", "a", "c", "e"]
