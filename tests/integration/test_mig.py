@@ -475,9 +475,10 @@ def test_a_gpu_instance_made_by_hand_without_compute_instance_is_not_adopted_and
         wait_for("pod deleted", partial(pod_gone, core, "bare", ns), timeout=90)
         assert card(plugin, minor) == {3: (profile, "")} and recorded(plugin, minor) == {}
     finally:
-        # Both, whatever failed: a pod left behind would get the partition once the hand-made instance
-        # is gone, and the next test on this worker's cluster would find a MIG device it did not make.
+        # Whatever failed: a pod left behind would get the partition once the hand-made instance is
+        # gone, and the next test on this worker's cluster would find a MIG device it did not make.
         core.delete_namespace(ns)
+        wait_for("pod deleted", partial(pod_gone, core, "bare", ns), timeout=90)
         with sim_state.StateFile(plugin.sim_state).update() as machine:
             machine.gpus[minor].gpu_instances.clear()
 
