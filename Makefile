@@ -29,10 +29,9 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-# pytest-xdist workers. A cluster test spends most of its time waiting on the processes it drives (the
-# scheduler, a kubelet, gpudra's daemons), so more workers than the 2 cores pay; each worker that draws a
-# cluster test starts its own control plane (about 1.5 GiB), and tests/layers.py keeps a module's tests
-# (the compat layer's: the whole layer) on one worker so that its fixtures are made once.
+# pytest-xdist workers: 3 on the 2 cores, since many tests wait on the processes they drive; each worker
+# that draws a cluster test starts its own control plane (about 1.5 GiB), and tests/workers.py keeps a
+# module with a module- or class-scoped fixture (and the compat layer) on one worker.
 WORKERS ?= 3
 PYTEST_PARALLEL = $(BIN)/pytest -n $(WORKERS) --dist loadgroup
 # make test's cluster layers: serial by default for now. On 3 workers they take 25 minutes instead of
