@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import ssl
 import time
 import urllib.error
@@ -43,8 +44,22 @@ def raw_request(
         return err.code, err.read()
 
 
+def wait_scale() -> float:
+    """How much longer than written a bounded wait may run. A test's timeout is how long the condition
+    takes on a machine with a core to spare; make test runs more pytest-xdist workers than there are
+    cores (each with its own control plane), where the same condition can take several times longer.
+    The condition waited for is the same: only the point where a wait gives up moves.
+    GPUDRA_WAIT_SCALE sets it outright."""
+    if "GPUDRA_WAIT_SCALE" in os.environ:
+        return float(os.environ["GPUDRA_WAIT_SCALE"])
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    return 3.0 if workers > (os.cpu_count() or 1) else 1.0
+
+
 def wait_for(what: str, probe: Callable[[], T | None], *, timeout: float = 60.0) -> T:
-    """Poll `probe` until it returns something truthy; fail with `what` after `timeout` seconds."""
+    """Poll `probe` until it returns something truthy; fail with `what` after `timeout` seconds (times
+    `wait_scale()`)."""
+    timeout *= wait_scale()
     deadline = time.monotonic() + timeout
     delay = 0.05
     while True:
@@ -92,18 +107,35 @@ class Resources:
             self.custom.delete_cluster_custom_object(*RESOURCE, plural, name)
 
 
-def pool_devices(api: client.ApiClient, *, node: str, driver: str) -> dict[str, dict[str, Any]]:
-    """Device name -> device, as published in the newest generation of `node`'s pool of `driver`."""
-    slices = Resources(api).list(
-        "resourceslices", field_selector=f"spec.nodeName={node},spec.driver={driver}"
+def pool_devices(
+    api: client.ApiClient, *, node: str, driver: str, timeout: float = 30.0
+) -> dict[str, dict[str, Any]]:
+    """Device name -> device, as published in the newest generation of `node`'s pool of `driver`, once
+    that generation is complete.
+
+    A pool is rewritten slice by slice: until every one of its `resourceSliceCount` slices is at the
+    new generation, the newest slices hold only part of the devices (the scheduler ignores such a pool
+    too), so an incomplete pool is read again instead of answered from."""
+    (devices,) = wait_for(
+        f"a complete pool of {node}",
+        lambda: _complete_pool(
+            Resources(api).list("resourceslices", field_selector=f"spec.nodeName={node},spec.driver={driver}")
+        ),
+        timeout=timeout,
     )
+    return devices
+
+
+def _complete_pool(slices: list[dict[str, Any]]) -> tuple[dict[str, dict[str, Any]]] | None:
+    """(device name -> device,) of the pool's newest generation, or None while it is incomplete (a
+    1-tuple: an empty pool is an answer too)."""
+    if not slices:
+        return None
     newest = max(s["spec"]["pool"]["generation"] for s in slices)
-    return {
-        d["name"]: d
-        for s in slices
-        if s["spec"]["pool"]["generation"] == newest
-        for d in s["spec"].get("devices", [])
-    }
+    current = [s for s in slices if s["spec"]["pool"]["generation"] == newest]
+    if len(current) < current[0]["spec"]["pool"]["resourceSliceCount"]:
+        return None
+    return ({d["name"]: d for s in current for d in s["spec"].get("devices", [])},)
 
 
 def new_namespace(core: client.CoreV1Api, prefix: str) -> str:

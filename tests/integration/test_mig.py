@@ -453,16 +453,23 @@ def test_a_gpu_instance_made_by_hand_without_compute_instance_is_not_adopted_and
     ns = new_namespace(core, "mig-bare")
     minor, profile = 5, PROFILE_IDS["1g.10gb"]
     wait_for(f"GPU {minor} empty", partial(emptied, plugin, minor), timeout=60)
-    with sim_state.StateFile(plugin.sim_state).update() as machine:  # `nvidia-smi mig -cgi 19` without -C
-        machine.gpus[minor].gpu_instances.append(
-            sim_state.GpuInstance(id=9, profile_id=profile, start=3, size=1)
-        )
+    # The claim is allocated that placement first, while the plugin is down: with the instance already
+    # there, the plugin's check for instances made outside gpudra may withhold the placement before the
+    # scheduler gets to the claim (the behaviour the test above checks), and the pod would stay
+    # Pending instead of reaching prepare. The kubelet retries the prepare once the plugin is back.
+    plugin.stop()
     try:
         utils.create_from_yaml(
             api,
             yaml_objects=[layout_template("bare", ["1g.10gb"], minor, start=3), pod("bare", "bare")],
             namespace=ns,
         )
+        wait_for("the claim allocated", lambda: scheduled(core, "bare", ns), timeout=120)
+        with sim_state.StateFile(plugin.sim_state).update() as machine:  # `nvidia-smi mig -cgi 19` without -C
+            machine.gpus[minor].gpu_instances.append(
+                sim_state.GpuInstance(id=9, profile_id=profile, start=3, size=1)
+            )
+        plugin.start()
 
         def refused() -> str | None:
             return next((e for e in pod_events(core, "bare", ns) if "without a compute instance" in e), None)
@@ -477,10 +484,18 @@ def test_a_gpu_instance_made_by_hand_without_compute_instance_is_not_adopted_and
     finally:
         # Whatever failed: a pod left behind would get the partition once the hand-made instance is
         # gone, and the next test on this worker's cluster would find a MIG device it did not make.
+        if plugin.process is None:
+            plugin.start()
         core.delete_namespace(ns)
         wait_for("pod deleted", partial(pod_gone, core, "bare", ns), timeout=90)
         with sim_state.StateFile(plugin.sim_state).update() as machine:
             machine.gpus[minor].gpu_instances.clear()
+
+
+def scheduled(core: client.CoreV1Api, name: str, namespace: str) -> bool:
+    """Whether the pod has a node: its claims are allocated (the scheduler allocates before binding)."""
+    found = core.read_namespaced_pod(name, namespace)
+    return bool(found.spec.node_name)
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -46,6 +47,25 @@ def test_create_keeps_an_existing_state(tmp_path: Path) -> None:
         machine_state.gpus[0].compute_mode = 3
     store.create(machines.MIXED)
     assert store.read().gpus[0].compute_mode == 3
+
+
+def test_a_read_of_an_unchanged_file_is_the_same_state_and_every_change_is_seen(tmp_path: Path) -> None:
+    """read() answers from its last parse while the file is the one it parsed (one stat), and sees
+    every change: another StateFile's update (a new file by rename), and a rewrite in place."""
+    store, other = state.StateFile(tmp_path / "machine.json"), state.StateFile(tmp_path / "machine.json")
+    store.create(machines.MIXED)
+    first = store.read()
+    assert store.read() is first
+    for mode in (1, 2, 3):
+        with other.update() as machine_state:
+            machine_state.gpus[0].compute_mode = mode
+        assert store.read().gpus[0].compute_mode == mode
+    changed = store.path.read_text().replace('"compute_mode": 3', '"compute_mode": 0', 1)
+    store.path.write_text(changed)  # same inode, new bytes
+    assert store.read().gpus[0].compute_mode == 0
+    os.utime(store.path)  # touched, same bytes: read again, the parse kept
+    kept = store.read()
+    assert store.read() is kept
 
 
 def test_a_failed_update_writes_nothing(tmp_path: Path) -> None:
