@@ -34,7 +34,7 @@ from typing import Any
 from gpudra.errors import GpudraError
 from gpudra.model.claim import Constraint, Request, Toleration
 from gpudra.scheduling.cel import CelRuntimeError, Reference, Selector, compile_selector, reference_getter
-from gpudra.scheduling.claims import Allocations, Claim
+from gpudra.scheduling.claims import Allocations, AllocatorClaim
 from gpudra.scheduling.pools import Amount, Device, DeviceID, Inventory, Pool, quantity
 
 MAX_RESULTS = 32  # resource/v1 AllocationResultsMaxSize: devices one claim may get
@@ -159,14 +159,14 @@ class RequestMatcher:
             self._candidates[node] = known
         return known
 
-    def selectable(self, claim: Claim, device: Device) -> bool:
+    def selectable(self, claim: AllocatorClaim, device: Device) -> bool:
         """`check` as the allocator uses it: a selector failing on the device stops the scheduler."""
         verdict = self.check(device)
         if isinstance(verdict, CelRuntimeError):
             raise AllocationError(self.runtime_error(claim, verdict))
         return verdict is None
 
-    def runtime_error(self, claim: Claim, err: CelRuntimeError) -> str:
+    def runtime_error(self, claim: AllocatorClaim, err: CelRuntimeError) -> str:
         """The scheduler's words for a selector that fails on a device."""
         for selector, source, index in self.selectors:
             if selector.expression == err.expression:
@@ -394,7 +394,7 @@ class _MaxSize(Exception):
 
 @dataclass
 class _RequestData:
-    claim: Claim
+    claim: AllocatorClaim
     request: Request
     matcher: RequestMatcher
     subrequests: bool
@@ -413,7 +413,7 @@ class Search:
         self,
         inventory: Inventory,
         node: str,
-        claims: Sequence[Claim],
+        claims: Sequence[AllocatorClaim],
         allocations: Allocations,
         matcher: Matcher,
         *,
@@ -472,7 +472,7 @@ class Search:
             return None
         return Found([a for claim in self.results for a in claim], dict(self.chosen))
 
-    def _request_data(self, claim: Claim, request: Request, *, subrequests: bool) -> _RequestData:
+    def _request_data(self, claim: AllocatorClaim, request: Request, *, subrequests: bool) -> _RequestData:
         if request.device_class not in self.matcher.classes:
             raise AllocationError(
                 f"request {request.name}: device class {request.device_class} does not exist"

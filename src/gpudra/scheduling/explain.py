@@ -40,8 +40,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
-from gpudra.model.claim import Claim as ResourceClaim
-from gpudra.model.claim import ClaimSpec, Request
+from gpudra.model.claim import Claim, ClaimSpec, Request
 from gpudra.model.kube_api import OUTPUT_API_VERSION
 from gpudra.model.publishing import ServerFields, Withheld
 from gpudra.scheduling import forms
@@ -60,7 +59,7 @@ from gpudra.scheduling.allocator import (
     lookup_attribute,
 )
 from gpudra.scheduling.cel import CelCompileError, CelError, CelRuntimeError, CelUnsupported, compile_selector
-from gpudra.scheduling.claims import Allocations, Claim, claim_from_spec
+from gpudra.scheduling.claims import Allocations, AllocatorClaim, claim_from_spec
 from gpudra.scheduling.node_fit import Refusal
 from gpudra.scheduling.pools import Amount, Device, Inventory, Pool, collector_paused
 
@@ -223,7 +222,7 @@ def explain(
     *,
     classes: Mapping[str, Sequence[str]],
     inventory: Inventory,
-    allocated: Iterable[ResourceClaim] = (),
+    allocated: Iterable[Claim] = (),
     server: ServerFields | None = None,
     driver: str = "",
     list_type_attributes: bool = False,
@@ -321,7 +320,7 @@ def explain(
 
 
 def _gated(
-    claims: Sequence[Claim],
+    claims: Sequence[AllocatorClaim],
     classes: Mapping[str, Sequence[str]],
     withheld: Sequence[Withheld],
     reports: Sequence[NodeReport],
@@ -350,7 +349,7 @@ def _gated(
     return lines
 
 
-def _enough(report: RequestReport, claims: Sequence[Claim]) -> bool:
+def _enough(report: RequestReport, claims: Sequence[AllocatorClaim]) -> bool:
     """Whether the node has devices enough for the request alone."""
     request = next(
         r for c in claims if c.name == report.claim for e in c.requests for r in e if r.name == report.request
@@ -361,7 +360,7 @@ def _enough(report: RequestReport, claims: Sequence[Claim]) -> bool:
 
 
 def _static_problem(
-    claims: Sequence[Claim], classes: Mapping[str, Sequence[str]], matcher: Matcher
+    claims: Sequence[AllocatorClaim], classes: Mapping[str, Sequence[str]], matcher: Matcher
 ) -> str | None:
     """What stops the claims before any device is looked at: a missing class, a selector that does not
     compile (the API server would have refused it), one gpudra cannot evaluate."""
@@ -428,7 +427,7 @@ class _NodeExplainer:
         self,
         inventory: Inventory,
         node: str,
-        claims: Sequence[Claim],
+        claims: Sequence[AllocatorClaim],
         allocations: Allocations,
         *,
         matcher: Matcher,
@@ -636,7 +635,7 @@ class _NodeExplainer:
                         used.update(device.counters())
         return sorted(used)
 
-    def _constraint_reason(self, claim: Claim, index: int) -> str:
+    def _constraint_reason(self, claim: AllocatorClaim, index: int) -> str:
         constraint = claim.constraints[index]
         values: dict[str, list[str]] = {}
         for entry in claim.requests:
@@ -830,7 +829,7 @@ def _allocated(found: Found) -> list[AllocatedDevice]:
 def _verdict(
     reports: Sequence[NodeReport],
     whys: Mapping[str, _Why],
-    claims: Sequence[Claim],
+    claims: Sequence[AllocatorClaim],
     exclusions: Sequence[Exclusion] = (),
 ) -> str:
     """The first line: where the claims fit, else why not: the nodes the pod cannot go to counted by
@@ -858,7 +857,9 @@ def _nodes(count: int) -> str:
     return f"{count} node{'' if count == 1 else 's'}"
 
 
-def _device_verdict(reports: Sequence[NodeReport], whys: Mapping[str, _Why], claims: Sequence[Claim]) -> str:
+def _device_verdict(
+    reports: Sequence[NodeReport], whys: Mapping[str, _Why], claims: Sequence[AllocatorClaim]
+) -> str:
     fitting = [r for r in reports if r.fits]
     if fitting:
         first = fitting[0]
@@ -877,7 +878,9 @@ def _device_verdict(reports: Sequence[NodeReport], whys: Mapping[str, _Why], cla
     return f"cannot fit: {why}"
 
 
-def _why_none(reports: Sequence[NodeReport], whys: Mapping[str, _Why], claims: Sequence[Claim]) -> str:
+def _why_none(
+    reports: Sequence[NodeReport], whys: Mapping[str, _Why], claims: Sequence[AllocatorClaim]
+) -> str:
     """Why none of `reports`' nodes (at least one) can have the claims: one reason if they share it,
     else the closest node's ("closest is NODE: ...")."""
     best = max(whys[r.node].stage for r in reports)

@@ -20,7 +20,7 @@ from gpudra.model.claim import Request
 from gpudra.model.devices import SHARED_ATTRIBUTE
 from gpudra.model.publishing import FORM_NAMES, Publishing, ServerFields, Withheld, fit_to_server
 from gpudra.scheduling.cel import CelError, compile_selector
-from gpudra.scheduling.claims import Claim
+from gpudra.scheduling.claims import AllocatorClaim
 from gpudra.scheduling.pools import Device
 
 __all__ = ["FORMS", "Needs", "class_forms", "fields_seen", "needs", "release_limits", "withheld_on"]
@@ -138,7 +138,7 @@ class Needs:
 
 
 def needs(
-    claims: Sequence[Claim],
+    claims: Sequence[AllocatorClaim],
     classes: Mapping[str, Sequence[str]],
     withheld: Sequence[Withheld],
     *,
@@ -173,7 +173,11 @@ def withheld_on(server: ServerFields) -> list[Withheld]:
 
 
 def release_limits(
-    claims: Sequence[Claim], classes: Mapping[str, Sequence[str]], server: ServerFields, *, driver: str
+    claims: Sequence[AllocatorClaim],
+    classes: Mapping[str, Sequence[str]],
+    server: ServerFields,
+    *,
+    driver: str,
 ) -> list[str]:
     """What `server`'s scheduler may do otherwise than the rules (gpudra.scheduling.allocator) say, for
     these claims, one line each: before 1.36, with partitions kept, a constraint over several requests
