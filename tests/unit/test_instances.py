@@ -28,7 +28,7 @@ from gpudra.node import daemon
 from gpudra.node.instances import NodeLock, PublisherTurn
 from gpudra.node.options import Options
 from gpudra.node.recovery import Recovery, recover
-from gpudra.node.sharing import GpuSharing
+from gpudra.node.sharing import SharingCoordinator
 from tests.unit.claims import from_claim, time_slicing, whole_gpus
 from tests.unit.harness.kube import FakeKube
 from tests.unit.harness.node import Node, uid, write_checkpoint
@@ -146,8 +146,8 @@ def h100(tmp_path: Path) -> Node:
     return Node(tmp_path, "dgx-h100")
 
 
-class HeldSharing(GpuSharing):
-    """GpuSharing whose `apply` waits for `release`: a prepare caught in flight."""
+class HeldSharing(SharingCoordinator):
+    """SharingCoordinator whose `apply` waits for `release`: a prepare caught in flight."""
 
     def __init__(self, tools: GpuTools, *, mps_root: Path) -> None:
         super().__init__(tools, mps_root=mps_root)

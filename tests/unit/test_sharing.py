@@ -1,4 +1,4 @@
-"""GpuSharing and GpuTools: what a claim's sharing config does to a simulated GPU, and tool failures."""
+"""SharingCoordinator and GpuTools: what a claim's sharing config does to a simulated GPU, tool failures."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from gpudra.gpu.tools import GpuTools
 from gpudra.model.inventory import Gpu
 from gpudra.node import checkpoint as ckpt
 from gpudra.node.allocation import Allocated
-from gpudra.node.sharing import GpuSharing, mps_processes
+from gpudra.node.sharing import SharingCoordinator, mps_processes
 from gpudra.node.sharing.mps_daemons import Daemon
 from gpudra.node.sharing.mps_processes import Mark
 from gpudra.sim import state as sim_state
@@ -117,8 +117,8 @@ def entry(
     )
 
 
-def sharing_of(tools: GpuTools, tmp_path: Path) -> GpuSharing:
-    return GpuSharing(tools, mps_root=tmp_path / "mps")
+def sharing_of(tools: GpuTools, tmp_path: Path) -> SharingCoordinator:
+    return SharingCoordinator(tools, mps_root=tmp_path / "mps")
 
 
 PLAIN = {"apiVersion": API_VERSION, "kind": "GpuConfig"}
@@ -275,7 +275,7 @@ def test_edits_give_containers_the_pipe_and_shm(tmp_path: Path) -> None:
         gpu_uuids=("GPU-1",),
         sharing=ckpt.MpsRecord(strategy="MPS", root=root),
     )
-    env, mounts = GpuSharing.container_edits(device)
+    env, mounts = SharingCoordinator.container_edits(device)
     assert env == {"CUDA_MPS_PIPE_DIRECTORY": "/tmp/nvidia-mps"}
     assert [(m.host_path, m.container_path) for m in mounts] == [
         (str(root / "pipe"), "/tmp/nvidia-mps"),

@@ -42,7 +42,7 @@ from gpudra.node.options import Options
 from gpudra.node.prepare import DeviceState
 from gpudra.node.recovery import Recovery, recover
 from gpudra.node.served_model import ServedModel
-from gpudra.node.sharing import GpuSharing, tools_for
+from gpudra.node.sharing import SharingCoordinator, tools_for
 from gpudra.node.usage import ClaimUsage
 
 log = logging.getLogger(__name__)
@@ -123,7 +123,7 @@ def _run(options: Options, session: nvml.Nvml, server: KubeletServer, *, stop: t
         inventory=inventory,
         devices={d["name"]: d for d in model.devices},
         claims=claims,
-        sharing=GpuSharing(
+        sharing=SharingCoordinator(
             _tools(options),
             mps_root=options.state_dir / "mps",
             mps_host=options.mps_host_socket,

@@ -16,7 +16,7 @@ from gpudra.node import cdi
 from gpudra.node import checkpoint as ckpt
 from gpudra.node.allocation import Allocated
 from gpudra.node.mig import MigHardware, MigPartitions
-from gpudra.node.sharing import GpuSharing
+from gpudra.node.sharing import SharingCoordinator
 from tests.unit.harness.node import Node
 
 
@@ -50,9 +50,9 @@ def counting_tools(node: Node) -> CountingTools:
 
 
 class FailingOn:
-    """GpuSharing whose apply fails on one GPU, as nvidia-smi does when a GPU falls off the bus."""
+    """SharingCoordinator whose apply fails on one GPU, as nvidia-smi does when a GPU falls off the bus."""
 
-    def __init__(self, inner: GpuSharing, gpu_uuid: str) -> None:
+    def __init__(self, inner: SharingCoordinator, gpu_uuid: str) -> None:
         self.inner = inner
         self.gpu_uuid = gpu_uuid
 
@@ -105,7 +105,7 @@ class FailingOn:
 
 
 class UndoFailsOn(FailingOn):
-    """GpuSharing whose undo fails on one GPU."""
+    """SharingCoordinator whose undo fails on one GPU."""
 
     def apply(
         self, entry: ckpt.ClaimEntry, *, visible: Mapping[str, str], others: Sequence[ckpt.ClaimEntry]

@@ -1,6 +1,6 @@
 """How a prepared device is shared: time-slicing and MPS, one module per strategy. I/O: through them.
 
-`GpuSharing` is what the state machine (gpudra.node.prepare) and recovery (gpudra.node.recovery) call.
+`SharingCoordinator` is what the state machine (gpudra.node.prepare) and recovery (gpudra.node.recovery) call.
 It picks the strategy of each device (the first in `strategies` that wants it; a device none wants, or
 one held for admin access, gets no record and no tool runs), and hands each strategy its own devices.
 What a strategy does is in its module (`time_slicing`, `mps`); the protocol is in `strategy`.
@@ -39,7 +39,7 @@ def tools_for(spec: str, *, driver_root: Path, directory: Path) -> GpuTools:
     return GpuTools.with_directory_first(sim.write_tools(directory, state_file=nvml.sim_state_file(spec)))
 
 
-class GpuSharing:
+class SharingCoordinator:
     def __init__(
         self,
         tools: GpuTools,

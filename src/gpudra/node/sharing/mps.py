@@ -277,7 +277,7 @@ def _settings(device: Allocated) -> MpsConfig:
 
 
 def _record(device: ckpt.PreparedDevice) -> ckpt.MpsRecord:
-    assert isinstance(device.sharing, ckpt.MpsRecord)  # GpuSharing hands over only its own
+    assert isinstance(device.sharing, ckpt.MpsRecord)  # SharingCoordinator hands over only its own
     return device.sharing
 
 

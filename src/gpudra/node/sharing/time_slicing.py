@@ -132,7 +132,7 @@ class TimeSlicing:
 
 
 def _record(device: ckpt.PreparedDevice) -> ckpt.TimeSlicingRecord:
-    assert isinstance(device.sharing, ckpt.TimeSlicingRecord)  # GpuSharing hands over only its own
+    assert isinstance(device.sharing, ckpt.TimeSlicingRecord)  # SharingCoordinator hands over only its own
     return device.sharing
 
 
