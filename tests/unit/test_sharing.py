@@ -21,7 +21,7 @@ from gpudra.gpu import nvml
 from gpudra.gpu.tools import GpuTools
 from gpudra.model.inventory import Gpu
 from gpudra.node import checkpoint as ckpt
-from gpudra.node.allocation import Allocated
+from gpudra.node.allocation import ResolvedDevice
 from gpudra.node.sharing import SharingCoordinator, mps_processes
 from gpudra.node.sharing.mps_daemons import Daemon
 from gpudra.node.sharing.mps_processes import Mark
@@ -67,10 +67,10 @@ def allocated(
     admin_access: bool = False,
     share_id: str | None = None,
     consumed: dict[str, Fraction] | None = None,
-) -> Allocated:
+) -> ResolvedDevice:
     config = GpuConfig() if parameters is None else decode_config(parameters)
     assert isinstance(config, GpuConfig)
-    return Allocated(
+    return ResolvedDevice(
         request="gpu",
         device=f"gpu-{gpu.minor}" if share_id is None else f"gpu-{gpu.minor}-shared",
         kind="gpu",

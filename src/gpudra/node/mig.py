@@ -48,7 +48,7 @@ from gpudra.model.devices import Device, partition_of
 from gpudra.model.inventory import Gpu, GpuInstance, MigCapabilities, MigDevice
 from gpudra.node import cdi
 from gpudra.node import checkpoint as ckpt
-from gpudra.node.allocation import Allocated
+from gpudra.node.allocation import ResolvedDevice
 
 _T = TypeVar("_T")
 _R_co = TypeVar("_R_co", covariant=True)
@@ -93,7 +93,7 @@ class MigPartitions:
     # --- planning (no side effects) --------------------------------------------------------------
 
     def plan(
-        self, device: Allocated, published: Device, *, owned: set[str], joins: ckpt.MigLive | None = None
+        self, device: ResolvedDevice, published: Device, *, owned: set[str], joins: ckpt.MigLive | None = None
     ) -> ckpt.MigRecord | None:
         """The record of the partition `device` will be, or None for a static MIG device.
 

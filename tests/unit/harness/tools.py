@@ -14,7 +14,7 @@ from gpudra.gpu.tools import MPS_CONTROL, GpuTools
 from gpudra.model.inventory import Gpu
 from gpudra.node import cdi
 from gpudra.node import checkpoint as ckpt
-from gpudra.node.allocation import Allocated
+from gpudra.node.allocation import ResolvedDevice
 from gpudra.node.mig import MigHardware, MigPartitions
 from gpudra.node.sharing import SharingCoordinator
 from tests.unit.harness.node import Node
@@ -57,7 +57,7 @@ class FailingOn:
         self.gpu_uuid = gpu_uuid
 
     def plan(
-        self, claim_uid: str, devices: Sequence[Allocated], *, others: Sequence[ckpt.ClaimEntry]
+        self, claim_uid: str, devices: Sequence[ResolvedDevice], *, others: Sequence[ckpt.ClaimEntry]
     ) -> list[ckpt.SharingRecord | None]:
         return self.inner.plan(claim_uid, devices, others=others)
 
@@ -131,7 +131,7 @@ class RecordingSharing:
         self._lock = threading.Lock()
 
     def plan(
-        self, claim_uid: str, devices: Sequence[Allocated], *, others: Sequence[ckpt.ClaimEntry]
+        self, claim_uid: str, devices: Sequence[ResolvedDevice], *, others: Sequence[ckpt.ClaimEntry]
     ) -> list[ckpt.SharingRecord | None]:
         default = ckpt.TimeSlicingRecord(strategy="TimeSlicing", interval="Default")
         return [None if device.admin_access else default for device in devices]

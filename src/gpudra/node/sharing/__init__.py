@@ -20,7 +20,7 @@ from gpudra import sim
 from gpudra.gpu import nvml
 from gpudra.gpu.tools import GpuTools
 from gpudra.node import checkpoint as ckpt
-from gpudra.node.allocation import Allocated
+from gpudra.node.allocation import ResolvedDevice
 from gpudra.node.cdi import CdiDevice, Mount
 from gpudra.node.sharing.mps import Mps
 from gpudra.node.sharing.mps_daemons import Tampering
@@ -66,7 +66,7 @@ class SharingCoordinator:
         self.strategies: tuple[Strategy, ...] = (TimeSlicing(tools), self.mps)
 
     def plan(
-        self, claim_uid: str, devices: Sequence[Allocated], *, others: Sequence[ckpt.ClaimEntry]
+        self, claim_uid: str, devices: Sequence[ResolvedDevice], *, others: Sequence[ckpt.ClaimEntry]
     ) -> list[ckpt.SharingRecord | None]:
         """What each of the claim's devices gets. ConfigError naming the field for a config that this
         device cannot take; `others` are the other claims prepared on this node."""

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import ClassVar, Protocol
 
 from gpudra.node import checkpoint as ckpt
-from gpudra.node.allocation import Allocated
+from gpudra.node.allocation import ResolvedDevice
 from gpudra.node.cdi import CdiDevice, Mount
 
 
@@ -30,7 +30,7 @@ class Strategy(Protocol):
     # gpudra.node.recovery).
     runs_process: ClassVar[bool]
 
-    def wants(self, device: Allocated) -> bool:
+    def wants(self, device: ResolvedDevice) -> bool:
         """Whether this strategy shares `device` (the first strategy in `SharingCoordinator`'s list that wants
         a device gets it)."""
         ...
@@ -38,9 +38,9 @@ class Strategy(Protocol):
     def plan(
         self,
         claim_uid: str,
-        devices: Sequence[Allocated],
+        devices: Sequence[ResolvedDevice],
         *,
-        claim: Sequence[Allocated],
+        claim: Sequence[ResolvedDevice],
         others: Sequence[ckpt.ClaimEntry],
     ) -> list[ckpt.SharingRecord]:
         """A record per device of `devices` (those this strategy wants, of all the claim's `claim`),
