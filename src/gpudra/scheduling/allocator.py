@@ -370,7 +370,7 @@ class _ConstraintState:
 
 
 @dataclass(frozen=True)
-class Allocated:
+class FoundDevice:
     """One device of a found allocation."""
 
     claim: str
@@ -384,7 +384,7 @@ class Allocated:
 class Found:
     """An allocation of every claim; `chosen` is the subrequest index picked per (claim, request)."""
 
-    devices: list[Allocated]
+    devices: list[FoundDevice]
     chosen: dict[tuple[int, int], int]
 
 
@@ -439,7 +439,7 @@ class Search:
         self.consumed: dict[tuple[str, str], dict[str, dict[str, Amount]]] = {}
         self.available: dict[tuple[str, str], dict[str, dict[str, Amount]]] = {}
         self.overdrawn: set[tuple[str, str]] = set()
-        self.results: list[list[Allocated]] = [[] for _ in claims]
+        self.results: list[list[FoundDevice]] = [[] for _ in claims]
         self.chosen: dict[tuple[int, int], int] = {}
         self.data: dict[tuple[int, int, int], _RequestData] = {}
 
@@ -634,7 +634,7 @@ class Search:
 
             undo.append(release)
         self.results[c].append(
-            Allocated(data.claim.name, request.name, device, request.admin_access, consumed)
+            FoundDevice(data.claim.name, request.name, device, request.admin_access, consumed)
         )
         undo.append(lambda: self._drop_result(c))
         return rollback
