@@ -26,7 +26,7 @@ from gpudra.gpu.tools import GpuTools
 from gpudra.node import checkpoint as ckpt
 from gpudra.node import daemon
 from gpudra.node.instances import NodeLock, PublisherTurn
-from gpudra.node.options import Options
+from gpudra.node.options import PluginOptions
 from gpudra.node.recovery import Recovery, recover
 from gpudra.node.sharing import SharingCoordinator
 from tests.unit.claims import from_claim, time_slicing, whole_gpus
@@ -37,8 +37,8 @@ from tests.unit.harness.slices import MODELS, Model, builder, controller, genera
 # --- --instance-id ---------------------------------------------------------------------------------
 
 
-def _plugin_options(monkeypatch: pytest.MonkeyPatch, *args: str) -> Options:
-    seen: list[Options] = []
+def _plugin_options(monkeypatch: pytest.MonkeyPatch, *args: str) -> PluginOptions:
+    seen: list[PluginOptions] = []
     monkeypatch.setattr(daemon, "run", lambda options, stop: seen.append(options))
     monkeypatch.setattr(cli, "_run_daemon", lambda args, run: run(threading.Event()) or 0)
     assert cli.main(["kubelet-plugin", "--node-name=node-a", *args]) == 0

@@ -864,10 +864,10 @@ def _kubelet_plugin(args: argparse.Namespace) -> int:
     if not args.node_name:
         raise ConfigError("is required (or GPUDRA_NODE_NAME): this node's name", field="--node-name")
     from gpudra.node import daemon  # noqa: PLC0415 (see the imports above)
-    from gpudra.node.options import Options  # noqa: PLC0415
+    from gpudra.node.options import PluginOptions  # noqa: PLC0415
 
     plugin_dir = args.plugin_dir or Path(f"/var/lib/kubelet/plugins/{args.driver_name}")
-    options = Options(
+    options = PluginOptions(
         node_name=args.node_name,
         driver=args.driver_name,
         nvml=args.nvml,

@@ -38,7 +38,7 @@ from gpudra.node.kubelet_grpc import KubeletServer, Observer
 from gpudra.node.metrics import PluginMetrics
 from gpudra.node.mig import MigPartitions
 from gpudra.node.mps_keeper import MpsKeeper, TamperingReports
-from gpudra.node.options import Options
+from gpudra.node.options import PluginOptions
 from gpudra.node.prepare import DeviceState
 from gpudra.node.recovery import Recovery, recover
 from gpudra.node.served_model import ServedModel
@@ -54,11 +54,11 @@ CHECKPOINT_RETRY_SECONDS = 10.0
 IDLE_SECONDS = 3600.0
 
 
-def _tools(options: Options) -> GpuTools:
+def _tools(options: PluginOptions) -> GpuTools:
     return tools_for(options.nvml, driver_root=options.driver_root, directory=options.state_dir / "sim-tools")
 
 
-def _log_mps_reach(options: Options) -> None:
+def _log_mps_reach(options: PluginOptions) -> None:
     """Whether the state directory, where MPS daemons keep their pipes, is the same directory inside a
     driver root other than `/`, where the daemons run (gpudra.gpu.driver_root): said once at start, so
     that an operator sees a missing mount before the first MPS claim fails on it."""
@@ -75,7 +75,7 @@ def _log_mps_reach(options: Options) -> None:
         )
 
 
-def run(options: Options, server: KubeletServer, *, stop: threading.Event) -> None:
+def run(options: PluginOptions, server: KubeletServer, *, stop: threading.Event) -> None:
     """Build the plugin, hand it to `server` (started, its calls waiting), and run until `stop`."""
     log.info(
         "starting",
@@ -98,7 +98,7 @@ def run(options: Options, server: KubeletServer, *, stop: threading.Event) -> No
         _run(options, session, server, stop=stop)
 
 
-def _run(options: Options, session: nvml.Nvml, server: KubeletServer, *, stop: threading.Event) -> None:
+def _run(options: PluginOptions, session: nvml.Nvml, server: KubeletServer, *, stop: threading.Event) -> None:
     inventory = session.inventory()
     model = devices.publish(inventory, options.publishing)
     log.info(
@@ -278,7 +278,7 @@ def _run(options: Options, session: nvml.Nvml, server: KubeletServer, *, stop: t
 
 
 def _faults(
-    options: Options,
+    options: PluginOptions,
     published: list[devices.Device],
     *,
     state: DeviceState,
