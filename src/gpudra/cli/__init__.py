@@ -832,7 +832,7 @@ def _status_web(args: argparse.Namespace) -> int:
 
 def _controller(args: argparse.Namespace) -> int:
     from gpudra.controller import wiring  # noqa: PLC0415 (see the imports above)
-    from gpudra.controller.options import Options as ControllerOptions  # noqa: PLC0415
+    from gpudra.controller.options import ControllerOptions  # noqa: PLC0415
 
     options = ControllerOptions(
         driver=args.driver_name,
