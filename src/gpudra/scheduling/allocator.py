@@ -33,9 +33,10 @@ from typing import Any
 
 from gpudra.errors import GpudraError
 from gpudra.model.claim import Constraint, Request, Toleration
+from gpudra.quantity import Amount
 from gpudra.scheduling.cel import CelRuntimeError, Reference, Selector, compile_selector, reference_getter
 from gpudra.scheduling.claims import Allocations, AllocatorClaim
-from gpudra.scheduling.pools import Amount, Device, DeviceID, Inventory, Pool, quantity
+from gpudra.scheduling.pools import Device, DeviceID, Inventory, Pool, quantity
 
 MAX_RESULTS = 32  # resource/v1 AllocationResultsMaxSize: devices one claim may get
 DEFAULT_BUDGET = 100_000  # search steps per node before the answer is "undecided"

@@ -11,7 +11,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from gpudra.model.claim import AllocationResult, Claim, ClaimSpec, Constraint, Request
-from gpudra.scheduling.pools import Amount, DeviceID, quantity
+from gpudra.quantity import Amount
+from gpudra.scheduling.pools import DeviceID, quantity
 
 __all__ = ["Allocations", "AllocatorClaim", "claim_from_spec"]
 

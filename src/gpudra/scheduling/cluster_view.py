@@ -36,9 +36,10 @@ from gpudra.model.claim import Claim
 from gpudra.model.claim_usage import idle_since
 from gpudra.model.devices import UNHEALTHY_TAINT_KEY
 from gpudra.model.kube_api import OUTPUT_API_VERSION
+from gpudra.quantity import Amount
 from gpudra.scheduling.allocator import counters_left, lookup_attribute
 from gpudra.scheduling.claims import Allocations
-from gpudra.scheduling.pools import Amount, Device, Inventory, Pool
+from gpudra.scheduling.pools import Device, Inventory, Pool
 
 
 class _Model(BaseModel):

@@ -43,6 +43,7 @@ from pydantic.alias_generators import to_camel
 from gpudra.model.claim import Claim, ClaimSpec, Request
 from gpudra.model.kube_api import OUTPUT_API_VERSION
 from gpudra.model.publishing import ServerFields, Withheld
+from gpudra.quantity import Amount
 from gpudra.scheduling import forms
 from gpudra.scheduling.allocator import (
     DEFAULT_BUDGET,
@@ -61,7 +62,7 @@ from gpudra.scheduling.allocator import (
 from gpudra.scheduling.cel import CelCompileError, CelError, CelRuntimeError, CelUnsupported, compile_selector
 from gpudra.scheduling.claims import Allocations, AllocatorClaim, claim_from_spec
 from gpudra.scheduling.node_fit import Refusal
-from gpudra.scheduling.pools import Amount, Device, Inventory, Pool, collector_paused
+from gpudra.scheduling.pools import Device, Inventory, Pool, collector_paused
 
 __all__ = [
     "AllocatedDevice",

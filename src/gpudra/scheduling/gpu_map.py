@@ -31,11 +31,12 @@ from pydantic.alias_generators import to_camel
 
 from gpudra.errors import GpudraError
 from gpudra.model.claim import Claim
+from gpudra.quantity import Amount
 from gpudra.scheduling import cluster_view
 from gpudra.scheduling.claims import Allocations
 from gpudra.scheduling.cluster_view import ClusterView, attribute, gpu_minor, gpu_uuid
 from gpudra.scheduling.explain import ClaimToExplain, device_classes, explain
-from gpudra.scheduling.pools import Amount, Device, Inventory, Pool, quantity
+from gpudra.scheduling.pools import Device, Inventory, Pool, quantity
 
 # Nodes on one page unless the query says otherwise, and the most it may ask: a page of 200 DGX nodes
 # is about 1,600 GPUs, as much as a browser lays out without stalling.

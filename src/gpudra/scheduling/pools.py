@@ -11,18 +11,15 @@ import gc
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from fractions import Fraction
 from typing import Any
 
 from gpudra.errors import ConfigError
-from gpudra.quantity import parse_quantity
+from gpudra.quantity import Amount, parse_quantity
 
-__all__ = ["ANY_NODE", "Amount", "Device", "DeviceID", "Inventory", "Pool", "collector_paused", "quantity"]
+__all__ = ["ANY_NODE", "Device", "DeviceID", "Inventory", "Pool", "collector_paused", "quantity"]
 
 # (driver, pool, device)
 DeviceID = tuple[str, str, str]
-# A quantity's exact value: an int when it is whole (nearly always, and far faster to add up), else a Fraction
-Amount = int | Fraction
 
 ANY_NODE = "(any node)"  # the node of an inventory whose slices all say allNodes
 
