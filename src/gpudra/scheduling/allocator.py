@@ -36,7 +36,7 @@ from gpudra.model.claim import Constraint, Request, Toleration
 from gpudra.quantity import Amount
 from gpudra.scheduling.cel import CelRuntimeError, Reference, Selector, compile_selector, reference_getter
 from gpudra.scheduling.claims import Allocations, AllocatorClaim
-from gpudra.scheduling.pools import Device, DeviceID, Inventory, Pool, quantity
+from gpudra.scheduling.pools import ClusterInventory, Device, DeviceID, Pool, quantity
 
 MAX_RESULTS = 32  # resource/v1 AllocationResultsMaxSize: devices one claim may get
 DEFAULT_BUDGET = 100_000  # search steps per node before the answer is "undecided"
@@ -147,7 +147,7 @@ class RequestMatcher:
         return known
 
     def candidates(self, node: str, devices: Sequence[tuple[Pool, Device]]) -> _Candidates:
-        """Those of a node's devices (`Inventory.devices_for`) that pass the selectors or fail on one,
+        """Those of a node's devices (`ClusterInventory.devices_for`) that pass the selectors or fail on one,
         leaving out pools the scheduler skips (incomplete, invalid)."""
         known = self._candidates.get(node)
         if known is None:
@@ -412,7 +412,7 @@ class Search:
 
     def __init__(
         self,
-        inventory: Inventory,
+        inventory: ClusterInventory,
         node: str,
         claims: Sequence[AllocatorClaim],
         allocations: Allocations,

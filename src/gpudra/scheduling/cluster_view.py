@@ -39,7 +39,7 @@ from gpudra.model.kube_api import OUTPUT_API_VERSION
 from gpudra.quantity import Amount
 from gpudra.scheduling.allocator import counters_left, lookup_attribute
 from gpudra.scheduling.claims import Allocations
-from gpudra.scheduling.pools import Device, Inventory, Pool
+from gpudra.scheduling.pools import ClusterInventory, Device, Pool
 
 
 class _Model(BaseModel):
@@ -152,7 +152,7 @@ def build(
     """The view of `driver`'s GPUs at `now`. Slices and classes as the API server serves them; claims read
     by `gpudra.model.claim.read_claim`."""
     claims = list(claims)
-    inventory = Inventory([s for s in slices if (s.get("spec") or {}).get("driver") == driver])
+    inventory = ClusterInventory([s for s in slices if (s.get("spec") or {}).get("driver") == driver])
     allocations = Allocations.from_claims(claims)
     gpus = _gpus(inventory, allocations)
     pods = {c.namespaced_name: list(c.pods) for c in claims}
@@ -170,7 +170,7 @@ def build(
     )
 
 
-def _unhealthy(inventory: Inventory) -> list[UnhealthyDevice]:
+def _unhealthy(inventory: ClusterInventory) -> list[UnhealthyDevice]:
     """The tainted GPUs (whole-GPU device tainted: its shared device and partitions follow it, listed
     once), and the tainted partitions of GPUs that are not."""
     whole: dict[str, UnhealthyDevice] = {}
@@ -197,7 +197,7 @@ def _unhealthy(inventory: Inventory) -> list[UnhealthyDevice]:
     return sorted(listed, key=lambda d: (d.node, d.device))
 
 
-def _gpus(inventory: Inventory, allocations: Allocations) -> dict[str, _Gpu]:
+def _gpus(inventory: ClusterInventory, allocations: Allocations) -> dict[str, _Gpu]:
     """Physical GPUs by UUID, with the claims holding any of their devices."""
     gpus: dict[str, _Gpu] = {}
     for pool in inventory.pools.values():
@@ -241,7 +241,7 @@ def _node_products(
     return [NodeProducts(node=n, product=p, **counts) for (n, p), counts in sorted(rows.items())]
 
 
-def _mig_room(gpu: _Gpu, inventory: Inventory, allocations: Allocations) -> MigRoom:
+def _mig_room(gpu: _Gpu, inventory: ClusterInventory, allocations: Allocations) -> MigRoom:
     best: tuple[Amount, str] | None = None
     if gpu.pool is not None:
         left = counters_left(gpu.pool, allocations)
@@ -321,7 +321,7 @@ def _idle_devices(
 
 
 def idle_gpus(
-    inventory: Inventory, idle: list[IdleDevice], claims: Iterable[Claim], *, driver: str
+    inventory: ClusterInventory, idle: list[IdleDevice], claims: Iterable[Claim], *, driver: str
 ) -> set[str]:
     """GPUs whose every allocated device, in every claim holding one, is reported idle long enough."""
     idle_keys = {(f"{d.namespace}/{d.claim}", d.node, d.device) for d in idle}

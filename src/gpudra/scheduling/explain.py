@@ -23,7 +23,7 @@ pending.
 The whole of it, as a benchmark or another tool calls it (slices as `gpudra inventory -o yaml` prints
 them, or as the API server lists them):
 
-    inventory = Inventory(slices)          # gpudra.scheduling.pools; reusable across claims
+    inventory = ClusterInventory(slices)   # gpudra.scheduling.pools; reusable across claims
     answer = explain([ClaimToExplain("ns/name", read_spec(claim_spec))],   # gpudra.model.claim
                      classes=device_classes(class_objects), inventory=inventory,
                      allocated=[read_claim(obj) for obj in claim_objects])
@@ -62,7 +62,7 @@ from gpudra.scheduling.allocator import (
 from gpudra.scheduling.cel import CelCompileError, CelError, CelRuntimeError, CelUnsupported, compile_selector
 from gpudra.scheduling.claims import Allocations, AllocatorClaim, claim_from_spec
 from gpudra.scheduling.node_fit import Refusal
-from gpudra.scheduling.pools import Device, Inventory, Pool, collector_paused
+from gpudra.scheduling.pools import ClusterInventory, Device, Pool, collector_paused
 
 __all__ = [
     "AllocatedDevice",
@@ -222,7 +222,7 @@ def explain(
     claims: Sequence[ClaimToExplain],
     *,
     classes: Mapping[str, Sequence[str]],
-    inventory: Inventory,
+    inventory: ClusterInventory,
     allocated: Iterable[Claim] = (),
     server: ServerFields | None = None,
     driver: str = "",
@@ -233,7 +233,7 @@ def explain(
     """Whether `claims` can be allocated together, on which node and devices, and if not why.
 
     `classes` maps DeviceClass names to their selector expressions (`device_classes`), `inventory` holds
-    the ResourceSlices (`Inventory(slices)`), `allocated` the ResourceClaims that may hold devices (the
+    the ResourceSlices (`ClusterInventory(slices)`), `allocated` the ResourceClaims that may hold devices (the
     explained claims among them are ignored). `server`: what the API server keeps, which decides what
     `driver`'s nodes can publish (`gpudra.scheduling.forms`): a request for a form none can and that gets
     no devices anywhere is reported as needing the feature gate or release that would serve it, and
@@ -426,7 +426,7 @@ class _Funnel:
 class _NodeExplainer:
     def __init__(
         self,
-        inventory: Inventory,
+        inventory: ClusterInventory,
         node: str,
         claims: Sequence[AllocatorClaim],
         allocations: Allocations,

@@ -36,7 +36,7 @@ from gpudra.scheduling import cluster_view
 from gpudra.scheduling.claims import Allocations
 from gpudra.scheduling.cluster_view import ClusterView, attribute, gpu_minor, gpu_uuid
 from gpudra.scheduling.explain import ClaimToExplain, device_classes, explain
-from gpudra.scheduling.pools import Device, Inventory, Pool, quantity
+from gpudra.scheduling.pools import ClusterInventory, Device, Pool, quantity
 
 # Nodes on one page unless the query says otherwise, and the most it may ask: a page of 200 DGX nodes
 # is about 1,600 GPUs, as much as a browser lays out without stalling.
@@ -184,7 +184,7 @@ class Survey:
     view: ClusterView
     nodes: list[NodeMap]
     namespaces_of_node: dict[str, frozenset[str]]
-    inventory: Inventory
+    inventory: ClusterInventory
     classes: dict[str, list[str]]
     claims: list[Claim]
     notes: list[str] = field(default_factory=list)
@@ -214,7 +214,7 @@ def survey(
         now=now,
         idle_after_seconds=idle_after_seconds,
     )
-    inventory = Inventory(slices)
+    inventory = ClusterInventory(slices)
     allocations = Allocations.from_claims(claims)
     idle = cluster_view.idle_gpus(inventory, view.idle, claims, driver=driver)
     room = {(m.node, m.uuid): m.largest_placeable for m in view.mig}

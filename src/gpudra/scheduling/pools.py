@@ -16,7 +16,7 @@ from typing import Any
 from gpudra.errors import ConfigError
 from gpudra.quantity import Amount, parse_quantity
 
-__all__ = ["ANY_NODE", "Device", "DeviceID", "Inventory", "Pool", "collector_paused", "quantity"]
+__all__ = ["ANY_NODE", "ClusterInventory", "Device", "DeviceID", "Pool", "collector_paused", "quantity"]
 
 # (driver, pool, device)
 DeviceID = tuple[str, str, str]
@@ -142,9 +142,9 @@ class Pool:
         return (self.driver, self.name)
 
 
-class Inventory:
+class ClusterInventory:
     """The ResourceSlices of a cluster, by pool, and which devices each node sees. The slice objects are
-    read, not copied: they must not change while the Inventory is in use.
+    read, not copied: they must not change while the ClusterInventory is in use.
 
     Slices with a `nodeSelector` (or per-device node selection) are not matched against nodes: offline
     there are no node labels. They are listed in `unsupported` and left out.
