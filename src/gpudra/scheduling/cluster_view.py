@@ -39,7 +39,7 @@ from gpudra.model.kube_api import OUTPUT_API_VERSION
 from gpudra.quantity import Amount
 from gpudra.scheduling.allocator import counters_left, lookup_attribute
 from gpudra.scheduling.claims import Allocations
-from gpudra.scheduling.pools import ClusterInventory, Device, Pool
+from gpudra.scheduling.pools import ClusterInventory, Pool, SliceDevice
 
 
 class _Model(BaseModel):
@@ -265,7 +265,7 @@ def _mig_room(gpu: _Gpu, inventory: ClusterInventory, allocations: Allocations) 
     )
 
 
-def _fits(device: Device, left: Mapping[str, Mapping[str, Amount]]) -> bool:
+def _fits(device: SliceDevice, left: Mapping[str, Mapping[str, Amount]]) -> bool:
     return all(
         left.get(set_name, {}).get(name, 0) >= amount
         for set_name, counters in device.counters().items()
@@ -351,12 +351,12 @@ def gpu_minor(name: str) -> int:
     return int(digits) if digits.isdigit() else -1
 
 
-def attribute(device: Device, name: str) -> Any:
+def attribute(device: SliceDevice, name: str) -> Any:
     found = lookup_attribute(device, name)
     return found[1] if found else None
 
 
-def gpu_uuid(device: Device) -> str | None:
+def gpu_uuid(device: SliceDevice) -> str | None:
     """The physical GPU a device is (or is a partition of)."""
     kind = attribute(device, "type")
     value = attribute(device, "uuid" if kind == "gpu" else "parentUUID" if kind == "mig" else "")

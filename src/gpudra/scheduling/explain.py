@@ -62,7 +62,7 @@ from gpudra.scheduling.allocator import (
 from gpudra.scheduling.cel import CelCompileError, CelError, CelRuntimeError, CelUnsupported, compile_selector
 from gpudra.scheduling.claims import Allocations, AllocatorClaim, claim_from_spec
 from gpudra.scheduling.node_fit import Refusal
-from gpudra.scheduling.pools import ClusterInventory, Device, Pool, collector_paused
+from gpudra.scheduling.pools import ClusterInventory, Pool, SliceDevice, collector_paused
 
 __all__ = [
     "AllocatedDevice",
@@ -409,11 +409,11 @@ class _Funnel:
 
     request: Request
     devices: int = 0
-    matching: list[Device] = field(default_factory=list)
-    rejected: dict[tuple[str | None, int], list[Device]] = field(default_factory=dict)
+    matching: list[SliceDevice] = field(default_factory=list)
+    rejected: dict[tuple[str | None, int], list[SliceDevice]] = field(default_factory=dict)
     expressions: dict[tuple[str | None, int], str] = field(default_factory=dict)
-    unusable: list[tuple[Device, str]] = field(default_factory=list)
-    usable: list[Device] = field(default_factory=list)
+    unusable: list[tuple[SliceDevice, str]] = field(default_factory=list)
+    usable: list[SliceDevice] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
     @property
@@ -541,7 +541,7 @@ class _NodeExplainer:
                 funnel.usable.append(device)
         return funnel
 
-    def _obstacle(self, request: Request, pool: Pool, device: Device) -> str | None:
+    def _obstacle(self, request: Request, pool: Pool, device: SliceDevice) -> str | None:
         """Why `device` cannot go to `request` given what other claims hold, or None."""
         held = self.allocations.dedicated.get(device.id)
         if held and not request.admin_access:
@@ -561,7 +561,7 @@ class _NodeExplainer:
             return None  # its counters were taken with its first share
         return self._counter_shortfall(pool, device)
 
-    def _counter_shortfall(self, pool: Pool, device: Device) -> str | None:
+    def _counter_shortfall(self, pool: Pool, device: SliceDevice) -> str | None:
         left = self._left.get(pool.key)
         if left is None:
             left = self._left[pool.key] = counters_left(pool, self.allocations)
@@ -622,7 +622,7 @@ class _NodeExplainer:
             "the requests compete for the same devices: each has devices enough alone, not all together",
         )
 
-    def _candidates(self, request: Request) -> list[Device]:
+    def _candidates(self, request: Request) -> list[SliceDevice]:
         devices = self.inventory.devices_for(self.node)
         verdicts = self.matcher.for_request(request).verdicts(self.node, [d for _, d in devices])
         return [d for (_, d), verdict in zip(devices, verdicts, strict=True) if verdict is None]
@@ -742,7 +742,7 @@ def shorten(expression: str) -> str:
     return " ".join(text.split())
 
 
-def _published(expression: str, devices: Sequence[Device]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+def _published(expression: str, devices: Sequence[SliceDevice]) -> tuple[tuple[str, tuple[str, ...]], ...]:
     """The values `devices` publish for the attributes and capacities `expression` reads."""
     try:
         references = compile_selector(expression).references or frozenset()

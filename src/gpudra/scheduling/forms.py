@@ -21,7 +21,7 @@ from gpudra.model.devices import SHARED_ATTRIBUTE
 from gpudra.model.publishing import FORM_NAMES, Publishing, ServerFields, Withheld, fit_to_server
 from gpudra.scheduling.cel import CelError, compile_selector
 from gpudra.scheduling.claims import AllocatorClaim
-from gpudra.scheduling.pools import Device
+from gpudra.scheduling.pools import SliceDevice
 
 __all__ = ["FORMS", "Needs", "class_forms", "fields_seen", "needs", "release_limits", "withheld_on"]
 
@@ -110,7 +110,7 @@ def class_forms(selectors: Sequence[str], *, driver: str) -> frozenset[str]:
         return frozenset()
     found = set()
     for form, raw in _exemplars():
-        device = Device(raw, driver, "exemplar", None)
+        device = SliceDevice(raw, driver, "exemplar", None)
         try:
             if all(selector.matches(device) for selector in compiled):
                 found.add(form)

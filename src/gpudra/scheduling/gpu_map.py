@@ -36,7 +36,7 @@ from gpudra.scheduling import cluster_view
 from gpudra.scheduling.claims import Allocations
 from gpudra.scheduling.cluster_view import ClusterView, attribute, gpu_minor, gpu_uuid
 from gpudra.scheduling.explain import ClaimToExplain, device_classes, explain
-from gpudra.scheduling.pools import ClusterInventory, Device, Pool, quantity
+from gpudra.scheduling.pools import ClusterInventory, Pool, SliceDevice, quantity
 
 # Nodes on one page unless the query says otherwise, and the most it may ask: a page of 200 DGX nodes
 # is about 1,600 GPUs, as much as a browser lays out without stalling.
@@ -359,7 +359,7 @@ class _Gpu:
     shares: list[Share] = field(default_factory=list)
     unhealthy: str | None = None
 
-    def add(self, device: Device, pool: Pool, allocations: Allocations, shares: _Shares) -> None:
+    def add(self, device: SliceDevice, pool: Pool, allocations: Allocations, shares: _Shares) -> None:
         kind = attribute(device, "type")
         self.product = self.product or str(attribute(device, "productName") or "")
         holders = allocations.holders(device.id)
@@ -429,7 +429,7 @@ class _Gpu:
         )
 
 
-def _taint(device: Device) -> str | None:
+def _taint(device: SliceDevice) -> str | None:
     for taint in device.taints:
         effect = str(taint.get("effect", ""))
         if effect in ("NoSchedule", "NoExecute"):
@@ -438,7 +438,7 @@ def _taint(device: Device) -> str | None:
     return None
 
 
-def _capacity(device: Device, name: str) -> Amount:
+def _capacity(device: SliceDevice, name: str) -> Amount:
     try:
         return device.capacity_value(name) if name in device.capacity else 0
     except GpudraError:
