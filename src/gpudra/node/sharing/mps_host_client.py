@@ -23,9 +23,9 @@ from gpudra.node import faults
 from gpudra.node.sharing.mps_daemons import Daemon, Tampering
 from gpudra.node.sharing.mps_host_protocol import (
     DaemonRef,
+    HostReply,
+    HostRequest,
     ProtocolError,
-    Reply,
-    Request,
     Running,
     Start,
     Stop,
@@ -83,8 +83,8 @@ class MpsHostDaemons:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
                 connection.settimeout(_REPLY_TIMEOUT_S)
                 connection.connect(str(self.socket_path))
-                send(connection, Request(request=operation))
-                reply = receive(connection, Reply)
+                send(connection, HostRequest(request=operation))
+                reply = receive(connection, HostReply)
         except (OSError, ProtocolError) as err:
             raise HardwareError(
                 f"cannot reach gpudra mps-host at {self.socket_path} (--mps-host-socket; its DaemonSet "
