@@ -27,7 +27,7 @@ from gpudra import build, logs
 from gpudra.cli.option_types import (
     AbsolutePath,
     Bytes,
-    Checked,
+    CheckedText,
     Choice,
     Count,
     Minor,
@@ -87,11 +87,11 @@ _INSTANCE_ID = Pattern(
     "an instance ID: 1 to 63 letters, digits, '-', '_' and '.', starting with a letter or digit",
     empty="<driver>-reg.sock and dra.sock",
 )
-_XIDS = Checked(
+_XIDS = CheckedText(
     lambda text: parse_xid_classes(text, field="--health-xids"),
     comma_list(rf"(default|[0-9]{{1,10}})\s*=\s*({one_of([c.value for c in XidClass])})"),
 )
-_GATES = Checked(parse_feature_gates, comma_list(r"[A-Za-z0-9]+\s*=\s*([Tt]rue|[Ff]alse|TRUE|FALSE)"))
+_GATES = CheckedText(parse_feature_gates, comma_list(r"[A-Za-z0-9]+\s*=\s*([Tt]rue|[Ff]alse|TRUE|FALSE)"))
 LOG_LEVELS = Choice(("DEBUG", "INFO", "WARNING", "ERROR"), case_insensitive=True)
 # Kubernetes' own syntax for MIG profile names, e.g. 1g.10gb, 1g.10gb+me, 7g.80gb.
 _MIG_PROFILES = Pattern(
