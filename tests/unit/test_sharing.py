@@ -24,7 +24,7 @@ from gpudra.node import checkpoint as ckpt
 from gpudra.node.allocation import ResolvedDevice
 from gpudra.node.sharing import SharingCoordinator, mps_processes
 from gpudra.node.sharing.mps_daemons import Daemon
-from gpudra.node.sharing.mps_processes import Mark
+from gpudra.node.sharing.mps_processes import DaemonMark
 from gpudra.sim import state as sim_state
 from tests.unit.claims import mps, time_slicing
 
@@ -431,16 +431,16 @@ def test_mps_processes_are_found_by_their_mark_and_pinned_by_their_start_time(tm
     daemon = subprocess.Popen(["sleep", "60"], env=marked)
     unmarked = subprocess.Popen(["sleep", "60"], env={"CUDA_MPS_PIPE_DIRECTORY": str(pipe)})
     try:
-        [found] = mps_processes.find(Mark(pipe, token))
+        [found] = mps_processes.find(DaemonMark(pipe, token))
         assert (found.pid, found.parent) == (daemon.pid, os.getpid())
         assert mps_processes.daemon([found]) == found and mps_processes.running(found)
         # The same pid with another start time is another process (the pid was handed out again).
         assert not mps_processes.running(dataclasses.replace(found, start_time=found.start_time + 1))
         # Without a token, the pipe directory marks every process of the plugin's mount namespace.
-        assert {p.pid for p in mps_processes.find(Mark(pipe, None))} == {daemon.pid, unmarked.pid}
+        assert {p.pid for p in mps_processes.find(DaemonMark(pipe, None))} == {daemon.pid, unmarked.pid}
         daemon.kill()
         daemon.wait()
-        assert not mps_processes.running(found) and mps_processes.find(Mark(pipe, token)) == []
+        assert not mps_processes.running(found) and mps_processes.find(DaemonMark(pipe, token)) == []
     finally:
         for process in (daemon, unmarked):
             process.kill()
@@ -456,7 +456,7 @@ def test_without_a_token_a_process_of_another_mount_namespace_is_not_the_daemon(
     contained = subprocess.Popen(["unshare", "-Urm", "sleep", "60"], env=env)
     try:
         wait_for(lambda: Path(f"/proc/{contained.pid}/cmdline").read_bytes().startswith(b"sleep"))
-        assert mps_processes.find(Mark(pipe, None)) == []
+        assert mps_processes.find(DaemonMark(pipe, None)) == []
     finally:
         contained.kill()
         contained.wait()

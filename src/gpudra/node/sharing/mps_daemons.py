@@ -83,7 +83,7 @@ from gpudra.errors import HardwareError
 from gpudra.gpu.tools import MPS_CONTROL, MPS_NO_DAEMON, GpuTools
 from gpudra.node import faults
 from gpudra.node.sharing import mps_processes
-from gpudra.node.sharing.mps_processes import Mark, Process, Survey
+from gpudra.node.sharing.mps_processes import DaemonMark, Process, Survey
 from gpudra.node.sharing.trash import Trash
 
 log = logging.getLogger(__name__)
@@ -164,8 +164,8 @@ class Daemon:
     token: str | None  # the mark in its environment; None for a record without one
 
     @property
-    def mark(self) -> Mark:
-        return Mark(pipe=pipe_dir(self.root), token=self.token)
+    def mark(self) -> DaemonMark:
+        return DaemonMark(pipe=pipe_dir(self.root), token=self.token)
 
 
 @dataclass(frozen=True)

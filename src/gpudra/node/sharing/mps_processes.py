@@ -57,7 +57,7 @@ def new_token() -> str:
 
 
 @dataclass(frozen=True)
-class Mark:
+class DaemonMark:
     """What the plugin puts in the environment of a claim's MPS daemon."""
 
     pipe: Path  # CUDA_MPS_PIPE_DIRECTORY
@@ -82,7 +82,7 @@ class Survey:
     by_pipe: Mapping[bytes, tuple[tuple[Process, bytes | None], ...]] = field(default_factory=dict)
     proc: Path = PROC
 
-    def find(self, mark: Mark) -> list[Process]:
+    def find(self, mark: DaemonMark) -> list[Process]:
         """Every process of the pass that carries `mark`, oldest first."""
         found = []
         token = None if mark.token is None else mark.token.encode()
@@ -115,12 +115,12 @@ def survey(proc: Path = PROC) -> Survey:
     return Survey({pipe: tuple(found) for pipe, found in by_pipe.items()}, proc)
 
 
-def find(mark: Mark, proc: Path = PROC) -> list[Process]:
+def find(mark: DaemonMark, proc: Path = PROC) -> list[Process]:
     """Every live process that carries `mark`, oldest first (a pass of its own)."""
     return survey(proc).find(mark)
 
 
-def carries(mark: Mark, pid: int, proc: Path = PROC) -> bool:
+def carries(mark: DaemonMark, pid: int, proc: Path = PROC) -> bool:
     """Whether process `pid` carries `mark` (False when it is gone or cannot be read)."""
     environ = _read(proc / str(pid) / "environ", ENVIRON_BYTES)
     if environ is None:
