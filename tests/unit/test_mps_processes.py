@@ -89,7 +89,7 @@ def test_a_round_over_every_claim_costs_one_pass(
     passes: list[Path] = []
     survey = mps_processes.survey
 
-    def counted(root: Path = mps_processes.PROC) -> mps_processes.Survey:
+    def counted(root: Path = mps_processes.PROC) -> mps_processes.ProcSurvey:
         passes.append(root)
         return survey(root)
 

@@ -83,7 +83,7 @@ from gpudra.errors import HardwareError
 from gpudra.gpu.tools import MPS_CONTROL, MPS_NO_DAEMON, GpuTools
 from gpudra.node import faults
 from gpudra.node.sharing import mps_processes
-from gpudra.node.sharing.mps_processes import DaemonMark, PinnedProcess, Survey
+from gpudra.node.sharing.mps_processes import DaemonMark, PinnedProcess, ProcSurvey
 from gpudra.node.sharing.trash import Trash
 
 log = logging.getLogger(__name__)
@@ -205,7 +205,7 @@ class MpsDaemons:
         self._shared_pipe_logged = False
         self._pinned: dict[Daemon, PinnedProcess] = {}
         self._reported: set[tuple[Path, TamperingKind]] = set()  # until the daemon is stopped
-        self._survey: tuple[float, Survey] | None = None  # the last pass over /proc, and when it began
+        self._survey: tuple[float, ProcSurvey] | None = None  # the last pass over /proc, and when it began
 
     def running(self, daemon: Daemon) -> PinnedProcess | None:
         """The claim's control daemon if it runs: the pinned process, else found again by its mark in a
@@ -228,7 +228,7 @@ class MpsDaemons:
                 self._pinned[daemon] = found
         return found
 
-    def _pass(self, *, reuse: bool) -> Survey:
+    def _pass(self, *, reuse: bool) -> ProcSurvey:
         began = time.monotonic()
         with self._lock:
             last = self._survey

@@ -75,7 +75,7 @@ class PinnedProcess:
 
 
 @dataclass(frozen=True)
-class Survey:
+class ProcSurvey:
     """The processes that have an MPS pipe directory in their environment, read in one pass over /proc."""
 
     # by the pipe directory they name: each process with the token it carries (None: none)
@@ -95,7 +95,7 @@ class Survey:
         return sorted(found, key=lambda p: (p.start_time, p.pid))
 
 
-def survey(proc: Path = PROC) -> Survey:
+def survey(proc: Path = PROC) -> ProcSurvey:
     """One pass over `proc`: every live process whose environment names a pipe directory."""
     by_pipe: dict[bytes, list[tuple[PinnedProcess, bytes | None]]] = {}
     pipe_prefix, token_prefix = os.fsencode(f"{PIPE_VARIABLE}="), os.fsencode(f"{TOKEN_VARIABLE}=")
@@ -112,7 +112,7 @@ def survey(proc: Path = PROC) -> Survey:
         process = _process(proc, pid) if pipe is not None else None
         if pipe is not None and process is not None:
             by_pipe.setdefault(pipe, []).append((process, token))
-    return Survey({pipe: tuple(found) for pipe, found in by_pipe.items()}, proc)
+    return ProcSurvey({pipe: tuple(found) for pipe, found in by_pipe.items()}, proc)
 
 
 def find(mark: DaemonMark, proc: Path = PROC) -> list[PinnedProcess]:
