@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from gpudra.cli.manifest_files import STDIN, Unreadable, read_documents
+from gpudra.cli.manifest_files import STDIN, UnreadableFile, read_documents
 from gpudra.cli.output_format import as_list, dump
 from gpudra.model.manifests import Problem, document_warnings, validate_documents
 from gpudra.model.migration import migration_problems
@@ -95,7 +95,7 @@ def _check_file(path: Path, *, driver: str, found: Findings) -> None:
     file = "(standard input)" if path == STDIN else str(path)
     try:
         read = read_documents(path)
-    except Unreadable as err:
+    except UnreadableFile as err:
         found.unreadable.append(Problem(file, "", "", str(err)))
         return
     except ValueError as err:
