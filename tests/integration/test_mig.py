@@ -455,7 +455,7 @@ def test_a_gpu_instance_made_by_hand_without_compute_instance_is_not_adopted_and
     wait_for(f"GPU {minor} empty", partial(emptied, plugin, minor), timeout=60)
     with sim_state.StateFile(plugin.sim_state).update() as machine:  # `nvidia-smi mig -cgi 19` without -C
         machine.gpus[minor].gpu_instances.append(
-            sim_state.GpuInstance(id=9, profile_id=profile, start=3, size=1)
+            sim_state.GpuInstanceState(id=9, profile_id=profile, start=3, size=1)
         )
     try:
         utils.create_from_yaml(

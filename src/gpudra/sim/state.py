@@ -27,7 +27,7 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class ComputeInstance(_Model):
+class ComputeInstanceState(_Model):
     id: int
     profile_id: int  # CI profile ID (equals the NVML CI profile index, as observed)
     start: int  # in GPU slices of the parent GI
@@ -36,15 +36,15 @@ class ComputeInstance(_Model):
     compute_mode: int = 0
 
 
-class GpuInstance(_Model):
+class GpuInstanceState(_Model):
     id: int
     profile_id: int
     start: int  # in memory slices
     size: int
-    compute_instances: list[ComputeInstance] = []
+    compute_instances: list[ComputeInstanceState] = []
 
 
-class Gpu(_Model):
+class GpuState(_Model):
     uuid: str
     mig_mode: int  # 0 disabled, 1 enabled; always 0 on GPUs without MIG
     # A mode change nvmlDeviceSetMigMode could not apply (it needs a reset or the GPU was busy); None
@@ -67,7 +67,7 @@ class Gpu(_Model):
     clock_event_reasons: int = (
         0  # nvmlClocksEventReason* bits holding the clocks down (hooks.set_clock_slowdown)
     )
-    gpu_instances: list[GpuInstance] = []
+    gpu_instances: list[GpuInstanceState] = []
 
 
 class Process(_Model):
@@ -101,7 +101,7 @@ class Event(_Model):
 
 class MachineState(_Model):
     machine: str
-    gpus: list[Gpu]
+    gpus: list[GpuState]
     processes: list[Process] = []
     mps_daemons: list[MpsDaemon] = []
     events: list[Event] = []  # the newest raised, oldest first (bounded: `sim.events.KEPT`)
@@ -117,7 +117,7 @@ def initial_state(machine: machines.Machine) -> MachineState:
     return MachineState(
         machine=machine.name,
         gpus=[
-            Gpu(uuid=machine.gpu_uuid(i), mig_mode=int(machine.mig_enabled and slot.model.mig_capable))
+            GpuState(uuid=machine.gpu_uuid(i), mig_mode=int(machine.mig_enabled and slot.model.mig_capable))
             for i, slot in enumerate(machine.gpus)
         ],
     )
