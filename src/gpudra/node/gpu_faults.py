@@ -56,7 +56,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpudra.atomic_file import write_atomically
 from gpudra.errors import GpudraError
@@ -66,6 +66,9 @@ from gpudra.model.gpu_health import Classification, Fault, GpuConditions, Lifted
 from gpudra.model.inventory import MigDevice
 from gpudra.node import faults as crash
 from gpudra.service import Loop
+
+if TYPE_CHECKING:  # types only
+    from gpudra.kube.events import EventPoster
 
 log = logging.getLogger(__name__)
 
@@ -101,10 +104,6 @@ class EventSession(Protocol):
     def close(self) -> None: ...
 
 
-class Events(Protocol):
-    def post(self, type_: Literal["Normal", "Warning"], reason: str, message: str) -> None: ...
-
-
 class FaultMetrics(Protocol):
     """gpudra.node.metrics.PluginMetrics."""
 
@@ -134,7 +133,7 @@ class GpuFaults:
         reset_effect: str,
         state_file: Path,
         boot_id: str,
-        events: Events,
+        events: EventPoster,
         metrics: FaultMetrics,
         holders: Callable[[str, str | None], list[str]] = lambda gpu, device: [],
         read_annotation: Callable[[], str] | None = None,
