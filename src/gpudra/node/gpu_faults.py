@@ -82,7 +82,7 @@ FOLLOW_SECONDS = 0.5  # how often an instance that does not write reads the heal
 FILE_VERSION = 1
 
 
-class EventWatch(Protocol):
+class FaultEventWatch(Protocol):
     """gpudra.gpu.nvml.EventWatch."""
 
     xid_events: frozenset[str]
@@ -97,7 +97,7 @@ class EventWatch(Protocol):
 class EventSession(Protocol):
     """An open NVML session: gpudra.gpu.nvml.Nvml."""
 
-    def watch_events(self, gpu_uuids: Iterable[str]) -> EventWatch: ...
+    def watch_events(self, gpu_uuids: Iterable[str]) -> FaultEventWatch: ...
 
     def mig_devices(self, *, gpu_uuid: str) -> tuple[MigDevice, ...]: ...
 
@@ -176,7 +176,7 @@ class GpuFaults:
         self._marks, self._ecc_counts, self._conditions, self._links = self._load()
         self._subscribers: list[Callable[[], None]] = []
         self._session: EventSession | None = None
-        self._watch: EventWatch | None = None
+        self._watch: FaultEventWatch | None = None
         self._opened_at = 0.0
         self._ecc_watched: frozenset[str] = frozenset()
         self._told_unsupported = False
@@ -382,7 +382,7 @@ class GpuFaults:
                     watcher()
         return 0
 
-    def _open_watch(self) -> EventWatch:
+    def _open_watch(self) -> FaultEventWatch:
         self._close_watch()
         self._session = self._open_nvml()
         watch = self._session.watch_events(self._gpus)
