@@ -86,13 +86,13 @@ _VALUES = 5  # published values shown in a hint
 # --- the result ----------------------------------------------------------------------------------
 
 
-class _Model(BaseModel):
+class _ReportModel(BaseModel):
     """camelCase in JSON, as Kubernetes objects are (`-o json`); the Python names stay snake_case."""
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
 
 
-class SelectorRejections(_Model):
+class SelectorRejections(_ReportModel):
     """Devices one selector turned down."""
 
     selector: str  # "class gpu.gpudra.io selector #0" or "request selector #1"
@@ -101,14 +101,14 @@ class SelectorRejections(_Model):
     examples: list[str]
 
 
-class Unusable(_Model):
+class Unusable(_ReportModel):
     """A device that matches the request but cannot be allocated to it, and why."""
 
     device: str
     reason: str
 
 
-class RequestReport(_Model):
+class RequestReport(_ReportModel):
     """One request (or `firstAvailable` subrequest) against the devices of one node."""
 
     claim: str
@@ -123,7 +123,7 @@ class RequestReport(_Model):
     errors: list[str]
 
 
-class AllocatedDevice(_Model):
+class AllocatedDevice(_ReportModel):
     claim: str
     request: str
     driver: str
@@ -133,7 +133,7 @@ class AllocatedDevice(_Model):
     consumed_capacity: dict[str, str] | None = None
 
 
-class NodeReport(_Model):
+class NodeReport(_ReportModel):
     node: str
     fits: bool
     devices: list[AllocatedDevice]
@@ -142,14 +142,14 @@ class NodeReport(_Model):
     notes: list[str]
 
 
-class Exclusion(_Model):
+class Exclusion(_ReportModel):
     """Nodes with devices that the pod cannot go to for one reason (`gpudra.scheduling.node_fit`)."""
 
     check: str  # "nodeSelector gpu=h100", "taint gpu=yes:NoSchedule", "insufficient cpu", ...
     nodes: list[str]
 
 
-class Explanation(_Model):
+class Explanation(_ReportModel):
     """The answer for one claim or one pod's claims: `gpudra explain -o json`."""
 
     api_version: str = OUTPUT_API_VERSION

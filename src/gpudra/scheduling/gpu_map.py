@@ -48,11 +48,11 @@ MAX_QUERY_VALUE = 253
 MAX_PENDING = 200
 
 
-class _Model(BaseModel):
+class _MapModel(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
 
 
-class Partition(_Model):
+class Partition(_MapModel):
     """An allocated MIG partition: its placement (memory slices start..start+size-1) and its holders."""
 
     device: str
@@ -62,7 +62,7 @@ class Partition(_Model):
     claims: list[str]  # "namespace/name"
 
 
-class Share(_Model):
+class Share(_MapModel):
     """One claim's share of a GPU's shared device, with what it consumes (0: not asked)."""
 
     claim: str
@@ -73,7 +73,7 @@ class Share(_Model):
 GpuState = Literal["free", "whole", "mig", "shared"]
 
 
-class GpuCard(_Model):
+class GpuCard(_MapModel):
     name: str  # the whole-GPU device, e.g. gpu-3
     uuid: str
     product: str
@@ -88,12 +88,12 @@ class GpuCard(_Model):
     unhealthy: str | None  # the taint that keeps the scheduler off it, "key=value:effect"
 
 
-class NodeMap(_Model):
+class NodeMap(_MapModel):
     name: str
     gpus: list[GpuCard]
 
 
-class PendingReason(_Model):
+class PendingReason(_MapModel):
     namespace: str
     name: str
     age_seconds: float
@@ -101,7 +101,7 @@ class PendingReason(_Model):
     reason: str  # explain's verdict once `reason` was asked for it in this survey, else empty
 
 
-class GpuMap(_Model):
+class GpuMap(_MapModel):
     generated: datetime  # when the survey drawn was built
     age_seconds: float  # how old that survey was when this page was drawn
     rebuilding: bool  # a newer survey is being built (the next refresh shows it)
@@ -219,14 +219,14 @@ def survey(
     idle = cluster_view.idle_gpus(inventory, view.idle, claims, driver=driver)
     room = {(m.node, m.uuid): m.largest_placeable for m in view.mig}
     shares = _shares(claims, driver)
-    gpus: dict[tuple[str, str], _Gpu] = {}
+    gpus: dict[tuple[str, str], _MapGpu] = {}
     for pool in inventory.pools.values():
         for device in pool.devices:
             uuid = gpu_uuid(device)
             if uuid is None:
                 continue
             node = device.node or pool.name
-            gpu = gpus.setdefault((node, uuid), _Gpu(node=node, uuid=uuid))
+            gpu = gpus.setdefault((node, uuid), _MapGpu(node=node, uuid=uuid))
             gpu.add(device, pool, allocations, shares)
     nodes: dict[str, list[GpuCard]] = {}
     namespaces: dict[str, set[str]] = {}
@@ -346,7 +346,7 @@ def _shares(claims: Iterable[Claim], driver: str) -> _Shares:
 
 
 @dataclass
-class _Gpu:
+class _MapGpu:
     node: str
     uuid: str
     name: str = ""
