@@ -24,7 +24,7 @@ from gpudra.model import devices
 from gpudra.model.gpu_health import DEFAULT_CLASSIFICATION, XidClass
 from gpudra.node import faults
 from gpudra.node.gpu_faults import GpuFaults
-from gpudra.node.health import Health, HealthMonitor
+from gpudra.node.health.monitor import Health, HealthMonitor
 from gpudra.node.metrics import PluginMetrics
 from tests.unit.harness.crash import REPO
 from tests.unit.harness.gpu_faults import Instance

@@ -32,7 +32,7 @@ from gpudra.model.gpu_health import CLEAR_ANNOTATION
 from gpudra.node import cdi, checkpoint
 from gpudra.node.foreign_mig import ForeignMig
 from gpudra.node.gpu_faults import GpuFaults
-from gpudra.node.health import HealthMonitor
+from gpudra.node.health.monitor import HealthMonitor
 from gpudra.node.instances import PublisherTurn
 from gpudra.node.kubelet_grpc import KubeletServer, Observer
 from gpudra.node.metrics import PluginMetrics
