@@ -6,7 +6,7 @@ Start-up order matters: settle the checkpoint first (a crash may have left a pre
 start the health monitor and the slice publishing, then hand the prepare state to the kubelet's server,
 whose calls waited until then. While another instance runs on the node (a rolling update), recovery
 waits for its calls in flight, and the slice publishing, claim usage and GPU fault recording (Node
-events, the health file) wait until it exits (gpudra.node.instances, gpudra.node.gpu_faults). Every
+events, the health file) wait until it exits (gpudra.node.instances, gpudra.node.health.gpu_faults). Every
 background part is a `service.Service` started by `service.running`: a part that fails to start stops
 the ones already started. Stop (SIGTERM): health streams end, no new calls, calls in flight finish (the
 server stops first), then the loops stop.
@@ -31,7 +31,7 @@ from gpudra.model import devices
 from gpudra.model.gpu_health import CLEAR_ANNOTATION
 from gpudra.node import cdi, checkpoint
 from gpudra.node.foreign_mig import ForeignMig
-from gpudra.node.gpu_faults import GpuFaults
+from gpudra.node.health.gpu_faults import GpuFaults
 from gpudra.node.health.monitor import HealthMonitor
 from gpudra.node.instances import PublisherTurn
 from gpudra.node.kubelet_grpc import KubeletServer, Observer
