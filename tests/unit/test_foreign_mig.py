@@ -15,7 +15,7 @@ from gpudra.model import devices
 from gpudra.model.inventory import Inventory, MigDevice
 from gpudra.model.publishing import MigMode
 from gpudra.node import checkpoint as ckpt
-from gpudra.node.foreign_mig import CONFIRM_SECONDS, ForeignMig
+from gpudra.node.health.foreign_mig import CONFIRM_SECONDS, ForeignMig
 from gpudra.node.metrics import PluginMetrics
 from gpudra.sim import state as sim_state
 from tests.unit.harness.kube import Events

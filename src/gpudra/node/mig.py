@@ -18,7 +18,7 @@ without one. Ownership comes from the checkpoint alone:
   placement that holds no compute instance; without live ids (a crash before they were saved), the
   instance at exactly the recorded profile and placement, which `plan` found free before the record.
 (The one window left: an instance created by hand at that exact placement between the record and the
-create. Instances made by hand otherwise are noticed by gpudra.node.foreign_mig, which stops offering
+create. Instances made by hand otherwise are noticed by gpudra.node.health.foreign_mig, which stops offering
 the placements they take.)
 
 MIG mode. On a GPU whose mode changes without a reset (`Gpu.mig_mode_switchable`: Hopper and newer on

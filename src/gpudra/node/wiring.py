@@ -30,7 +30,7 @@ from gpudra.kube.slice_sync import SliceController
 from gpudra.model import devices
 from gpudra.model.gpu_health import CLEAR_ANNOTATION
 from gpudra.node import cdi, checkpoint
-from gpudra.node.foreign_mig import ForeignMig
+from gpudra.node.health.foreign_mig import ForeignMig
 from gpudra.node.health.gpu_faults import GpuFaults
 from gpudra.node.health.monitor import HealthMonitor
 from gpudra.node.instances import PublisherTurn

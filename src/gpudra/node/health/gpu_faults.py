@@ -10,7 +10,7 @@ feeds them:
   it, and the health monitor is woken to republish; every XID is counted
   (`gpudra_gpu_xid_errors_total{gpu,xid}`). Single-bit ECC and MIG configuration change events are
   counted only (`gpudra_gpu_events_total{gpu,type}`); a MIG configuration change also tells those
-  who `subscribe_mig_change` (gpudra.node.foreign_mig checks for instances made outside gpudra). A
+  who `subscribe_mig_change` (gpudra.node.health.foreign_mig checks for instances made outside gpudra). A
   fault naming a GPU instance marks that partition: the published device at the instance's profile
   and placement;
 - GPUs that offer no XID or double-bit ECC events (NOT_SUPPORTED: some VMs and vGPU guests) are said
