@@ -34,9 +34,9 @@ from gpudra.cli.output_format import documents
 from gpudra.cli.validate import validate_files
 from gpudra.errors import ConfigError
 from gpudra.gpu import nvml
+from gpudra.migrate.translation import DevicePlugin, TranslationOptions, device_plugin_config, translate
 from gpudra.model.devices import build_devices
 from gpudra.model.slices import build_slices
-from gpudra.model.translation import DevicePlugin, TranslationOptions, device_plugin_config, translate
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).parent / "data" / "migrate"

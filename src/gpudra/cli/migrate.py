@@ -1,5 +1,5 @@
 """`gpudra migrate FILE...`: manifests written for NVIDIA's DRA driver or device plugin, rewritten for
-gpudra (`gpudra.model.translation` decides what becomes what). I/O: the files named (read by
+gpudra (`gpudra.migrate.translation` decides what becomes what). I/O: the files named (read by
 `gpudra.cli.manifest_files`, bounded; `-` is standard input), the device plugin's config, stdout and
 stderr.
 
@@ -29,8 +29,7 @@ import yaml
 
 from gpudra.cli.manifest_files import STDIN, document_texts, parse_documents, read_text
 from gpudra.errors import ConfigError
-from gpudra.model.manifests import Problem
-from gpudra.model.translation import (
+from gpudra.migrate.translation import (
     DevicePlugin,
     MigStrategy,
     TranslationOptions,
@@ -38,6 +37,7 @@ from gpudra.model.translation import (
     label,
     translate,
 )
+from gpudra.model.manifests import Problem
 
 EXIT_INCOMPLETE = 1
 _LINE = re.compile(r"[^\n]*\n|[^\n]+$")
