@@ -17,7 +17,10 @@ from fractions import Fraction
 
 from gpudra.errors import ConfigError
 
-__all__ = ["QUANTITY_PATTERN", "parse_quantity"]
+__all__ = ["QUANTITY_PATTERN", "Amount", "parse_quantity"]
+
+# A quantity's exact value: an int when it is whole (nearly always, and far faster to add up), else a Fraction
+Amount = int | Fraction
 
 _MULTIPLIERS: dict[str, Fraction] = {
     "": Fraction(1),

@@ -23,7 +23,7 @@ from gpudra.model.devices import build_devices
 from gpudra.model.slices import build_slices
 from gpudra.scheduling import cel
 from gpudra.scheduling.explain import ClaimToExplain, device_classes, explain
-from gpudra.scheduling.pools import Inventory
+from gpudra.scheduling.pools import ClusterInventory
 
 REPO = Path(__file__).resolve().parents[2]
 NODES = 1000
@@ -75,7 +75,7 @@ def explain_over_1000_nodes() -> str:
     for _ in range(RUNS):
         cel.compile_selector.cache_clear()
         started = time.perf_counter()
-        answer = explain([claim], classes=classes, inventory=Inventory(slices))
+        answer = explain([claim], classes=classes, inventory=ClusterInventory(slices))
         seconds.append(time.perf_counter() - started)
         verdict = answer.verdict
     return (

@@ -35,7 +35,7 @@ from gpudra.node import checkpoint as ckpt
 from gpudra.node import recovery as node_recovery
 from gpudra.node.allocation import ClaimRef
 from gpudra.node.prepare import DeviceState
-from gpudra.node.sharing import GpuSharing
+from gpudra.node.sharing import SharingCoordinator
 from gpudra.sim import nvidia_smi
 from gpudra.sim import state as sim_state
 from tests.sim_nvml import mig_partitions
@@ -203,7 +203,7 @@ class SimNode:
             inventory=self.inventory,
             devices=self.device_model,
             claims=self.claims,
-            sharing=GpuSharing(self.tools, mps_root=self.root / "mps", mps_host=self.mps_host),
+            sharing=SharingCoordinator(self.tools, mps_root=self.root / "mps", mps_host=self.mps_host),
             mig=mig_partitions(f"sim:{PROFILE}", self.state_file, self.inventory.gpus),
             cdi_root=self.cdi_root,
             checkpoint_path=self.checkpoint_path,

@@ -24,9 +24,9 @@ from gpudra.node.sharing.mps_daemons import Daemon
 from gpudra.node.sharing.mps_host_client import MpsHostDaemons
 from gpudra.node.sharing.mps_host_protocol import (
     DaemonRef,
+    HostReply,
+    HostRequest,
     ProcessRef,
-    Reply,
-    Request,
     Running,
     Start,
     Stop,
@@ -54,12 +54,12 @@ def node(tmp_path: Path) -> Node:
     return Node(tmp_path, "dgx-h100")
 
 
-def ask(host: MpsHost, request: bytes) -> Reply:
+def ask(host: MpsHost, request: bytes) -> HostReply:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
         connection.settimeout(30)
         connection.connect(str(host.socket))
         connection.sendall(request)
-        return receive(connection, Reply)
+        return receive(connection, HostReply)
 
 
 def test_a_plugin_killed_after_prepare_leaves_the_daemon_to_mps_host_and_the_next_plugin_adopts_it(
@@ -117,7 +117,7 @@ def test_a_request_for_a_directory_outside_the_mps_root_is_refused(
             active_thread_percentage=None,
             pinned_memory_limits={},
         )
-        reply = ask(host, Request(request=start).model_dump_json().encode() + b"\n")
+        reply = ask(host, HostRequest(request=start).model_dump_json().encode() + b"\n")
         assert reply.error is not None and "is not a daemon directory under" in reply.error
     assert daemons(node) == []
 
@@ -132,7 +132,7 @@ def test_what_is_not_a_request_gets_one_line_and_mps_host_serves_on(
         assert reply.error is not None and reply.error.startswith("not a request: ")
         assert "Traceback" not in reply.error
     running = Running(daemon=DaemonRef(root=node.root / "mps" / "0123456789ab", token=None))
-    assert ask(host, Request(request=running).model_dump_json().encode() + b"\n") == Reply()
+    assert ask(host, HostRequest(request=running).model_dump_json().encode() + b"\n") == HostReply()
 
 
 def test_only_its_own_user_can_reach_the_socket(
@@ -177,9 +177,9 @@ def test_commands_sent_through_the_shared_pipe_directory_reach_the_plugins_count
     host = mps_host_module.MpsHost(node.tools, mps_root=node.root / "mps", socket_path=tmp_path / "unused")
     daemon = DaemonRef(root=node.root / "mps" / "0123456789ab", token=new_token())
     start = Start(daemon=daemon, visible=[node.uuid(2)], active_thread_percentage=30, pinned_memory_limits={})
-    started = host.handle(Request(request=start))
+    started = host.handle(HostRequest(request=start))
     assert started.error is None and started.shared_pipe_commands == 2  # the limits, then their read-back
-    assert host.handle(Request(request=Stop(daemon=daemon))).shared_pipe_commands == 1  # its `quit`
+    assert host.handle(HostRequest(request=Stop(daemon=daemon))).shared_pipe_commands == 1  # its `quit`
 
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(tmp_path / "mps-host.sock"))
@@ -188,8 +188,8 @@ def test_commands_sent_through_the_shared_pipe_directory_reach_the_plugins_count
     def answer() -> None:
         connection, _ = listener.accept()
         with connection:
-            receive(connection, Request)
-            send(connection, Reply(shared_pipe_commands=3))
+            receive(connection, HostRequest)
+            send(connection, HostReply(shared_pipe_commands=3))
 
     thread = threading.Thread(target=answer, daemon=True)
     thread.start()
@@ -205,7 +205,7 @@ def test_a_reply_names_only_what_is_not_at_its_default() -> None:
     does not know: those added since are left out where they say nothing."""
     left, right = socket.socketpair()
     with left, right:
-        send(left, Reply(process=ProcessRef(pid=7, start_time=8, parent=1)))
+        send(left, HostReply(process=ProcessRef(pid=7, start_time=8, parent=1)))
         assert right.recv(4096) == b'{"process":{"pid":7,"start_time":8,"parent":1}}\n'
-        send(left, Reply(shared_pipe_commands=2))
-        assert receive(right, Reply) == Reply(shared_pipe_commands=2)
+        send(left, HostReply(shared_pipe_commands=2))
+        assert receive(right, HostReply) == HostReply(shared_pipe_commands=2)

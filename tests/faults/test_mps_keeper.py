@@ -22,7 +22,7 @@ from gpudra.node.allocation import ClaimRef
 from gpudra.node.metrics import PluginMetrics
 from gpudra.node.mps_keeper import MpsKeeper, TamperingReports
 from gpudra.node.prepare import DeviceState
-from gpudra.node.sharing import GpuSharing, mps_daemons
+from gpudra.node.sharing import SharingCoordinator, mps_daemons
 from gpudra.node.sharing.mps_daemons import PID_FILE, TAMPERING_KINDS
 from tests.unit.claims import from_claim, resource_claim, result, time_slicing, whole_gpus
 from tests.unit.harness.crash import child
@@ -173,7 +173,7 @@ def test_a_claim_being_prepared_or_unprepared_is_left_alone(
     assert h100.entries()[uid(1)].state == state
     killed = kill_daemon(h100, uid(1))
     tools = counting_tools(h100)
-    plugin.sharing = GpuSharing(tools, mps_root=h100.root / "mps")
+    plugin.sharing = SharingCoordinator(tools, mps_root=h100.root / "mps")
     events = Events()
     keeper, metrics = keeper_for(plugin, events)
 
@@ -186,8 +186,8 @@ def test_a_claim_being_prepared_or_unprepared_is_left_alone(
     assert_no_daemon(h100, uid(1), [killed])
 
 
-class UnpreparedMeanwhile(GpuSharing):
-    """GpuSharing that, once armed, lets another instance unprepare the claim right after the keeper's
+class UnpreparedMeanwhile(SharingCoordinator):
+    """SharingCoordinator that, once armed, lets another instance unprepare the claim right after the keeper's
     check found its daemon gone, before the keeper takes the node lock."""
 
     def __init__(self, tools: GpuTools, *, mps_root: Path, node: Node) -> None:
@@ -222,7 +222,7 @@ def test_a_claim_the_other_instance_unprepared_meanwhile_is_not_started_again(h1
 
 def test_no_claim_with_mps_runs_no_tool(h100: Node) -> None:
     tools = counting_tools(h100)
-    state = h100.state(sharing=GpuSharing(tools, mps_root=h100.root / "mps"))
+    state = h100.state(sharing=SharingCoordinator(tools, mps_root=h100.root / "mps"))
     keeper, metrics = keeper_for(state, Events())
     keeper.step()  # nothing prepared
     state.prepare(h100.claims.add(whole_gpus(uid(1), "gpu-0")))
@@ -237,7 +237,7 @@ def test_no_claim_with_mps_runs_no_tool(h100: Node) -> None:
 
 def test_a_failed_restart_is_counted_reported_once_and_retried(h100: Node) -> None:
     tools = counting_tools(h100)
-    state = h100.state(sharing=GpuSharing(tools, mps_root=h100.root / "mps"))
+    state = h100.state(sharing=SharingCoordinator(tools, mps_root=h100.root / "mps"))
     claim = h100.claims.add(mps_claim(uid(1), "gpu-2", threads=30))
     state.prepare(claim)
     killed = kill_daemon(h100, uid(1))
@@ -270,7 +270,7 @@ def test_the_loop_logs_a_failed_restart_and_retries_until_the_daemon_runs(
     h100: Node, caplog: pytest.LogCaptureFixture
 ) -> None:
     tools = counting_tools(h100)
-    state = h100.state(sharing=GpuSharing(tools, mps_root=h100.root / "mps"))
+    state = h100.state(sharing=SharingCoordinator(tools, mps_root=h100.root / "mps"))
     claim = h100.claims.add(mps_claim(uid(1), "gpu-2"))
     state.prepare(claim)
     kill_daemon(h100, uid(1))
@@ -303,7 +303,7 @@ def reporting(node: Node, tools: GpuTools | None = None) -> tuple[DeviceState, P
     """A state whose tampering reports go where the plugin's go (TamperingReports), and those."""
     metrics, events = PluginMetrics(), Events()
     reports = TamperingReports(metrics=metrics, events=events)
-    sharing = GpuSharing(tools or node.tools, mps_root=node.root / "mps", on_tampering=reports)
+    sharing = SharingCoordinator(tools or node.tools, mps_root=node.root / "mps", on_tampering=reports)
     state = node.state(sharing=sharing)
     reports.claims = lambda: state.store.current.claims
     return state, metrics, events

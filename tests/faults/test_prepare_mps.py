@@ -25,7 +25,7 @@ from gpudra.node import checkpoint as ckpt
 from gpudra.node import faults
 from gpudra.node.allocation import ClaimRef
 from gpudra.node.prepare import DeviceState
-from gpudra.node.sharing import GpuSharing
+from gpudra.node.sharing import SharingCoordinator
 from gpudra.node.sharing.mps_daemons import PID_FILE
 from gpudra.sim import state as sim_state
 from tests.unit.claims import DRIVER, from_claim, mps, resource_claim, result, time_slicing, whole_gpus
@@ -372,7 +372,7 @@ def test_an_mps_daemon_that_no_entry_names_is_stopped_at_recover(h100: Node) -> 
 # what it found.
 
 
-def attacker_and_victim(node: Node, sharing: GpuSharing) -> tuple[DeviceState, ClaimRef, ClaimRef]:
+def attacker_and_victim(node: Node, sharing: SharingCoordinator) -> tuple[DeviceState, ClaimRef, ClaimRef]:
     attacker = node.claims.add(mps_claim(uid(1), "gpu-2"))
     victim = node.claims.add(mps_claim(uid(2), "gpu-3", threads=20))
     state = node.state(sharing=sharing)

@@ -24,7 +24,7 @@ from kubernetes import client
 from gpudra.kube.client import Kube
 from gpudra.model.claim import read_claim, read_spec
 from gpudra.scheduling.explain import ClaimToExplain, Explanation, device_classes, explain
-from gpudra.scheduling.pools import Inventory
+from gpudra.scheduling.pools import ClusterInventory
 from tests.localcluster import LocalCluster
 from tests.localcluster.node_plugin import DRIVER, PluginProcess
 
@@ -444,7 +444,7 @@ def test_explain_agrees_with_the_scheduler_on_every_claim_of_the_corpus(
 
     kube = Kube(api)
     classes = device_classes(kube.list_device_classes())
-    inventory = Inventory(kube.list_all_slices())
+    inventory = ClusterInventory(kube.list_all_slices())
     allocated = [read_claim(c) for c in kube.list_all_claims()]
     specs = {c["metadata"]["name"]: c for c in resources.list("resourceclaims", namespace)}
     disagreements = []

@@ -467,7 +467,7 @@ def test_a_gpu_instance_made_by_hand_without_compute_instance_is_not_adopted_and
         wait_for("the claim allocated", lambda: scheduled(core, "bare", ns), timeout=120)
         with sim_state.StateFile(plugin.sim_state).update() as machine:  # `nvidia-smi mig -cgi 19` without -C
             machine.gpus[minor].gpu_instances.append(
-                sim_state.GpuInstance(id=9, profile_id=profile, start=3, size=1)
+                sim_state.GpuInstanceState(id=9, profile_id=profile, start=3, size=1)
             )
         plugin.start()
 

@@ -20,7 +20,7 @@ from gpudra.model.devices import build_devices
 from gpudra.model.slices import build_slices
 from gpudra.scheduling.cluster_view import ClusterView, build, driver_classes
 from gpudra.scheduling.explain import device_classes
-from gpudra.scheduling.pools import Inventory
+from gpudra.scheduling.pools import ClusterInventory
 from gpudra.scheduling.reach import Reach
 from tests.unit import inventories as inv
 
@@ -204,7 +204,7 @@ def test_the_view_round_trips_through_json_and_renders() -> None:
 
 def test_requests_no_published_device_matches_are_warned_about() -> None:
     classes = device_classes(CLASS_OBJECTS)
-    inventory = Inventory(SLICES)
+    inventory = ClusterInventory(SLICES)
     reach = Reach(
         [d for p in inventory.pools.values() for d in p.devices],
         classes,

@@ -21,7 +21,7 @@ from gpudra.gpu import driver_root as roots
 from gpudra.gpu import nvml
 from gpudra.gpu.tools import GpuTools
 from gpudra.node import daemon
-from gpudra.node.options import Options
+from gpudra.node.options import PluginOptions
 
 CC = shutil.which("cc") or shutil.which("gcc")
 needs_cc = pytest.mark.skipif(CC is None, reason="no C compiler to build a test library")
@@ -377,7 +377,7 @@ def test_without_a_driver_root_mps_directories_are_not_checked(tmp_path: Path) -
 
 
 def test_the_plugin_gets_the_driver_root(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    seen: list[Options] = []
+    seen: list[PluginOptions] = []
     monkeypatch.setattr(daemon, "run", lambda options, stop: seen.append(options))
     monkeypatch.setattr(cli, "_run_daemon", lambda args, run: run(threading.Event()) or 0)
     code = cli.main(

@@ -18,7 +18,7 @@ from gpudra.model.claim import read_claim, read_spec
 from gpudra.model.devices import build_devices
 from gpudra.model.slices import build_slices
 from gpudra.scheduling.explain import ClaimToExplain, Explanation, device_classes, explain
-from gpudra.scheduling.pools import Inventory
+from gpudra.scheduling.pools import ClusterInventory
 from tests.unit import inventories as inv
 
 DRIVER = "gpu.gpudra.io"
@@ -38,7 +38,7 @@ def slices(node: str, inventory: Any) -> list[dict[str, Any]]:
 
 H100 = slices("node-h100", inv.node(*(inv.h100(m) for m in range(2))))  # two H100s, MIG off, switchable
 MIXED = slices("node-mixed", inv.mixed_node())  # two L4s, two T4s
-INVENTORY = Inventory(H100 + MIXED)
+INVENTORY = ClusterInventory(H100 + MIXED)
 
 
 def request(name: str, device_class: str = "gpu.gpudra.io", *selectors: str, **extra: Any) -> dict[str, Any]:
@@ -73,7 +73,7 @@ def result(device: str, pool: str = "node-h100", **extra: Any) -> dict[str, Any]
 
 
 def run(
-    *claims: ClaimToExplain, allocated: Sequence[dict[str, Any]] = (), inventory: Inventory = INVENTORY
+    *claims: ClaimToExplain, allocated: Sequence[dict[str, Any]] = (), inventory: ClusterInventory = INVENTORY
 ) -> Explanation:
     return explain(
         list(claims), classes=CLASSES, inventory=inventory, allocated=[read_claim(c) for c in allocated]
@@ -198,7 +198,7 @@ def test_match_and_distinct_attribute_pick_devices_that_agree_or_differ() -> Non
             request("b"),
             constraints=[{"distinctAttribute": f"{DRIVER}/productName"}],
         ),
-        inventory=Inventory(MIXED),
+        inventory=ClusterInventory(MIXED),
     )
     assert different.verdict == "fits on node-mixed: gpu-0, gpu-2"  # an L4 and the first T4
 
@@ -209,7 +209,7 @@ def test_a_device_without_the_attribute_never_satisfies_match_attribute() -> Non
             request("gpus", "gpu.gpudra.io", f'{A}.productName == "NVIDIA L4"', count=2),
             constraints=[{"matchAttribute": f"{DRIVER}/nvlinkDomain"}],
         ),
-        inventory=Inventory(MIXED),
+        inventory=ClusterInventory(MIXED),
     )
     assert "nvlinkDomain: unset: gpu-0, gpu-1" in answer.verdict
 
@@ -282,7 +282,7 @@ def test_shares_add_up_within_a_devices_capacity() -> None:
 def test_shares_by_count_run_out_and_explain_names_the_count() -> None:
     counted = build_devices(inv.node(inv.h100(0)), mig_mode="partitionable", shares_per_gpu=4)
     node_slices = build_slices(counted, driver=DRIVER, node_name="node-h100", generation=1, server_minor=36)
-    inventory = Inventory([dict(s) for s in node_slices])
+    inventory = ClusterInventory([dict(s) for s in node_slices])
     by_count = request("share", "gpu-shared.gpudra.io", capacity={"requests": {"shares": "1"}})
     answer = run(claim(by_count), inventory=inventory)
     consumed = node(answer, "node-h100").devices[0].consumed_capacity
@@ -334,7 +334,7 @@ def test_a_share_of_a_gpu_others_hold_whole_is_out_and_the_whole_gpu_of_one_shar
 
 
 def test_admin_access_may_share_a_held_device_but_not_one_whose_counters_are_used_up() -> None:
-    plain = Inventory(
+    plain = ClusterInventory(
         [
             {
                 "metadata": {"name": "n-0"},
@@ -373,7 +373,7 @@ def test_a_tainted_device_is_out_unless_the_request_tolerates_the_taint() -> Non
     for s in tainted:
         for device in s["spec"].get("devices", []):
             device["taints"] = [{"key": "gpudra.io/unhealthy", "value": "XID", "effect": "NoSchedule"}]
-    inventory = Inventory(tainted)
+    inventory = ClusterInventory(tainted)
     answer = run(claim(request("gpu")), inventory=inventory)
     assert "tainted gpudra.io/unhealthy=XID:NoSchedule" in answer.verdict
     tolerant = request("gpu", tolerations=[{"key": "gpudra.io/unhealthy", "operator": "Exists"}])
@@ -460,7 +460,7 @@ def test_an_incomplete_pool_is_skipped_and_said_so() -> None:
         for s in slices("node-big", inv.node(*(inv.h100(m) for m in range(8))))
         if not s["metadata"]["name"].endswith("-1")
     ]
-    answer = run(claim(request("gpu")), inventory=Inventory(partial))
+    answer = run(claim(request("gpu")), inventory=ClusterInventory(partial))
     assert not answer.fits
     [report] = answer.nodes
     assert report.notes[0].startswith("pool node-big (gpu.gpudra.io) is skipped: incomplete:")
@@ -478,7 +478,7 @@ def test_devices_of_a_slice_for_all_nodes_are_seen_by_every_node() -> None:
     }
     answer = run(
         claim(request("gpu", "gpu.gpudra.io", '!has(device.attributes["gpu.gpudra.io"].productName)')),
-        inventory=Inventory([*MIXED, shared]),
+        inventory=ClusterInventory([*MIXED, shared]),
     )
     assert answer.verdict == "fits on node-mixed: link"
 
@@ -502,7 +502,7 @@ def test_claims_and_templates_are_read_from_objects() -> None:
 
 
 def test_the_text_puts_the_verdict_first_and_shows_nodes_that_read_the_same_once() -> None:
-    many = Inventory([s for n in range(5) for s in slices(f"node-{n}", inv.node(inv.h100(0)))])
+    many = ClusterInventory([s for n in range(5) for s in slices(f"node-{n}", inv.node(inv.h100(0)))])
     text = render_text(
         run(claim(request("gpu", "gpu.gpudra.io", f'{A}.productName == "NVIDIA H200"')), inventory=many)
     )
@@ -522,5 +522,5 @@ def test_an_inventory_of_slices_for_all_nodes_only_stands_for_any_node() -> None
             "devices": [{"name": "link", "attributes": {"type": {"string": "gpu"}}}],
         },
     }
-    answer = run(claim(request("gpu", "gpu.gpudra.io", "true")), inventory=Inventory([everywhere]))
+    answer = run(claim(request("gpu", "gpu.gpudra.io", "true")), inventory=ClusterInventory([everywhere]))
     assert answer.verdict == "fits on (any node): link"

@@ -23,7 +23,7 @@ from gpudra.model.slices import build_slices
 from gpudra.scheduling.cluster_view import driver_classes
 from gpudra.scheduling.explain import ClaimToExplain, Explanation, device_classes, explain
 from gpudra.scheduling.forms import class_forms, fields_seen, withheld_on
-from gpudra.scheduling.pools import Inventory
+from gpudra.scheduling.pools import ClusterInventory
 from gpudra.scheduling.reach import Reach
 from tests.unit import inventories as inv
 
@@ -72,7 +72,7 @@ def run(
     return explain(
         [claim],
         classes=CLASSES,
-        inventory=Inventory(published(fields) if slices is None else slices),
+        inventory=ClusterInventory(published(fields) if slices is None else slices),
         server=fields,
         driver=DRIVER,
     )
@@ -273,7 +273,7 @@ def test_before_1_36_a_constraint_over_partitions_is_noted_as_the_scheduler_may_
     fields = ServerFields.of_release(minor, ALL_GATES)
     claim = ClaimToExplain("ns/c", read_spec({"devices": MIG_PAIR}))
     answer = explain(
-        [claim], classes=CLASSES, inventory=Inventory(published(fields)), server=fields, driver=DRIVER
+        [claim], classes=CLASSES, inventory=ClusterInventory(published(fields)), server=fields, driver=DRIVER
     )
     assert answer.fits and answer.needs == []
     assert answer.release == [
@@ -285,7 +285,11 @@ def test_before_1_36_a_constraint_over_partitions_is_noted_as_the_scheduler_may_
     for other in (ServerFields.of_release(36), ServerFields.of_release(minor)):  # no partitions: no note
         assert (
             explain(
-                [claim], classes=CLASSES, inventory=Inventory(published(other)), server=other, driver=DRIVER
+                [claim],
+                classes=CLASSES,
+                inventory=ClusterInventory(published(other)),
+                server=other,
+                driver=DRIVER,
             ).release
             == []
         )
@@ -295,7 +299,7 @@ def test_before_1_36_a_constraint_over_partitions_is_noted_as_the_scheduler_may_
 
 
 def reach_on(fields: ServerFields, slices: list[dict[str, Any]]) -> Reach:
-    inventory = Inventory(slices)
+    inventory = ClusterInventory(slices)
     return Reach(
         [d for p in inventory.pools.values() for d in p.devices],
         CLASSES,

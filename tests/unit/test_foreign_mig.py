@@ -15,7 +15,7 @@ from gpudra.model import devices
 from gpudra.model.inventory import Inventory, MigDevice
 from gpudra.model.publishing import MigMode
 from gpudra.node import checkpoint as ckpt
-from gpudra.node.foreign_mig import CONFIRM_SECONDS, ForeignMig
+from gpudra.node.health.foreign_mig import CONFIRM_SECONDS, ForeignMig
 from gpudra.node.metrics import PluginMetrics
 from gpudra.sim import state as sim_state
 from tests.unit.harness.kube import Events
@@ -152,7 +152,7 @@ def test_a_gpu_instance_without_compute_instance_is_foreign_too(h100: Machine) -
     foreign = h100.start()
     with sim_state.StateFile(h100.state_file).update() as machine:  # nvidia-smi mig -cgi without -C
         gpu = next(g for g in machine.gpus if g.uuid == h100.uuid(3))
-        gpu.gpu_instances.append(sim_state.GpuInstance(id=9, profile_id=PROFILE_1G10GB, start=6, size=1))
+        gpu.gpu_instances.append(sim_state.GpuInstanceState(id=9, profile_id=PROFILE_1G10GB, start=6, size=1))
     foreign._step()
     foreign._step()
     assert "gpu-3-mig-1g10gb-6" in foreign.withheld() and "gpu-3-mig-1g10gb-5" not in foreign.withheld()

@@ -1,5 +1,5 @@
 """GPU faults end to end on a simulated machine: NVML events through gpudra.gpu.nvml, the marks
-gpudra.node.gpu_faults keeps, and what the health monitor makes of them (the slices' taints, the
+gpudra.node.health.gpu_faults keeps, and what the health monitor makes of them (the slices' taints, the
 kubelet's device health, Node events, metrics); the polling fallback where a GPU offers no events;
 the recovery rules; the health file across restarts; two plugin instances on one node (a rolling
 update, a SIGKILL); the CLI options."""
@@ -23,8 +23,8 @@ from gpudra.gpu import nvml
 from gpudra.model import devices
 from gpudra.model.gpu_health import DEFAULT_CLASSIFICATION, XidClass
 from gpudra.node import faults
-from gpudra.node.gpu_faults import GpuFaults
-from gpudra.node.health import Health, HealthMonitor
+from gpudra.node.health.gpu_faults import GpuFaults
+from gpudra.node.health.monitor import Health, HealthMonitor
 from gpudra.node.metrics import PluginMetrics
 from tests.unit.harness.crash import REPO
 from tests.unit.harness.gpu_faults import Instance

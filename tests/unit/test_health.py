@@ -29,7 +29,7 @@ from gpudra.model.gpu_health import GpuConditions
 from gpudra.model.inventory import MigDevice
 from gpudra.model.publishing import MigMode
 from gpudra.node.allocation import ClaimRef
-from gpudra.node.health import (
+from gpudra.node.health.monitor import (
     DeviceHealth,
     GpuHealth,
     Health,
@@ -441,7 +441,7 @@ def test_a_gpu_that_cannot_be_probed_keeps_its_taint_until_a_probe_says_healthy(
 def test_a_change_is_logged_once(
     monitor: HealthMonitor, state_file: Path, gpu_uuids: dict[str, str], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="gpudra.node.health")
+    caplog.set_level(logging.INFO, logger="gpudra.node.health.monitor")
     uuid = gpu_uuids["gpu-0"]
     _next(monitor, 0)
     sim.set_gpu_lost(state_file=state_file, gpu_uuid=uuid, lost=True)

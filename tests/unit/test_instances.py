@@ -26,9 +26,9 @@ from gpudra.gpu.tools import GpuTools
 from gpudra.node import checkpoint as ckpt
 from gpudra.node import daemon
 from gpudra.node.instances import NodeLock, PublisherTurn
-from gpudra.node.options import Options
+from gpudra.node.options import PluginOptions
 from gpudra.node.recovery import Recovery, recover
-from gpudra.node.sharing import GpuSharing
+from gpudra.node.sharing import SharingCoordinator
 from tests.unit.claims import from_claim, time_slicing, whole_gpus
 from tests.unit.harness.kube import FakeKube
 from tests.unit.harness.node import Node, uid, write_checkpoint
@@ -37,8 +37,8 @@ from tests.unit.harness.slices import MODELS, Model, builder, controller, genera
 # --- --instance-id ---------------------------------------------------------------------------------
 
 
-def _plugin_options(monkeypatch: pytest.MonkeyPatch, *args: str) -> Options:
-    seen: list[Options] = []
+def _plugin_options(monkeypatch: pytest.MonkeyPatch, *args: str) -> PluginOptions:
+    seen: list[PluginOptions] = []
     monkeypatch.setattr(daemon, "run", lambda options, stop: seen.append(options))
     monkeypatch.setattr(cli, "_run_daemon", lambda args, run: run(threading.Event()) or 0)
     assert cli.main(["kubelet-plugin", "--node-name=node-a", *args]) == 0
@@ -146,8 +146,8 @@ def h100(tmp_path: Path) -> Node:
     return Node(tmp_path, "dgx-h100")
 
 
-class HeldSharing(GpuSharing):
-    """GpuSharing whose `apply` waits for `release`: a prepare caught in flight."""
+class HeldSharing(SharingCoordinator):
+    """SharingCoordinator whose `apply` waits for `release`: a prepare caught in flight."""
 
     def __init__(self, tools: GpuTools, *, mps_root: Path) -> None:
         super().__init__(tools, mps_root=mps_root)

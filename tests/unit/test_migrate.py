@@ -34,9 +34,9 @@ from gpudra.cli.output_format import documents
 from gpudra.cli.validate import validate_files
 from gpudra.errors import ConfigError
 from gpudra.gpu import nvml
+from gpudra.migrate.translation import DevicePlugin, TranslationOptions, device_plugin_config, translate
 from gpudra.model.devices import build_devices
 from gpudra.model.slices import build_slices
-from gpudra.model.translation import DevicePlugin, Options, device_plugin_config, translate
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).parent / "data" / "migrate"
@@ -288,13 +288,13 @@ def _claim_names(obj: Mapping[str, Any]) -> set[str]:
     return found
 
 
-def _options(case: Case) -> Options:
+def _options(case: Case) -> TranslationOptions:
     args = dict(zip(case.args[::2], case.args[1::2], strict=True))
     config = args.get("--device-plugin-config")
     strategy = args.get("--mig-strategy")
     found = read_device_plugin(Path(config) if config else None, mig_strategy=strategy)
     memory = 81559 * 1024**2 if "--gpu-memory" in args else None
-    return Options(driver=DRIVER, device_plugin=found, gpu_memory=memory)
+    return TranslationOptions(driver=DRIVER, device_plugin=found, gpu_memory=memory)
 
 
 def _only_object(piece: str) -> dict[str, Any] | None:
@@ -349,7 +349,7 @@ def test_a_stream_without_gpus_passes_through_unchanged(text: str) -> None:
     pieces = document_texts(text)
     assert len([p for p in pieces if _only_object(p)]) == len([d for d in yaml.safe_load_all(text) if d])
     migrated = Migrated()
-    migrate_text("stream.yaml", text, Options(driver=DRIVER), migrated)
+    migrate_text("stream.yaml", text, TranslationOptions(driver=DRIVER), migrated)
     assert migrated.text == text and not migrated.untranslated
 
 
@@ -374,7 +374,7 @@ spec:
 def test_only_the_gpu_document_is_rewritten(before: str, after: str) -> None:
     text = before + "---\n" + _GPU_POD + "---\n" + after
     migrated = Migrated()
-    migrate_text("stream.yaml", text, Options(driver=DRIVER), migrated)
+    migrate_text("stream.yaml", text, TranslationOptions(driver=DRIVER), migrated)
     assert migrated.text.startswith(before + "---\n")
     assert migrated.text.endswith("---\n" + after)
     middle = migrated.text[len(before) + 4 : len(migrated.text) - len(after) - 4]
@@ -455,7 +455,9 @@ def _pod(limits: dict[str, Any], namespace: str | None = None) -> dict[str, Any]
 
 
 def test_a_container_asking_two_resources_gets_a_claim_of_each() -> None:
-    done = translate(_pod({"nvidia.com/gpu": 1, "nvidia.com/mig-1g.10gb": 2, "cpu": "1"}), Options())
+    done = translate(
+        _pod({"nvidia.com/gpu": 1, "nvidia.com/mig-1g.10gb": 2, "cpu": "1"}), TranslationOptions()
+    )
     assert done.obj is not None and not done.untranslated
     [container] = done.obj["spec"]["containers"]
     assert container["resources"] == {
@@ -470,12 +472,12 @@ def test_a_container_asking_two_resources_gets_a_claim_of_each() -> None:
 
 
 def test_a_count_of_zero_goes_without_a_claim_and_a_bad_count_stays() -> None:
-    done = translate(_pod({"nvidia.com/gpu": 0}), Options())
+    done = translate(_pod({"nvidia.com/gpu": 0}), TranslationOptions())
     assert done.obj is not None and not done.added and not done.untranslated
     assert done.obj["spec"]["containers"][0]["resources"] == {}
     assert "resourceClaims" not in done.obj["spec"]
     for bad in ("2.5", "²"):  # "²".isdigit() is true, int("²") raises
-        left = translate(_pod({"nvidia.com/gpu": bad}), Options())
+        left = translate(_pod({"nvidia.com/gpu": bad}), TranslationOptions())
         assert left.obj is None and [r.reason for r in left.untranslated] == [
             f"{bad!r} is not a whole number of devices"
         ]

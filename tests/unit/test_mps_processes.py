@@ -12,7 +12,7 @@ import pytest
 from gpudra.gpu.tools import GpuTools
 from gpudra.node.sharing import mps_daemons, mps_processes
 from gpudra.node.sharing.mps_daemons import Daemon, MpsDaemons
-from gpudra.node.sharing.mps_processes import ENVIRON_BYTES, Mark
+from gpudra.node.sharing.mps_processes import ENVIRON_BYTES, DaemonMark
 from gpudra.node.sharing.trash import Trash
 from gpudra.sim import procfs
 
@@ -20,15 +20,15 @@ CLAIMS = 40
 BYSTANDERS = 3000
 
 
-def mark_of(claim: int, root: Path) -> Mark:
-    return Mark(root / f"{claim:012x}" / "pipe", f"{claim:032x}")
+def mark_of(claim: int, root: Path) -> DaemonMark:
+    return DaemonMark(root / f"{claim:012x}" / "pipe", f"{claim:032x}")
 
 
 def environ(*variables: str, tail: bytes = b"") -> bytes:
     return b"".join(os.fsencode(v) + b"\0" for v in variables) + tail
 
 
-def marked(mark: Mark) -> tuple[str, str]:
+def marked(mark: DaemonMark) -> tuple[str, str]:
     assert mark.token is not None
     return f"{mps_processes.PIPE_VARIABLE}={mark.pipe}", f"{mps_processes.TOKEN_VARIABLE}={mark.token}"
 
@@ -89,7 +89,7 @@ def test_a_round_over_every_claim_costs_one_pass(
     passes: list[Path] = []
     survey = mps_processes.survey
 
-    def counted(root: Path = mps_processes.PROC) -> mps_processes.Survey:
+    def counted(root: Path = mps_processes.PROC) -> mps_processes.ProcSurvey:
         passes.append(root)
         return survey(root)
 

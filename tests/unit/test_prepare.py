@@ -1,7 +1,7 @@
 """DeviceState: prepare and unprepare on a simulated node, claim checks, conflicts, crash safety, threads.
 
 Every test runs the real checkpoint and CDI files in a temporary directory, the real device model of a
-simulated machine, and GpuSharing driving the simulator's stand-in `nvidia-smi`, so a time-slice
+simulated machine, and SharingCoordinator driving the simulator's stand-in `nvidia-smi`, so a time-slice
 asserted here is what the stand-in wrote to the simulated card. Crash tests run prepare or unprepare
 in a child process (`python -m tests.unit.harness.crash`) that SIGKILLs itself at one step.
 """
@@ -27,7 +27,7 @@ from gpudra.node import checkpoint as ckpt
 from gpudra.node.allocation import ClaimRef
 from gpudra.node.prepare import DeviceState
 from gpudra.node.recovery import recover
-from gpudra.node.sharing import GpuSharing
+from gpudra.node.sharing import SharingCoordinator
 from tests.unit import inventories
 from tests.unit.claims import (
     DRIVER,
@@ -295,7 +295,9 @@ def test_a_claim_that_is_gone_is_an_error(h100: Node) -> None:
 
 
 def test_a_failing_apply_rolls_back_the_devices_already_applied(h100: Node) -> None:
-    state = h100.state(sharing=FailingOn(GpuSharing(h100.tools, mps_root=h100.root / "mps"), h100.uuid(1)))
+    state = h100.state(
+        sharing=FailingOn(SharingCoordinator(h100.tools, mps_root=h100.root / "mps"), h100.uuid(1))
+    )
     claim = h100.claims.add(
         resource_claim(
             uid(1),
@@ -387,7 +389,7 @@ def test_a_gpu_without_sharing_config_runs_no_tool_and_saves_the_checkpoint_once
     h100: Node, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Any tool run would fail; every checkpoint write is counted.
-    state = h100.state(sharing=GpuSharing(GpuTools(search_path=""), mps_root=h100.root / "mps"))
+    state = h100.state(sharing=SharingCoordinator(GpuTools(search_path=""), mps_root=h100.root / "mps"))
     saves: list[Path] = []
     real_save = ckpt.save
 
@@ -551,7 +553,7 @@ def test_a_claim_that_cannot_be_settled_at_start_up_does_not_stop_the_plugin(h10
         interrupted = interrupted.with_claim(entry.with_state("PrepareStarted"))
     ckpt.save(h100.checkpoint_path, interrupted)
 
-    sharing = UndoFailsOn(GpuSharing(h100.tools, mps_root=h100.root / "mps"), h100.uuid(2))
+    sharing = UndoFailsOn(SharingCoordinator(h100.tools, mps_root=h100.root / "mps"), h100.uuid(2))
     restarted = h100.state(sharing=sharing)
     assert not h100.spec_path(uid(2)).exists() and h100.timeslices()[h100.uuid(3)] == 0
     assert set(restarted.prepared_claims()) == {uid(1)}

@@ -265,7 +265,9 @@ def bare_gpu_instance(node: Node, minor: int, *, gi: int, profile_id: int, start
     """A GPU instance made by hand without a compute instance (nvidia-smi mig -cgi without -C)."""
     with sim_state.StateFile(node.state_file).update() as machine:
         gpu = next(g for g in machine.gpus if g.uuid == node.uuid(minor))
-        gpu.gpu_instances.append(sim_state.GpuInstance(id=gi, profile_id=profile_id, start=start, size=size))
+        gpu.gpu_instances.append(
+            sim_state.GpuInstanceState(id=gi, profile_id=profile_id, start=start, size=size)
+        )
 
 
 @pytest.mark.parametrize("device", ["gpu-1-mig-4g40gb-0", "gpu-1-mig-1g10gb-2"], ids=["exact", "overlapping"])
@@ -409,7 +411,7 @@ def test_a_gpu_instance_left_without_compute_instance_is_destroyed_at_restart(h1
     ckpt.save(h100.checkpoint_path, ckpt.Checkpoint.empty(BOOT).with_claim(entry))
     with sim_state.StateFile(h100.state_file).update() as machine:
         gpu = next(g for g in machine.gpus if g.uuid == h100.uuid(1))
-        gpu.gpu_instances.append(sim_state.GpuInstance(id=1, profile_id=5, start=0, size=4))
+        gpu.gpu_instances.append(sim_state.GpuInstanceState(id=1, profile_id=5, start=0, size=4))
     h100.state()  # the restart
     assert instances(h100, 1) == {} and h100.entries() == {}
     h100.state().prepare(claim)

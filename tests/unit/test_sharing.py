@@ -1,4 +1,4 @@
-"""GpuSharing and GpuTools: what a claim's sharing config does to a simulated GPU, and tool failures."""
+"""SharingCoordinator and GpuTools: what a claim's sharing config does to a simulated GPU, tool failures."""
 
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ from gpudra.gpu import nvml
 from gpudra.gpu.tools import GpuTools
 from gpudra.model.inventory import Gpu
 from gpudra.node import checkpoint as ckpt
-from gpudra.node.allocation import Allocated
-from gpudra.node.sharing import GpuSharing, mps_processes
+from gpudra.node.allocation import ResolvedDevice
+from gpudra.node.sharing import SharingCoordinator, mps_processes
 from gpudra.node.sharing.mps_daemons import Daemon
-from gpudra.node.sharing.mps_processes import Mark
+from gpudra.node.sharing.mps_processes import DaemonMark
 from gpudra.sim import state as sim_state
 from tests.unit.claims import mps, time_slicing
 
@@ -67,10 +67,10 @@ def allocated(
     admin_access: bool = False,
     share_id: str | None = None,
     consumed: dict[str, Fraction] | None = None,
-) -> Allocated:
+) -> ResolvedDevice:
     config = GpuConfig() if parameters is None else decode_config(parameters)
     assert isinstance(config, GpuConfig)
-    return Allocated(
+    return ResolvedDevice(
         request="gpu",
         device=f"gpu-{gpu.minor}" if share_id is None else f"gpu-{gpu.minor}-shared",
         kind="gpu",
@@ -117,8 +117,8 @@ def entry(
     )
 
 
-def sharing_of(tools: GpuTools, tmp_path: Path) -> GpuSharing:
-    return GpuSharing(tools, mps_root=tmp_path / "mps")
+def sharing_of(tools: GpuTools, tmp_path: Path) -> SharingCoordinator:
+    return SharingCoordinator(tools, mps_root=tmp_path / "mps")
 
 
 PLAIN = {"apiVersion": API_VERSION, "kind": "GpuConfig"}
@@ -275,7 +275,7 @@ def test_edits_give_containers_the_pipe_and_shm(tmp_path: Path) -> None:
         gpu_uuids=("GPU-1",),
         sharing=ckpt.MpsRecord(strategy="MPS", root=root),
     )
-    env, mounts = GpuSharing.container_edits(device)
+    env, mounts = SharingCoordinator.container_edits(device)
     assert env == {"CUDA_MPS_PIPE_DIRECTORY": "/tmp/nvidia-mps"}
     assert [(m.host_path, m.container_path) for m in mounts] == [
         (str(root / "pipe"), "/tmp/nvidia-mps"),
@@ -431,16 +431,16 @@ def test_mps_processes_are_found_by_their_mark_and_pinned_by_their_start_time(tm
     daemon = subprocess.Popen(["sleep", "60"], env=marked)
     unmarked = subprocess.Popen(["sleep", "60"], env={"CUDA_MPS_PIPE_DIRECTORY": str(pipe)})
     try:
-        [found] = mps_processes.find(Mark(pipe, token))
+        [found] = mps_processes.find(DaemonMark(pipe, token))
         assert (found.pid, found.parent) == (daemon.pid, os.getpid())
         assert mps_processes.daemon([found]) == found and mps_processes.running(found)
         # The same pid with another start time is another process (the pid was handed out again).
         assert not mps_processes.running(dataclasses.replace(found, start_time=found.start_time + 1))
         # Without a token, the pipe directory marks every process of the plugin's mount namespace.
-        assert {p.pid for p in mps_processes.find(Mark(pipe, None))} == {daemon.pid, unmarked.pid}
+        assert {p.pid for p in mps_processes.find(DaemonMark(pipe, None))} == {daemon.pid, unmarked.pid}
         daemon.kill()
         daemon.wait()
-        assert not mps_processes.running(found) and mps_processes.find(Mark(pipe, token)) == []
+        assert not mps_processes.running(found) and mps_processes.find(DaemonMark(pipe, token)) == []
     finally:
         for process in (daemon, unmarked):
             process.kill()
@@ -456,7 +456,7 @@ def test_without_a_token_a_process_of_another_mount_namespace_is_not_the_daemon(
     contained = subprocess.Popen(["unshare", "-Urm", "sleep", "60"], env=env)
     try:
         wait_for(lambda: Path(f"/proc/{contained.pid}/cmdline").read_bytes().startswith(b"sleep"))
-        assert mps_processes.find(Mark(pipe, None)) == []
+        assert mps_processes.find(DaemonMark(pipe, None)) == []
     finally:
         contained.kill()
         contained.wait()

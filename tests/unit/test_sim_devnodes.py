@@ -18,7 +18,7 @@ from gpudra.gpu import nvml
 from gpudra.model.publishing import Publishing
 from gpudra.node import cdi, wiring
 from gpudra.node.cdi import ClaimDevice, MigAccess
-from gpudra.node.options import Options
+from gpudra.node.options import PluginOptions
 from gpudra.sim import devnodes, machines, procfs
 
 needs_mknod = pytest.mark.skipif(os.geteuid() != 0, reason="mknod needs CAP_MKNOD (root)")
@@ -137,8 +137,8 @@ def test_an_unknown_profile_is_refused(tmp_path: Path) -> None:
         sim.write_device_nodes("dgx-z100", tmp_path / "dev")
 
 
-def _options(nvml: str, dev_root: str) -> Options:
-    return Options(
+def _options(nvml: str, dev_root: str) -> PluginOptions:
+    return PluginOptions(
         node_name="node-a",
         driver="gpu.gpudra.io",
         nvml=nvml,

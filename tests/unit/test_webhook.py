@@ -20,7 +20,7 @@ import pytest
 from gpudra.controller import certs
 from gpudra.controller.certs import Material, read_certificates
 from gpudra.controller.metrics import ControllerMetrics
-from gpudra.controller.options import Options
+from gpudra.controller.options import ControllerOptions
 from gpudra.controller.webhook import (
     JUDGED_KINDS,
     MAX_BODY_BYTES,
@@ -41,7 +41,7 @@ GPU_CONFIG = {"apiVersion": "resource.gpudra.io/v1beta1", "kind": "GpuConfig"}
 BAD = {**GPU_CONFIG, "sharing": {"strategy": "Sometimes"}}
 GOOD = {**GPU_CONFIG, "sharing": {"strategy": "TimeSlicing"}}
 CLASSES = ["mig.gpudra.io", "gpu.gpudra.io"]
-OPTIONS = Options(
+OPTIONS = ControllerOptions(
     driver=DRIVER,
     kubeconfig=None,
     namespace="gpudra",

@@ -27,7 +27,7 @@ from gpudra import build, logs
 from gpudra.cli.option_types import (
     AbsolutePath,
     Bytes,
-    Checked,
+    CheckedText,
     Choice,
     Count,
     Minor,
@@ -87,11 +87,11 @@ _INSTANCE_ID = Pattern(
     "an instance ID: 1 to 63 letters, digits, '-', '_' and '.', starting with a letter or digit",
     empty="<driver>-reg.sock and dra.sock",
 )
-_XIDS = Checked(
+_XIDS = CheckedText(
     lambda text: parse_xid_classes(text, field="--health-xids"),
     comma_list(rf"(default|[0-9]{{1,10}})\s*=\s*({one_of([c.value for c in XidClass])})"),
 )
-_GATES = Checked(parse_feature_gates, comma_list(r"[A-Za-z0-9]+\s*=\s*([Tt]rue|[Ff]alse|TRUE|FALSE)"))
+_GATES = CheckedText(parse_feature_gates, comma_list(r"[A-Za-z0-9]+\s*=\s*([Tt]rue|[Ff]alse|TRUE|FALSE)"))
 LOG_LEVELS = Choice(("DEBUG", "INFO", "WARNING", "ERROR"), case_insensitive=True)
 # Kubernetes' own syntax for MIG profile names, e.g. 1g.10gb, 1g.10gb+me, 7g.80gb.
 _MIG_PROFILES = Pattern(
@@ -832,7 +832,7 @@ def _status_web(args: argparse.Namespace) -> int:
 
 def _controller(args: argparse.Namespace) -> int:
     from gpudra.controller import wiring  # noqa: PLC0415 (see the imports above)
-    from gpudra.controller.options import Options as ControllerOptions  # noqa: PLC0415
+    from gpudra.controller.options import ControllerOptions  # noqa: PLC0415
 
     options = ControllerOptions(
         driver=args.driver_name,
@@ -864,10 +864,10 @@ def _kubelet_plugin(args: argparse.Namespace) -> int:
     if not args.node_name:
         raise ConfigError("is required (or GPUDRA_NODE_NAME): this node's name", field="--node-name")
     from gpudra.node import daemon  # noqa: PLC0415 (see the imports above)
-    from gpudra.node.options import Options  # noqa: PLC0415
+    from gpudra.node.options import PluginOptions  # noqa: PLC0415
 
     plugin_dir = args.plugin_dir or Path(f"/var/lib/kubelet/plugins/{args.driver_name}")
-    options = Options(
+    options = PluginOptions(
         node_name=args.node_name,
         driver=args.driver_name,
         nvml=args.nvml,

@@ -64,7 +64,7 @@ from gpudra.scheduling.explain import (
     unpack_lists,
 )
 from gpudra.scheduling.node_fit import node_refusals, unevaluated
-from gpudra.scheduling.pools import Inventory
+from gpudra.scheduling.pools import ClusterInventory
 
 if TYPE_CHECKING:
     from gpudra.kube.client import Kube
@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     inputs = _offline(args) if offline else _online(args)
     if not inputs.targets:
         raise ConfigError("holds no ResourceClaim, ResourceClaimTemplate or Pod", field=args.target)
-    inventory = Inventory(inputs.slices)
+    inventory = ClusterInventory(inputs.slices)
     fields = inputs.fields or ServerFields.of_release(NEWEST_MINOR)
     pods = inputs.pods + [None] * (len(inputs.targets) - len(inputs.pods))
     results = []

@@ -6,7 +6,7 @@ judged: only regular files (a FIFO would block forever, /dev/zero would never en
 MAX_FILE_BYTES, YAML aliases counted as the nodes they expand to (a kilobyte "billion laughs" file
 would otherwise become gigabytes once walked), at most MAX_NODES expanded nodes per file. Each breach
 is one line naming the file and the limit (a ValueError the command turns into its message; an
-`Unreadable` one when the file could not be read at all, which `gpudra validate` counts as an I/O
+`UnreadableFile` one when the file could not be read at all, which `gpudra validate` counts as an I/O
 error rather than a problem in the file). `-` names standard input, read within the same bounds.
 
 Nesting is bounded per object, as in everything gpudra reads that others write (`gpudra.bounded_json`):
@@ -41,7 +41,7 @@ _TOO_DEEP = f"nests deeper than {MAX_DEPTH} levels"
 STDIN = Path("-")
 
 
-class Unreadable(ValueError):
+class UnreadableFile(ValueError):
     """The file cannot be read: missing, not a regular file, a directory, too large, unreadable."""
 
 
@@ -69,7 +69,7 @@ def read_documents(path: Path) -> Documents:
 
 
 def read_text(path: Path) -> str:
-    """The text of a file or of standard input (`-`), within the bounds above; `Unreadable` or
+    """The text of a file or of standard input (`-`), within the bounds above; `UnreadableFile` or
     ValueError (not UTF-8) says what is wrong."""
     return _read_stdin() if path == STDIN else _read_text(path)
 
@@ -159,7 +159,7 @@ def _read_stdin() -> str:
     try:
         content = sys.stdin.buffer.read(MAX_FILE_BYTES + 1)
     except OSError as err:
-        raise Unreadable(f"cannot be read: {err.strerror}") from err
+        raise UnreadableFile(f"cannot be read: {err.strerror}") from err
     return _decoded(content)
 
 
@@ -168,15 +168,17 @@ def _read_text(path: Path) -> str:
         # O_NONBLOCK: opening a FIFO with no writer must not wait for one.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as err:
-        raise Unreadable(f"cannot be read: {err.strerror}") from err
+        raise UnreadableFile(f"cannot be read: {err.strerror}") from err
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise Unreadable("is a directory, not a file" if stat.S_ISDIR(mode) else "is not a regular file")
+            raise UnreadableFile(
+                "is a directory, not a file" if stat.S_ISDIR(mode) else "is not a regular file"
+            )
         with os.fdopen(os.dup(fd), "rb") as file:
             content = file.read(MAX_FILE_BYTES + 1)
     except OSError as err:
-        raise Unreadable(f"cannot be read: {err.strerror}") from err
+        raise UnreadableFile(f"cannot be read: {err.strerror}") from err
     finally:
         os.close(fd)
     return _decoded(content)
@@ -184,7 +186,7 @@ def _read_text(path: Path) -> str:
 
 def _decoded(content: bytes) -> str:
     if len(content) > MAX_FILE_BYTES:
-        raise Unreadable(f"is larger than {MAX_FILE_BYTES // (1024 * 1024)} MiB")
+        raise UnreadableFile(f"is larger than {MAX_FILE_BYTES // (1024 * 1024)} MiB")
     try:
         return content.decode("utf-8")
     except UnicodeDecodeError as err:

@@ -1,5 +1,5 @@
 """`gpudra migrate FILE...`: manifests written for NVIDIA's DRA driver or device plugin, rewritten for
-gpudra (`gpudra.model.translation` decides what becomes what). I/O: the files named (read by
+gpudra (`gpudra.migrate.translation` decides what becomes what). I/O: the files named (read by
 `gpudra.cli.manifest_files`, bounded; `-` is standard input), the device plugin's config, stdout and
 stderr.
 
@@ -29,15 +29,15 @@ import yaml
 
 from gpudra.cli.manifest_files import STDIN, document_texts, parse_documents, read_text
 from gpudra.errors import ConfigError
-from gpudra.model.manifests import Problem
-from gpudra.model.translation import (
+from gpudra.migrate.translation import (
     DevicePlugin,
     MigStrategy,
-    Options,
+    TranslationOptions,
     device_plugin_config,
     label,
     translate,
 )
+from gpudra.model.manifests import Problem
 
 EXIT_INCOMPLETE = 1
 _LINE = re.compile(r"[^\n]*\n|[^\n]+$")
@@ -66,7 +66,9 @@ def run(
     """Writes the gpudra manifests to stdout and what was not translated to stderr; the exit code as the
     module says. ConfigError (exit 2) for a file that cannot be used."""
     plugin = read_device_plugin(device_plugin, mig_strategy=mig_strategy)
-    options = Options(driver=driver, device_plugin=plugin, gpu_memory=gpu_memory, by_count=by_count)
+    options = TranslationOptions(
+        driver=driver, device_plugin=plugin, gpu_memory=gpu_memory, by_count=by_count
+    )
     texts = [(_name(path), _text(path)) for path in paths]  # every file read before a line is written
     migrated = Migrated()
     for file, text in texts:
@@ -114,7 +116,7 @@ def read_device_plugin(path: Path | None, *, mig_strategy: MigStrategy | None) -
 
 
 def migrate_text(
-    file: str, text: str, options: Options, migrated: Migrated, *, json_text: bool = False
+    file: str, text: str, options: TranslationOptions, migrated: Migrated, *, json_text: bool = False
 ) -> None:
     """One file's text, migrated, added to `migrated.text`."""
     try:
@@ -140,7 +142,7 @@ def migrate_text(
 
 
 def _migrated_piece(
-    file: str, piece: str, obj: Mapping[str, Any], options: Options, migrated: Migrated
+    file: str, piece: str, obj: Mapping[str, Any], options: TranslationOptions, migrated: Migrated
 ) -> str:
     done = translate(obj, options, migrated.made)
     named = label(obj)

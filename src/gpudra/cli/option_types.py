@@ -187,7 +187,7 @@ class Pattern(OptionType[str]):
 
 
 @dataclass(frozen=True)
-class Checked(OptionType[str]):
+class CheckedText(OptionType[str]):
     """Text that a parser of the model accepts (it raises ConfigError naming what is wrong); the text is
     kept, for the command parses it where it uses it. `pattern` is the same rule as a regular expression
     for the chart."""

@@ -147,11 +147,11 @@ def _opener(context: ssl.SSLContext, server_name: str | None) -> urllib.request.
             http.client.HTTPConnection.connect(self)  # TCP only; TLS for server_name below
             self.sock = context.wrap_socket(self.sock, server_hostname=server_name)
 
-    class _Handler(urllib.request.HTTPSHandler):
+    class _NamedHandler(urllib.request.HTTPSHandler):
         def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
             return self.do_open(_Named, req)
 
-    return urllib.request.build_opener(_Handler(context=context))
+    return urllib.request.build_opener(_NamedHandler(context=context))
 
 
 def show(view: ClusterView, *, output: str) -> str:

@@ -51,7 +51,7 @@ def serve(
     if namespace is None and path:
         namespace = kube.context_namespace(path, context)
     surveys = _Surveys(api, driver=driver, idle_after_seconds=idle_after_seconds, namespace=namespace)
-    server_class = _Server6 if ":" in address else _Server
+    server_class = _PageServer6 if ":" in address else _PageServer
     try:
         server = make_server(
             address, port, GpuMapPage(surveys.get).app, server_class=server_class, handler_class=_Quiet
@@ -169,11 +169,11 @@ def _warn(line: str) -> None:
     print(f"gpudra status: warning: {line}", file=sys.stderr)
 
 
-class _Server(socketserver.ThreadingMixIn, WSGIServer):
+class _PageServer(socketserver.ThreadingMixIn, WSGIServer):
     daemon_threads = True
 
 
-class _Server6(_Server):
+class _PageServer6(_PageServer):
     address_family = socket.AF_INET6
 
 

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from gpudra.cli.manifest_files import STDIN, Unreadable, read_documents
+from gpudra.cli.manifest_files import STDIN, UnreadableFile, read_documents
 from gpudra.cli.output_format import as_list, dump
 from gpudra.model.manifests import Problem, document_warnings, validate_documents
 from gpudra.model.migration import migration_problems
@@ -33,7 +33,7 @@ EXIT_UNREADABLE = 2
 
 
 @dataclass
-class Checked:
+class Findings:
     """What `check` found: how many files were read, the problems in them, the paths not read."""
 
     files: int = 0
@@ -67,8 +67,8 @@ def validate_files(paths: Sequence[Path], *, driver: str) -> list[Problem]:
     return found.unreadable + found.problems
 
 
-def check(paths: Sequence[Path], *, driver: str) -> Checked:
-    found = Checked()
+def check(paths: Sequence[Path], *, driver: str) -> Findings:
+    found = Findings()
     for given in paths:
         files, problem = _files(given)
         found.unreadable += [problem] if problem is not None else []
@@ -91,11 +91,11 @@ def _files(path: Path) -> tuple[list[Path], Problem | None]:
     return found, None
 
 
-def _check_file(path: Path, *, driver: str, found: Checked) -> None:
+def _check_file(path: Path, *, driver: str, found: Findings) -> None:
     file = "(standard input)" if path == STDIN else str(path)
     try:
         read = read_documents(path)
-    except Unreadable as err:
+    except UnreadableFile as err:
         found.unreadable.append(Problem(file, "", "", str(err)))
         return
     except ValueError as err:

@@ -32,7 +32,7 @@ from gpudra.model.kube_api import GROUP, VERSION
 from gpudra.scheduling import cluster_view, gpu_map
 from gpudra.scheduling.explain import device_classes
 from gpudra.scheduling.forms import fields_seen, withheld_on
-from gpudra.scheduling.pools import Inventory
+from gpudra.scheduling.pools import ClusterInventory
 from gpudra.scheduling.reach import Reach
 
 log = logging.getLogger(__name__)
@@ -197,7 +197,7 @@ class ClusterWatch:
             return cached[1]
         classes = self.classes.objects()
         slices = self.slices.objects()
-        inventory = Inventory(slices)
+        inventory = ClusterInventory(slices)
         devices = [device for pool in inventory.pools.values() for device in pool.devices]
         minor = self._read_minor()
         reach = Reach(

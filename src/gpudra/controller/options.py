@@ -9,7 +9,7 @@ FailurePolicy = Literal["Fail", "Ignore"]
 
 
 @dataclass(frozen=True)
-class Options:
+class ControllerOptions:
     driver: str
     kubeconfig: str | None
     namespace: str  # where the webhook's Secret and the leader Lease live (the controller's own)

@@ -55,7 +55,7 @@ from urllib.parse import urlsplit
 from gpudra import bounded_json
 from gpudra.bounded_json import Poisoned
 from gpudra.controller.certs import Material, read_certificates
-from gpudra.controller.options import Options
+from gpudra.controller.options import ControllerOptions
 from gpudra.errors import ConfigError
 from gpudra.model.kube_api import GROUP, VERSION
 from gpudra.model.manifests import Problem, document_warnings, validate_documents
@@ -235,7 +235,7 @@ def _clean_warnings(texts: Iterable[object]) -> list[str]:
 
 
 def desired_configuration(
-    options: Options, ca_bundle: bytes, warned_classes: Iterable[str] = ()
+    options: ControllerOptions, ca_bundle: bytes, warned_classes: Iterable[str] = ()
 ) -> dict[str, Any]:
     """The ValidatingWebhookConfiguration `options.webhook_configuration`, trusting the PEM `ca_bundle`,
     with a warnings webhook for claims asking `warned_classes`.

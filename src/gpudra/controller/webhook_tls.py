@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 
 from gpudra.controller import certs
 from gpudra.controller.certs import Material
-from gpudra.controller.options import Options
+from gpudra.controller.options import ControllerOptions
 from gpudra.controller.webhook import WebhookServer, desired_configuration, warned_classes_of
 from gpudra.errors import ConfigError
 from gpudra.kube.client import Conflict, Obj
@@ -65,7 +65,7 @@ class AdmissionApi(Protocol):
     def replace_webhook_configuration(self, configuration: Obj) -> Obj: ...
 
 
-def serving_names(options: Options) -> list[str]:
+def serving_names(options: ControllerOptions) -> list[str]:
     """The names the API server checks the serving certificate against: the host of `webhook_url`, or
     the Service's `<name>.<namespace>.svc`."""
     if options.webhook_url:
@@ -86,7 +86,7 @@ class CertificateKeeper:
     def __init__(
         self,
         api: AdmissionApi,
-        options: Options,
+        options: ControllerOptions,
         server: WebhookServer,
         *,
         is_leader: Callable[[], bool],

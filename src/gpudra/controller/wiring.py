@@ -22,7 +22,7 @@ from gpudra.controller.cluster import ClusterWatch
 from gpudra.controller.housekeeping import Housekeeping
 from gpudra.controller.leader import LeaderElector
 from gpudra.controller.metrics import ControllerMetrics
-from gpudra.controller.options import Options
+from gpudra.controller.options import ControllerOptions
 from gpudra.controller.status_access import StatusAccess, StatusPages
 from gpudra.controller.webhook import JUDGED_KINDS, WebhookServer
 from gpudra.controller.webhook_tls import CertificateKeeper
@@ -53,7 +53,7 @@ def few_malloc_arenas() -> None:
     mallopt(M_ARENA_MAX, MALLOC_ARENAS)
 
 
-def run(options: Options, *, stop: threading.Event) -> None:
+def run(options: ControllerOptions, *, stop: threading.Event) -> None:
     few_malloc_arenas()
     client = kube.Kube(kube.connect(options.kubeconfig))
     role = options.owner_cluster_role

@@ -14,7 +14,7 @@ import logging
 import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Literal, Protocol
 
 from gpudra.kube.client import Kube
 from gpudra.service import Loop
@@ -26,6 +26,13 @@ COMPONENT = "gpudra-kubelet-plugin"
 # for events.k8s.io notes, so longer messages are cut to that.
 MAX_MESSAGE = 1024
 MAX_QUEUED = 100
+
+
+class EventPoster(Protocol):
+    """What posts Events on the node: NodeEvents (queues an event on this node's Node, never blocks),
+    or a test's recorder."""
+
+    def post(self, type_: Literal["Normal", "Warning"], reason: str, message: str) -> None: ...
 
 
 @dataclass(frozen=True)

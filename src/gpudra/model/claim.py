@@ -21,14 +21,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from fractions import Fraction
 from typing import Any
 
 from gpudra.errors import ConfigError
-from gpudra.quantity import parse_quantity
-
-# A quantity's exact value: an int when it is whole, else a Fraction (as gpudra.scheduling.pools.Amount)
-Amount = int | Fraction
+from gpudra.quantity import Amount, parse_quantity
 
 _EMPTY: Mapping[str, Any] = {}
 

@@ -1,6 +1,6 @@
 """What a claim asks of this node, as the state machine and its steps see it. Pure.
 
-`ClaimRef` is what the kubelet names; `Allocated` is one allocation result resolved to this node's
+`ClaimRef` is what the kubelet names; `ResolvedDevice` is one allocation result resolved to this node's
 hardware and config. The steps of prepare (MIG partitions, sharing) take these and sit below
 the state machine in `prepare`, which sequences them.
 """
@@ -40,7 +40,7 @@ class ClaimSource(Protocol):
 
 
 @dataclass(frozen=True)
-class Allocated:
+class ResolvedDevice:
     """One of this driver's allocation results in a claim, resolved to this node's hardware."""
 
     request: str  # as allocated: "req" or "req/sub"
@@ -78,7 +78,7 @@ class Sharing(Protocol):
     """
 
     def plan(
-        self, claim_uid: str, devices: Sequence[Allocated], *, others: Sequence[ckpt.ClaimEntry]
+        self, claim_uid: str, devices: Sequence[ResolvedDevice], *, others: Sequence[ckpt.ClaimEntry]
     ) -> list[ckpt.SharingRecord | None]: ...
 
     def apply(

@@ -1,7 +1,7 @@
 """A claim's allocation, checked against this node and resolved to its hardware and config. Pure.
 
 The state machine (gpudra.node.prepare) gets the claim from the API server (typed by gpudra.model.claim)
-and hands it here; what comes back is `Allocated`, one per result of this driver. `NodeDevices` answers
+and hands it here; what comes back is `ResolvedDevice`, one per result of this driver. `NodeDevices` answers
 the questions about the devices this node publishes (their type, their GPU, their memory) for prepare,
 recovery and this reader alike.
 """
@@ -16,7 +16,7 @@ from gpudra.model.claim import AllocationResult, Claim
 from gpudra.model.claim_config import resolve_configs
 from gpudra.model.devices import Device
 from gpudra.model.inventory import Gpu, Inventory
-from gpudra.node.allocation import Allocated, ClaimRef, DeviceType
+from gpudra.node.allocation import ClaimRef, DeviceType, ResolvedDevice
 from gpudra.quantity import parse_quantity
 
 
@@ -66,7 +66,7 @@ class NodeDevices:
 
 def read_allocated(
     claim: Claim, ref: ClaimRef, *, driver: str, node_name: str, devices: NodeDevices
-) -> list[Allocated]:
+) -> list[ResolvedDevice]:
     """This driver's results in `claim`, checked against the kubelet's request and this node."""
     if claim.uid != ref.uid:
         raise ClaimError(
@@ -89,7 +89,7 @@ def read_allocated(
     types = {r.device: devices.type_of(r.device) for r in results}
     configs = resolve_configs(claim.allocation, driver=driver, device_types=types)
     return [
-        Allocated(
+        ResolvedDevice(
             request=c.request,
             device=c.device,
             kind=types[c.device],

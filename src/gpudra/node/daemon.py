@@ -13,13 +13,13 @@ import threading
 
 from gpudra.node import state_dir
 from gpudra.node.kubelet_grpc import KubeletServer
-from gpudra.node.options import Options
+from gpudra.node.options import PluginOptions
 
 # Each service's share of shutdown: calls in flight finish, threads end.
 STOP_TIMEOUT_SECONDS = 5.0
 
 
-def run(options: Options, *, stop: threading.Event) -> None:
+def run(options: PluginOptions, *, stop: threading.Event) -> None:
     state_dir.ensure(options.state_dir)
     server = KubeletServer(
         driver=options.driver,

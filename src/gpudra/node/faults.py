@@ -33,7 +33,8 @@ MPS_UNPREPARE_STEPS = ("unprepare-mps-stopped",)
 # unlinked (in prepare and unprepare alike); a stopped daemon's directory moved into the trash and not
 # yet emptied (gpudra.node.sharing.mps_daemons).
 MPS_DAEMON_STEPS = ("mps-control-linked", "unprepare-mps-trashed")
-# Recording a GPU fault (gpudra.node.gpu_faults): saved in the health file, its Node event not yet posted.
+# Recording a GPU fault (gpudra.node.health.gpu_faults): saved in the health file, its Node event not yet
+# posted.
 HEALTH_STEPS = ("health-saved",)
 
 

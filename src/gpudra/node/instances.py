@@ -17,7 +17,7 @@ one finish there). Two locks keep them apart:
   decision, and would let a recovery run beside a prepare in flight. During an update the old
   instance gets no new calls, so it holds the lock only until the calls it had finish.
 - `PublisherTurn`: only one instance at a time publishes to the API server (ResourceSlices, claim usage)
-  and records GPU faults (their Node events, metrics and the health file: gpudra.node.gpu_faults). Two
+  and records GPU faults (their Node events, metrics and the health file: gpudra.node.health.gpu_faults). Two
   publishers would fight: each takes the other's write for someone else's edit and restores its own, and a
   pool rewrite at a new generation by one makes the other rewrite it again at the next, for as long as
   both run, even when both want the same slices. The new instance stands by, without writing, until the

@@ -68,7 +68,7 @@ from gpudra.node.allocation import ClaimRef
 
 if TYPE_CHECKING:  # types only: this module opens the sockets before the rest of the plugin loads
     from gpudra.node import checkpoint as ckpt
-    from gpudra.node.health import Snapshot
+    from gpudra.node.health.monitor import Snapshot
 
 log = logging.getLogger(__name__)
 SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
@@ -80,7 +80,7 @@ _STREAM_CHECK_SECONDS = 0.25
 STARTUP_WAIT_SECONDS = 30.0
 # A unix socket's path in bytes (sun_path holds 108, with the terminating NUL).
 MAX_SOCKET_PATH = 107
-# By gpudra.node.health.Health value (a StrEnum: its members are these strings).
+# By gpudra.node.health.monitor.Health value (a StrEnum: its members are these strings).
 _HEALTH_STATUS = {
     "Healthy": dra_health_v1alpha1_pb2.HEALTHY,
     "Unhealthy": dra_health_v1alpha1_pb2.UNHEALTHY,
@@ -100,7 +100,7 @@ class PrepareBackend(Protocol):
 
 
 class HealthSource(Protocol):
-    """What the health stream reads: gpudra.node.health.HealthMonitor."""
+    """What the health stream reads: gpudra.node.health.monitor.HealthMonitor."""
 
     @property
     def timeout_seconds(self) -> int: ...

@@ -160,7 +160,7 @@ class PluginMetrics(DaemonMetrics):
         self.foreign_mig = Gauge(
             "gpudra_mig_foreign_instances",
             "MIG GPU instances on the GPU that gpudra did not create (made by hand or by another tool); "
-            "the devices they exclude are not offered (gpudra.node.foreign_mig).",
+            "the devices they exclude are not offered (gpudra.node.health.foreign_mig).",
             ["gpu"],
             registry=self.registry,
         )

@@ -18,7 +18,7 @@ without one. Ownership comes from the checkpoint alone:
   placement that holds no compute instance; without live ids (a crash before they were saved), the
   instance at exactly the recorded profile and placement, which `plan` found free before the record.
 (The one window left: an instance created by hand at that exact placement between the record and the
-create. Instances made by hand otherwise are noticed by gpudra.node.foreign_mig, which stops offering
+create. Instances made by hand otherwise are noticed by gpudra.node.health.foreign_mig, which stops offering
 the placements they take.)
 
 MIG mode. On a GPU whose mode changes without a reset (`Gpu.mig_mode_switchable`: Hopper and newer on
@@ -48,7 +48,7 @@ from gpudra.model.devices import Device, partition_of
 from gpudra.model.inventory import Gpu, GpuInstance, MigCapabilities, MigDevice
 from gpudra.node import cdi
 from gpudra.node import checkpoint as ckpt
-from gpudra.node.allocation import Allocated
+from gpudra.node.allocation import ResolvedDevice
 
 _T = TypeVar("_T")
 _R_co = TypeVar("_R_co", covariant=True)
@@ -93,7 +93,7 @@ class MigPartitions:
     # --- planning (no side effects) --------------------------------------------------------------
 
     def plan(
-        self, device: Allocated, published: Device, *, owned: set[str], joins: ckpt.MigLive | None = None
+        self, device: ResolvedDevice, published: Device, *, owned: set[str], joins: ckpt.MigLive | None = None
     ) -> ckpt.MigRecord | None:
         """The record of the partition `device` will be, or None for a static MIG device.
 

@@ -45,10 +45,10 @@ from gpudra.gpu.tools import GpuTools
 from gpudra.node.sharing import tools_for
 from gpudra.node.sharing.mps_daemons import Daemon, MpsDaemons, Tampering, trash_dir
 from gpudra.node.sharing.mps_host_protocol import (
+    HostReply,
+    HostRequest,
     ProcessRef,
     ProtocolError,
-    Reply,
-    Request,
     Running,
     Start,
     Stop,
@@ -170,11 +170,11 @@ class MpsHost:
                     return
                 connection.settimeout(_REQUEST_TIMEOUT_S)
                 try:
-                    request = receive(connection, Request)
+                    request = receive(connection, HostRequest)
                 except (ProtocolError, OSError) as err:
                     log.warning("mps-host: a request refused", extra={"error": str(err)})
                     with contextlib.suppress(OSError, ProtocolError):
-                        send(connection, Reply(error=f"not a request: {err}"))
+                        send(connection, HostReply(error=f"not a request: {err}"))
                     return
                 connection.settimeout(None)  # a start may take the daemon's ready timeout
                 with contextlib.suppress(OSError):  # the plugin went away: its next call asks again
@@ -182,12 +182,12 @@ class MpsHost:
         finally:
             self._slots.release()
 
-    def handle(self, request: Request) -> Reply:
+    def handle(self, request: HostRequest) -> HostReply:
         """Do what `request` asks; a failure is the reply's error."""
         operation = request.request
         root = operation.daemon.root
         if root.parent != self.mps_root or not _DAEMON_DIRECTORY.fullmatch(root.name):
-            return Reply(error=f"daemon.root {root} is not a daemon directory under {self.mps_root}")
+            return HostReply(error=f"daemon.root {root} is not a daemon directory under {self.mps_root}")
         daemon = Daemon(root, operation.daemon.token)
         self._found.list = []
         self._found.shared_pipe = 0
@@ -210,7 +210,7 @@ class MpsHost:
         except (GpudraError, OSError) as err:  # OSError: its directories could not be made
             process, error = None, str(err)
         found: list[Tampering] = self._found.list
-        return Reply(
+        return HostReply(
             process=None
             if process is None
             else ProcessRef(pid=process.pid, start_time=process.start_time, parent=process.parent),

@@ -31,7 +31,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING
 
 from gpudra.errors import HardwareError
 from gpudra.node import checkpoint as ckpt
@@ -42,15 +42,12 @@ from gpudra.node.sharing.mps import daemon_roots
 from gpudra.node.sharing.mps_daemons import Tampering
 from gpudra.service import Loop
 
+if TYPE_CHECKING:  # types only
+    from gpudra.kube.events import EventPoster
+
 log = logging.getLogger(__name__)
 # A restart that keeps failing (e.g. the GPU's driver refuses MPS now) is tried at most this seldom.
 _MAX_BACKOFF_SECONDS = 60.0
-
-
-class EventPoster(Protocol):
-    """gpudra.kube.events.NodeEvents: queues an event on this node's Node, never blocks."""
-
-    def post(self, type_: Literal["Normal", "Warning"], reason: str, message: str) -> None: ...
 
 
 class MpsKeeper:

@@ -10,7 +10,7 @@ from gpudra.model.publishing import Publishing
 
 
 @dataclass(frozen=True)
-class Options:
+class PluginOptions:
     node_name: str
     driver: str
     nvml: str

@@ -43,7 +43,7 @@ from gpudra.model.devices import Device, gpu_uuid_of, partition_of
 from gpudra.model.inventory import Inventory
 from gpudra.node import cdi, faults
 from gpudra.node import checkpoint as ckpt
-from gpudra.node.allocation import Allocated, ClaimRef, ClaimSource, Sharing
+from gpudra.node.allocation import ClaimRef, ClaimSource, ResolvedDevice, Sharing
 from gpudra.node.claim_reader import NodeDevices, read_allocated
 from gpudra.node.claim_store import ClaimStore
 from gpudra.node.mig import MigPartitions
@@ -205,7 +205,7 @@ class DeviceState:
         self._advise(ref, allocated)
         return completed.devices
 
-    def _advise(self, ref: ClaimRef, allocated: Sequence[Allocated]) -> None:
+    def _advise(self, ref: ClaimRef, allocated: Sequence[ResolvedDevice]) -> None:
         """An Event for each thing the claim's configs do otherwise than they may seem to (a MIG
         device's TimeSlicing sets nothing), once per prepare that changed the node."""
         if self.post_event is None:
@@ -246,7 +246,7 @@ class DeviceState:
         return tuple(done)
 
     def _complete_rebuilt(
-        self, ref: ClaimRef, done: ckpt.ClaimEntry, allocated: Sequence[Allocated]
+        self, ref: ClaimRef, done: ckpt.ClaimEntry, allocated: Sequence[ResolvedDevice]
     ) -> tuple[ckpt.PreparedDevice, ...]:
         """A claim rebuilt from its CDI spec, completed from the claim: its devices keep running as
         they are (their MIG devices and specs are in use by the pod); only the request names come back."""
@@ -369,7 +369,7 @@ class DeviceState:
 
     # --- helpers -------------------------------------------------------------------------------
 
-    def _refuse_taken(self, ref: ClaimRef, allocated: Sequence[Allocated]) -> None:
+    def _refuse_taken(self, ref: ClaimRef, allocated: Sequence[ResolvedDevice]) -> None:
         """Refuse a device another claim holds: the same device (unless both hold a share of it), or
         the same GPU in another form (its whole self, a share of it, a partition of it), which the
         scheduler's counters keep apart too."""
@@ -415,7 +415,7 @@ class DeviceState:
                 )
 
     def _planned(
-        self, ref: ClaimRef, device: Allocated, *, owned: set[str], sharing: ckpt.SharingRecord | None
+        self, ref: ClaimRef, device: ResolvedDevice, *, owned: set[str], sharing: ckpt.SharingRecord | None
     ) -> ckpt.PreparedDevice:
         own = cdi.claim_device_id(
             driver=self.driver, claim_uid=ref.uid, device_name=cdi.device_name(device.device, device.share_id)
@@ -438,7 +438,7 @@ class DeviceState:
         )
 
     def _claim_device(
-        self, device: Allocated, prepared: ckpt.PreparedDevice | None = None
+        self, device: ResolvedDevice, prepared: ckpt.PreparedDevice | None = None
     ) -> cdi.ClaimDevice:
         """The CDI view of `device`; for a partition, of the MIG device that exists now."""
         gpu = device.gpu

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING
 
 from gpudra.model import devices
 from gpudra.model.devices import DeviceModel, DeviceTaint
@@ -31,11 +31,10 @@ from gpudra.model.publishing import (
     fit_to_server,
 )
 
+if TYPE_CHECKING:  # types only
+    from gpudra.kube.events import EventPoster
+
 log = logging.getLogger(__name__)
-
-
-class Events(Protocol):
-    def post(self, type_: Literal["Normal", "Warning"], reason: str, message: str) -> None: ...
 
 
 class ServedModel:
@@ -46,7 +45,7 @@ class ServedModel:
         *,
         model: DeviceModel,
         probe: Callable[[int], ServerFields],
-        events: Events,
+        events: EventPoster,
         withheld_gauge: Callable[[str, bool], None] = lambda form, on: None,
         on_model: Callable[[DeviceModel], None] = lambda model: None,
     ) -> None:

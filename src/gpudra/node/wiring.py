@@ -6,7 +6,7 @@ Start-up order matters: settle the checkpoint first (a crash may have left a pre
 start the health monitor and the slice publishing, then hand the prepare state to the kubelet's server,
 whose calls waited until then. While another instance runs on the node (a rolling update), recovery
 waits for its calls in flight, and the slice publishing, claim usage and GPU fault recording (Node
-events, the health file) wait until it exits (gpudra.node.instances, gpudra.node.gpu_faults). Every
+events, the health file) wait until it exits (gpudra.node.instances, gpudra.node.health.gpu_faults). Every
 background part is a `service.Service` started by `service.running`: a part that fails to start stops
 the ones already started. Stop (SIGTERM): health streams end, no new calls, calls in flight finish (the
 server stops first), then the loops stop.
@@ -30,19 +30,19 @@ from gpudra.kube.slice_sync import SliceController
 from gpudra.model import devices
 from gpudra.model.gpu_health import CLEAR_ANNOTATION
 from gpudra.node import cdi, checkpoint
-from gpudra.node.foreign_mig import ForeignMig
-from gpudra.node.gpu_faults import GpuFaults
-from gpudra.node.health import HealthMonitor
+from gpudra.node.health.foreign_mig import ForeignMig
+from gpudra.node.health.gpu_faults import GpuFaults
+from gpudra.node.health.monitor import HealthMonitor
 from gpudra.node.instances import PublisherTurn
 from gpudra.node.kubelet_grpc import KubeletServer, Observer
 from gpudra.node.metrics import PluginMetrics
 from gpudra.node.mig import MigPartitions
 from gpudra.node.mps_keeper import MpsKeeper, TamperingReports
-from gpudra.node.options import Options
+from gpudra.node.options import PluginOptions
 from gpudra.node.prepare import DeviceState
 from gpudra.node.recovery import Recovery, recover
 from gpudra.node.served_model import ServedModel
-from gpudra.node.sharing import GpuSharing, tools_for
+from gpudra.node.sharing import SharingCoordinator, tools_for
 from gpudra.node.usage import ClaimUsage
 
 log = logging.getLogger(__name__)
@@ -54,11 +54,11 @@ CHECKPOINT_RETRY_SECONDS = 10.0
 IDLE_SECONDS = 3600.0
 
 
-def _tools(options: Options) -> GpuTools:
+def _tools(options: PluginOptions) -> GpuTools:
     return tools_for(options.nvml, driver_root=options.driver_root, directory=options.state_dir / "sim-tools")
 
 
-def _log_mps_reach(options: Options) -> None:
+def _log_mps_reach(options: PluginOptions) -> None:
     """Whether the state directory, where MPS daemons keep their pipes, is the same directory inside a
     driver root other than `/`, where the daemons run (gpudra.gpu.driver_root): said once at start, so
     that an operator sees a missing mount before the first MPS claim fails on it."""
@@ -75,7 +75,7 @@ def _log_mps_reach(options: Options) -> None:
         )
 
 
-def run(options: Options, server: KubeletServer, *, stop: threading.Event) -> None:
+def run(options: PluginOptions, server: KubeletServer, *, stop: threading.Event) -> None:
     """Build the plugin, hand it to `server` (started, its calls waiting), and run until `stop`."""
     log.info(
         "starting",
@@ -98,7 +98,7 @@ def run(options: Options, server: KubeletServer, *, stop: threading.Event) -> No
         _run(options, session, server, stop=stop)
 
 
-def _run(options: Options, session: nvml.Nvml, server: KubeletServer, *, stop: threading.Event) -> None:
+def _run(options: PluginOptions, session: nvml.Nvml, server: KubeletServer, *, stop: threading.Event) -> None:
     inventory = session.inventory()
     model = devices.publish(inventory, options.publishing)
     log.info(
@@ -123,7 +123,7 @@ def _run(options: Options, session: nvml.Nvml, server: KubeletServer, *, stop: t
         inventory=inventory,
         devices={d["name"]: d for d in model.devices},
         claims=claims,
-        sharing=GpuSharing(
+        sharing=SharingCoordinator(
             _tools(options),
             mps_root=options.state_dir / "mps",
             mps_host=options.mps_host_socket,
@@ -278,7 +278,7 @@ def _run(options: Options, session: nvml.Nvml, server: KubeletServer, *, stop: t
 
 
 def _faults(
-    options: Options,
+    options: PluginOptions,
     published: list[devices.Device],
     *,
     state: DeviceState,

@@ -33,9 +33,10 @@ from typing import Any
 
 from gpudra.errors import GpudraError
 from gpudra.model.claim import Constraint, Request, Toleration
+from gpudra.quantity import Amount
 from gpudra.scheduling.cel import CelRuntimeError, Reference, Selector, compile_selector, reference_getter
-from gpudra.scheduling.claims import Allocations, Claim
-from gpudra.scheduling.pools import Amount, Device, DeviceID, Inventory, Pool, quantity
+from gpudra.scheduling.claims import Allocations, AllocatorClaim
+from gpudra.scheduling.pools import ClusterInventory, DeviceID, Pool, SliceDevice, quantity
 
 MAX_RESULTS = 32  # resource/v1 AllocationResultsMaxSize: devices one claim may get
 DEFAULT_BUDGET = 100_000  # search steps per node before the answer is "undecided"
@@ -94,7 +95,7 @@ class _Candidates:
     among the node's devices."""
 
     indexes: list[int]
-    entries: list[tuple[int, Pool, Device, CelRuntimeError | None]]
+    entries: list[tuple[int, Pool, SliceDevice, CelRuntimeError | None]]
 
 
 class RequestMatcher:
@@ -108,7 +109,7 @@ class RequestMatcher:
         references: set[Reference] = set()
         for selector, _, _ in selectors:
             if selector.references is None:
-                self._getters: tuple[Callable[[Device], Hashable], ...] | None = None
+                self._getters: tuple[Callable[[SliceDevice], Hashable], ...] | None = None
                 break
             references |= selector.references
         else:
@@ -117,7 +118,7 @@ class RequestMatcher:
         self._candidates: dict[str, _Candidates] = {}
         self._verdicts: dict[str, list[Rejection | CelRuntimeError | None]] = {}
 
-    def check(self, device: Device) -> Rejection | CelRuntimeError | None:
+    def check(self, device: SliceDevice) -> Rejection | CelRuntimeError | None:
         """None when `device` passes every selector, else the first that rejects it (or fails on it)."""
         getters = self._getters
         if getters is None:
@@ -128,7 +129,7 @@ class RequestMatcher:
             known = self._memo[key] = self._evaluate(device)
         return known  # type: ignore[return-value]  # a verdict, _UNKNOWN handled above
 
-    def _evaluate(self, device: Device) -> Rejection | CelRuntimeError | None:
+    def _evaluate(self, device: SliceDevice) -> Rejection | CelRuntimeError | None:
         for selector, source, index in self.selectors:
             try:
                 if not selector.matches(device):
@@ -137,7 +138,7 @@ class RequestMatcher:
                 return err
         return None
 
-    def verdicts(self, node: str, devices: Sequence[Device]) -> list[Rejection | CelRuntimeError | None]:
+    def verdicts(self, node: str, devices: Sequence[SliceDevice]) -> list[Rejection | CelRuntimeError | None]:
         """`check` of each of `devices` (all a node sees, in order), remembered per node."""
         known = self._verdicts.get(node)
         if known is None:
@@ -145,8 +146,8 @@ class RequestMatcher:
             known = self._verdicts[node] = [check(d) for d in devices]
         return known
 
-    def candidates(self, node: str, devices: Sequence[tuple[Pool, Device]]) -> _Candidates:
-        """Those of a node's devices (`Inventory.devices_for`) that pass the selectors or fail on one,
+    def candidates(self, node: str, devices: Sequence[tuple[Pool, SliceDevice]]) -> _Candidates:
+        """Those of a node's devices (`ClusterInventory.devices_for`) that pass the selectors or fail on one,
         leaving out pools the scheduler skips (incomplete, invalid)."""
         known = self._candidates.get(node)
         if known is None:
@@ -159,14 +160,14 @@ class RequestMatcher:
             self._candidates[node] = known
         return known
 
-    def selectable(self, claim: Claim, device: Device) -> bool:
+    def selectable(self, claim: AllocatorClaim, device: SliceDevice) -> bool:
         """`check` as the allocator uses it: a selector failing on the device stops the scheduler."""
         verdict = self.check(device)
         if isinstance(verdict, CelRuntimeError):
             raise AllocationError(self.runtime_error(claim, verdict))
         return verdict is None
 
-    def runtime_error(self, claim: Claim, err: CelRuntimeError) -> str:
+    def runtime_error(self, claim: AllocatorClaim, err: CelRuntimeError) -> str:
         """The scheduler's words for a selector that fails on a device."""
         for selector, source, index in self.selectors:
             if selector.expression == err.expression:
@@ -183,7 +184,7 @@ def integer_value(value: Amount) -> int:
     return math.ceil(value)
 
 
-def requested_amount(request: Request, device: Device, name: str) -> Amount:
+def requested_amount(request: Request, device: SliceDevice, name: str) -> Amount:
     """What a request consumes of one capacity of `device`: what it asks rounded up to the capacity's
     request policy, the policy's default when it asks nothing, else the whole capacity."""
     capacity = device.capacity[name]
@@ -214,7 +215,7 @@ def requested_amount(request: Request, device: Device, name: str) -> Amount:
     return asked
 
 
-def violates_policy(amount: Amount, device: Device, name: str) -> bool:
+def violates_policy(amount: Amount, device: SliceDevice, name: str) -> bool:
     policy = device.capacity[name].get("requestPolicy")
     if not policy:
         return False
@@ -235,7 +236,7 @@ def violates_policy(amount: Amount, device: Device, name: str) -> bool:
 
 
 def capacity_shortfall(
-    request: Request, device: Device, used: Mapping[str, Amount], allocating: Mapping[str, Amount]
+    request: Request, device: SliceDevice, used: Mapping[str, Amount], allocating: Mapping[str, Amount]
 ) -> str | None:
     """Why `device` cannot give `request` its capacity (None: it can), given what other shares `used`
     and what this search is `allocating` of it (Kubernetes' CmpRequestOverCapacity)."""
@@ -264,7 +265,7 @@ def capacity_shortfall(
     return "; ".join(short) or None
 
 
-def _policy(device: Device, name: str) -> str:
+def _policy(device: SliceDevice, name: str) -> str:
     policy = device.capacity[name].get("requestPolicy") or {}
     valid_range = policy.get("validRange")
     if valid_range:
@@ -272,7 +273,7 @@ def _policy(device: Device, name: str) -> str:
     return "values " + ", ".join(str(v) for v in policy.get("validValues") or ())
 
 
-def consumed_capacity(request: Request, device: Device) -> dict[str, Amount]:
+def consumed_capacity(request: Request, device: SliceDevice) -> dict[str, Amount]:
     return {name: requested_amount(request, device, name) for name in device.capacity}
 
 
@@ -291,7 +292,7 @@ def format_amount(value: Amount) -> str:
 # --- taints and attributes -----------------------------------------------------------------------
 
 
-def blocking_taint(device: Device, request: Request) -> Mapping[str, Any] | None:
+def blocking_taint(device: SliceDevice, request: Request) -> Mapping[str, Any] | None:
     """The first NoSchedule/NoExecute taint of `device` that `request` does not tolerate."""
     for taint in device.taints:
         if taint.get("effect") not in ("NoSchedule", "NoExecute"):
@@ -312,7 +313,7 @@ def _tolerates(toleration: Toleration, taint: Mapping[str, Any]) -> bool:
     return operator == "Exists"
 
 
-def lookup_attribute(device: Device, name: str) -> tuple[str, Any] | None:
+def lookup_attribute(device: SliceDevice, name: str) -> tuple[str, Any] | None:
     """A fully qualified attribute of `device` as (type, value), or None (Kubernetes' lookupAttribute)."""
     raw = device.attributes.get(name)
     if raw is None:
@@ -341,7 +342,7 @@ class _ConstraintState:
         members = self.constraint.requests
         return not members or base in members or (sub is not None and f"{base}/{sub}" in members)
 
-    def add(self, base: str, sub: str | None, device: Device) -> bool:
+    def add(self, base: str, sub: str | None, device: SliceDevice) -> bool:
         if not self.applies(base, sub):
             return True
         attribute = lookup_attribute(device, self.constraint.attribute)
@@ -370,12 +371,12 @@ class _ConstraintState:
 
 
 @dataclass(frozen=True)
-class Allocated:
+class FoundDevice:
     """One device of a found allocation."""
 
     claim: str
     request: str
-    device: Device
+    device: SliceDevice
     admin_access: bool
     consumed: Mapping[str, Amount] | None  # a share's capacity
 
@@ -384,7 +385,7 @@ class Allocated:
 class Found:
     """An allocation of every claim; `chosen` is the subrequest index picked per (claim, request)."""
 
-    devices: list[Allocated]
+    devices: list[FoundDevice]
     chosen: dict[tuple[int, int], int]
 
 
@@ -394,12 +395,12 @@ class _MaxSize(Exception):
 
 @dataclass
 class _RequestData:
-    claim: Claim
+    claim: AllocatorClaim
     request: Request
     matcher: RequestMatcher
     subrequests: bool
     count: int
-    all_devices: list[tuple[Pool, Device]]
+    all_devices: list[tuple[Pool, SliceDevice]]
 
 
 class Search:
@@ -411,9 +412,9 @@ class Search:
 
     def __init__(
         self,
-        inventory: Inventory,
+        inventory: ClusterInventory,
         node: str,
-        claims: Sequence[Claim],
+        claims: Sequence[AllocatorClaim],
         allocations: Allocations,
         matcher: Matcher,
         *,
@@ -439,7 +440,7 @@ class Search:
         self.consumed: dict[tuple[str, str], dict[str, dict[str, Amount]]] = {}
         self.available: dict[tuple[str, str], dict[str, dict[str, Amount]]] = {}
         self.overdrawn: set[tuple[str, str]] = set()
-        self.results: list[list[Allocated]] = [[] for _ in claims]
+        self.results: list[list[FoundDevice]] = [[] for _ in claims]
         self.chosen: dict[tuple[int, int], int] = {}
         self.data: dict[tuple[int, int, int], _RequestData] = {}
 
@@ -472,7 +473,7 @@ class Search:
             return None
         return Found([a for claim in self.results for a in claim], dict(self.chosen))
 
-    def _request_data(self, claim: Claim, request: Request, *, subrequests: bool) -> _RequestData:
+    def _request_data(self, claim: AllocatorClaim, request: Request, *, subrequests: bool) -> _RequestData:
         if request.device_class not in self.matcher.classes:
             raise AllocationError(
                 f"request {request.name}: device class {request.device_class} does not exist"
@@ -573,12 +574,12 @@ class Search:
     def _in_use(self, device: DeviceID) -> bool:
         return device in self.allocations.dedicated or bool(self.allocating.get(device))
 
-    def _capacity_fits(self, request: Request, device: Device) -> bool:
+    def _capacity_fits(self, request: Request, device: SliceDevice) -> bool:
         used = self.allocations.consumed.get(device.id, {})
         return capacity_shortfall(request, device, used, self.allocating_capacity.get(device.id, {})) is None
 
     def _allocate_device(
-        self, c: int, data: _RequestData, pool: Pool, device: Device, *, must: bool
+        self, c: int, data: _RequestData, pool: Pool, device: SliceDevice, *, must: bool
     ) -> Callable[[], None] | None:
         request = data.request
         multi = device.allow_multiple_allocations
@@ -634,7 +635,7 @@ class Search:
 
             undo.append(release)
         self.results[c].append(
-            Allocated(data.claim.name, request.name, device, request.admin_access, consumed)
+            FoundDevice(data.claim.name, request.name, device, request.admin_access, consumed)
         )
         undo.append(lambda: self._drop_result(c))
         return rollback
@@ -650,7 +651,7 @@ class Search:
                 self.overdrawn.add(pool.key)
         return left
 
-    def _reserve_counters(self, pool: Pool, device: Device) -> bool:
+    def _reserve_counters(self, pool: Pool, device: SliceDevice) -> bool:
         left = self._counters_left(pool)
         if pool.key in self.overdrawn:
             # Kubernetes compares every counter of the pool: one that others' devices overdrew (they may,
@@ -669,7 +670,7 @@ class Search:
                 return False
         return True
 
-    def _release_counters(self, pool: Pool, device: Device) -> None:
+    def _release_counters(self, pool: Pool, device: SliceDevice) -> None:
         consumed = self.consumed[pool.key]
         for set_name, counters in device.counters().items():
             into = consumed[set_name]

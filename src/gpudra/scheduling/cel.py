@@ -129,11 +129,11 @@ def _attribute_value(name: str, attribute: Mapping[str, Any]) -> Any:
         try:
             return Semver.parse(str(attribute["version"]))
         except ValueError as err:
-            raise _Failure(f"attribute {name}: parse semantic version: {err}") from None
-    raise _Failure(f"attribute {name}: unsupported attribute value")
+            raise _ConversionError(f"attribute {name}: parse semantic version: {err}") from None
+    raise _ConversionError(f"attribute {name}: unsupported attribute value")
 
 
-class _Failure(Exception):
+class _ConversionError(Exception):
     """A runtime error found while turning the device into CEL values."""
 
 
@@ -149,7 +149,7 @@ def _device_value(device: CelDevice) -> celtypes.MapType:
         try:
             amount = Quantity.parse(str(entry["value"]))
         except (ValueError, KeyError):
-            raise _Failure(f"capacity {name}: invalid quantity {entry.get('value')!r}") from None
+            raise _ConversionError(f"capacity {name}: invalid quantity {entry.get('value')!r}") from None
         capacity.setdefault(domain, {})[celtypes.StringType(identifier)] = amount
     fields: dict[Any, Any] = {
         celtypes.StringType("driver"): celtypes.StringType(device.driver),
@@ -264,7 +264,7 @@ class Selector:
         """`matches` without remembering: cel-python runs the expression on `device`."""
         try:
             value = _device_value(device)
-        except _Failure as err:
+        except _ConversionError as err:
             raise CelRuntimeError(self.expression, str(err)) from None
         evaluator = _BindingEvaluator(self._tree, activation=_ACTIVATION)
         try:

@@ -26,7 +26,7 @@ import lark
 from celpy.celparser import CELParseError
 from celpy.evaluation import celstr
 
-__all__ = ["Checked", "Reference", "arguments", "check", "ident_name", "is_ident"]
+__all__ = ["CheckedExpression", "Reference", "arguments", "check", "ident_name", "is_ident"]
 
 # ("driver",), ("allowMultipleAllocations",), ("attributes", domain, name) or ("capacity", domain, name)
 Reference = tuple[str, ...]
@@ -194,7 +194,7 @@ class _Typed:
 
 
 @dataclass(frozen=True)
-class Checked:
+class CheckedExpression:
     """A checked expression: its tree, the device fields it reads (None: cannot tell), or why the API
     server refuses it (`problem`, in its words) or what in it gpudra cannot evaluate (`unsupported`)."""
 
@@ -708,9 +708,9 @@ def _display(text: str, errors: list[tuple[int, int, str]]) -> str:
     return "\n".join(shown)
 
 
-def _syntax_error(text: str, err: CELParseError) -> Checked:
+def _syntax_error(text: str, err: CELParseError) -> CheckedExpression:
     if ".?" in text or "[?" in text:
-        return Checked(None, None, unsupported="optional field selection (.? and [?)")
+        return CheckedExpression(None, None, unsupported="optional field selection (.? and [?)")
     cause = err.__context__
     token = getattr(cause, "token", None)
     if isinstance(token, lark.Token):
@@ -722,10 +722,12 @@ def _syntax_error(text: str, err: CELParseError) -> Checked:
         message = "Syntax error: " + str(err.args[0]).splitlines()[0]
     line = err.line or 1
     column = err.column if isinstance(err.column, int) and err.column > 0 else len(text) + 1
-    return Checked(None, None, problem="compilation failed: " + _display(text, [(line, column, message)]))
+    return CheckedExpression(
+        None, None, problem="compilation failed: " + _display(text, [(line, column, message)])
+    )
 
 
-def check(text: str, *, list_type_attributes: bool) -> Checked:
+def check(text: str, *, list_type_attributes: bool) -> CheckedExpression:
     """`text` parsed and checked as the API server checks a new selector; `problem` or `unsupported`
     set when it fails."""
     try:
@@ -735,14 +737,16 @@ def check(text: str, *, list_type_attributes: bool) -> Checked:
     checker = _Checker(text, list_type_attributes=list_type_attributes)
     result = checker.visit(tree)
     if checker.errors:
-        return Checked(tree, None, problem="compilation failed: " + _display(text, checker.errors))
+        return CheckedExpression(tree, None, problem="compilation failed: " + _display(text, checker.errors))
     if checker.unsupported:
-        return Checked(tree, None, unsupported=", ".join(dict.fromkeys(checker.unsupported)))
+        return CheckedExpression(tree, None, unsupported=", ".join(dict.fromkeys(checker.unsupported)))
     if not (result.type == BOOL or result.type.is_dyn):
-        return Checked(tree, None, problem=f"must evaluate to bool or the unknown type, not {result.type}")
+        return CheckedExpression(
+            tree, None, problem=f"must evaluate to bool or the unknown type, not {result.type}"
+        )
     if result.path is not None:  # the expression is `device` or one of its maps itself
         checker.dynamic = True
-    return Checked(tree, None if checker.dynamic else frozenset(checker.references))
+    return CheckedExpression(tree, None if checker.dynamic else frozenset(checker.references))
 
 
 _ENVIRONMENT = celpy.Environment()

@@ -10,15 +10,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from gpudra.model.claim import AllocationResult, ClaimSpec, Constraint, Request
-from gpudra.model.claim import Claim as ResourceClaim
-from gpudra.scheduling.pools import Amount, DeviceID, quantity
+from gpudra.model.claim import AllocationResult, Claim, ClaimSpec, Constraint, Request
+from gpudra.quantity import Amount
+from gpudra.scheduling.pools import DeviceID, quantity
 
-__all__ = ["Allocations", "Claim", "claim_from_spec"]
+__all__ = ["Allocations", "AllocatorClaim", "claim_from_spec"]
 
 
 @dataclass(frozen=True)
-class Claim:
+class AllocatorClaim:
     """A claim as the allocator reads it: its name and its spec's requests and constraints. Each entry of
     `requests` holds one request, or the subrequests of a `firstAvailable` request in their order."""
 
@@ -27,10 +27,10 @@ class Claim:
     constraints: tuple[Constraint, ...]
 
 
-def claim_from_spec(name: str, spec: ClaimSpec) -> Claim:
+def claim_from_spec(name: str, spec: ClaimSpec) -> AllocatorClaim:
     """The claim `spec` describes, named `name`; ConfigError naming the field when it is malformed."""
     spec.check()
-    return Claim(name, spec.requests, spec.constraints)
+    return AllocatorClaim(name, spec.requests, spec.constraints)
 
 
 # --- what other claims hold ----------------------------------------------------------------------
@@ -48,7 +48,7 @@ class Allocations:
     _pools: set[tuple[str, str]] | None = field(default=None, repr=False)
 
     @staticmethod
-    def from_claims(claims: Iterable[ResourceClaim], *, skip: Iterable[str] = ()) -> Allocations:
+    def from_claims(claims: Iterable[Claim], *, skip: Iterable[str] = ()) -> Allocations:
         """The allocations of the claims, leaving out the claims named in `skip` ("namespace/name": the
         claims being explained)."""
         held = Allocations()

@@ -36,9 +36,10 @@ from gpudra.model.claim import Claim
 from gpudra.model.claim_usage import idle_since
 from gpudra.model.devices import UNHEALTHY_TAINT_KEY
 from gpudra.model.kube_api import OUTPUT_API_VERSION
+from gpudra.quantity import Amount
 from gpudra.scheduling.allocator import counters_left, lookup_attribute
 from gpudra.scheduling.claims import Allocations
-from gpudra.scheduling.pools import Amount, Device, Inventory, Pool
+from gpudra.scheduling.pools import ClusterInventory, Pool, SliceDevice
 
 
 class _Model(BaseModel):
@@ -151,7 +152,7 @@ def build(
     """The view of `driver`'s GPUs at `now`. Slices and classes as the API server serves them; claims read
     by `gpudra.model.claim.read_claim`."""
     claims = list(claims)
-    inventory = Inventory([s for s in slices if (s.get("spec") or {}).get("driver") == driver])
+    inventory = ClusterInventory([s for s in slices if (s.get("spec") or {}).get("driver") == driver])
     allocations = Allocations.from_claims(claims)
     gpus = _gpus(inventory, allocations)
     pods = {c.namespaced_name: list(c.pods) for c in claims}
@@ -169,7 +170,7 @@ def build(
     )
 
 
-def _unhealthy(inventory: Inventory) -> list[UnhealthyDevice]:
+def _unhealthy(inventory: ClusterInventory) -> list[UnhealthyDevice]:
     """The tainted GPUs (whole-GPU device tainted: its shared device and partitions follow it, listed
     once), and the tainted partitions of GPUs that are not."""
     whole: dict[str, UnhealthyDevice] = {}
@@ -196,7 +197,7 @@ def _unhealthy(inventory: Inventory) -> list[UnhealthyDevice]:
     return sorted(listed, key=lambda d: (d.node, d.device))
 
 
-def _gpus(inventory: Inventory, allocations: Allocations) -> dict[str, _Gpu]:
+def _gpus(inventory: ClusterInventory, allocations: Allocations) -> dict[str, _Gpu]:
     """Physical GPUs by UUID, with the claims holding any of their devices."""
     gpus: dict[str, _Gpu] = {}
     for pool in inventory.pools.values():
@@ -240,7 +241,7 @@ def _node_products(
     return [NodeProducts(node=n, product=p, **counts) for (n, p), counts in sorted(rows.items())]
 
 
-def _mig_room(gpu: _Gpu, inventory: Inventory, allocations: Allocations) -> MigRoom:
+def _mig_room(gpu: _Gpu, inventory: ClusterInventory, allocations: Allocations) -> MigRoom:
     best: tuple[Amount, str] | None = None
     if gpu.pool is not None:
         left = counters_left(gpu.pool, allocations)
@@ -264,7 +265,7 @@ def _mig_room(gpu: _Gpu, inventory: Inventory, allocations: Allocations) -> MigR
     )
 
 
-def _fits(device: Device, left: Mapping[str, Mapping[str, Amount]]) -> bool:
+def _fits(device: SliceDevice, left: Mapping[str, Mapping[str, Amount]]) -> bool:
     return all(
         left.get(set_name, {}).get(name, 0) >= amount
         for set_name, counters in device.counters().items()
@@ -320,7 +321,7 @@ def _idle_devices(
 
 
 def idle_gpus(
-    inventory: Inventory, idle: list[IdleDevice], claims: Iterable[Claim], *, driver: str
+    inventory: ClusterInventory, idle: list[IdleDevice], claims: Iterable[Claim], *, driver: str
 ) -> set[str]:
     """GPUs whose every allocated device, in every claim holding one, is reported idle long enough."""
     idle_keys = {(f"{d.namespace}/{d.claim}", d.node, d.device) for d in idle}
@@ -350,12 +351,12 @@ def gpu_minor(name: str) -> int:
     return int(digits) if digits.isdigit() else -1
 
 
-def attribute(device: Device, name: str) -> Any:
+def attribute(device: SliceDevice, name: str) -> Any:
     found = lookup_attribute(device, name)
     return found[1] if found else None
 
 
-def gpu_uuid(device: Device) -> str | None:
+def gpu_uuid(device: SliceDevice) -> str | None:
     """The physical GPU a device is (or is a partition of)."""
     kind = attribute(device, "type")
     value = attribute(device, "uuid" if kind == "gpu" else "parentUUID" if kind == "mig" else "")

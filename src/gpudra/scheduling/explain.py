@@ -23,7 +23,7 @@ pending.
 The whole of it, as a benchmark or another tool calls it (slices as `gpudra inventory -o yaml` prints
 them, or as the API server lists them):
 
-    inventory = Inventory(slices)          # gpudra.scheduling.pools; reusable across claims
+    inventory = ClusterInventory(slices)   # gpudra.scheduling.pools; reusable across claims
     answer = explain([ClaimToExplain("ns/name", read_spec(claim_spec))],   # gpudra.model.claim
                      classes=device_classes(class_objects), inventory=inventory,
                      allocated=[read_claim(obj) for obj in claim_objects])
@@ -40,10 +40,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
-from gpudra.model.claim import Claim as ResourceClaim
-from gpudra.model.claim import ClaimSpec, Request
+from gpudra.model.claim import Claim, ClaimSpec, Request
 from gpudra.model.kube_api import OUTPUT_API_VERSION
 from gpudra.model.publishing import ServerFields, Withheld
+from gpudra.quantity import Amount
 from gpudra.scheduling import forms
 from gpudra.scheduling.allocator import (
     DEFAULT_BUDGET,
@@ -60,9 +60,9 @@ from gpudra.scheduling.allocator import (
     lookup_attribute,
 )
 from gpudra.scheduling.cel import CelCompileError, CelError, CelRuntimeError, CelUnsupported, compile_selector
-from gpudra.scheduling.claims import Allocations, Claim, claim_from_spec
+from gpudra.scheduling.claims import Allocations, AllocatorClaim, claim_from_spec
 from gpudra.scheduling.node_fit import Refusal
-from gpudra.scheduling.pools import Amount, Device, Inventory, Pool, collector_paused
+from gpudra.scheduling.pools import ClusterInventory, Pool, SliceDevice, collector_paused
 
 __all__ = [
     "AllocatedDevice",
@@ -86,13 +86,13 @@ _VALUES = 5  # published values shown in a hint
 # --- the result ----------------------------------------------------------------------------------
 
 
-class _Model(BaseModel):
+class _ReportModel(BaseModel):
     """camelCase in JSON, as Kubernetes objects are (`-o json`); the Python names stay snake_case."""
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
 
 
-class SelectorRejections(_Model):
+class SelectorRejections(_ReportModel):
     """Devices one selector turned down."""
 
     selector: str  # "class gpu.gpudra.io selector #0" or "request selector #1"
@@ -101,14 +101,14 @@ class SelectorRejections(_Model):
     examples: list[str]
 
 
-class Unusable(_Model):
+class Unusable(_ReportModel):
     """A device that matches the request but cannot be allocated to it, and why."""
 
     device: str
     reason: str
 
 
-class RequestReport(_Model):
+class RequestReport(_ReportModel):
     """One request (or `firstAvailable` subrequest) against the devices of one node."""
 
     claim: str
@@ -123,7 +123,7 @@ class RequestReport(_Model):
     errors: list[str]
 
 
-class AllocatedDevice(_Model):
+class AllocatedDevice(_ReportModel):
     claim: str
     request: str
     driver: str
@@ -133,7 +133,7 @@ class AllocatedDevice(_Model):
     consumed_capacity: dict[str, str] | None = None
 
 
-class NodeReport(_Model):
+class NodeReport(_ReportModel):
     node: str
     fits: bool
     devices: list[AllocatedDevice]
@@ -142,14 +142,14 @@ class NodeReport(_Model):
     notes: list[str]
 
 
-class Exclusion(_Model):
+class Exclusion(_ReportModel):
     """Nodes with devices that the pod cannot go to for one reason (`gpudra.scheduling.node_fit`)."""
 
     check: str  # "nodeSelector gpu=h100", "taint gpu=yes:NoSchedule", "insufficient cpu", ...
     nodes: list[str]
 
 
-class Explanation(_Model):
+class Explanation(_ReportModel):
     """The answer for one claim or one pod's claims: `gpudra explain -o json`."""
 
     api_version: str = OUTPUT_API_VERSION
@@ -222,8 +222,8 @@ def explain(
     claims: Sequence[ClaimToExplain],
     *,
     classes: Mapping[str, Sequence[str]],
-    inventory: Inventory,
-    allocated: Iterable[ResourceClaim] = (),
+    inventory: ClusterInventory,
+    allocated: Iterable[Claim] = (),
     server: ServerFields | None = None,
     driver: str = "",
     list_type_attributes: bool = False,
@@ -233,7 +233,7 @@ def explain(
     """Whether `claims` can be allocated together, on which node and devices, and if not why.
 
     `classes` maps DeviceClass names to their selector expressions (`device_classes`), `inventory` holds
-    the ResourceSlices (`Inventory(slices)`), `allocated` the ResourceClaims that may hold devices (the
+    the ResourceSlices (`ClusterInventory(slices)`), `allocated` the ResourceClaims that may hold devices (the
     explained claims among them are ignored). `server`: what the API server keeps, which decides what
     `driver`'s nodes can publish (`gpudra.scheduling.forms`): a request for a form none can and that gets
     no devices anywhere is reported as needing the feature gate or release that would serve it, and
@@ -321,7 +321,7 @@ def explain(
 
 
 def _gated(
-    claims: Sequence[Claim],
+    claims: Sequence[AllocatorClaim],
     classes: Mapping[str, Sequence[str]],
     withheld: Sequence[Withheld],
     reports: Sequence[NodeReport],
@@ -350,7 +350,7 @@ def _gated(
     return lines
 
 
-def _enough(report: RequestReport, claims: Sequence[Claim]) -> bool:
+def _enough(report: RequestReport, claims: Sequence[AllocatorClaim]) -> bool:
     """Whether the node has devices enough for the request alone."""
     request = next(
         r for c in claims if c.name == report.claim for e in c.requests for r in e if r.name == report.request
@@ -361,7 +361,7 @@ def _enough(report: RequestReport, claims: Sequence[Claim]) -> bool:
 
 
 def _static_problem(
-    claims: Sequence[Claim], classes: Mapping[str, Sequence[str]], matcher: Matcher
+    claims: Sequence[AllocatorClaim], classes: Mapping[str, Sequence[str]], matcher: Matcher
 ) -> str | None:
     """What stops the claims before any device is looked at: a missing class, a selector that does not
     compile (the API server would have refused it), one gpudra cannot evaluate."""
@@ -409,11 +409,11 @@ class _Funnel:
 
     request: Request
     devices: int = 0
-    matching: list[Device] = field(default_factory=list)
-    rejected: dict[tuple[str | None, int], list[Device]] = field(default_factory=dict)
+    matching: list[SliceDevice] = field(default_factory=list)
+    rejected: dict[tuple[str | None, int], list[SliceDevice]] = field(default_factory=dict)
     expressions: dict[tuple[str | None, int], str] = field(default_factory=dict)
-    unusable: list[tuple[Device, str]] = field(default_factory=list)
-    usable: list[Device] = field(default_factory=list)
+    unusable: list[tuple[SliceDevice, str]] = field(default_factory=list)
+    usable: list[SliceDevice] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
     @property
@@ -426,9 +426,9 @@ class _Funnel:
 class _NodeExplainer:
     def __init__(
         self,
-        inventory: Inventory,
+        inventory: ClusterInventory,
         node: str,
-        claims: Sequence[Claim],
+        claims: Sequence[AllocatorClaim],
         allocations: Allocations,
         *,
         matcher: Matcher,
@@ -541,7 +541,7 @@ class _NodeExplainer:
                 funnel.usable.append(device)
         return funnel
 
-    def _obstacle(self, request: Request, pool: Pool, device: Device) -> str | None:
+    def _obstacle(self, request: Request, pool: Pool, device: SliceDevice) -> str | None:
         """Why `device` cannot go to `request` given what other claims hold, or None."""
         held = self.allocations.dedicated.get(device.id)
         if held and not request.admin_access:
@@ -561,7 +561,7 @@ class _NodeExplainer:
             return None  # its counters were taken with its first share
         return self._counter_shortfall(pool, device)
 
-    def _counter_shortfall(self, pool: Pool, device: Device) -> str | None:
+    def _counter_shortfall(self, pool: Pool, device: SliceDevice) -> str | None:
         left = self._left.get(pool.key)
         if left is None:
             left = self._left[pool.key] = counters_left(pool, self.allocations)
@@ -622,7 +622,7 @@ class _NodeExplainer:
             "the requests compete for the same devices: each has devices enough alone, not all together",
         )
 
-    def _candidates(self, request: Request) -> list[Device]:
+    def _candidates(self, request: Request) -> list[SliceDevice]:
         devices = self.inventory.devices_for(self.node)
         verdicts = self.matcher.for_request(request).verdicts(self.node, [d for _, d in devices])
         return [d for (_, d), verdict in zip(devices, verdicts, strict=True) if verdict is None]
@@ -636,7 +636,7 @@ class _NodeExplainer:
                         used.update(device.counters())
         return sorted(used)
 
-    def _constraint_reason(self, claim: Claim, index: int) -> str:
+    def _constraint_reason(self, claim: AllocatorClaim, index: int) -> str:
         constraint = claim.constraints[index]
         values: dict[str, list[str]] = {}
         for entry in claim.requests:
@@ -742,7 +742,7 @@ def shorten(expression: str) -> str:
     return " ".join(text.split())
 
 
-def _published(expression: str, devices: Sequence[Device]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+def _published(expression: str, devices: Sequence[SliceDevice]) -> tuple[tuple[str, tuple[str, ...]], ...]:
     """The values `devices` publish for the attributes and capacities `expression` reads."""
     try:
         references = compile_selector(expression).references or frozenset()
@@ -830,7 +830,7 @@ def _allocated(found: Found) -> list[AllocatedDevice]:
 def _verdict(
     reports: Sequence[NodeReport],
     whys: Mapping[str, _Why],
-    claims: Sequence[Claim],
+    claims: Sequence[AllocatorClaim],
     exclusions: Sequence[Exclusion] = (),
 ) -> str:
     """The first line: where the claims fit, else why not: the nodes the pod cannot go to counted by
@@ -858,7 +858,9 @@ def _nodes(count: int) -> str:
     return f"{count} node{'' if count == 1 else 's'}"
 
 
-def _device_verdict(reports: Sequence[NodeReport], whys: Mapping[str, _Why], claims: Sequence[Claim]) -> str:
+def _device_verdict(
+    reports: Sequence[NodeReport], whys: Mapping[str, _Why], claims: Sequence[AllocatorClaim]
+) -> str:
     fitting = [r for r in reports if r.fits]
     if fitting:
         first = fitting[0]
@@ -877,7 +879,9 @@ def _device_verdict(reports: Sequence[NodeReport], whys: Mapping[str, _Why], cla
     return f"cannot fit: {why}"
 
 
-def _why_none(reports: Sequence[NodeReport], whys: Mapping[str, _Why], claims: Sequence[Claim]) -> str:
+def _why_none(
+    reports: Sequence[NodeReport], whys: Mapping[str, _Why], claims: Sequence[AllocatorClaim]
+) -> str:
     """Why none of `reports`' nodes (at least one) can have the claims: one reason if they share it,
     else the closest node's ("closest is NODE: ...")."""
     best = max(whys[r.node].stage for r in reports)

@@ -20,8 +20,8 @@ from gpudra.model.claim import Request
 from gpudra.model.devices import SHARED_ATTRIBUTE
 from gpudra.model.publishing import FORM_NAMES, Publishing, ServerFields, Withheld, fit_to_server
 from gpudra.scheduling.cel import CelError, compile_selector
-from gpudra.scheduling.claims import Claim
-from gpudra.scheduling.pools import Device
+from gpudra.scheduling.claims import AllocatorClaim
+from gpudra.scheduling.pools import SliceDevice
 
 __all__ = ["FORMS", "Needs", "class_forms", "fields_seen", "needs", "release_limits", "withheld_on"]
 
@@ -110,7 +110,7 @@ def class_forms(selectors: Sequence[str], *, driver: str) -> frozenset[str]:
         return frozenset()
     found = set()
     for form, raw in _exemplars():
-        device = Device(raw, driver, "exemplar", None)
+        device = SliceDevice(raw, driver, "exemplar", None)
         try:
             if all(selector.matches(device) for selector in compiled):
                 found.add(form)
@@ -138,7 +138,7 @@ class Needs:
 
 
 def needs(
-    claims: Sequence[Claim],
+    claims: Sequence[AllocatorClaim],
     classes: Mapping[str, Sequence[str]],
     withheld: Sequence[Withheld],
     *,
@@ -173,7 +173,11 @@ def withheld_on(server: ServerFields) -> list[Withheld]:
 
 
 def release_limits(
-    claims: Sequence[Claim], classes: Mapping[str, Sequence[str]], server: ServerFields, *, driver: str
+    claims: Sequence[AllocatorClaim],
+    classes: Mapping[str, Sequence[str]],
+    server: ServerFields,
+    *,
+    driver: str,
 ) -> list[str]:
     """What `server`'s scheduler may do otherwise than the rules (gpudra.scheduling.allocator) say, for
     these claims, one line each: before 1.36, with partitions kept, a constraint over several requests

@@ -31,11 +31,12 @@ from pydantic.alias_generators import to_camel
 
 from gpudra.errors import GpudraError
 from gpudra.model.claim import Claim
+from gpudra.quantity import Amount
 from gpudra.scheduling import cluster_view
 from gpudra.scheduling.claims import Allocations
 from gpudra.scheduling.cluster_view import ClusterView, attribute, gpu_minor, gpu_uuid
 from gpudra.scheduling.explain import ClaimToExplain, device_classes, explain
-from gpudra.scheduling.pools import Amount, Device, Inventory, Pool, quantity
+from gpudra.scheduling.pools import ClusterInventory, Pool, SliceDevice, quantity
 
 # Nodes on one page unless the query says otherwise, and the most it may ask: a page of 200 DGX nodes
 # is about 1,600 GPUs, as much as a browser lays out without stalling.
@@ -47,11 +48,11 @@ MAX_QUERY_VALUE = 253
 MAX_PENDING = 200
 
 
-class _Model(BaseModel):
+class _MapModel(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
 
 
-class Partition(_Model):
+class Partition(_MapModel):
     """An allocated MIG partition: its placement (memory slices start..start+size-1) and its holders."""
 
     device: str
@@ -61,7 +62,7 @@ class Partition(_Model):
     claims: list[str]  # "namespace/name"
 
 
-class Share(_Model):
+class Share(_MapModel):
     """One claim's share of a GPU's shared device, with what it consumes (0: not asked)."""
 
     claim: str
@@ -72,7 +73,7 @@ class Share(_Model):
 GpuState = Literal["free", "whole", "mig", "shared"]
 
 
-class GpuCard(_Model):
+class GpuCard(_MapModel):
     name: str  # the whole-GPU device, e.g. gpu-3
     uuid: str
     product: str
@@ -87,12 +88,12 @@ class GpuCard(_Model):
     unhealthy: str | None  # the taint that keeps the scheduler off it, "key=value:effect"
 
 
-class NodeMap(_Model):
+class NodeMap(_MapModel):
     name: str
     gpus: list[GpuCard]
 
 
-class PendingReason(_Model):
+class PendingReason(_MapModel):
     namespace: str
     name: str
     age_seconds: float
@@ -100,7 +101,7 @@ class PendingReason(_Model):
     reason: str  # explain's verdict once `reason` was asked for it in this survey, else empty
 
 
-class GpuMap(_Model):
+class GpuMap(_MapModel):
     generated: datetime  # when the survey drawn was built
     age_seconds: float  # how old that survey was when this page was drawn
     rebuilding: bool  # a newer survey is being built (the next refresh shows it)
@@ -183,7 +184,7 @@ class Survey:
     view: ClusterView
     nodes: list[NodeMap]
     namespaces_of_node: dict[str, frozenset[str]]
-    inventory: Inventory
+    inventory: ClusterInventory
     classes: dict[str, list[str]]
     claims: list[Claim]
     notes: list[str] = field(default_factory=list)
@@ -213,19 +214,19 @@ def survey(
         now=now,
         idle_after_seconds=idle_after_seconds,
     )
-    inventory = Inventory(slices)
+    inventory = ClusterInventory(slices)
     allocations = Allocations.from_claims(claims)
     idle = cluster_view.idle_gpus(inventory, view.idle, claims, driver=driver)
     room = {(m.node, m.uuid): m.largest_placeable for m in view.mig}
     shares = _shares(claims, driver)
-    gpus: dict[tuple[str, str], _Gpu] = {}
+    gpus: dict[tuple[str, str], _MapGpu] = {}
     for pool in inventory.pools.values():
         for device in pool.devices:
             uuid = gpu_uuid(device)
             if uuid is None:
                 continue
             node = device.node or pool.name
-            gpu = gpus.setdefault((node, uuid), _Gpu(node=node, uuid=uuid))
+            gpu = gpus.setdefault((node, uuid), _MapGpu(node=node, uuid=uuid))
             gpu.add(device, pool, allocations, shares)
     nodes: dict[str, list[GpuCard]] = {}
     namespaces: dict[str, set[str]] = {}
@@ -345,7 +346,7 @@ def _shares(claims: Iterable[Claim], driver: str) -> _Shares:
 
 
 @dataclass
-class _Gpu:
+class _MapGpu:
     node: str
     uuid: str
     name: str = ""
@@ -358,7 +359,7 @@ class _Gpu:
     shares: list[Share] = field(default_factory=list)
     unhealthy: str | None = None
 
-    def add(self, device: Device, pool: Pool, allocations: Allocations, shares: _Shares) -> None:
+    def add(self, device: SliceDevice, pool: Pool, allocations: Allocations, shares: _Shares) -> None:
         kind = attribute(device, "type")
         self.product = self.product or str(attribute(device, "productName") or "")
         holders = allocations.holders(device.id)
@@ -428,7 +429,7 @@ class _Gpu:
         )
 
 
-def _taint(device: Device) -> str | None:
+def _taint(device: SliceDevice) -> str | None:
     for taint in device.taints:
         effect = str(taint.get("effect", ""))
         if effect in ("NoSchedule", "NoExecute"):
@@ -437,7 +438,7 @@ def _taint(device: Device) -> str | None:
     return None
 
 
-def _capacity(device: Device, name: str) -> Amount:
+def _capacity(device: SliceDevice, name: str) -> Amount:
     try:
         return device.capacity_value(name) if name in device.capacity else 0
     except GpudraError:

@@ -11,18 +11,15 @@ import gc
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from fractions import Fraction
 from typing import Any
 
 from gpudra.errors import ConfigError
-from gpudra.quantity import parse_quantity
+from gpudra.quantity import Amount, parse_quantity
 
-__all__ = ["ANY_NODE", "Amount", "Device", "DeviceID", "Inventory", "Pool", "collector_paused", "quantity"]
+__all__ = ["ANY_NODE", "ClusterInventory", "DeviceID", "Pool", "SliceDevice", "collector_paused", "quantity"]
 
 # (driver, pool, device)
 DeviceID = tuple[str, str, str]
-# A quantity's exact value: an int when it is whole (nearly always, and far faster to add up), else a Fraction
-Amount = int | Fraction
 
 ANY_NODE = "(any node)"  # the node of an inventory whose slices all say allNodes
 
@@ -68,7 +65,7 @@ def quantity(text: object, *, field: str) -> Amount:
 # --- devices and pools ---------------------------------------------------------------------------
 
 
-class Device:
+class SliceDevice:
     """One device of a ResourceSlice; `attributes` and `capacity` are the slice's own maps."""
 
     __slots__ = (
@@ -135,7 +132,7 @@ class Pool:
     generation: int
     slice_count: int
     slices: list[Mapping[str, Any]] = field(default_factory=list)
-    devices: list[Device] = field(default_factory=list)
+    devices: list[SliceDevice] = field(default_factory=list)
     counter_sets: dict[str, dict[str, Amount]] = field(default_factory=dict)
     problem: str | None = None  # why the scheduler skips the pool: incomplete or invalid
     binding_conditions: bool = False  # a device waits for conditions before binding: tried last
@@ -145,9 +142,9 @@ class Pool:
         return (self.driver, self.name)
 
 
-class Inventory:
+class ClusterInventory:
     """The ResourceSlices of a cluster, by pool, and which devices each node sees. The slice objects are
-    read, not copied: they must not change while the Inventory is in use.
+    read, not copied: they must not change while the ClusterInventory is in use.
 
     Slices with a `nodeSelector` (or per-device node selection) are not matched against nodes: offline
     there are no node labels. They are listed in `unsupported` and left out.
@@ -164,8 +161,8 @@ class Inventory:
             for pool in self.pools.values():
                 self._build(pool)
         self._for_node: dict[str | None, list[Pool]] = {}
-        self._seen_by: dict[str, list[tuple[Pool, list[Device]]]] = {}
-        self._flat: dict[str, list[tuple[Pool, Device]]] = {}
+        self._seen_by: dict[str, list[tuple[Pool, list[SliceDevice]]]] = {}
+        self._flat: dict[str, list[tuple[Pool, SliceDevice]]] = {}
         for pool in sorted(self.pools.values(), key=lambda p: p.key):
             for node in {d.node for d in pool.devices}:
                 self._for_node.setdefault(node, []).append(pool)
@@ -207,7 +204,7 @@ class Inventory:
                     for counter, value in (counter_set.get("counters") or {}).items()
                 }
             for raw in spec.get("devices") or ():
-                device = Device(raw, pool.driver, pool.name, node)
+                device = SliceDevice(raw, pool.driver, pool.name, node)
                 if device.name in seen:
                     pool.problem = f"duplicate device name {device.name}"
                 seen.add(device.name)
@@ -232,7 +229,7 @@ class Inventory:
                 pool.problem = f"counter {missing} not found in counter set {wanted}"
                 return
 
-    def pools_for(self, node: str) -> list[tuple[Pool, list[Device]]]:
+    def pools_for(self, node: str) -> list[tuple[Pool, list[SliceDevice]]]:
         """The pools node `node` sees, in the scheduler's order (by driver and name, pools with devices
         that have binding conditions last), each with the devices it sees."""
         known = self._seen_by.get(node)
@@ -244,7 +241,7 @@ class Inventory:
             ]
         return known
 
-    def devices_for(self, node: str) -> list[tuple[Pool, Device]]:
+    def devices_for(self, node: str) -> list[tuple[Pool, SliceDevice]]:
         """Every device node `node` sees, with its pool, in the scheduler's order."""
         known = self._flat.get(node)
         if known is None:

@@ -23,7 +23,7 @@ from gpudra.scheduling.allocator import Matcher
 from gpudra.scheduling.cel import CelError
 from gpudra.scheduling.claims import claim_from_spec
 from gpudra.scheduling.forms import needs
-from gpudra.scheduling.pools import Device
+from gpudra.scheduling.pools import SliceDevice
 
 
 class Reach:
@@ -31,7 +31,7 @@ class Reach:
 
     def __init__(
         self,
-        devices: Sequence[Device],
+        devices: Sequence[SliceDevice],
         classes: Mapping[str, Sequence[str]],
         driver_classes: set[str],
         *,

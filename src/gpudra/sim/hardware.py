@@ -87,7 +87,7 @@ def mig_profile(model: machines.GpuModel, profile_id: int) -> machines.MigProfil
     raise Refused(INVALID_ARGUMENT, f"{model.name} has no GPU-instance profile ID {profile_id}")
 
 
-def require_present(gpu: state.Gpu) -> None:
+def require_present(gpu: state.GpuState) -> None:
     """What the driver answers for a GPU that fell off the bus, whatever was asked of it."""
     if gpu.lost:
         raise Refused(GPU_IS_LOST, f"{gpu.uuid} has fallen off the bus")
@@ -98,7 +98,7 @@ def require_mig_capable(model: machines.GpuModel) -> None:
         raise Refused(NOT_SUPPORTED, f"{model.name} does not support MIG")
 
 
-def require_mig_enabled(model: machines.GpuModel, gpu: state.Gpu) -> None:
+def require_mig_enabled(model: machines.GpuModel, gpu: state.GpuState) -> None:
     require_mig_capable(model)
     if not gpu.mig_mode:
         raise Refused(NOT_SUPPORTED, f"MIG mode is disabled on {gpu.uuid}")
@@ -142,21 +142,21 @@ def set_mig_mode(
     return SUCCESS
 
 
-def max_mig_devices(model: machines.GpuModel, gpu: state.Gpu) -> int:
+def max_mig_devices(model: machines.GpuModel, gpu: state.GpuState) -> int:
     """nvmlDeviceGetMaxMigDeviceCount: one per compute slice with MIG enabled (7 on A100/H100), else 0."""
     if not (model.mig_capable and gpu.mig_mode):
         return 0
     return max(profile.slices for profile in model.mig_profiles)
 
 
-def gpu_instance(gpu: state.Gpu, gi_id: int) -> state.GpuInstance:
+def gpu_instance(gpu: state.GpuState, gi_id: int) -> state.GpuInstanceState:
     for gi in gpu.gpu_instances:
         if gi.id == gi_id:
             return gi
     raise Refused(NOT_FOUND, f"no GPU instance {gi_id} on {gpu.uuid}")
 
 
-def compute_instance(gi: state.GpuInstance, ci_id: int) -> state.ComputeInstance:
+def compute_instance(gi: state.GpuInstanceState, ci_id: int) -> state.ComputeInstanceState:
     for ci in gi.compute_instances:
         if ci.id == ci_id:
             return ci
@@ -181,8 +181,8 @@ def compute_profile(profile: machines.MigProfileSpec, index: int) -> ComputeProf
 
 
 def create_gpu_instance(
-    *, model: machines.GpuModel, gpu: state.Gpu, profile_id: int, start: int, size: int
-) -> state.GpuInstance:
+    *, model: machines.GpuModel, gpu: state.GpuState, profile_id: int, start: int, size: int
+) -> state.GpuInstanceState:
     require_mig_enabled(model, gpu)
     profile = mig_profile(model, profile_id)
     if start not in profile.starts or size != profile.size:
@@ -196,12 +196,12 @@ def create_gpu_instance(
             raise Refused(INSUFFICIENT_RESOURCES, f"placement {start}:{size} overlaps GPU instance {gi.id}")
     taken = {gi.id for gi in gpu.gpu_instances}
     gi_id = next(i for i in _GI_ID_POOLS[size] if i not in taken)
-    created = state.GpuInstance(id=gi_id, profile_id=profile_id, start=start, size=size)
+    created = state.GpuInstanceState(id=gi_id, profile_id=profile_id, start=start, size=size)
     gpu.gpu_instances.append(created)
     return created
 
 
-def destroy_gpu_instance(*, gpu: state.Gpu, gi_id: int) -> None:
+def destroy_gpu_instance(*, gpu: state.GpuState, gi_id: int) -> None:
     gi = gpu_instance(gpu, gi_id)
     if gi.compute_instances:
         raise Refused(IN_USE, f"GPU instance {gi_id} still has compute instances")
@@ -209,8 +209,8 @@ def destroy_gpu_instance(*, gpu: state.Gpu, gi_id: int) -> None:
 
 
 def create_compute_instance(
-    *, model: machines.GpuModel, gi: state.GpuInstance, profile_id: int
-) -> state.ComputeInstance:
+    *, model: machines.GpuModel, gi: state.GpuInstanceState, profile_id: int
+) -> state.ComputeInstanceState:
     profile = compute_profile(mig_profile(model, gi.profile_id), profile_id)
     whole = profile.gpu_instance.slices
     occupied = {s for ci in gi.compute_instances for s in range(ci.start, ci.start + ci.size)}
@@ -225,7 +225,7 @@ def create_compute_instance(
     if start is None:
         raise Refused(INSUFFICIENT_RESOURCES, f"no room for a {profile.name} compute instance")
     taken = {ci.id for ci in gi.compute_instances}
-    created = state.ComputeInstance(
+    created = state.ComputeInstanceState(
         id=next(i for i in range(whole) if i not in taken),
         profile_id=profile_id,
         start=start,
@@ -236,7 +236,9 @@ def create_compute_instance(
     return created
 
 
-def destroy_compute_instance(*, machine_state: state.MachineState, gi: state.GpuInstance, ci_id: int) -> None:
+def destroy_compute_instance(
+    *, machine_state: state.MachineState, gi: state.GpuInstanceState, ci_id: int
+) -> None:
     ci = compute_instance(gi, ci_id)
     holders = [p.pid for p in machine_state.processes if p.device_uuid == ci.uuid]
     if holders:

@@ -171,7 +171,9 @@ def set_clock_slowdown(*, state_file: Path, gpu_uuid: str, reasons: list[str]) -
         _gpu(machine_state, gpu_uuid)[1].clock_event_reasons = sum({CLOCK_SLOWDOWNS[r] for r in reasons})
 
 
-def _check_instance(gpu: state.Gpu, gpu_instance_id: int | None, compute_instance_id: int | None) -> None:
+def _check_instance(
+    gpu: state.GpuState, gpu_instance_id: int | None, compute_instance_id: int | None
+) -> None:
     if gpu_instance_id is None:
         if compute_instance_id is not None:
             raise hardware.Refused(hardware.INVALID_ARGUMENT, "a compute instance needs its GPU instance")
@@ -181,7 +183,7 @@ def _check_instance(gpu: state.Gpu, gpu_instance_id: int | None, compute_instanc
         hardware.compute_instance(gi, compute_instance_id)
 
 
-def _gpu(machine_state: state.MachineState, gpu_uuid: str) -> tuple[int, state.Gpu]:
+def _gpu(machine_state: state.MachineState, gpu_uuid: str) -> tuple[int, state.GpuState]:
     for index, gpu in enumerate(machine_state.gpus):
         if gpu.uuid == gpu_uuid:
             return index, gpu

@@ -171,7 +171,7 @@ class SimulatedLibrary:
 
     def _gpu_instance(
         self, handle: Any, machine_state: state.MachineState
-    ) -> tuple[int, state.Gpu, state.GpuInstance]:
+    ) -> tuple[int, state.GpuState, state.GpuInstanceState]:
         index, gi_id, _ = self._decode(handle, _GPU_INSTANCE)
         gpu = machine_state.gpus[index]
         hardware.require_present(gpu)
@@ -182,7 +182,7 @@ class SimulatedLibrary:
 
     def _compute_instance(
         self, handle: Any, *, kind: int, machine_state: state.MachineState
-    ) -> tuple[int, state.GpuInstance, state.ComputeInstance]:
+    ) -> tuple[int, state.GpuInstanceState, state.ComputeInstanceState]:
         index, gi_id, ci_id = self._decode(handle, kind)
         hardware.require_present(machine_state.gpus[index])
         try:

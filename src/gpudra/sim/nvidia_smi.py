@@ -81,7 +81,7 @@ class _Card:
             return f"GPU {bus_id}"
         return f"GPU instance {target.gi} compute instance {target.ci} of GPU {bus_id}"
 
-    def compute_instance(self, target: _Target) -> state.ComputeInstance:
+    def compute_instance(self, target: _Target) -> state.ComputeInstanceState:
         gpu = self.current.gpus[target.index]
         gi = next(gi for gi in gpu.gpu_instances if gi.id == target.gi)
         return next(ci for ci in gi.compute_instances if ci.id == target.ci)
@@ -134,7 +134,7 @@ def _set_compute_mode(store: state.StateFile, *, ids: str, mode: str) -> list[st
         card = _Card.of(machine_state)
         for target in card.targets(ids):
             label = card.label(target)
-            holder: state.Gpu | state.ComputeInstance
+            holder: state.GpuState | state.ComputeInstanceState
             if target.gi is None:
                 holder = machine_state.gpus[target.index]
                 if holder.mig_mode:

@@ -23,11 +23,11 @@ from gpudra.sim import machines
 ENVIRONMENT = "GPUDRA_SIM_STATE"
 
 
-class _Model(BaseModel):
+class _StateModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class ComputeInstance(_Model):
+class ComputeInstanceState(_StateModel):
     id: int
     profile_id: int  # CI profile ID (equals the NVML CI profile index, as observed)
     start: int  # in GPU slices of the parent GI
@@ -36,15 +36,15 @@ class ComputeInstance(_Model):
     compute_mode: int = 0
 
 
-class GpuInstance(_Model):
+class GpuInstanceState(_StateModel):
     id: int
     profile_id: int
     start: int  # in memory slices
     size: int
-    compute_instances: list[ComputeInstance] = []
+    compute_instances: list[ComputeInstanceState] = []
 
 
-class Gpu(_Model):
+class GpuState(_StateModel):
     uuid: str
     mig_mode: int  # 0 disabled, 1 enabled; always 0 on GPUs without MIG
     # A mode change nvmlDeviceSetMigMode could not apply (it needs a reset or the GPU was busy); None
@@ -67,10 +67,10 @@ class Gpu(_Model):
     clock_event_reasons: int = (
         0  # nvmlClocksEventReason* bits holding the clocks down (hooks.set_clock_slowdown)
     )
-    gpu_instances: list[GpuInstance] = []
+    gpu_instances: list[GpuInstanceState] = []
 
 
-class Process(_Model):
+class Process(_StateModel):
     """A (fake) process holding a GPU or MIG device, by UUID; destroy refuses while one is attached."""
 
     pid: int
@@ -78,7 +78,7 @@ class Process(_Model):
     used_bytes: int = 0  # device memory it holds: NVML's usedGpuMemory, and part of the device's used
 
 
-class MpsDaemon(_Model):
+class MpsDaemon(_StateModel):
     pid: int
     pipe_directory: str
     log_directory: str
@@ -87,7 +87,7 @@ class MpsDaemon(_Model):
     default_pinned_memory_limits: dict[str, str] = {}
 
 
-class Event(_Model):
+class Event(_StateModel):
     """One NVML event the driver raised (`hooks.raise_xid`, ...), as event sets deliver it (`sim.events`)."""
 
     seq: int  # 1, 2, ... in the order raised: an event set delivers those after its registration
@@ -99,9 +99,9 @@ class Event(_Model):
     compute_instance_id: int = 0xFFFFFFFF
 
 
-class MachineState(_Model):
+class MachineState(_StateModel):
     machine: str
-    gpus: list[Gpu]
+    gpus: list[GpuState]
     processes: list[Process] = []
     mps_daemons: list[MpsDaemon] = []
     events: list[Event] = []  # the newest raised, oldest first (bounded: `sim.events.KEPT`)
@@ -117,7 +117,7 @@ def initial_state(machine: machines.Machine) -> MachineState:
     return MachineState(
         machine=machine.name,
         gpus=[
-            Gpu(uuid=machine.gpu_uuid(i), mig_mode=int(machine.mig_enabled and slot.model.mig_capable))
+            GpuState(uuid=machine.gpu_uuid(i), mig_mode=int(machine.mig_enabled and slot.model.mig_capable))
             for i, slot in enumerate(machine.gpus)
         ],
     )

@@ -14,8 +14,8 @@ from pathlib import Path
 from gpudra.gpu import nvml
 from gpudra.model import devices
 from gpudra.model.gpu_health import DEFAULT_CLASSIFICATION
-from gpudra.node.gpu_faults import GpuFaults
-from gpudra.node.health import HealthMonitor
+from gpudra.node.health.gpu_faults import GpuFaults
+from gpudra.node.health.monitor import HealthMonitor
 from gpudra.node.instances import PublisherTurn
 from gpudra.node.metrics import PluginMetrics
 from tests.unit.harness.kube import Events

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from gpudra.errors import HardwareError
-from gpudra.node.sharing import GpuSharing
+from gpudra.node.sharing import SharingCoordinator
 from gpudra.node.sharing.mps_daemons import Tampering
 from gpudra.sim import state as sim_state
 from tests.unit.claims import from_claim, mps, whole_gpus
@@ -135,10 +135,10 @@ def answers(node: Node, claim_uid: str) -> bool:
     return True
 
 
-def reporting_sharing(node: Node) -> tuple[GpuSharing, list[Tampering]]:
-    """The node's GpuSharing, and the list of what it reports tampered with."""
+def reporting_sharing(node: Node) -> tuple[SharingCoordinator, list[Tampering]]:
+    """The node's SharingCoordinator, and the list of what it reports tampered with."""
     found: list[Tampering] = []
-    sharing = GpuSharing(
+    sharing = SharingCoordinator(
         node.tools, mps_root=node.root / "mps", mps_host=node.mps_host, on_tampering=found.append
     )
     return sharing, found

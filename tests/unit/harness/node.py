@@ -19,7 +19,7 @@ from gpudra.node import recovery as node_recovery
 from gpudra.node.allocation import Sharing
 from gpudra.node.mig import MigPartitions
 from gpudra.node.prepare import DeviceState
-from gpudra.node.sharing import GpuSharing
+from gpudra.node.sharing import SharingCoordinator
 from gpudra.sim import state as sim_state
 from tests.sim_nvml import mig_partitions
 from tests.unit.claims import DRIVER, NODE
@@ -69,8 +69,8 @@ class Node:
         socket = self.root / "mps-host" / "mps-host.sock"
         return socket if socket.exists() else None
 
-    def sharing(self) -> GpuSharing:
-        return GpuSharing(self.tools, mps_root=self.root / "mps", mps_host=self.mps_host)
+    def sharing(self) -> SharingCoordinator:
+        return SharingCoordinator(self.tools, mps_root=self.root / "mps", mps_host=self.mps_host)
 
     def uuid(self, minor: int) -> str:
         return next(gpu.uuid for gpu in self.inventory.gpus if gpu.minor == minor)

@@ -14,9 +14,9 @@ from gpudra.gpu.tools import MPS_CONTROL, GpuTools
 from gpudra.model.inventory import Gpu
 from gpudra.node import cdi
 from gpudra.node import checkpoint as ckpt
-from gpudra.node.allocation import Allocated
+from gpudra.node.allocation import ResolvedDevice
 from gpudra.node.mig import MigHardware, MigPartitions
-from gpudra.node.sharing import GpuSharing
+from gpudra.node.sharing import SharingCoordinator
 from tests.unit.harness.node import Node
 
 
@@ -50,14 +50,14 @@ def counting_tools(node: Node) -> CountingTools:
 
 
 class FailingOn:
-    """GpuSharing whose apply fails on one GPU, as nvidia-smi does when a GPU falls off the bus."""
+    """SharingCoordinator whose apply fails on one GPU, as nvidia-smi does when a GPU falls off the bus."""
 
-    def __init__(self, inner: GpuSharing, gpu_uuid: str) -> None:
+    def __init__(self, inner: SharingCoordinator, gpu_uuid: str) -> None:
         self.inner = inner
         self.gpu_uuid = gpu_uuid
 
     def plan(
-        self, claim_uid: str, devices: Sequence[Allocated], *, others: Sequence[ckpt.ClaimEntry]
+        self, claim_uid: str, devices: Sequence[ResolvedDevice], *, others: Sequence[ckpt.ClaimEntry]
     ) -> list[ckpt.SharingRecord | None]:
         return self.inner.plan(claim_uid, devices, others=others)
 
@@ -105,7 +105,7 @@ class FailingOn:
 
 
 class UndoFailsOn(FailingOn):
-    """GpuSharing whose undo fails on one GPU."""
+    """SharingCoordinator whose undo fails on one GPU."""
 
     def apply(
         self, entry: ckpt.ClaimEntry, *, visible: Mapping[str, str], others: Sequence[ckpt.ClaimEntry]
@@ -131,7 +131,7 @@ class RecordingSharing:
         self._lock = threading.Lock()
 
     def plan(
-        self, claim_uid: str, devices: Sequence[Allocated], *, others: Sequence[ckpt.ClaimEntry]
+        self, claim_uid: str, devices: Sequence[ResolvedDevice], *, others: Sequence[ckpt.ClaimEntry]
     ) -> list[ckpt.SharingRecord | None]:
         default = ckpt.TimeSlicingRecord(strategy="TimeSlicing", interval="Default")
         return [None if device.admin_access else default for device in devices]

@@ -1,6 +1,6 @@
 """How a prepared device is shared: time-slicing and MPS, one module per strategy. I/O: through them.
 
-`GpuSharing` is what the state machine (gpudra.node.prepare) and recovery (gpudra.node.recovery) call.
+`SharingCoordinator` is what the state machine (gpudra.node.prepare) and recovery (gpudra.node.recovery) call.
 It picks the strategy of each device (the first in `strategies` that wants it; a device none wants, or
 one held for admin access, gets no record and no tool runs), and hands each strategy its own devices.
 What a strategy does is in its module (`time_slicing`, `mps`); the protocol is in `strategy`.
@@ -20,7 +20,7 @@ from gpudra import sim
 from gpudra.gpu import nvml
 from gpudra.gpu.tools import GpuTools
 from gpudra.node import checkpoint as ckpt
-from gpudra.node.allocation import Allocated
+from gpudra.node.allocation import ResolvedDevice
 from gpudra.node.cdi import CdiDevice, Mount
 from gpudra.node.sharing.mps import Mps
 from gpudra.node.sharing.mps_daemons import Tampering
@@ -39,7 +39,7 @@ def tools_for(spec: str, *, driver_root: Path, directory: Path) -> GpuTools:
     return GpuTools.with_directory_first(sim.write_tools(directory, state_file=nvml.sim_state_file(spec)))
 
 
-class GpuSharing:
+class SharingCoordinator:
     def __init__(
         self,
         tools: GpuTools,
@@ -66,7 +66,7 @@ class GpuSharing:
         self.strategies: tuple[Strategy, ...] = (TimeSlicing(tools), self.mps)
 
     def plan(
-        self, claim_uid: str, devices: Sequence[Allocated], *, others: Sequence[ckpt.ClaimEntry]
+        self, claim_uid: str, devices: Sequence[ResolvedDevice], *, others: Sequence[ckpt.ClaimEntry]
     ) -> list[ckpt.SharingRecord | None]:
         """What each of the claim's devices gets. ConfigError naming the field for a config that this
         device cannot take; `others` are the other claims prepared on this node."""

@@ -31,7 +31,7 @@ from gpudra.errors import ConfigError
 from gpudra.gpu.tools import COMPUTE_MODES, GpuTools
 from gpudra.model.devices import bytes_quantity
 from gpudra.node import checkpoint as ckpt
-from gpudra.node.allocation import Allocated
+from gpudra.node.allocation import ResolvedDevice
 from gpudra.node.cdi import CdiDevice, Mount
 from gpudra.node.sharing import mps_processes
 from gpudra.node.sharing.mps_daemons import (
@@ -75,7 +75,7 @@ class Mps:
             else MpsHostDaemons(mps_host, on_tampering=on_tampering, on_shared_pipe=on_shared_pipe)
         )
 
-    def wants(self, device: Allocated) -> bool:
+    def wants(self, device: ResolvedDevice) -> bool:
         config = device.config
         if isinstance(config, MigDeviceConfig):
             # TimeSlicing on a MIG device sets nothing (gpudra.api.MigDeviceSharing): no strategy wants it
@@ -92,9 +92,9 @@ class Mps:
     def plan(
         self,
         claim_uid: str,
-        devices: Sequence[Allocated],
+        devices: Sequence[ResolvedDevice],
         *,
-        claim: Sequence[Allocated],
+        claim: Sequence[ResolvedDevice],
         others: Sequence[ckpt.ClaimEntry],
     ) -> list[ckpt.SharingRecord]:
         token = mps_processes.new_token()  # one daemon per claim
@@ -114,7 +114,7 @@ class Mps:
         return list(records)
 
     def _plan(
-        self, claim_uid: str, device: Allocated, claim: Sequence[Allocated], token: str
+        self, claim_uid: str, device: ResolvedDevice, claim: Sequence[ResolvedDevice], token: str
     ) -> ckpt.MpsRecord:
         mps = _settings(device)
         field = f"{device.config_field}.sharing.mpsConfig"
@@ -265,7 +265,7 @@ def daemon_roots(entry: ckpt.ClaimEntry) -> list[Path]:
     return _roots(entry.devices)
 
 
-def _settings(device: Allocated) -> MpsConfig:
+def _settings(device: ResolvedDevice) -> MpsConfig:
     config = device.config
     if isinstance(config, GpuConfig):
         sharing = config.sharing
@@ -277,7 +277,7 @@ def _settings(device: Allocated) -> MpsConfig:
 
 
 def _record(device: ckpt.PreparedDevice) -> ckpt.MpsRecord:
-    assert isinstance(device.sharing, ckpt.MpsRecord)  # GpuSharing hands over only its own
+    assert isinstance(device.sharing, ckpt.MpsRecord)  # SharingCoordinator hands over only its own
     return device.sharing
 
 
@@ -291,6 +291,6 @@ def _daemons(devices: Sequence[ckpt.PreparedDevice]) -> list[Daemon]:
     return sorted(found, key=lambda daemon: (daemon.root, daemon.token or ""))
 
 
-def _limit_key(device: Allocated) -> str:
+def _limit_key(device: ResolvedDevice) -> str:
     """How a per-device limit names the device: its UUID (GPU-…, MIG-…) where known."""
     return device.uuid or device.device

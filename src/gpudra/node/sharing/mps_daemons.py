@@ -83,7 +83,7 @@ from gpudra.errors import HardwareError
 from gpudra.gpu.tools import MPS_CONTROL, MPS_NO_DAEMON, GpuTools
 from gpudra.node import faults
 from gpudra.node.sharing import mps_processes
-from gpudra.node.sharing.mps_processes import Mark, Process, Survey
+from gpudra.node.sharing.mps_processes import DaemonMark, PinnedProcess, ProcSurvey
 from gpudra.node.sharing.trash import Trash
 
 log = logging.getLogger(__name__)
@@ -164,8 +164,8 @@ class Daemon:
     token: str | None  # the mark in its environment; None for a record without one
 
     @property
-    def mark(self) -> Mark:
-        return Mark(pipe=pipe_dir(self.root), token=self.token)
+    def mark(self) -> DaemonMark:
+        return DaemonMark(pipe=pipe_dir(self.root), token=self.token)
 
 
 @dataclass(frozen=True)
@@ -203,17 +203,17 @@ class MpsDaemons:
         # One command at a time per daemon: a command clears the daemon's `tool/` before it links there.
         self._commanding: dict[Path, threading.Lock] = {}
         self._shared_pipe_logged = False
-        self._pinned: dict[Daemon, Process] = {}
+        self._pinned: dict[Daemon, PinnedProcess] = {}
         self._reported: set[tuple[Path, TamperingKind]] = set()  # until the daemon is stopped
-        self._survey: tuple[float, Survey] | None = None  # the last pass over /proc, and when it began
+        self._survey: tuple[float, ProcSurvey] | None = None  # the last pass over /proc, and when it began
 
-    def running(self, daemon: Daemon) -> Process | None:
+    def running(self, daemon: Daemon) -> PinnedProcess | None:
         """The claim's control daemon if it runs: the pinned process, else found again by its mark in a
         pass over /proc at most `_SURVEY_REUSE_S` old (one pass serves a round over every claim; `start`
         looks afresh). Nothing in the pipe directory is read."""
         return self._running(daemon, reuse=True)
 
-    def _running(self, daemon: Daemon, *, reuse: bool) -> Process | None:
+    def _running(self, daemon: Daemon, *, reuse: bool) -> PinnedProcess | None:
         with self._lock:
             pinned = self._pinned.get(daemon)
         if pinned is not None and mps_processes.running(pinned, self.proc):
@@ -228,7 +228,7 @@ class MpsDaemons:
                 self._pinned[daemon] = found
         return found
 
-    def _pass(self, *, reuse: bool) -> Survey:
+    def _pass(self, *, reuse: bool) -> ProcSurvey:
         began = time.monotonic()
         with self._lock:
             last = self._survey
@@ -485,7 +485,7 @@ class MpsDaemons:
                 self.on_tampering(tampering)
 
 
-def _inspect(daemon: Daemon, process: Process) -> list[Tampering]:
+def _inspect(daemon: Daemon, process: PinnedProcess) -> list[Tampering]:
     """What a tenant changed in the pipe directory of `daemon`, which runs as `process`."""
     pipe = pipe_dir(daemon.root)
     found = []
@@ -642,7 +642,7 @@ def _clear(pipe: Path, *, budget: int | None = None) -> bool:
     return False
 
 
-def _wait_gone(processes: Sequence[Process], timeout: float) -> None:
+def _wait_gone(processes: Sequence[PinnedProcess], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while any(mps_processes.running(p) for p in processes) and time.monotonic() < deadline:
         time.sleep(0.02)

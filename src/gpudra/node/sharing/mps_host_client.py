@@ -23,16 +23,16 @@ from gpudra.node import faults
 from gpudra.node.sharing.mps_daemons import Daemon, Tampering
 from gpudra.node.sharing.mps_host_protocol import (
     DaemonRef,
+    HostReply,
+    HostRequest,
     ProtocolError,
-    Reply,
-    Request,
     Running,
     Start,
     Stop,
     receive,
     send,
 )
-from gpudra.node.sharing.mps_processes import Process
+from gpudra.node.sharing.mps_processes import PinnedProcess
 
 # The longest answer: a start waits up to the daemon's ready timeout, a stop its quit and kill timeouts.
 _REPLY_TIMEOUT_S: Final = 60.0
@@ -50,7 +50,7 @@ class MpsHostDaemons:
         self.on_tampering = on_tampering
         self.on_shared_pipe = on_shared_pipe
 
-    def running(self, daemon: Daemon) -> Process | None:
+    def running(self, daemon: Daemon) -> PinnedProcess | None:
         return self._ask(Running(daemon=_ref(daemon)))
 
     def start(
@@ -78,13 +78,13 @@ class MpsHostDaemons:
         self._ask(Stop(daemon=_ref(daemon)))
         faults.reached("unprepare-mps-stopped")
 
-    def _ask(self, operation: Running | Start | Stop) -> Process | None:
+    def _ask(self, operation: Running | Start | Stop) -> PinnedProcess | None:
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
                 connection.settimeout(_REPLY_TIMEOUT_S)
                 connection.connect(str(self.socket_path))
-                send(connection, Request(request=operation))
-                reply = receive(connection, Reply)
+                send(connection, HostRequest(request=operation))
+                reply = receive(connection, HostReply)
         except (OSError, ProtocolError) as err:
             raise HardwareError(
                 f"cannot reach gpudra mps-host at {self.socket_path} (--mps-host-socket; its DaemonSet "
@@ -99,7 +99,7 @@ class MpsHostDaemons:
         if reply.error is not None:
             raise HardwareError(f"gpudra mps-host: {reply.error}")
         process = reply.process
-        return None if process is None else Process(process.pid, process.start_time, process.parent)
+        return None if process is None else PinnedProcess(process.pid, process.start_time, process.parent)
 
 
 def _ref(daemon: Daemon) -> DaemonRef:

@@ -55,7 +55,7 @@ class Stop(_Message):
     daemon: DaemonRef
 
 
-class Request(_Message):
+class HostRequest(_Message):
     request: Annotated[Running | Start | Stop, Field(discriminator="op")]
 
 
@@ -71,7 +71,7 @@ class TamperingReport(_Message):
     detail: str
 
 
-class Reply(_Message):
+class HostReply(_Message):
     process: ProcessRef | None = None
     tampering: list[TamperingReport] = []
     # Commands the operation sent through the daemon's shared pipe directory (mps_daemons: on_shared_pipe).
@@ -79,18 +79,18 @@ class Reply(_Message):
     error: str | None = None  # the operation failed (a HardwareError's message)
 
 
-M = TypeVar("M", "Request", "Reply")
+M = TypeVar("M", "HostRequest", "HostReply")
 
 
 class ProtocolError(Exception):
     """A message that is not one: too long, cut off, or not this protocol's JSON."""
 
 
-def send(connection: socket.socket, message: Request | Reply) -> None:
+def send(connection: socket.socket, message: HostRequest | HostReply) -> None:
     # A reply leaves out what is at its default (a request cannot: `op` is its discriminator), so that a
     # plugin older than mps-host (mps-host is replaced only when deleted; a plugin may be rolled back)
     # reads it, as long as the fields it does not know say nothing.
-    text = message.model_dump_json(exclude_defaults=isinstance(message, Reply))
+    text = message.model_dump_json(exclude_defaults=isinstance(message, HostReply))
     data = text.encode() + b"\n"
     if len(data) > MAX_MESSAGE_BYTES:
         raise ProtocolError(f"a {len(data)}-byte message is over the {MAX_MESSAGE_BYTES} bytes allowed")

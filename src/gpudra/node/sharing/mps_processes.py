@@ -57,7 +57,7 @@ def new_token() -> str:
 
 
 @dataclass(frozen=True)
-class Mark:
+class DaemonMark:
     """What the plugin puts in the environment of a claim's MPS daemon."""
 
     pipe: Path  # CUDA_MPS_PIPE_DIRECTORY
@@ -68,21 +68,21 @@ class Mark:
 
 
 @dataclass(frozen=True)
-class Process:
+class PinnedProcess:
     pid: int
     start_time: int  # field 22 of /proc/<pid>/stat: clock ticks after boot
     parent: int
 
 
 @dataclass(frozen=True)
-class Survey:
+class ProcSurvey:
     """The processes that have an MPS pipe directory in their environment, read in one pass over /proc."""
 
     # by the pipe directory they name: each process with the token it carries (None: none)
-    by_pipe: Mapping[bytes, tuple[tuple[Process, bytes | None], ...]] = field(default_factory=dict)
+    by_pipe: Mapping[bytes, tuple[tuple[PinnedProcess, bytes | None], ...]] = field(default_factory=dict)
     proc: Path = PROC
 
-    def find(self, mark: Mark) -> list[Process]:
+    def find(self, mark: DaemonMark) -> list[PinnedProcess]:
         """Every process of the pass that carries `mark`, oldest first."""
         found = []
         token = None if mark.token is None else mark.token.encode()
@@ -95,9 +95,9 @@ class Survey:
         return sorted(found, key=lambda p: (p.start_time, p.pid))
 
 
-def survey(proc: Path = PROC) -> Survey:
+def survey(proc: Path = PROC) -> ProcSurvey:
     """One pass over `proc`: every live process whose environment names a pipe directory."""
-    by_pipe: dict[bytes, list[tuple[Process, bytes | None]]] = {}
+    by_pipe: dict[bytes, list[tuple[PinnedProcess, bytes | None]]] = {}
     pipe_prefix, token_prefix = os.fsencode(f"{PIPE_VARIABLE}="), os.fsencode(f"{TOKEN_VARIABLE}=")
     for pid in _pids(proc):
         environ = _read(proc / str(pid) / "environ", ENVIRON_BYTES)
@@ -112,15 +112,15 @@ def survey(proc: Path = PROC) -> Survey:
         process = _process(proc, pid) if pipe is not None else None
         if pipe is not None and process is not None:
             by_pipe.setdefault(pipe, []).append((process, token))
-    return Survey({pipe: tuple(found) for pipe, found in by_pipe.items()}, proc)
+    return ProcSurvey({pipe: tuple(found) for pipe, found in by_pipe.items()}, proc)
 
 
-def find(mark: Mark, proc: Path = PROC) -> list[Process]:
+def find(mark: DaemonMark, proc: Path = PROC) -> list[PinnedProcess]:
     """Every live process that carries `mark`, oldest first (a pass of its own)."""
     return survey(proc).find(mark)
 
 
-def carries(mark: Mark, pid: int, proc: Path = PROC) -> bool:
+def carries(mark: DaemonMark, pid: int, proc: Path = PROC) -> bool:
     """Whether process `pid` carries `mark` (False when it is gone or cannot be read)."""
     environ = _read(proc / str(pid) / "environ", ENVIRON_BYTES)
     if environ is None:
@@ -133,19 +133,19 @@ def carries(mark: Mark, pid: int, proc: Path = PROC) -> bool:
     return _same_mount_namespace(proc, pid)
 
 
-def daemon(processes: Sequence[Process]) -> Process | None:
+def daemon(processes: Sequence[PinnedProcess]) -> PinnedProcess | None:
     """The control daemon among a mark's processes: the oldest whose parent carries no mark."""
     marked = {p.pid for p in processes}
     return next((p for p in processes if p.parent not in marked), None)
 
 
-def running(process: Process, proc: Path = PROC) -> bool:
+def running(process: PinnedProcess, proc: Path = PROC) -> bool:
     """Whether `process` still runs: the same pid with the same start time, and not a zombie."""
     now = _process(proc, process.pid)
     return now is not None and now.start_time == process.start_time
 
 
-def kill(processes: Iterable[Process], signum: signal.Signals) -> None:
+def kill(processes: Iterable[PinnedProcess], signum: signal.Signals) -> None:
     """Send `signum` to each of `processes` that still runs (checked right before, by its start time)."""
     for process in processes:
         if running(process):
@@ -178,7 +178,7 @@ def _read(path: Path, limit: int) -> bytes | None:
         os.close(handle)
 
 
-def _process(proc: Path, pid: int) -> Process | None:
+def _process(proc: Path, pid: int) -> PinnedProcess | None:
     raw = _read(proc / str(pid) / "stat", _STAT_BYTES)
     if raw is None:
         return None
@@ -191,7 +191,7 @@ def _process(proc: Path, pid: int) -> Process | None:
         return None
     if state in (b"Z", b"X"):  # exited: only its parent's wait is missing
         return None
-    return Process(pid=pid, start_time=start_time, parent=parent)
+    return PinnedProcess(pid=pid, start_time=start_time, parent=parent)
 
 
 def _same_mount_namespace(proc: Path, pid: int) -> bool:

@@ -5,11 +5,11 @@ its `strategy` field) and everything done with it: which devices it takes (`want
 them before the GPU changes (`plan`), setting that up and undoing it (`apply`, `undo`, both idempotent,
 so a crash between any two calls is settled by calling again), whether a process it runs still answers,
 the env and mounts a container needs, and what can be learnt back from a CDI spec after the checkpoint
-was damaged. `GpuSharing` (this package's `__init__`) picks the strategy per device and calls these;
+was damaged. `SharingCoordinator` (this package's `__init__`) picks the strategy per device and calls these;
 nothing else in the node looks inside a sharing record.
 
 Adding a strategy: its record in gpudra.node.checkpoint (a new `strategy` value), one module here
-implementing `Strategy`, its entry in `GpuSharing`'s list, and its tests.
+implementing `Strategy`, its entry in `SharingCoordinator`'s list, and its tests.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import ClassVar, Protocol
 
 from gpudra.node import checkpoint as ckpt
-from gpudra.node.allocation import Allocated
+from gpudra.node.allocation import ResolvedDevice
 from gpudra.node.cdi import CdiDevice, Mount
 
 
@@ -30,17 +30,17 @@ class Strategy(Protocol):
     # gpudra.node.recovery).
     runs_process: ClassVar[bool]
 
-    def wants(self, device: Allocated) -> bool:
-        """Whether this strategy shares `device` (the first strategy in `GpuSharing`'s list that wants
+    def wants(self, device: ResolvedDevice) -> bool:
+        """Whether this strategy shares `device` (the first strategy in `SharingCoordinator`'s list that wants
         a device gets it)."""
         ...
 
     def plan(
         self,
         claim_uid: str,
-        devices: Sequence[Allocated],
+        devices: Sequence[ResolvedDevice],
         *,
-        claim: Sequence[Allocated],
+        claim: Sequence[ResolvedDevice],
         others: Sequence[ckpt.ClaimEntry],
     ) -> list[ckpt.SharingRecord]:
         """A record per device of `devices` (those this strategy wants, of all the claim's `claim`),

@@ -27,7 +27,7 @@ from gpudra.api.v1beta1 import TIMESLICE
 from gpudra.errors import ConfigError, NotSupported
 from gpudra.gpu.tools import GpuTools
 from gpudra.node import checkpoint as ckpt
-from gpudra.node.allocation import Allocated
+from gpudra.node.allocation import ResolvedDevice
 from gpudra.node.cdi import CdiDevice, Mount
 
 
@@ -38,7 +38,7 @@ class TimeSlicing:
     def __init__(self, tools: GpuTools) -> None:
         self.tools = tools
 
-    def wants(self, device: Allocated) -> bool:
+    def wants(self, device: ResolvedDevice) -> bool:
         config = device.config
         return (
             isinstance(config, GpuConfig)
@@ -49,14 +49,14 @@ class TimeSlicing:
     def plan(
         self,
         claim_uid: str,
-        devices: Sequence[Allocated],
+        devices: Sequence[ResolvedDevice],
         *,
-        claim: Sequence[Allocated],
+        claim: Sequence[ResolvedDevice],
         others: Sequence[ckpt.ClaimEntry],
     ) -> list[ckpt.SharingRecord]:
         return [self._plan(device, others) for device in devices]
 
-    def _plan(self, device: Allocated, others: Sequence[ckpt.ClaimEntry]) -> ckpt.TimeSlicingRecord:
+    def _plan(self, device: ResolvedDevice, others: Sequence[ckpt.ClaimEntry]) -> ckpt.TimeSlicingRecord:
         assert isinstance(device.config, GpuConfig) and device.config.sharing is not None  # see wants
         settings = device.config.sharing.time_slicing
         assert settings is not None
@@ -132,7 +132,7 @@ class TimeSlicing:
 
 
 def _record(device: ckpt.PreparedDevice) -> ckpt.TimeSlicingRecord:
-    assert isinstance(device.sharing, ckpt.TimeSlicingRecord)  # GpuSharing hands over only its own
+    assert isinstance(device.sharing, ckpt.TimeSlicingRecord)  # SharingCoordinator hands over only its own
     return device.sharing
 
 

@@ -29,7 +29,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from gpudra.errors import GpudraError
 from gpudra.model.devices import Device, gpu_uuid_of, partition_of
@@ -37,6 +37,9 @@ from gpudra.model.inventory import Gpu, GpuInstance
 from gpudra.model.publishing import MigMode
 from gpudra.node import checkpoint as ckpt
 from gpudra.service import Loop
+
+if TYPE_CHECKING:  # types only
+    from gpudra.kube.events import EventPoster
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +50,6 @@ class MigListing(Protocol):
     """gpudra.gpu.nvml.Nvml."""
 
     def gpu_instances(self, *, gpu_uuid: str) -> tuple[GpuInstance, ...]: ...
-
-
-class Events(Protocol):
-    def post(self, type_: Literal["Normal", "Warning"], reason: str, message: str) -> None: ...
 
 
 class ForeignMetrics(Protocol):
@@ -168,7 +167,7 @@ class ForeignMig:
         claims: Callable[[], Mapping[str, ckpt.ClaimEntry]],
         mig_mode: MigMode,
         interval: float,
-        events: Events,
+        events: EventPoster,
         metrics: ForeignMetrics,
     ) -> None:
         self._devices = list(devices)

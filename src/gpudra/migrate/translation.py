@@ -221,7 +221,7 @@ class Translation:
 
 
 @dataclass(frozen=True)
-class Options:
+class TranslationOptions:
     driver: str = "gpu.gpudra.io"
     device_plugin: DevicePlugin | None = None  # None: no config given (replicas and renames unknown)
     gpu_memory: int | None = None  # bytes of the GPUs that replicas divide; None: not given
@@ -231,7 +231,7 @@ class Options:
 
 
 def translate(
-    obj: Mapping[str, Any], options: Options, made: set[tuple[str | None, str]] | None = None
+    obj: Mapping[str, Any], options: TranslationOptions, made: set[tuple[str | None, str]] | None = None
 ) -> Translation:
     """The gpudra equivalent of one parsed object (`v1 List`s: each item). `made` holds the (namespace,
     name) of the templates made so far, which are not made again; the new ones are added to it."""
@@ -242,7 +242,7 @@ def translate(
 
 @dataclass
 class _Translator:
-    options: Options
+    options: TranslationOptions
     done: Translation
     prefix: str  # the path of the object inside a List
     made: set[tuple[str | None, str]]

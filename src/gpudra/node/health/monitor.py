@@ -11,7 +11,7 @@ along. A GPU that cannot be probed (no NVML, an unexpected error) is Unknown, wi
 The monitor keeps its own NVML session in its own thread, so a slow or hanging GPU never holds up
 prepare; subscribers wait on a condition for the next snapshot.
 
-With `faults` (gpudra.node.gpu_faults: XIDs and ECC errors from NVML events), a device whose GPU or
+With `faults` (gpudra.node.health.gpu_faults: XIDs and ECC errors from NVML events), a device whose GPU or
 partition carries a fault mark is Unhealthy too, with the fault as message; each poll tells the faults
 which GPUs answered (a reset observed lifts a mark) and the uncorrected ECC counts of the GPUs that
 report no ECC events, and a new fault wakes the poll, so that it reaches the kubelet and the slices
@@ -38,7 +38,7 @@ from gpudra.errors import GpudraError
 from gpudra.model.devices import Device, DeviceTaint, gpu_uuid_of
 from gpudra.model.gpu_health import GpuConditions, Mark, device_taints, needs
 from gpudra.model.inventory import MigDevice
-from gpudra.node.gpu_faults import GpuFaults
+from gpudra.node.health.gpu_faults import GpuFaults
 from gpudra.service import Loop
 
 log = logging.getLogger(__name__)

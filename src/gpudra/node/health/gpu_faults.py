@@ -10,7 +10,7 @@ feeds them:
   it, and the health monitor is woken to republish; every XID is counted
   (`gpudra_gpu_xid_errors_total{gpu,xid}`). Single-bit ECC and MIG configuration change events are
   counted only (`gpudra_gpu_events_total{gpu,type}`); a MIG configuration change also tells those
-  who `subscribe_mig_change` (gpudra.node.foreign_mig checks for instances made outside gpudra). A
+  who `subscribe_mig_change` (gpudra.node.health.foreign_mig checks for instances made outside gpudra). A
   fault naming a GPU instance marks that partition: the published device at the instance's profile
   and placement;
 - GPUs that offer no XID or double-bit ECC events (NOT_SUPPORTED: some VMs and vGPU guests) are said
@@ -56,7 +56,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpudra.atomic_file import write_atomically
 from gpudra.errors import GpudraError
@@ -66,6 +66,9 @@ from gpudra.model.gpu_health import Classification, Fault, GpuConditions, Lifted
 from gpudra.model.inventory import MigDevice
 from gpudra.node import faults as crash
 from gpudra.service import Loop
+
+if TYPE_CHECKING:  # types only
+    from gpudra.kube.events import EventPoster
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +82,7 @@ FOLLOW_SECONDS = 0.5  # how often an instance that does not write reads the heal
 FILE_VERSION = 1
 
 
-class EventWatch(Protocol):
+class FaultEventWatch(Protocol):
     """gpudra.gpu.nvml.EventWatch."""
 
     xid_events: frozenset[str]
@@ -94,15 +97,11 @@ class EventWatch(Protocol):
 class EventSession(Protocol):
     """An open NVML session: gpudra.gpu.nvml.Nvml."""
 
-    def watch_events(self, gpu_uuids: Iterable[str]) -> EventWatch: ...
+    def watch_events(self, gpu_uuids: Iterable[str]) -> FaultEventWatch: ...
 
     def mig_devices(self, *, gpu_uuid: str) -> tuple[MigDevice, ...]: ...
 
     def close(self) -> None: ...
-
-
-class Events(Protocol):
-    def post(self, type_: Literal["Normal", "Warning"], reason: str, message: str) -> None: ...
 
 
 class FaultMetrics(Protocol):
@@ -134,7 +133,7 @@ class GpuFaults:
         reset_effect: str,
         state_file: Path,
         boot_id: str,
-        events: Events,
+        events: EventPoster,
         metrics: FaultMetrics,
         holders: Callable[[str, str | None], list[str]] = lambda gpu, device: [],
         read_annotation: Callable[[], str] | None = None,
@@ -177,7 +176,7 @@ class GpuFaults:
         self._marks, self._ecc_counts, self._conditions, self._links = self._load()
         self._subscribers: list[Callable[[], None]] = []
         self._session: EventSession | None = None
-        self._watch: EventWatch | None = None
+        self._watch: FaultEventWatch | None = None
         self._opened_at = 0.0
         self._ecc_watched: frozenset[str] = frozenset()
         self._told_unsupported = False
@@ -383,7 +382,7 @@ class GpuFaults:
                     watcher()
         return 0
 
-    def _open_watch(self) -> EventWatch:
+    def _open_watch(self) -> FaultEventWatch:
         self._close_watch()
         self._session = self._open_nvml()
         watch = self._session.watch_events(self._gpus)
