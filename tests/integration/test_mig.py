@@ -123,6 +123,13 @@ def emptied(plugin: PluginProcess, minor: int) -> bool:
     return card(plugin, minor) == {} == recorded(plugin, minor)
 
 
+def mig_switched_on_by_hand(plugin: PluginProcess, minor: int) -> None:
+    """`nvidia-smi -i <minor> -mig 1`, as an administrator does before making an instance by hand. The
+    GPU's mode is whatever the tests before left it: a whole-GPU claim of any test on this worker's
+    cluster switches it off, and an instance cannot exist on a GPU with MIG off."""
+    sim.set_mig_mode(state_file=plugin.sim_state, gpu_uuid=gpu_uuid(plugin, minor), enabled=True)
+
+
 def in_step(plugin: PluginProcess, minor: int) -> dict[int, tuple[int, str]]:
     """The card's instances, after checking that they are exactly what the checkpoint records."""
     on_card = card(plugin, minor)
@@ -389,6 +396,7 @@ def test_a_placement_taken_by_hand_is_not_offered_until_the_instance_is_gone(
     minor = 3
     uuid = gpu_uuid(plugin, minor)
     # The test plays the administrator who made an instance by hand.
+    mig_switched_on_by_hand(plugin, minor)
     with nvml.connect("sim:dgx-h100", state_file=plugin.sim_state) as session:
         by_hand = session.create_mig_device(
             gpu_uuid=uuid, profile_id=PROFILE_IDS["2g.20gb"], placement_start=4
@@ -465,6 +473,7 @@ def test_a_gpu_instance_made_by_hand_without_compute_instance_is_not_adopted_and
             namespace=ns,
         )
         wait_for("the claim allocated", lambda: scheduled(core, "bare", ns), timeout=120)
+        mig_switched_on_by_hand(plugin, minor)
         with sim_state.StateFile(plugin.sim_state).update() as machine:  # `nvidia-smi mig -cgi 19` without -C
             machine.gpus[minor].gpu_instances.append(
                 sim_state.GpuInstanceState(id=9, profile_id=profile, start=3, size=1)
