@@ -16,6 +16,9 @@ It starts no MPS servers (there is no CUDA to serve), so `get_server_list` print
 CUDA application (gpudra.sim.mps_client) attaches with `attach_client`: the daemon answers with its pid
 and limits and holds the connection open until it exits, so the client sees the daemon's end as a real
 one sees its server's.
+
+The client imports nothing but the standard library, and the wrapper (gpudra.sim.tools) runs this file
+by path: gpudra starts it for every command it sends, thousands of times in `make test`.
 """
 
 from __future__ import annotations
@@ -33,8 +36,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
-from gpudra.sim import machines, state
+if TYPE_CHECKING:
+    from gpudra.sim import state
 
 _PID_FILE = "nvidia-cuda-mps-control.pid"
 _NO_DAEMON = "Cannot find MPS control daemon process"
@@ -130,6 +135,8 @@ class _Daemon:
         return next(d for d in self.store.read().mps_daemons if d.pid == self.pid)
 
     def serve(self) -> None:
+        from gpudra.sim.state import MpsDaemon  # noqa: PLC0415 (see main)
+
         control = self.pipe / "control"
         control.unlink(missing_ok=True)
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
@@ -137,7 +144,7 @@ class _Daemon:
             server.listen()
             with self.store.update() as machine_state:
                 machine_state.mps_daemons.append(
-                    state.MpsDaemon(
+                    MpsDaemon(
                         pid=self.pid,
                         pipe_directory=str(self.pipe),
                         log_directory=str(self.log_file.parent),
@@ -257,6 +264,10 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if not args:
         return _client()
+    # Imported here, not above: the client needs only the socket (see the module docstring); with the
+    # state file's pydantic models loaded, each of its starts cost five times the CPU.
+    from gpudra.sim import machines, state  # noqa: PLC0415
+
     store = state.from_environment()
     if store is None:
         print("MPS control daemon: no NVIDIA driver (simulated machine state not found)", file=sys.stderr)
