@@ -6,11 +6,32 @@
 # packages (deploy/image/base.sh) and builds with buildah --pull=never; with a registry instead:
 #   docker build --build-arg BASE=python:3.11-slim .
 ARG BASE=localhost/gpudra-base:bookworm-amd64
+# WHEEL_BASE: the base for the building machine's own architecture, where gpudra's wheel is made. The
+# wheel is pure Python, the same for every architecture: built natively, it costs seconds, where under
+# qemu-user emulation (an arm64 image on an amd64 host) pip's build of it took minutes per commit.
+# `make image` passes the host's base and platform (buildah 1.28 sets no BUILDPLATFORM, and takes a
+# base of another architecture than --arch only with FROM --platform); by default it is BASE, on the
+# platform `docker build` runs on.
+ARG WHEEL_BASE=${BASE}
+ARG WHEEL_PLATFORM=${BUILDPLATFORM}
+# The stages after it name the target platform again: buildah 1.28 keeps a stage's FROM --platform for
+# the stages that follow, and would look for an arm64 BASE as amd64.
+ARG TARGETPLATFORM
 
-FROM ${BASE} AS build
+FROM --platform=${WHEEL_PLATFORM} ${WHEEL_BASE} AS wheel
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-# A venv needs ensurepip, which Debian's python3 keeps in python3-venv: the build stage adds it when the
+# A venv needs ensurepip, which Debian's python3 keeps in python3-venv: the build stages add it when the
 # base lacks it (gpudra's base leaves it out so the final image has no pip; python:3.11-slim has it).
+RUN python3 -m venv /opt/wheel 2>/dev/null \
+ || { apt-get update && apt-get install -y --no-install-recommends python3-venv \
+      && rm -rf /var/lib/apt/lists/* && python3 -m venv --clear /opt/wheel; }
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY src ./src
+RUN /opt/wheel/bin/pip wheel --no-deps --wheel-dir /tmp/wheels .
+
+FROM --platform=${TARGETPLATFORM} ${BASE} AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python3 -m venv /opt/gpudra 2>/dev/null \
  || { apt-get update && apt-get install -y --no-install-recommends python3-venv \
       && rm -rf /var/lib/apt/lists/* && python3 -m venv --clear /opt/gpudra; }
@@ -19,17 +40,14 @@ RUN python3 -m venv /opt/gpudra 2>/dev/null \
 # binary wheels only, so nothing is compiled.
 COPY deploy/image/requirements.lock /tmp/requirements.lock
 RUN /opt/gpudra/bin/pip install --require-hashes --only-binary=:all: -r /tmp/requirements.lock
-WORKDIR /src
-COPY pyproject.toml README.md ./
-COPY src ./src
 # gpudra's own wheel, without dependencies: `pip check` proves the locked set satisfies it. Then pip and
 # setuptools leave the venv, which is all the final stage takes.
-RUN /opt/gpudra/bin/pip wheel --no-deps --wheel-dir /tmp/wheels . \
- && /opt/gpudra/bin/pip install --no-deps --no-index /tmp/wheels/gpudra-*.whl \
+COPY --from=wheel /tmp/wheels /tmp/wheels
+RUN /opt/gpudra/bin/pip install --no-deps --no-index /tmp/wheels/gpudra-*.whl \
  && /opt/gpudra/bin/pip check \
  && /opt/gpudra/bin/pip uninstall --yes --quiet pip setuptools
 
-FROM ${BASE}
+FROM --platform=${TARGETPLATFORM} ${BASE}
 COPY --from=build /opt/gpudra /opt/gpudra
 RUN groupadd --gid 10001 gpudra \
  && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \

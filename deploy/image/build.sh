@@ -13,6 +13,8 @@ ensure_packages debootstrap buildah  # one apt-get run for both on a fresh machi
 [ "$ARCH" = "$HOST_ARCH" ] || ensure_foreign_arch "$ARCH"
 
 bash ./base.sh
+# The wheel stage runs on the host's own base (the Dockerfile says why): made too when ARCH is foreign.
+[ "$ARCH" = "$HOST_ARCH" ] || GPUDRA_ARCH=$HOST_ARCH bash ./base.sh
 repo=$(cd ../.. && pwd)
 version=$(image_version)
 tag=$(image_tag)
@@ -39,7 +41,9 @@ fi
 # The OCI annotation keys as labels (what `docker inspect` and registries show); the source is the
 # chart's home. io.gpudra.build names the exact build for archive.sh.
 bah bud --pull=never --layers "${ca[@]}" \
-  --arch "$ARCH" --os linux --build-arg "BASE=$BASE_REF" --build-arg "REVISION=$revision" \
+  --arch "$ARCH" --os linux --build-arg "BASE=$BASE_REF" \
+  --build-arg "WHEEL_BASE=localhost/gpudra-base:bookworm-$HOST_ARCH" --build-arg "WHEEL_PLATFORM=linux/$HOST_ARCH" \
+  --build-arg "REVISION=$revision" \
   --ignorefile "$PWD/build.ignore" \
   --label "org.opencontainers.image.title=gpudra" \
   --label "org.opencontainers.image.version=$version" \
