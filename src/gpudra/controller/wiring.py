@@ -19,6 +19,7 @@ import threading
 
 from gpudra import build, service
 from gpudra.controller.cluster import ClusterWatch
+from gpudra.controller.gpu_map_page import PATHS, GpuMapPage
 from gpudra.controller.housekeeping import Housekeeping
 from gpudra.controller.leader import LeaderElector
 from gpudra.controller.metrics import ControllerMetrics
@@ -26,7 +27,6 @@ from gpudra.controller.options import ControllerOptions
 from gpudra.controller.status_access import StatusAccess, StatusPages
 from gpudra.controller.webhook import JUDGED_KINDS, WebhookServer
 from gpudra.controller.webhook_tls import CertificateKeeper
-from gpudra.gpu_map_page import PATHS, GpuMapPage
 from gpudra.http_endpoint import Check, HttpEndpoint, loops_alive
 from gpudra.kube import client as kube
 from gpudra.kube.access_review import AccessReviews
