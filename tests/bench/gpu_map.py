@@ -29,8 +29,8 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import yaml
 
+from gpudra.controller.gpu_map_page import GpuMapPage
 from gpudra.gpu import nvml
-from gpudra.gpu_map_page import GpuMapPage
 from gpudra.model.claim import read_claim
 from gpudra.scheduling.gpu_map import MapQuery, Survey, draw, reason, survey
 from tests.bench.table import markdown

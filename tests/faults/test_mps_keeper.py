@@ -289,7 +289,7 @@ def test_the_loop_logs_a_failed_restart_and_retries_until_the_daemon_runs(
     finally:
         keeper.stop(10)
     assert keeper.loop.alive is False and keeper.loop.last_error is None
-    assert [r.getMessage() for r in caplog.records if r.name == "gpudra.service"][:1] == [
+    assert [r.getMessage() for r in caplog.records if r.name == "gpudra.runtime.service"][:1] == [
         "background step failed; retrying"
     ]
     assert len(daemons(h100)) == 1

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from kubernetes import client, utils
 
-from gpudra.model.migration import gpudra_classes
+from gpudra.migrate.migration import gpudra_classes
 from tests.localcluster import LocalCluster
 from tests.localcluster.helm import helm_binary
 from tests.localcluster.kueue import KueueProcess

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpudra import build, cli
-from gpudra.metrics import DaemonMetrics
+from gpudra.runtime.metrics import DaemonMetrics
 
 REPO = Path(__file__).resolve().parents[2]
 VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]

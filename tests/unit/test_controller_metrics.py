@@ -1,5 +1,5 @@
-"""The controller exports its background loops' health as the plugin does (gpudra.metrics.DaemonMetrics):
-`gpudra_background_failures`, `gpudra_background_healthy` and
+"""The controller exports its background loops' health as the plugin does
+(gpudra.runtime.metrics.DaemonMetrics): `gpudra_background_failures`, `gpudra_background_healthy` and
 `gpudra_background_last_success_timestamp_seconds`, by `loop`; the loops are the controller's own parts."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from gpudra.controller.leader import LeaderElector
 from gpudra.controller.metrics import ControllerMetrics
 from gpudra.errors import ClusterError
 from gpudra.kube.lease import LeaseRecord
-from gpudra.service import Loop
+from gpudra.runtime.service import Loop
 
 DRIVER = "gpu.gpudra.io"
 DOWN = ClusterError("cannot reach the API server (MaxRetryError)")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
-from gpudra.http_endpoint import Check, HttpEndpoint, report, writable_directory
 from gpudra.node.metrics import PluginMetrics
+from gpudra.runtime.http_endpoint import Check, HttpEndpoint, report, writable_directory
 
 
 def _get(port: int, path: str) -> tuple[int, str]:

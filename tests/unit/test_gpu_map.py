@@ -1,5 +1,6 @@
-"""The GPU map's model (gpudra.scheduling.gpu_map) and its page over WSGI (gpudra.gpu_map_page), on
-slices gpudra's own device model publishes for hand-built nodes (tests/unit/test_cluster_view.py's)."""
+"""The GPU map's model (gpudra.scheduling.gpu_map) and its page over WSGI
+(gpudra.controller.gpu_map_page), on slices gpudra's own device model publishes for hand-built nodes
+(tests/unit/test_cluster_view.py's)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,16 @@ import pytest
 
 from gpudra.cli import status_web
 from gpudra.controller.cluster import VIEW_SECONDS, ClusterWatch
+from gpudra.controller.gpu_map_page import (
+    CONTENT_SECURITY_POLICY,
+    PAGE,
+    PATHS,
+    GpuMapPage,
+    Served,
+    SurveyCache,
+)
 from gpudra.controller.status_access import StatusAccess, StatusPages
 from gpudra.errors import ClusterError, ConfigError
-from gpudra.gpu_map_page import CONTENT_SECURITY_POLICY, PAGE, PATHS, GpuMapPage, Served, SurveyCache
 from gpudra.kube.access_review import Caller as Reviewed
 from gpudra.kube.client import Forbidden
 from gpudra.model.claim import read_claim

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from gpudra import logs
-from gpudra.logs import JsonFormatter, TextFormatter
 from gpudra.model.devices import DeviceTaint
 from gpudra.node.metrics import PluginMetrics
+from gpudra.runtime import logs
+from gpudra.runtime.logs import JsonFormatter, TextFormatter
 
 UID = "5f7c2a9e-8b1d-4e3f-a6c0-2d9b8e7f1a34"
 

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from gpudra.errors import ClusterError
-from gpudra.service import Loop, running
+from gpudra.runtime.service import Loop, running
 
 
 def wait_for(condition, timeout: float = 5.0) -> None:
@@ -38,7 +38,7 @@ def test_a_loop_survives_any_exception_with_backoff_and_resets_after_success(
         return 0.01
 
     loop = Loop("test", step, min_backoff=0.05, max_backoff=0.15, on_error=errors.append)
-    with caplog.at_level(logging.WARNING, logger="gpudra.service"):
+    with caplog.at_level(logging.WARNING, logger="gpudra.runtime.service"):
         loop.start()
         wait_for(lambda: len(times) >= 6)
         loop.stop(2)
@@ -50,7 +50,7 @@ def test_a_loop_survives_any_exception_with_backoff_and_resets_after_success(
     # the backoff doubles from 0.05 and is capped at 0.15 (lower bounds only: a loaded machine is slow)
     assert gaps[0] >= 0.045 and gaps[1] >= 0.095 and gaps[2] >= 0.145
     assert gaps[3] < gaps[2]  # after a success the step's own wait (0.01) applies, not the backoff
-    records = [r for r in caplog.records if r.name == "gpudra.service"]
+    records = [r for r in caplog.records if r.name == "gpudra.runtime.service"]
     # a gpudra error is an expected answer; anything else is a bug and gets its traceback
     assert [r.exc_info is not None for r in records] == [False, True, True]
 

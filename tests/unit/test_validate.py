@@ -15,8 +15,8 @@ from gpudra import cli
 from gpudra.cli import validate
 from gpudra.cli.manifest_files import read_documents
 from gpudra.cli.validate import validate_files
+from gpudra.migrate.migration import migration_problems
 from gpudra.model.manifests import Problem, validate_documents
-from gpudra.model.migration import migration_problems
 
 DRIVER = "gpu.gpudra.io"
 DATA = Path(__file__).parent / "data"
@@ -70,7 +70,7 @@ def test_bad_manifests_name_file_object_and_field() -> None:
         f"{class_at}.apiVersion: must be resource.gpudra.io/v1beta1 "
         "(the fields are those of resource.nvidia.com/v1beta1: only the apiVersion differs)",
         f"{class_at}.sharing.timeSlicingConfig.interval: must be one of: Default, Short, Medium, Long",
-        # the NVIDIA entry of a claim whose requests are gpudra's: ignored by gpudra (gpudra.model.migration)
+        # the NVIDIA entry of a claim with gpudra's requests: ignored by gpudra (gpudra.migrate.migration)
         f"{file}: ResourceClaim ml/bad-mps: spec.devices.config[0].opaque.driver: gpu.nvidia.com is another "
         "driver's: gpudra ignores this config on request(s) gpu, without a word; gpudra's is opaque.driver: "
         "gpu.gpudra.io with parameters.apiVersion: resource.gpudra.io/v1beta1 (docs/migrate.md)",
@@ -461,7 +461,7 @@ def test_a_directory_where_a_file_must_be_is_one_line() -> None:
         read_documents(Path("/"))
 
 
-# --- what a move from NVIDIA's DRA driver leaves behind (gpudra.model.migration) ------------------
+# --- what a move from NVIDIA's DRA driver leaves behind (gpudra.migrate.migration) ------------------
 
 NVIDIA_CLAIM = """\
 apiVersion: resource.k8s.io/v1

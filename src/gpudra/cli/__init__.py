@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from gpudra import build, logs
+from gpudra import build
 from gpudra.cli.option_types import (
     AbsolutePath,
     Bytes,
@@ -50,6 +50,7 @@ from gpudra.model.publishing import (
     ServerFields,
     parse_feature_gates,
 )
+from gpudra.runtime import logs
 
 # Each command imports what it needs when it runs: `gpudra kubelet-plugin` opens the kubelet's sockets
 # before the ~0.3 s of importing NVML, the API client and the models (see gpudra.node.daemon).

@@ -1,15 +1,15 @@
-"""`gpudra status --web`: the GPU map page (gpudra.gpu_map_page) served on loopback from the caller's
-kubeconfig, without the controller. I/O: the API server, one listening socket.
+"""`gpudra status --web`: the GPU map page (gpudra.controller.gpu_map_page) served on loopback from the
+caller's kubeconfig, without the controller. I/O: the API server, one listening socket.
 
 The page's refreshes list this driver's ResourceSlices, the ResourceClaims and the DeviceClasses with
 the caller's own credentials (at most once per SURVEY_SECONDS, whatever the number of open tabs, in the
-background once there is a first survey: `gpudra.gpu_map_page.SurveyCache`), so the page shows only
-what they may read, and says what they may not: a caller who may not list ResourceClaims cluster-wide
-sees those of `--namespace` (default: the kubeconfig context's) if it may list them there, else the GPUs
-without their holders; one who may not list ResourceSlices or DeviceClasses sees no GPUs or no pending
-claims. Only a refusal (403) is a note on the page; an API server that cannot be reached is the page's
-error. It binds 127.0.0.1 unless `--listen` says otherwise: whoever reaches the port reads the cluster
-with the caller's credentials.
+background once there is a first survey: `gpudra.controller.gpu_map_page.SurveyCache`), so the page
+shows only what they may read, and says what they may not: a caller who may not list ResourceClaims
+cluster-wide sees those of `--namespace` (default: the kubeconfig context's) if it may list them there,
+else the GPUs without their holders; one who may not list ResourceSlices or DeviceClasses sees no GPUs
+or no pending claims. Only a refusal (403) is a note on the page; an API server that cannot be reached
+is the page's error. It binds 127.0.0.1 unless `--listen` says otherwise: whoever reaches the port reads
+the cluster with the caller's credentials.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from datetime import UTC, datetime
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
+from gpudra.controller.gpu_map_page import GpuMapPage, Served, SurveyCache
 from gpudra.errors import ClusterError, ConfigError
-from gpudra.gpu_map_page import GpuMapPage, Served, SurveyCache
 from gpudra.kube import client as kube
 from gpudra.model.claim import read_claim
 from gpudra.scheduling import gpu_map

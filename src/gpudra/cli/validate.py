@@ -1,7 +1,7 @@
 """`gpudra validate PATH...`: the gpudra configs in ResourceClaims, templates and DeviceClasses, checked
 before they reach a cluster, and what a move from NVIDIA's DRA driver left behind. I/O: the files named
 (read by `gpudra.cli.manifest_files`, bounded; `-` is standard input) and stdout; the judging is
-`gpudra.model.manifests` (the admission webhook's own config checks) and `gpudra.model.migration` (NVIDIA
+`gpudra.model.manifests` (the admission webhook's own config checks) and `gpudra.migrate.migration` (NVIDIA
 leftovers, another driver's config on gpudra's requests, a template without spec.spec, bare configs).
 
 A directory stands for the files directly in it whose names end in .yaml, .yml or .json, in name order,
@@ -24,8 +24,8 @@ from pathlib import Path
 
 from gpudra.cli.manifest_files import STDIN, UnreadableFile, read_documents
 from gpudra.cli.output_format import as_list, dump
+from gpudra.migrate.migration import migration_problems
 from gpudra.model.manifests import Problem, document_warnings, validate_documents
-from gpudra.model.migration import migration_problems
 
 SUFFIXES = (".yaml", ".yml", ".json")
 EXIT_PROBLEMS = 1

@@ -4,9 +4,9 @@ ResourceClaim, every DeviceClass. I/O: the API server, through `gpudra.kube.info
 Every replica keeps it (a follower answers `gpudra status` and admission warnings as well as the
 leader). `view()` builds `gpudra.scheduling.cluster_view` from it, again only when a watch saw a change or
 VIEW_SECONDS passed (idle times grow with the clock); `survey()` for the GPU map
-(`gpudra.scheduling.gpu_map`) is kept by `gpudra.gpu_map_page.SurveyCache` on the same terms, but a page
-request never waits for its rebuild once there is one (the last is served with its age while the next
-is built in the background); `reach()` holds requests against the published
+(`gpudra.scheduling.gpu_map`) is kept by `gpudra.controller.gpu_map_page.SurveyCache` on the same
+terms, but a page request never waits for its rebuild once there is one (the last is served with its
+age while the next is built in the background); `reach()` holds requests against the published
 devices for the admission warnings, rebuilt when slices or classes changed. The warnings also name the
 feature gate or release a request's form of the GPUs needs where no node can publish it
 (`gpudra.scheduling.forms`): the server's fields are taken from its release's default gates and what
@@ -23,8 +23,8 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from gpudra.controller.gpu_map_page import Served, SurveyCache
 from gpudra.errors import GpudraError
-from gpudra.gpu_map_page import Served, SurveyCache
 from gpudra.kube.client import Kube
 from gpudra.kube.informer import Informer
 from gpudra.model.claim import read_claim, read_spec_of

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from gpudra.model.claim import read_claim
-from gpudra.service import Loop
+from gpudra.runtime.service import Loop
 
 log = logging.getLogger(__name__)
 PERIOD_SECONDS = 60.0

@@ -30,7 +30,7 @@ from typing import Protocol
 from gpudra.errors import ClusterError, ConfigError
 from gpudra.kube.client import Conflict, NotFound
 from gpudra.kube.lease import LeaseRecord
-from gpudra.service import Loop
+from gpudra.runtime.service import Loop
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,6 @@
-"""Prometheus metrics of the controller: the cluster's GPU picture, the leader (and, from gpudra.metrics,
-the API load and the background loops). Pure but for the callbacks it reads at each scrape.
+"""Prometheus metrics of the controller: the cluster's GPU picture, the leader (and, from
+gpudra.runtime.metrics, the API load and the background loops). Pure but for the callbacks it reads at
+each scrape.
 
 The cluster series are built from the view at each scrape, so a node, claim or profile that is gone
 leaves no stale series behind. Every replica exports them (each keeps the view); `gpudra_controller_leader`
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 
-from gpudra.metrics import Collector, Counter, DaemonMetrics, GaugeMetricFamily, Metric
+from gpudra.runtime.metrics import Collector, Counter, DaemonMetrics, GaugeMetricFamily, Metric
 from gpudra.scheduling.cluster_view import ClusterView
 
 REVIEW_RESULTS = ("allowed", "denied", "error")

@@ -38,7 +38,7 @@ from gpudra.controller.options import ControllerOptions
 from gpudra.controller.webhook import WebhookServer, desired_configuration, warned_classes_of
 from gpudra.errors import ConfigError
 from gpudra.kube.client import Conflict, Obj
-from gpudra.service import Loop
+from gpudra.runtime.service import Loop
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,9 @@ import ctypes
 import logging
 import threading
 
-from gpudra import build, service
+from gpudra import build
 from gpudra.controller.cluster import ClusterWatch
+from gpudra.controller.gpu_map_page import PATHS, GpuMapPage
 from gpudra.controller.housekeeping import Housekeeping
 from gpudra.controller.leader import LeaderElector
 from gpudra.controller.metrics import ControllerMetrics
@@ -26,13 +27,13 @@ from gpudra.controller.options import ControllerOptions
 from gpudra.controller.status_access import StatusAccess, StatusPages
 from gpudra.controller.webhook import JUDGED_KINDS, WebhookServer
 from gpudra.controller.webhook_tls import CertificateKeeper
-from gpudra.gpu_map_page import PATHS, GpuMapPage
-from gpudra.http_endpoint import Check, HttpEndpoint, loops_alive
 from gpudra.kube import client as kube
 from gpudra.kube.access_review import AccessReviews
 from gpudra.kube.admission import AdmissionObjects, cluster_role_owner
 from gpudra.kube.claim_status import ClaimStatus
 from gpudra.kube.lease import Leases
+from gpudra.runtime import service
+from gpudra.runtime.http_endpoint import Check, HttpEndpoint, loops_alive
 
 log = logging.getLogger(__name__)
 STOP_TIMEOUT_SECONDS = 5.0

@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from typing import Literal, Protocol
 
 from gpudra.kube.client import Kube
-from gpudra.service import Loop
+from gpudra.runtime.service import Loop
 
 log = logging.getLogger(__name__)
 

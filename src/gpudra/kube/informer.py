@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 
 from gpudra.kube.client import Kube, Obj, Watch
-from gpudra.service import Loop
+from gpudra.runtime.service import Loop
 
 log = logging.getLogger(__name__)
 

@@ -58,7 +58,7 @@ from gpudra.kube.client import Kube, Obj, Watch
 from gpudra.model import slices as slice_builder
 from gpudra.model.devices import DeviceModel
 from gpudra.model.slices import ResourceSlice
-from gpudra.service import Loop
+from gpudra.runtime.service import Loop
 
 MAX_GENERATION = 2**63 - 1  # spec.pool.generation is an int64
 # Each watch ends after this long and the next resumes where it ended (client-go's reflectors: 5-10 min).

@@ -31,9 +31,9 @@ from typing import Any, Literal
 
 from gpudra.api import config_problems
 from gpudra.errors import ConfigError
+from gpudra.migrate.migration import CONFIG_GROUP, NVIDIA_CONFIG_GROUP, NVIDIA_DRIVER, gpudra_classes
 from gpudra.model.devices import SHARED_ATTRIBUTE, dns_label
 from gpudra.model.kube_api import API_VERSION, GROUP
-from gpudra.model.migration import CONFIG_GROUP, NVIDIA_CONFIG_GROUP, NVIDIA_DRIVER, gpudra_classes
 
 GIB = 1024**3
 MigStrategy = Literal["none", "single", "mixed"]

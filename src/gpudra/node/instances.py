@@ -40,7 +40,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from gpudra.errors import GpudraError
-from gpudra.service import Service
+from gpudra.runtime.service import Service
 
 log = logging.getLogger(__name__)
 # How often a standing-by instance tries for its turn: how long the node goes unpublished at most

@@ -1,7 +1,8 @@
-"""Prometheus metrics of the kubelet plugin (served by gpudra.http_endpoint). Pure but for reading clocks.
+"""Prometheus metrics of the kubelet plugin (served by gpudra.runtime.http_endpoint). Pure but for reading
+clocks.
 
 Names are prefixed `gpudra_`; every series is created up front so dashboards see zeros, not gaps. The
-series both daemons export (API requests, background loops) come from gpudra.metrics.
+series both daemons export (API requests, background loops) come from gpudra.runtime.metrics.
 """
 
 from __future__ import annotations
@@ -9,7 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
-from gpudra.metrics import (
+from gpudra.model.devices import DeviceTaint
+from gpudra.model.gpu_health import CLOCK_SLOWDOWNS, TAINT_EFFECTS
+from gpudra.model.publishing import WITHHELD_FORMS
+from gpudra.node.sharing.mps_daemons import TAMPERING_KINDS
+from gpudra.runtime.metrics import (
     Collector,
     CollectorRegistry,
     Counter,
@@ -19,10 +24,6 @@ from gpudra.metrics import (
     Histogram,
     Metric,
 )
-from gpudra.model.devices import DeviceTaint
-from gpudra.model.gpu_health import CLOCK_SLOWDOWNS, TAINT_EFFECTS
-from gpudra.model.publishing import WITHHELD_FORMS
-from gpudra.node.sharing.mps_daemons import TAMPERING_KINDS
 
 _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 

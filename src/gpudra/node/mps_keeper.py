@@ -40,7 +40,7 @@ from gpudra.node.prepare import DeviceState
 from gpudra.node.recovery import restart_stopped_daemons
 from gpudra.node.sharing.mps import daemon_roots
 from gpudra.node.sharing.mps_daemons import Tampering
-from gpudra.service import Loop
+from gpudra.runtime.service import Loop
 
 if TYPE_CHECKING:  # types only
     from gpudra.kube.events import EventPoster

@@ -45,7 +45,7 @@ from gpudra.model.claim_usage import DeviceKey, Idleness
 from gpudra.model.devices import Device
 from gpudra.node import checkpoint as ckpt
 from gpudra.node.metrics import ClaimDeviceUsage
-from gpudra.service import Loop
+from gpudra.runtime.service import Loop
 
 log = logging.getLogger(__name__)
 

@@ -17,10 +17,9 @@ from __future__ import annotations
 import logging
 import threading
 
-from gpudra import build, service, sim
+from gpudra import build, sim
 from gpudra.gpu import driver_root, nvml
 from gpudra.gpu.tools import GpuTools
-from gpudra.http_endpoint import Check, HttpEndpoint, loops_alive, writable_directory
 from gpudra.kube import client as kube
 from gpudra.kube import field_probe
 from gpudra.kube.claim_status import ClaimStatus
@@ -44,6 +43,8 @@ from gpudra.node.recovery import Recovery, recover
 from gpudra.node.served_model import ServedModel
 from gpudra.node.sharing import SharingCoordinator, tools_for
 from gpudra.node.usage import ClaimUsage
+from gpudra.runtime import service
+from gpudra.runtime.http_endpoint import Check, HttpEndpoint, loops_alive, writable_directory
 
 log = logging.getLogger(__name__)
 # Each service's share of shutdown: calls in flight finish, threads end.

@@ -1,6 +1,7 @@
 """The GPU map's model: nodes x GPUs, each GPU with its MIG placement slots and the claims holding them,
 its shares and their sizes, idle and unhealthy GPUs marked, and the pending GPU claims with `gpudra
-explain`'s one-line reason. Pure: the controller and `gpudra status --web` serve it (gpudra.gpu_map_page).
+explain`'s one-line reason. Pure: the controller and `gpudra status --web` serve it
+(gpudra.controller.gpu_map_page).
 
 Built in two steps, so that a server can keep the first while nothing changes:
 

@@ -36,7 +36,7 @@ from gpudra.model.devices import Device, gpu_uuid_of, partition_of
 from gpudra.model.inventory import Gpu, GpuInstance
 from gpudra.model.publishing import MigMode
 from gpudra.node import checkpoint as ckpt
-from gpudra.service import Loop
+from gpudra.runtime.service import Loop
 
 if TYPE_CHECKING:  # types only
     from gpudra.kube.events import EventPoster

@@ -65,7 +65,7 @@ from gpudra.model.devices import SHARED_ATTRIBUTE, UNHEALTHY_TAINT_KEY, Device, 
 from gpudra.model.gpu_health import Classification, Fault, GpuConditions, Lifted, Mark, Marks, XidClass
 from gpudra.model.inventory import MigDevice
 from gpudra.node import faults as crash
-from gpudra.service import Loop
+from gpudra.runtime.service import Loop
 
 if TYPE_CHECKING:  # types only
     from gpudra.kube.events import EventPoster

@@ -39,7 +39,7 @@ from gpudra.model.devices import Device, DeviceTaint, gpu_uuid_of
 from gpudra.model.gpu_health import GpuConditions, Mark, device_taints, needs
 from gpudra.model.inventory import MigDevice
 from gpudra.node.health.gpu_faults import GpuFaults
-from gpudra.service import Loop
+from gpudra.runtime.service import Loop
 
 log = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from gpudra.errors import ConfigError
-from gpudra.metrics import CollectorRegistry, wsgi_app
-from gpudra.service import Loop
+from gpudra.runtime.metrics import CollectorRegistry, wsgi_app
+from gpudra.runtime.service import Loop
 
 # A probe answers "why not" (a short reason) or None when the check passes.
 Probe = Callable[[], str | None]

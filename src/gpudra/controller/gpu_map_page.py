@@ -38,7 +38,7 @@ from gpudra.scheduling.gpu_map import MAX_QUERY_VALUE, MapQuery, QueryError, Sur
 
 log = logging.getLogger(__name__)
 
-PAGE = resources.files("gpudra").joinpath("gpu_map.html").read_bytes()
+PAGE = resources.files("gpudra.controller").joinpath("gpu_map.html").read_bytes()
 PAGE_PATHS = ("/", "/index.html")
 JSON_PATH = "/gpu-map.json"
 EXPLAIN_PATH = "/gpu-map-explain.json"

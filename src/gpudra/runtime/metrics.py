@@ -19,7 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gpudra import build
-from gpudra.service import Loop
+from gpudra.runtime.service import Loop
 
 __all__ = [
     "Collector",
@@ -36,7 +36,8 @@ __all__ = [
 
 
 def wsgi_app(registry: CollectorRegistry) -> Callable[..., Any]:
-    """The WSGI application that serves `registry` in the Prometheus text format (gpudra.http_endpoint)."""
+    """The WSGI application that serves `registry` in the Prometheus text format
+    (gpudra.runtime.http_endpoint)."""
     return make_wsgi_app(registry)
 
 
