@@ -7,7 +7,7 @@ from the argparse parser, so a new option is settable in the chart after one `ma
 rule is its option type's (`gpudra.cli.option_types`), the one the binary parses it with: a value the
 pods would refuse at start (and crash-loop on) is refused by `helm install` instead. Options the
 chart sets itself (paths it mounts, ports its probes use, names it gives) are left out on purpose:
-CHART_OWNED says which and why. tests/unit/test_chart_schema.py checks the file is current.
+CHART_OWNED says which and why. tests/unit/repo/test_chart_schema.py checks the file is current.
 
 Usage: python scripts/gen_chart_schema.py [--check]
 """

@@ -24,7 +24,7 @@ from tests.unit.harness.mps import (
     mps_root,
 )
 from tests.unit.harness.node import Node, uid
-from tests.unit.test_prepare_mig import instances, mig_claim, recorded
+from tests.unit.node.test_prepare_mig import instances, mig_claim, recorded
 
 SHARED = "gpu-2-mig-1g10gb-6-shared"
 EXCLUSIVE = "gpu-2-mig-1g10gb-6"

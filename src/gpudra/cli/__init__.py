@@ -134,7 +134,7 @@ def _add(
 
 def _common(parser: argparse.ArgumentParser) -> None:
     # The simulated machines are listed by hand: importing gpudra.sim here would slow every command's
-    # start (tests/unit/test_sim_library.py checks the list against gpudra.sim.PROFILES).
+    # start (tests/unit/gpu/test_sim_library.py checks the list against gpudra.sim.PROFILES).
     nvml = Choice(("real", *(f"sim:{m}" for m in SIM_MACHINES)), label="NVML")
     _add(
         parser, "nvml", default="real", help=f"NVML to use: real, or sim:{'|'.join(SIM_MACHINES)}", type=nvml

@@ -409,7 +409,8 @@ def _possible_partitions(gpu: Gpu, offered: frozenset[str] | None) -> tuple[_Par
     request and whose counters fit. Ascending starts would land small instances on the low slices that
     7g, 4g and 3g need; `packing_order` puts first the placements that block the least of larger ones,
     so first-fit packs each GPU from the end away from them and keeps its large profiles placeable longer
-    (tests/unit/test_fragmentation.py measures by how much). Names carry the start, so they do not change.
+    (tests/unit/model/test_fragmentation.py measures by how much). Names carry the start, so they do not
+    change.
     """
     profiles = sorted(
         (p for p in gpu.mig_profiles if offered is None or p.name in offered),

@@ -2,7 +2,7 @@
 
 One place for what would otherwise drift apart: the slices, the API client, the webhook's rules, the
 claim status writes, the CLI's default and the publishing decisions all read these. The chart's
-`kubeVersion` and the release `make test` pins are checked against them (tests/unit/test_kube_api.py).
+`kubeVersion` and the release `make test` pins are checked against them (tests/unit/model/test_kube_api.py).
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""The CLI (gpudra.cli) as a user runs it: inventory, explain, migrate, validate, bad input."""
