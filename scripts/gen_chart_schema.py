@@ -4,7 +4,7 @@
 `gpudra controller` options in camelCase, passed as GPUDRA_<OPTION> variables. Their schema is made
 from the argparse parser, so a new option is settable in the chart after one `make chart-schema`, and
 `helm install` refuses a misspelt one (additionalProperties: false) with the field's name. Each value's
-rule is its option type's (`gpudra.cli.option_types`), the one the binary parses it with: a value the
+rule is its option type's (`gpudra.options.types`), the one the binary parses it with: a value the
 pods would refuse at start (and crash-loop on) is refused by `helm install` instead. Options the
 chart sets itself (paths it mounts, ports its probes use, names it gives) are left out on purpose:
 CHART_OWNED says which and why. tests/unit/repo/test_chart_schema.py checks the file is current.
@@ -23,7 +23,7 @@ from typing import Any
 from unittest import mock
 
 from gpudra import cli
-from gpudra.cli.option_types import OptionType
+from gpudra.options.types import OptionType
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = REPO / "deploy" / "helm" / "gpudra" / "values.schema.json"
@@ -92,10 +92,10 @@ def options(command: str) -> dict[str, argparse.Action]:
 
 def _property(action: argparse.Action) -> dict[str, Any]:
     """One option's schema: its help as the description, and the rule of its value type
-    (`gpudra.cli.option_types`), the one the binary checks the value with."""
+    (`gpudra.options.types`), the one the binary checks the value with."""
     description = (action.help or "").split(" (env GPUDRA_")[0]
     if not isinstance(action.type, OptionType):
-        raise TypeError(f"{action.option_strings[0]} has no gpudra.cli.option_types type")
+        raise TypeError(f"{action.option_strings[0]} has no gpudra.options.types type")
     return {"description": description, **action.type.schema()}
 
 

@@ -3,7 +3,7 @@ controller. The one place that wires objects together.
 
 Every option of kubelet-plugin and controller can also come from an environment variable,
 GPUDRA_<OPTION> (e.g. GPUDRA_NODE_NAME), which is how the Helm chart sets them. Each option's value
-type (`gpudra.cli.option_types`) checks it, from a flag and from a variable alike, and is the rule the
+type (`gpudra.options.types`) checks it, from a flag and from a variable alike, and is the rule the
 chart's values.schema.json holds for it (scripts/gen_chart_schema.py).
 
 No traceback reaches a user: bad input of any kind ends in one line and an exit code of EXIT_CODES.
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from gpudra import build
-from gpudra.cli.option_types import (
+from gpudra.options.types import (
     AbsolutePath,
     Bytes,
     CheckedText,

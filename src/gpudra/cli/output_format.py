@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from gpudra.cli.option_types import Choice
+from gpudra.options.types import Choice
 
 OUTPUT = Choice(("table", "wide", "json", "yaml"))
 OUTPUT_HELP = "table (default), wide (more detail), json or yaml (camelCase objects; several as a v1 List)"

@@ -1,0 +1,1 @@
+"""The daemons' options: their value types (`types`)."""
