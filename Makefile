@@ -215,7 +215,7 @@ schemas: $(STAMP)
 	$(BIN)/python -m gpudra.api.schema
 
 # Issue 12: the image. The Dockerfile built by buildah (chroot isolation, no registry, no Docker engine)
-# on a Debian base made with debootstrap, into ~/.cache/gpudra/image; needs root, installs debootstrap
+# on a Debian base made with mmdebstrap, into ~/.cache/gpudra/image; needs root, installs mmdebstrap
 # and buildah when missing. Cold about 2 minutes, then seconds. Ends with image-check, which runs
 # `gpudra --help` in the image and prints its names and size. See deploy/image/.
 .PHONY: image image-check image-archive image-push lock

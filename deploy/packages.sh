@@ -44,7 +44,7 @@ ensure_foreign_arch() {
 # in one apt-get run before anything starts, so that the builds it runs beside the tests never wait on
 # (or fail at) another apt-get's dpkg lock. Each script still ensures its own, for a target run alone.
 GPUDRA_PACKAGES=(
-  debootstrap buildah                                      # deploy/image: the base image and the build
+  mmdebstrap arch-test buildah                             # deploy/image: the base image and the build
   qemu-user-static binfmt-support                          # the arm64 base and image (make release)
   runc containernetworking-plugins iptables                # deploy/local/build-runtime.sh: containerd's nodes
   prometheus                                               # deploy/local/build-prometheus.sh

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Makes gpudra's base image from Debian packages, with no registry: localhost/gpudra-base:bookworm-<arch>,
-# debootstrap minbase + python3 (3.11) + ca-certificates with bookworm's security and point-release
-# updates; no python3-venv, so no pip (the Dockerfile's build stage adds it for itself).
-# GPUDRA_ARCH=arm64 on an amd64 host: debootstrap --foreign unpacks arm64 packages, and the second stage
-# (the packages' maintainer scripts) runs in the chroot under qemu-user-static, registered with binfmt_misc.
+# mmdebstrap minbase + python3 (3.11) + ca-certificates, each package at its newest version across
+# bookworm, its point-release updates and its security fixes; no python3-venv, so no pip (the
+# Dockerfile's build stage adds it for itself).
+# GPUDRA_ARCH=arm64 on an amd64 host: the packages' maintainer scripts run in the chroot under
+# qemu-user-static, registered with binfmt_misc. mmdebstrap installs the whole set in one dpkg run, so
+# the emulated part is about 2 minutes of one core; debootstrap's second stage, one dpkg run per package
+# and then an apt upgrade, took 13 minutes of it.
 # The trimmed root filesystem is cached as a tarball in $GPUDRA_CACHE/image/base-<arch>-<hash of this script>/
 # and the image carries that hash as a label: an unchanged script costs one `buildah inspect`, and a
 # changed one builds again. To pick up newer Debian updates, delete that directory.
@@ -29,17 +32,17 @@ if [ "$(label_of "$BASE_REF")" = "$key" ]; then
   exit 0
 fi
 
-ensure_packages debootstrap buildah
+ensure_packages mmdebstrap arch-test buildah
 if [ "$ARCH" != "$HOST_ARCH" ]; then
   ensure_foreign_arch "$ARCH"
 fi
-# One base build at a time per cache (two `make image` runs would share the debootstrap directory).
+# One base build at a time per cache (two `make image` runs would share the root filesystem's directory).
 mkdir -p "$IMAGE_CACHE"
 exec 9>"$IMAGE_CACHE/.base.lock"
 flock 9
 start=$(date +%s)
 
-# debootstrap and apt are chatty: their output goes to a log, shown only when a step fails.
+# mmdebstrap and apt are chatty: their output goes to a log, shown only when a step fails.
 quiet() {
   "$@" >>"$log" 2>&1 || {
     echo "base.sh: failed: $*; the end of $log:" >&2
@@ -47,7 +50,7 @@ quiet() {
     exit 1
   }
 }
-# A failed debootstrap can leave /proc or /sys mounted inside the tree: unmount before deleting it.
+# A failed mmdebstrap can leave /proc or /sys mounted inside the tree: unmount before deleting it.
 unmount_under() {
   findmnt --list --noheadings --output TARGET | { grep "^$1/" || true; } | sort -r | xargs -r -n 1 umount -l
 }
@@ -63,28 +66,20 @@ if [ ! -f "$dir/.complete" ]; then
   rm -rf --one-file-system "$dir"
   mkdir -p "$dir"
   : >"$log"
-  echo "debootstrap $SUITE $ARCH (minbase + python3) into $rootfs (log: $log)" >&2
+  echo "mmdebstrap $SUITE $ARCH (minbase + python3) into $rootfs (log: $log)" >&2
   # minbase: essential packages + apt, no init system; --include resolves Depends only (no Recommends).
-  if [ "$ARCH" = "$HOST_ARCH" ]; then
-    quiet debootstrap --variant=minbase --include=python3,ca-certificates "$SUITE" "$rootfs" "$MIRROR"
-  else
-    # The first stage only downloads and unpacks; the second runs each package's scripts, emulated.
-    quiet debootstrap --foreign --arch="$ARCH" --variant=minbase --include=python3,ca-certificates \
-      "$SUITE" "$rootfs" "$MIRROR"
-    quiet chroot "$rootfs" /debootstrap/debootstrap --second-stage
-  fi
-  # debootstrap installs the release as published; security fixes come from bookworm-security.
-  printf 'deb %s %s main\n' "$MIRROR" "$SUITE" "$MIRROR" "$SUITE-updates" "$SECURITY_MIRROR" "$SUITE-security" \
-    >"$rootfs/etc/apt/sources.list"
-  quiet chroot "$rootfs" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin DEBIAN_FRONTEND=noninteractive \
-    /bin/sh -c 'apt-get update && apt-get upgrade -y --no-install-recommends'
+  # The merged-usr hook makes /bin, /lib and /sbin links into /usr and installs usr-is-merged, as
+  # bookworm's own images are (without it apt picks usrmerge, which pulls perl in).
+  quiet mmdebstrap --mode=root --arch="$ARCH" --variant=minbase --include=python3,ca-certificates \
+    --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr --format=directory "$SUITE" "$rootfs" \
+    "deb $MIRROR $SUITE main" "deb $MIRROR $SUITE-updates main" "deb $SECURITY_MIRROR $SUITE-security main"
   # Later apt installs (the build stage's python3-venv) leave out docs, as Debian's slim images do.
   printf '%s\n' 'path-exclude /usr/share/doc/*' 'path-include /usr/share/doc/*/copyright' \
     'path-exclude /usr/share/man/*' 'path-exclude /usr/share/info/*' 'path-exclude /usr/share/locale/*' \
     >"$rootfs/etc/dpkg/dpkg.cfg.d/01-gpudra-nodoc"
   # Trim what a container never reads: downloaded .debs, package lists (apt-get update rebuilds them),
   # docs (copyright files stay), man pages, translations, logs; and the host's resolv.conf and hostname,
-  # which debootstrap copies in and a container runtime mounts anyway.
+  # which the bootstrap copies in and a container runtime mounts anyway.
   chroot "$rootfs" apt-get clean
   rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/usr/share/man/* "$rootfs"/usr/share/info/* \
     "$rootfs"/usr/share/locale/* "$rootfs"/var/log/* "$rootfs"/var/cache/debconf/*-old \

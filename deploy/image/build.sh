@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 source ./env.sh
 need_root
-ensure_packages debootstrap buildah  # one apt-get run for both on a fresh machine
+ensure_packages mmdebstrap arch-test buildah  # one apt-get run for all on a fresh machine
 [ "$ARCH" = "$HOST_ARCH" ] || ensure_foreign_arch "$ARCH"
 
 bash ./base.sh

@@ -25,10 +25,10 @@ BASE_REF=localhost/gpudra-base:bookworm-$ARCH  # python3 + CA certificates, from
 export BUILDAH_ISOLATION=chroot
 
 need_root() {
-  # debootstrap, chroot and buildah's storage mounts (rootful). Rootless buildah would need subuid ranges
+  # mmdebstrap, chroot and buildah's storage mounts (rootful). Rootless buildah would need subuid ranges
   # and fuse-overlayfs, which a fresh machine does not have.
   if [ "$(id -u)" != 0 ]; then
-    echo "$(basename "$0"): must run as root (debootstrap, chroot, buildah mounts)" >&2
+    echo "$(basename "$0"): must run as root (mmdebstrap, chroot, buildah mounts)" >&2
     exit 1
   fi
 }

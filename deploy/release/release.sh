@@ -8,7 +8,7 @@
 # and linux/arm64 images (localhost/gpudra:<version>-<arch>), which `make publish` pushes.
 # The arm64 image is built under qemu-user emulation (deploy/image/base.sh); its every ELF file is
 # checked to be aarch64 (scripts/elf_arch.py) and `gpudra --help` is run in it (deploy/image/check.sh).
-# VERSION must be pyproject.toml's version: the one place it is set. Needs root (buildah, debootstrap).
+# VERSION must be pyproject.toml's version: the one place it is set. Needs root (buildah, mmdebstrap).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source deploy/image/env.sh
