@@ -1,67 +1,48 @@
-"""Writes deploy/helm/gpudra/values.schema.json from the CLI's own options (`make chart-schema`).
+"""Writes deploy/helm/gpudra/values.schema.json from the daemons' own options (`make chart-schema`).
 
 `kubeletPlugin.options` and `controller.options` in the chart's values are `gpudra kubelet-plugin` and
 `gpudra controller` options in camelCase, passed as GPUDRA_<OPTION> variables. Their schema is made
-from the argparse parser, so a new option is settable in the chart after one `make chart-schema`, and
+from the options' declarations (gpudra.options.declared: the same ones the command line is made from),
+so a new option is settable in the chart after one `make chart-schema`, and
 `helm install` refuses a misspelt one (additionalProperties: false) with the field's name. Each value's
 rule is its option type's (`gpudra.options.types`), the one the binary parses it with: a value the
 pods would refuse at start (and crash-loop on) is refused by `helm install` instead. Options the
 chart sets itself (paths it mounts, ports its probes use, names it gives) are left out on purpose:
-CHART_OWNED says which and why. tests/unit/repo/test_chart_schema.py checks the file is current.
+each declares how the chart sets it, collected in CHART_OWNED. tests/unit/repo/test_chart_schema.py
+checks the file is current.
 
 Usage: python scripts/gen_chart_schema.py [--check]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
-from gpudra import cli
-from gpudra.options.types import OptionType
+from gpudra.controller.options import ControllerOptions
+from gpudra.node.options import PluginOptions
+from gpudra.options import declared
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = REPO / "deploy" / "helm" / "gpudra" / "values.schema.json"
 
-# Options the chart's templates set from their own values or the pod's downward API.
-CHART_OWNED: dict[str, dict[str, str]] = {
-    "kubelet-plugin": {
-        "node-name": "the pod's spec.nodeName",
-        "driver-name": "driverName",
-        "kubeconfig": "in-cluster config",
-        "registry-dir": "kubeletPlugin.kubeletDir",
-        "plugin-dir": "kubeletPlugin.kubeletDir",
-        "instance-id": "the pod's metadata.uid (its own sockets, for a rolling update with maxSurge)",
-        "state-dir": "the plugin directory, a hostPath",
-        "cdi-root": "kubeletPlugin.cdiDir",
-        "driver-root": "kubeletPlugin.driverRoot, mounted at /driver-root",
-        "metrics-port": "kubeletPlugin.port (the probes use it)",
-        "metrics-address": "all of the pod's addresses",
-        "mps-host-socket": "mpsHost.enabled (the mps-host DaemonSet's socket in the plugin directory)",
-    },
-    "controller": {
-        "driver-name": "driverName",
-        "kubeconfig": "in-cluster config",
-        "namespace": "the release namespace",
-        "identity": "the pod's name",
-        "webhook-port": "controller.webhookPort",
-        "webhook-address": "all of the pod's addresses",
-        "webhook-service": "the chart's Service",
-        "webhook-url": "the chart's Service",
-        "webhook-configuration": "named after the release",
-        "webhook-secret": "named after the release",
-        "lease-name": "named after the release",
-        "owner-cluster-role": "the controller's ClusterRole",
-        "metrics-port": "controller.port (the probes use it)",
-        "metrics-address": "all of the pod's addresses",
-    },
-}
+_DECLARED: dict[str, type] = {"kubelet-plugin": PluginOptions, "controller": ControllerOptions}
 _VALUES_KEY = {"kubelet-plugin": "kubeletPlugin", "controller": "controller"}
+
+
+def options(command: str) -> dict[str, declared.Option]:
+    """`command`'s options by flag (without the dashes), as declared in its options class."""
+    return {found.flag: found for found in declared.options_of(_DECLARED[command])}
+
+
+# Options the chart's templates set from their own values or the pod's downward API, and how: each
+# declares it (`option(..., chart=...)`).
+CHART_OWNED: dict[str, dict[str, str]] = {
+    command: {flag: found.chart for flag, found in options(command).items() if found.chart is not None}
+    for command in _DECLARED
+}
 
 
 def camel(option: str) -> str:
@@ -69,34 +50,10 @@ def camel(option: str) -> str:
     return head + "".join(word.capitalize() for word in rest)
 
 
-def _subcommand(name: str) -> argparse.ArgumentParser:
-    # The parser reads GPUDRA_* variables into its defaults; the schema is the CLI's, not this shell's.
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("GPUDRA_")}
-    with mock.patch.dict(os.environ, clean, clear=True):
-        parser = cli.build_parser()
-    for action in parser._actions:  # argparse keeps subparsers only here
-        if isinstance(action, argparse._SubParsersAction):
-            return action.choices[name]  # type: ignore[no-any-return]
-    raise LookupError(name)
-
-
-def options(command: str) -> dict[str, argparse.Action]:
-    """`command`'s long options (without the dashes) -> their argparse actions, --help left out."""
-    found = {}
-    for action in _subcommand(command)._actions:
-        long = [s for s in action.option_strings if s.startswith("--")]
-        if long and long[0] != "--help":
-            found[long[0][2:]] = action
-    return found
-
-
-def _property(action: argparse.Action) -> dict[str, Any]:
+def _property(found: declared.Option) -> dict[str, Any]:
     """One option's schema: its help as the description, and the rule of its value type
     (`gpudra.options.types`), the one the binary checks the value with."""
-    description = (action.help or "").split(" (env GPUDRA_")[0]
-    if not isinstance(action.type, OptionType):
-        raise TypeError(f"{action.option_strings[0]} has no gpudra.options.types type")
-    return {"description": description, **action.type.schema()}
+    return {"description": found.help, **found.type.schema()}
 
 
 def _mig_profiles_need_partitionable(field: str = "migProfiles") -> dict[str, Any]:
@@ -126,7 +83,7 @@ def schema() -> dict[str, Any]:
     sections: dict[str, Any] = {}
     for command, key in _VALUES_KEY.items():
         owned = CHART_OWNED[command]
-        props = {camel(o): _property(a) for o, a in sorted(options(command).items()) if o not in owned}
+        props = {camel(o): _property(f) for o, f in sorted(options(command).items()) if o not in owned}
         sections[key] = {
             "type": "object",
             "properties": {
@@ -246,6 +203,12 @@ def schema() -> dict[str, Any]:
                     "httpFrom": {
                         "description": "NetworkPolicy peers (ipBlock, namespaceSelector, podSelector) "
                         "allowed to the HTTP ports",
+                        "type": "array",
+                        "items": {"type": "object"},
+                    },
+                    "webhookFrom": {
+                        "description": "NetworkPolicy peers allowed to the controller's webhook port "
+                        "(empty: every address): the API server's, where known",
                         "type": "array",
                         "items": {"type": "object"},
                     },

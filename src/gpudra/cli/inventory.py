@@ -1,5 +1,5 @@
 """`gpudra inventory`: the node's GPUs as a table, or the ResourceSlices it would publish.
-I/O: NVML (through gpudra.gpu.nvml) and stdout.
+I/O: NVML (through gpudra.node.gpu_driver) and stdout.
 """
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import sys
 
 import yaml
 
-from gpudra.gpu import nvml
 from gpudra.model import devices, placement, slices
 from gpudra.model.inventory import Gpu, Inventory
 from gpudra.model.publishing import Publishing, ServerFields, Withheld, fit_to_server
+from gpudra.node import gpu_driver
 
 
 def show(
@@ -21,7 +21,7 @@ def show(
     """Print the node's GPUs (`output` table) or the ResourceSlices it would publish (json, yaml) to an
     API server that keeps `fields`: what the plugin would withhold there is left out and named, with
     the plugin's own rule (`fit_to_server`); the exit code: 1 when a slice would be refused."""
-    with nvml.connect(nvml_name) as session:
+    with gpu_driver.connect(nvml_name) as session:
         inventory = session.inventory()
     model = devices.publish(inventory, publishing)  # the options checked as the plugin checks them
     fitted, withheld = fit_to_server(publishing, fields)

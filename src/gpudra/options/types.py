@@ -152,14 +152,55 @@ class Minor(OptionType[int]):
 
 
 @dataclass(frozen=True)
-class AbsolutePath(OptionType[Path]):
-    def parse(self, text: str) -> Path:
+class Switch(OptionType[bool]):
+    """On or off, spelt as one of two words (`on` is the one that means on)."""
+
+    values: tuple[str, str]
+    on: str
+
+    def parse(self, text: str) -> bool:
+        return Choice(self.values).parse(text) == self.on
+
+    def schema(self) -> dict[str, Any]:
+        return Choice(self.values).schema()
+
+    @property
+    def metavar(self) -> str:
+        return Choice(self.values).metavar
+
+
+@dataclass(frozen=True)
+class AbsolutePath(OptionType["Path | None"]):
+    """An absolute path; the empty text too when `empty` says what it means (the value is then None)."""
+
+    empty: str | None = None
+
+    def parse(self, text: str) -> Path | None:
+        if text == "" and self.empty is not None:
+            return None
         if not text.startswith("/"):
-            raise ConfigError(f"{text!r} is not an absolute path (one starting with /)")
+            empty = f" (empty: {self.empty})" if self.empty else ""
+            raise ConfigError(f"{text!r} is not an absolute path (one starting with /){empty}")
         return Path(text)
 
     def schema(self) -> dict[str, Any]:
-        return {"type": ["string", "null"], "pattern": "^/"}
+        return {"type": ["string", "null"], "pattern": "^/" if self.empty is None else "^(/|$)"}
+
+
+@dataclass(frozen=True)
+class PathList(OptionType[tuple[Path, ...]]):
+    """Absolute paths separated by ':', as PATH is (empty: none)."""
+
+    empty: str
+
+    def parse(self, text: str) -> tuple[Path, ...]:
+        rule = Pattern(
+            r"/[^:]*(:/[^:]*)*", "':'-separated absolute paths (e.g. /etc/cdi:/var/run/cdi)", self.empty
+        )
+        return tuple(Path(p) for p in rule.parse(text).split(":") if p)
+
+    def schema(self) -> dict[str, Any]:
+        return {"type": ["string", "null"], "pattern": "^(/[^:]*(:/[^:]*)*)?$"}
 
 
 @dataclass(frozen=True)
@@ -201,6 +242,39 @@ class CheckedText(OptionType[str]):
 
     def schema(self) -> dict[str, Any]:
         return {"type": ["string", "null"], "pattern": f"^({self.pattern})$"}
+
+
+@dataclass(frozen=True)
+class Parsed(OptionType[T]):
+    """Text that a parser of the model turns into its value (it raises ConfigError naming what is
+    wrong). `pattern` is the same rule as a regular expression for the chart."""
+
+    parser: Callable[[str], T]
+    pattern: str
+
+    def parse(self, text: str) -> T:
+        return self.parser(text)
+
+    def schema(self) -> dict[str, Any]:
+        return {"type": ["string", "null"], "pattern": f"^({self.pattern})$"}
+
+
+@dataclass(frozen=True)
+class Names(OptionType["frozenset[str] | None"]):
+    """A comma-separated set of names each matching `item` (blanks around them, empty entries
+    ignored); `none_when_empty`: no name at all is None, which means every name."""
+
+    item: str
+    rule: str
+    none_when_empty: bool = False
+
+    def parse(self, text: str) -> frozenset[str] | None:
+        Pattern(comma_list(self.item), self.rule).parse(text)
+        names = frozenset(n.strip() for n in text.split(",") if n.strip())
+        return None if self.none_when_empty and not names else names
+
+    def schema(self) -> dict[str, Any]:
+        return Pattern(comma_list(self.item), self.rule).schema()
 
 
 @dataclass(frozen=True)

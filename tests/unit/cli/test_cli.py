@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from gpudra import cli
-from gpudra.gpu import nvml
 from gpudra.model.slices import validate_slices
+from gpudra.node import gpu_driver
 
 # MIG partitions per H100 80GB and A100-SXM4-40GB GPU, from the placement tables
 H100 = {"1g.10gb": 7, "1g.10gb+me": 7, "1g.20gb": 4, "2g.20gb": 3, "3g.40gb": 2, "4g.40gb": 1, "7g.80gb": 1}
@@ -183,7 +183,7 @@ def test_inventory_table_shows_the_largest_profile_the_existing_instances_leave_
 ) -> None:
     # (profile ID, placement start): 1g.10gb is 19, 2g.20gb 14, 3g.40gb 9, 4g.40gb 5
     layouts = {0: [(19, 0)], 1: [(19, 6)], 2: [(5, 0), (9, 4)], 3: [(14, 0), (14, 2), (14, 4)]}
-    with nvml.connect("sim:dgx-h100") as session:
+    with gpu_driver.connect("sim:dgx-h100") as session:
         gpus = session.inventory().gpus
         for index, layout in layouts.items():
             for profile_id, start in layout:

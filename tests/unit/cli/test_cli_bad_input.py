@@ -573,7 +573,7 @@ def test_a_daemons_unexpected_error_is_one_line_and_exit_3(
     one line as in the other commands; the traceback only with GPUDRA_DEBUG=1."""
     from gpudra.node import mps_host  # noqa: PLC0415 (what the command imports when it runs)
 
-    def broken(**_: object) -> None:
+    def broken(*_: object, **__: object) -> None:
         raise RuntimeError("boom\nsecond line")
 
     monkeypatch.setattr(mps_host, "run", broken)
