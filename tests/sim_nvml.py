@@ -11,8 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
-from gpudra.gpu import nvml
 from gpudra.model.inventory import Gpu
+from gpudra.node import gpu_driver
 from gpudra.node.mig import MigHardware, MigPartitions
 
 
@@ -26,7 +26,7 @@ class SessionPerCall:
             raise AttributeError(name)
 
         def call(**kwargs: Any) -> Any:
-            with nvml.connect(self.spec, state_file=self.state_file) as session:
+            with gpu_driver.connect(self.spec, state_file=self.state_file) as session:
                 return getattr(session, name)(**kwargs)
 
         return call

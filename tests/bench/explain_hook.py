@@ -17,10 +17,10 @@ from pathlib import Path
 
 import yaml
 
-from gpudra.gpu import nvml
 from gpudra.model.claim import read_spec
 from gpudra.model.devices import build_devices
 from gpudra.model.slices import build_slices
+from gpudra.node import gpu_driver
 from gpudra.scheduling import cel
 from gpudra.scheduling.explain import ClaimToExplain, device_classes, explain
 from gpudra.scheduling.pools import ClusterInventory
@@ -54,7 +54,7 @@ def explain_over_1000_nodes() -> str:
     """The figure as the gpudra-only table shows it: median seconds, the size, and the verdict."""
     with (
         tempfile.TemporaryDirectory() as state,
-        nvml.connect("sim:dgx-h100", state_file=Path(state) / "sim.json") as session,
+        gpu_driver.connect("sim:dgx-h100", state_file=Path(state) / "sim.json") as session,
     ):
         node = session.inventory()
     one = json.dumps(

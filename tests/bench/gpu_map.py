@@ -30,8 +30,8 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 import yaml
 
 from gpudra.controller.gpu_map_page import GpuMapPage
-from gpudra.gpu import nvml
 from gpudra.model.claim import read_claim
+from gpudra.node import gpu_driver
 from gpudra.scheduling.gpu_map import MapQuery, Survey, draw, reason, survey
 from tests.bench.table import markdown
 from tests.localcluster import browser
@@ -157,7 +157,7 @@ def _same(found: Survey) -> Survey:
 
 
 def run(nodes: int, repeat: int) -> str:
-    with nvml.connect("sim:dgx-h100") as session:
+    with gpu_driver.connect("sim:dgx-h100") as session:
         dgx = session.inventory()
     classes = list(
         yaml.safe_load_all((repo_root() / "deploy" / "manifests" / "deviceclasses.yaml").read_text())

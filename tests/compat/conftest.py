@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client, config
 
-from gpudra.gpu import nvml
+from gpudra.node import gpu_driver
 from tests.layers import default_timeout
 from tests.localcluster import LocalCluster
 from tests.localcluster.api import DemoApi
@@ -72,7 +72,7 @@ def make_mig_device(sim_state: Path, machine: str, profile: str, start: int) -> 
     before = os.environ.get("GPUDRA_SIM_STATE")
     os.environ["GPUDRA_SIM_STATE"] = str(sim_state)
     try:
-        with nvml.connect(f"sim:{machine}") as session:
+        with gpu_driver.connect(f"sim:{machine}") as session:
             gpu = min(session.inventory().gpus, key=lambda g: g.minor)
             profile_id = next(p.id for p in gpu.mig_profiles if p.name == profile)
             session.create_mig_device(gpu_uuid=gpu.uuid, profile_id=profile_id, placement_start=start)

@@ -25,12 +25,11 @@ from typing import Any
 
 from gpudra import sim
 from gpudra.errors import ClaimError, HardwareError
-from gpudra.gpu import nvml
 from gpudra.gpu.tools import GpuTools
 from gpudra.model import devices
 from gpudra.model.claim import Claim, read_claim
 from gpudra.model.inventory import Inventory
-from gpudra.node import cdi
+from gpudra.node import cdi, gpu_driver
 from gpudra.node import checkpoint as ckpt
 from gpudra.node import recovery as node_recovery
 from gpudra.node.allocation import ClaimRef
@@ -173,7 +172,7 @@ class SimNode:
         self.profile = PROFILE
         self.state_file = root / "sim" / "machine.json"
         if inventory is None:
-            with nvml.connect(f"sim:{PROFILE}", state_file=self.state_file) as session:
+            with gpu_driver.connect(f"sim:{PROFILE}", state_file=self.state_file) as session:
                 inventory = session.inventory()
         self.inventory = inventory
         self.device_model = {

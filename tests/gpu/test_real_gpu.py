@@ -13,8 +13,8 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from gpudra.gpu import nvml
 from gpudra.model import inventory
+from gpudra.node import gpu_driver
 from gpudra.sim import machines
 
 pytestmark = pytest.mark.gpu
@@ -29,7 +29,7 @@ SIMULATED = {
 
 
 def _real_inventory() -> inventory.Inventory:
-    with nvml.connect("real") as session:
+    with gpu_driver.connect("real") as session:
         return session.inventory()
 
 
@@ -91,7 +91,7 @@ def test_mig_profiles_match_the_simulator(tmp_path: Path) -> None:
         pytest.skip(f"no GPU here is one of the simulated MIG models {sorted(SIMULATED)}")
     for gpu in compared:
         state = tmp_path / f"{SIMULATED[gpu.name]}.json"
-        with nvml.connect(f"sim:{SIMULATED[gpu.name]}", state_file=state) as session:
+        with gpu_driver.connect(f"sim:{SIMULATED[gpu.name]}", state_file=state) as session:
             simulated = session.inventory().gpus[0]
         assert gpu.mig_capable
         if not gpu.mig_profiles:
@@ -108,7 +108,7 @@ def test_mig_profiles_match_the_simulator(tmp_path: Path) -> None:
 
 def test_profile_names_match_the_drivers_own() -> None:
     """gpudra names profiles with go-nvlib's rule; the driver's v2 profile info carries its own name."""
-    with nvml.connect("real") as session:
+    with gpu_driver.connect("real") as session:
         found = session.inventory()
         for index, gpu in enumerate(found.gpus):
             if not gpu.mig_profiles:
@@ -126,7 +126,7 @@ def test_profile_names_match_the_drivers_own() -> None:
 def test_conditions_are_read_as_the_simulator_reports_them(tmp_path: Path) -> None:
     """The health poll's reading (remapped rows, pending page retirement, NVLink states) on the real card:
     what is reported is what the simulator's twin of the model reports (read-only calls)."""
-    with nvml.connect("real") as session:
+    with gpu_driver.connect("real") as session:
         real = [(gpu, session.gpu_conditions(gpu_uuid=gpu.uuid)) for gpu in session.inventory().gpus]
     for gpu, conditions in real:
         ampere_or_later = gpu.architecture not in ("Turing", "Volta", "Pascal", "Maxwell", "Kepler")
@@ -135,6 +135,6 @@ def test_conditions_are_read_as_the_simulator_reports_them(tmp_path: Path) -> No
             assert conditions.row_remap_pending is not None, gpu.name
         if gpu.name in SIMULATED:
             state = tmp_path / f"{SIMULATED[gpu.name]}.json"
-            with nvml.connect(f"sim:{SIMULATED[gpu.name]}", state_file=state) as sim_session:
+            with gpu_driver.connect(f"sim:{SIMULATED[gpu.name]}", state_file=state) as sim_session:
                 twin = sim_session.gpu_conditions(gpu_uuid=sim_session.inventory().gpus[0].uuid)
             assert twin.reported() >= conditions.reported() - {"NvLinkDown"}, gpu.name

@@ -15,8 +15,8 @@ import pynvml
 import pytest
 
 from gpudra.errors import ClaimError
-from gpudra.gpu import nvml
 from gpudra.node import checkpoint as ckpt
+from gpudra.node import gpu_driver
 from gpudra.node.mig import MigPartitions
 
 pytestmark = pytest.mark.gpu
@@ -40,7 +40,7 @@ def test_mig_mode_switchable_follows_architecture_and_virtualization() -> None:
             )
     finally:
         pynvml.nvmlShutdown()
-    with nvml.connect("real") as session:
+    with gpu_driver.connect("real") as session:
         found = {gpu.uuid: gpu.mig_mode_switchable for gpu in session.inventory().gpus}
     assert found == expected
 
@@ -48,7 +48,7 @@ def test_mig_mode_switchable_follows_architecture_and_virtualization() -> None:
 def test_mig_capability_minors_follow_the_layout_the_simulator_writes() -> None:
     lines = Path("/proc/driver/nvidia-caps/mig-minors").read_text().splitlines()
     minors = dict(line.rsplit(" ", 1) for line in lines)
-    with nvml.connect("real") as session:
+    with gpu_driver.connect("real") as session:
         for gpu_minor, gi, ci in [(0, 0, 0), (0, 1, 0), (0, 14, 7), (3, 2, 1)]:
             caps = session.mig_capabilities(gpu_minor=gpu_minor, gpu_instance_id=gi, compute_instance_id=ci)
             assert (
@@ -71,7 +71,7 @@ def test_compute_processes_sees_a_cuda_context_of_this_process() -> None:
     assert cuda.cuDeviceGet(ctypes.byref(device), 0) == 0
     assert cuda.cuCtxCreate_v2(ctypes.byref(context), 0, device) == 0
     try:
-        with nvml.connect("real") as session:
+        with gpu_driver.connect("real") as session:
             gpus = session.inventory().gpus
             seen = {gpu.uuid: session.compute_processes(gpu_uuid=gpu.uuid) for gpu in gpus}
         assert any(os.getpid() in pids for pids in seen.values()), seen
@@ -80,7 +80,7 @@ def test_compute_processes_sees_a_cuda_context_of_this_process() -> None:
 
 
 def test_a_partition_on_a_gpu_that_cannot_switch_is_refused_without_touching_it() -> None:
-    with nvml.connect("real") as session:
+    with gpu_driver.connect("real") as session:
         gpus = [g for g in session.inventory().gpus if g.mig_capable and not g.mig_enabled]
         if not gpus or gpus[0].mig_mode_switchable:
             pytest.skip("needs a MIG-capable GPU with MIG off whose mode change needs a reset")

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from gpudra.gpu import nvml
 from gpudra.gpu.tools import MPS_CONTROL, GpuTools
+from gpudra.node import gpu_driver
 from gpudra.node.sharing import mps_daemons as mps
 from gpudra.node.sharing import mps_processes
 from gpudra.node.sharing.trash import Trash
@@ -60,7 +60,7 @@ def _daemons_alive(root: Path) -> list[int]:
 @pytest.fixture
 def gpu() -> tuple[str, int, int]:
     """The first GPU's UUID, multiprocessor count and memory in MiB, as gpudra's discovery reports them."""
-    with nvml.connect("real") as session:
+    with gpu_driver.connect("real") as session:
         first = session.inventory().gpus[0]
     assert first.multiprocessors is not None
     return first.uuid, first.multiprocessors, first.memory_bytes // MIB
@@ -121,7 +121,7 @@ def test_mps_daemon_limits_its_clients_and_stops_clean(gpu: tuple[str, int, int]
         assert busy.stdin is not None and busy.stdout is not None
         try:
             assert json.loads(busy.stdout.readline())["allocations"][0]["code"] == 0
-            with nvml.connect("real") as session:
+            with gpu_driver.connect("real") as session:
                 processes = set(session.device_usage(uuid=uuid).processes)
             print("compute processes under MPS:", processes, "servers:", servers, "client:", busy.pid)
             assert servers | {busy.pid} <= processes

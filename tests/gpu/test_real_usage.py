@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from gpudra.gpu import nvml
+from gpudra.node import gpu_driver
 
 pytestmark = pytest.mark.gpu
 
@@ -28,7 +29,7 @@ _TIMEOUT_S = 10.0
 
 @pytest.fixture
 def session() -> Iterator[nvml.Nvml]:
-    with nvml.connect("real") as opened:
+    with gpu_driver.connect("real") as opened:
         yield opened
 
 

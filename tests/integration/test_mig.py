@@ -18,8 +18,7 @@ import pytest
 from kubernetes import client, utils
 
 from gpudra import sim
-from gpudra.gpu import nvml
-from gpudra.node import faults
+from gpudra.node import faults, gpu_driver
 from gpudra.sim import machines
 from gpudra.sim import state as sim_state
 from tests.localcluster.node_plugin import DRIVER, PluginProcess
@@ -397,7 +396,7 @@ def test_a_placement_taken_by_hand_is_not_offered_until_the_instance_is_gone(
     uuid = gpu_uuid(plugin, minor)
     # The test plays the administrator who made an instance by hand.
     mig_switched_on_by_hand(plugin, minor)
-    with nvml.connect("sim:dgx-h100", state_file=plugin.sim_state) as session:
+    with gpu_driver.connect("sim:dgx-h100", state_file=plugin.sim_state) as session:
         by_hand = session.create_mig_device(
             gpu_uuid=uuid, profile_id=PROFILE_IDS["2g.20gb"], placement_start=4
         )
@@ -436,7 +435,7 @@ def test_a_placement_taken_by_hand_is_not_offered_until_the_instance_is_gone(
         assert not [e for e in pod_events(core, "taken", ns) if "did not create" in e]  # never allocated
         assert card(plugin, minor)[4] == (PROFILE_IDS["2g.20gb"], by_hand.uuid)
     finally:
-        with nvml.connect("sim:dgx-h100", state_file=plugin.sim_state) as session:
+        with gpu_driver.connect("sim:dgx-h100", state_file=plugin.sim_state) as session:
             session.destroy_mig_device(gpu_uuid=uuid, gpu_instance_id=by_hand.gpu_instance_id)
     wait_for(
         "the ForeignMigInstanceGone event",

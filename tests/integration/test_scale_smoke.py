@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpudra.gpu import nvml
+from gpudra.node import gpu_driver
 from tests.localcluster.binaries import repo_root
 from tests.scale import layouts, report
 from tests.scale.run import run_one
 
 
 def test_the_scale_benchmark_places_every_workload(tmp_path: Path) -> None:
-    with nvml.connect("sim:dgx-h100") as session:
+    with gpu_driver.connect("sim:dgx-h100") as session:
         dgx = session.inventory()
     runs = [
         run_one(

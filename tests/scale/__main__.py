@@ -10,7 +10,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from gpudra.gpu import nvml
+from gpudra.node import gpu_driver
 from tests.localcluster.binaries import repo_root
 from tests.scale import layouts, report
 from tests.scale.run import Run, run_one
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     bad = [w for w in workloads if w not in layouts.WORKLOADS]
     if bad:
         parser.error(f"--workloads: unknown {', '.join(bad)}; choose from {', '.join(layouts.WORKLOADS)}")
-    with nvml.connect("sim:dgx-h100") as session:
+    with gpu_driver.connect("sim:dgx-h100") as session:
         dgx = session.inventory()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="gpudra-scale-"))
     runs: list[Run] = []

@@ -1,10 +1,10 @@
 """NVML through pynvml: GPU discovery into inventory records, MIG mode and instances, device usage,
 health events. I/O: NVML, sysfs, proc.
 
-The only module that imports pynvml. `connect("real")` uses the machine's libnvidia-ml, or the one
-under a driver root (`gpudra.gpu.driver_root`); `connect("sim:<profile>")` first installs gpudra's
-simulated driver underneath pynvml (see `gpudra.sim`), so everything below runs the same pynvml calls
-on a real card and in tests.
+The only module that imports pynvml. `connect()` uses the machine's libnvidia-ml, or the one under a
+driver root (`gpudra.gpu.driver_root`); `connect(beneath=...)` first installs another library
+underneath pynvml (gpudra's simulated driver: gpudra.node.gpu_driver chooses it), so everything below runs
+the same pynvml calls on a real card and in tests.
 
 Every NVML failure leaves this module as a gpudra error, translated in one place (`_nvml_errors`):
 library or driver missing or not each other's version -> NvmlUnavailable, NOT_SUPPORTED ->
@@ -30,23 +30,20 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import math
-import os
 import re
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from fractions import Fraction
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import pynvml
 
-from gpudra import errors, sim
+from gpudra import errors
 from gpudra.gpu import driver_root as roots
 from gpudra.model import inventory as records
 from gpudra.model.gpu_health import GpuConditions
-
-SPECS = ("real", *(f"sim:{profile}" for profile in sim.PROFILES))
 
 _T = TypeVar("_T")
 _MIB = 1024**2
@@ -186,44 +183,53 @@ def _call_if_present(
             return None
 
 
-def sim_state_file(spec: str) -> Path:
-    """Where a simulated machine keeps its state: $GPUDRA_SIM_STATE, else a per-profile temp file."""
-    profile = spec.removeprefix("sim:")
-    default = Path(os.environ.get("TMPDIR", "/tmp")) / "gpudra-sim" / f"{profile}.json"
-    return Path(os.environ.get("GPUDRA_SIM_STATE") or default)
+class Beneath(Protocol):
+    """A library that stands in for libnvidia-ml underneath pynvml, with the sysfs and proc trees of
+    its machine. Installs nest: each `install` is undone by one `uninstall`."""
+
+    @property
+    def sysfs_root(self) -> Path: ...
+
+    @property
+    def proc_root(self) -> Path: ...
+
+    def install(self, pynvml_module: Any) -> None: ...
+
+    def uninstall(self, pynvml_module: Any) -> None: ...
 
 
-def connect(spec: str = "real", *, state_file: Path | None = None, driver_root: Path = Path("/")) -> Nvml:
-    """Opens NVML: "real" for the machine's driver, "sim:<profile>" for a simulated machine.
+# The libraries installed underneath pynvml by this process's open sessions: pynvml holds one library
+# per process, so the driver's own is refused while one is.
+_beneath: list[Beneath] = []
 
-    With a `driver_root` other than `/`, "real" first loads libnvidia-ml.so.1 from under it, for this
-    process's life (pynvml keeps the library it loaded). A simulated machine ignores it.
 
-    The simulated machine's state lives in `state_file`, by default $GPUDRA_SIM_STATE, else
-    ${TMPDIR:-/tmp}/gpudra-sim/<profile>.json; processes using the same file share one machine. Its
-    sysfs and proc trees are the directories `sysfs` and `proc` next to that file.
+def connect(*, driver_root: Path = Path("/"), beneath: Beneath | None = None) -> Nvml:
+    """Opens NVML: the machine's driver, or the library `beneath` installed underneath pynvml for this
+    session (uninstalled when it closes).
+
+    With a `driver_root` other than `/`, the driver's libnvidia-ml.so.1 is loaded from under it first,
+    for this process's life (pynvml keeps the library it loaded); a library `beneath` ignores it.
     """
-    if spec == "real":
-        if sim.installed(pynvml):
+    if beneath is None:
+        if _beneath:
             raise errors.ConfigError(
                 "the simulator is in use in this process; close it first", field="--nvml"
             )
         if not roots.is_host(driver_root):
             roots.load_library(driver_root)
         return Nvml()
-    profile = spec.removeprefix("sim:")
-    if spec not in SPECS or profile == spec:
-        raise errors.ConfigError(f"unknown NVML {spec!r}; allowed: {', '.join(SPECS)}", field="--nvml")
-    if state_file is None:
-        state_file = sim_state_file(spec)
-    sysfs_root = state_file.parent / "sysfs"
-    proc_root = state_file.parent / "proc"
-    sim.install(pynvml, profile=profile, state_file=state_file, sysfs_root=sysfs_root, proc_root=proc_root)
+    beneath.install(pynvml)
+    _beneath.append(beneath)
     try:
-        return Nvml(sysfs_root=sysfs_root, proc_root=proc_root, simulated=True)
+        return Nvml(sysfs_root=beneath.sysfs_root, proc_root=beneath.proc_root, beneath=beneath)
     except BaseException:
-        sim.uninstall(pynvml)
+        _uninstall(beneath)
         raise
+
+
+def _uninstall(beneath: Beneath) -> None:
+    _beneath.remove(beneath)
+    beneath.uninstall(pynvml)
 
 
 # Event kinds by NVML type. Not watched: clock and PState changes (NVML documents them for Kepler only)
@@ -332,12 +338,16 @@ class Nvml:
     """An initialised NVML session; close it (or use it as a context manager) to shut NVML down."""
 
     def __init__(
-        self, *, sysfs_root: Path = Path("/sys"), proc_root: Path = Path("/proc"), simulated: bool = False
+        self,
+        *,
+        sysfs_root: Path = Path("/sys"),
+        proc_root: Path = Path("/proc"),
+        beneath: Beneath | None = None,
     ) -> None:
         _call(pynvml.nvmlInit, gpu=None)
         self._sysfs = sysfs_root
         self._proc = proc_root
-        self._simulated = simulated
+        self._beneath = beneath
         self._open = True
 
     def close(self) -> None:
@@ -347,8 +357,8 @@ class Nvml:
         try:
             _call(pynvml.nvmlShutdown, gpu=None)
         finally:
-            if self._simulated:
-                sim.uninstall(pynvml)
+            if self._beneath is not None:
+                _uninstall(self._beneath)
 
     def __enter__(self) -> Nvml:
         return self

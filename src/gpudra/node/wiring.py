@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from gpudra import build, sim
+from gpudra import build
 from gpudra.gpu import driver_root, nvml
 from gpudra.gpu.tools import GpuTools
 from gpudra.kube import client as kube
@@ -28,12 +28,13 @@ from gpudra.kube.events import NodeEvents
 from gpudra.kube.slice_sync import SliceController
 from gpudra.model import devices
 from gpudra.model.gpu_health import CLEAR_ANNOTATION
-from gpudra.node import cdi, checkpoint
+from gpudra.node import cdi, checkpoint, gpu_driver
+from gpudra.node.dra_service import Observer
 from gpudra.node.health.foreign_mig import ForeignMig
 from gpudra.node.health.gpu_faults import GpuFaults
 from gpudra.node.health.monitor import HealthMonitor
 from gpudra.node.instances import PublisherTurn
-from gpudra.node.kubelet_grpc import KubeletServer, Observer
+from gpudra.node.kubelet_grpc import KubeletServer
 from gpudra.node.metrics import PluginMetrics
 from gpudra.node.mig import MigPartitions
 from gpudra.node.mps_keeper import MpsKeeper, TamperingReports
@@ -41,7 +42,7 @@ from gpudra.node.options import PluginOptions
 from gpudra.node.prepare import DeviceState
 from gpudra.node.recovery import Recovery, recover
 from gpudra.node.served_model import ServedModel
-from gpudra.node.sharing import SharingCoordinator, tools_for
+from gpudra.node.sharing import SharingCoordinator
 from gpudra.node.usage import ClaimUsage
 from gpudra.runtime import service
 from gpudra.runtime.http_endpoint import Check, HttpEndpoint, loops_alive, writable_directory
@@ -56,7 +57,9 @@ IDLE_SECONDS = 3600.0
 
 
 def _tools(options: PluginOptions) -> GpuTools:
-    return tools_for(options.nvml, driver_root=options.driver_root, directory=options.state_dir / "sim-tools")
+    return gpu_driver.tools(
+        options.nvml, driver_root=options.driver_root, directory=options.state_dir / "sim-tools"
+    )
 
 
 def _log_mps_reach(options: PluginOptions) -> None:
@@ -87,15 +90,14 @@ def run(options: PluginOptions, server: KubeletServer, *, stop: threading.Event)
             "driver": options.driver,
         },
     )
-    if options.sim_dev_dir is not None:
+    dev_dir = gpu_driver.device_node_dir(options.nvml, options.dev_root)
+    if dev_dir is not None:
         # Before the first claim: the runtime stats the nodes a spec names when it starts a container.
-        made = sim.write_device_nodes(options.nvml.removeprefix("sim:"), options.sim_dev_dir)
-        log.info(
-            "simulated device nodes ready", extra={"directory": str(options.sim_dev_dir), "nodes": len(made)}
-        )
+        made = gpu_driver.write_device_nodes(options.nvml, dev_dir)
+        log.info("simulated device nodes ready", extra={"directory": str(dev_dir), "nodes": len(made)})
     # One NVML session for the plugin's life: MIG prepare uses it from the gRPC threads (NVML is
     # thread-safe; opening it per call costs an init and handle lookups each time).
-    with nvml.connect(options.nvml, driver_root=options.driver_root) as session:
+    with gpu_driver.connect(options.nvml, driver_root=options.driver_root) as session:
         _run(options, session, server, stop=stop)
 
 
@@ -192,7 +194,7 @@ def _run(options: PluginOptions, session: nvml.Nvml, server: KubeletServer, *, s
         health = HealthMonitor(
             pool=options.node_name,
             devices=model.devices,
-            open_nvml=lambda: nvml.connect(options.nvml, driver_root=options.driver_root),
+            open_nvml=lambda: gpu_driver.connect(options.nvml, driver_root=options.driver_root),
             interval=options.health_interval_seconds,
             on_change=slices.trigger,
             partitions=state.prepared_partitions,
@@ -290,7 +292,7 @@ def _faults(
     log.info("GPU fault classes", extra={"xids": options.health_xids.describe()})
     return GpuFaults(
         devices=published,
-        open_nvml=lambda: nvml.connect(options.nvml, driver_root=options.driver_root),
+        open_nvml=lambda: gpu_driver.connect(options.nvml, driver_root=options.driver_root),
         classification=options.health_xids,
         clean_seconds=options.health_recovery_seconds,
         reset_effect=options.health_reset_effect,

@@ -11,7 +11,9 @@ passes the module in.
 
 from __future__ import annotations
 
+import os
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -34,6 +36,7 @@ from gpudra.sim.tools import write_tools
 
 __all__ = [
     "PROFILES",
+    "Simulation",
     "attach_process",
     "detach_process",
     "install",
@@ -47,6 +50,7 @@ __all__ = [
     "set_mig_mode",
     "set_nvlink_down",
     "set_utilization",
+    "state_file",
     "uninstall",
     "write_device_nodes",
     "write_tools",
@@ -132,3 +136,42 @@ def uninstall(pynvml_module: PynvmlModule) -> None:
 
 def installed(pynvml_module: PynvmlModule) -> bool:
     return isinstance(pynvml_module.nvmlLib, library.SimulatedLibrary)
+
+
+def state_file(profile: str) -> Path:
+    """Where a simulated machine keeps its state: $GPUDRA_SIM_STATE, else a per-profile temp file."""
+    default = Path(os.environ.get("TMPDIR", "/tmp")) / "gpudra-sim" / f"{profile}.json"
+    return Path(os.environ.get("GPUDRA_SIM_STATE") or default)
+
+
+@dataclass(frozen=True)
+class Simulation:
+    """The simulated machine `profile` whose state lives in `state`, as gpudra.gpu.nvml installs it
+    underneath pynvml (its `Beneath`): the sysfs and proc trees are the directories `sysfs` and `proc`
+    next to the state file; processes that use the same file share one machine."""
+
+    profile: str
+    state: Path
+
+    def __post_init__(self) -> None:
+        _machine(self.profile)  # an unknown profile is refused here, before anything is written
+
+    @property
+    def sysfs_root(self) -> Path:
+        return self.state.parent / "sysfs"
+
+    @property
+    def proc_root(self) -> Path:
+        return self.state.parent / "proc"
+
+    def install(self, pynvml_module: PynvmlModule) -> None:
+        install(
+            pynvml_module,
+            profile=self.profile,
+            state_file=self.state,
+            sysfs_root=self.sysfs_root,
+            proc_root=self.proc_root,
+        )
+
+    def uninstall(self, pynvml_module: PynvmlModule) -> None:
+        uninstall(pynvml_module)

@@ -18,9 +18,8 @@ import pytest
 from gpudra import cli
 from gpudra.errors import HardwareError, NvmlUnavailable
 from gpudra.gpu import driver_root as roots
-from gpudra.gpu import nvml
 from gpudra.gpu.tools import GpuTools
-from gpudra.node import daemon
+from gpudra.node import daemon, gpu_driver
 from gpudra.node.options import PluginOptions
 
 CC = shutil.which("cc") or shutil.which("gcc")
@@ -189,7 +188,7 @@ def test_pynvml_opens_the_library_under_the_driver_root(tmp_path: Path) -> None:
         "import sys, pynvml\n"
         "from pathlib import Path\n"
         "from gpudra.gpu import nvml\n"
-        "with nvml.connect('real', driver_root=Path(sys.argv[1])):\n"
+        "with nvml.connect(driver_root=Path(sys.argv[1])):\n"
         "    print(pynvml.nvmlLib.gpudra_probe())\n"
     )
     result = subprocess.run(
@@ -199,7 +198,7 @@ def test_pynvml_opens_the_library_under_the_driver_root(tmp_path: Path) -> None:
 
 
 def test_the_simulator_ignores_the_driver_root(tmp_path: Path) -> None:
-    with nvml.connect(
+    with gpu_driver.connect(
         "sim:mixed", state_file=tmp_path / "sim/state.json", driver_root=tmp_path / "no-driver"
     ) as session:
         assert session.inventory().gpus

@@ -7,12 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpudra import sim
-from gpudra.gpu import nvml
+from gpudra.node import gpu_driver
 
 
 def test_the_watch_registers_every_gpu_and_reads_its_events(tmp_path: Path) -> None:
     state_file = tmp_path / "machine.json"
-    with nvml.connect("sim:dgx-h100", state_file=state_file) as session:
+    with gpu_driver.connect("sim:dgx-h100", state_file=state_file) as session:
         gpus = [gpu.uuid for gpu in session.inventory().gpus]
         mig = session.create_mig_device(gpu_uuid=gpus[2], profile_id=9, placement_start=4)
         watch = session.watch_events(gpus)
@@ -42,14 +42,14 @@ def test_the_watch_registers_every_gpu_and_reads_its_events(tmp_path: Path) -> N
 
 
 def test_a_gpu_without_events_is_left_to_polling_and_a_lost_one_is_named(tmp_path: Path) -> None:
-    with nvml.connect("sim:no-sharing", state_file=tmp_path / "a.json") as session:
+    with gpu_driver.connect("sim:no-sharing", state_file=tmp_path / "a.json") as session:
         (gpu,) = [g.uuid for g in session.inventory().gpus]
         watch = session.watch_events([gpu])
         assert (watch.xid_events, watch.ecc_events, watch.failed) == (frozenset(), frozenset(), {})
         watch.close()
         assert session.uncorrected_ecc_errors(gpu_uuid=gpu) == 0
     state_file = tmp_path / "b.json"
-    with nvml.connect("sim:mixed", state_file=state_file) as session:
+    with gpu_driver.connect("sim:mixed", state_file=state_file) as session:
         gpus = [g.uuid for g in session.inventory().gpus]
         sim.set_gpu_lost(state_file=state_file, gpu_uuid=gpus[0], lost=True)
         watch = session.watch_events(gpus)

@@ -10,6 +10,7 @@ import pytest
 from gpudra import errors, sim
 from gpudra.gpu import nvml
 from gpudra.model import inventory
+from gpudra.node import gpu_driver
 
 # Transcribed from reference/gpu-mechanics.md section 2 (real -lgip / -lgipp output):
 # name, profile ID, max instances, placement starts, memory slices, SMs, CE, DEC, JPEG, OFA, MiB
@@ -40,7 +41,7 @@ def state_file(tmp_path: Path) -> Path:
 
 
 def _inventory(profile: str, state_file: Path) -> inventory.Inventory:
-    with nvml.connect(f"sim:{profile}", state_file=state_file) as session:
+    with gpu_driver.connect(f"sim:{profile}", state_file=state_file) as session:
         return session.inventory()
 
 
@@ -197,7 +198,7 @@ def test_mig_mode_stays_switchable_with_mig_disabled(state_file: Path) -> None:
 def test_an_unknown_virtualization_mode_is_not_switchable(state_file: Path) -> None:
     """A driver that cannot say whether it runs in a VM is treated as one: gpudra must not start a
     MIG mode change that only a reboot would finish."""
-    with nvml.connect("sim:dgx-h100", state_file=state_file) as session:
+    with gpu_driver.connect("sim:dgx-h100", state_file=state_file) as session:
         cache = pynvml._nvmlGetFunctionPointer_cache
         original = cache["nvmlDeviceGetVirtualizationMode"]
         cache["nvmlDeviceGetVirtualizationMode"] = lambda *args: pynvml.NVML_ERROR_NOT_SUPPORTED
@@ -225,7 +226,7 @@ def test_hopper_shows_mig_profiles_while_mig_is_disabled(state_file: Path) -> No
 
 
 def test_sysfs_is_read_from_the_given_root(state_file: Path) -> None:
-    with nvml.connect("sim:mixed", state_file=state_file) as session:
+    with gpu_driver.connect("sim:mixed", state_file=state_file) as session:
         assert session.inventory().gpus[0].numa_node == 0
         device = state_file.parent / "sysfs" / "bus" / "pci" / "devices" / "0000:17:00.0"
         (device / "numa_node").write_text("-1\n")
@@ -244,7 +245,7 @@ def test_the_uuids_are_stable_per_machine(tmp_path: Path) -> None:
 
 
 def test_gpu_utilization(state_file: Path) -> None:
-    with nvml.connect("sim:mixed", state_file=state_file) as session:
+    with gpu_driver.connect("sim:mixed", state_file=state_file) as session:
         uuid = session.inventory().gpus[3].uuid
         assert session.device_usage(uuid=uuid).utilization == 0
         sim.set_utilization(state_file=state_file, gpu_uuid=uuid, percent=37)
@@ -252,7 +253,7 @@ def test_gpu_utilization(state_file: Path) -> None:
 
 
 def test_gpu_utilization_is_not_reported_in_mig_mode(state_file: Path) -> None:
-    with nvml.connect("sim:dgx-h100", state_file=state_file) as session:
+    with gpu_driver.connect("sim:dgx-h100", state_file=state_file) as session:
         uuid = session.inventory().gpus[0].uuid
         assert session.device_usage(uuid=uuid).utilization is None  # NotSupported: no figure, no fake 0
 
@@ -260,7 +261,7 @@ def test_gpu_utilization_is_not_reported_in_mig_mode(state_file: Path) -> None:
 def test_real_nvml_absent_is_nvml_unavailable() -> None:
     # This machine has no NVIDIA driver: pynvml cannot load libnvidia-ml.so.1.
     with pytest.raises(errors.NvmlUnavailable) as missing:
-        nvml.connect("real")
+        gpu_driver.connect("real")
     assert missing.value.nvml_error == "NVMLError_LibraryNotFound"
     assert "nvmlInit" in str(missing.value)
 
@@ -272,55 +273,55 @@ def test_real_nvml_absent_is_nvml_unavailable() -> None:
 )
 def test_unknown_spec_is_a_config_error(spec: str) -> None:
     with pytest.raises(errors.ConfigError) as bad:
-        nvml.connect(spec)
+        gpu_driver.connect(spec)
     assert bad.value.field == "--nvml"
     assert "real, sim:dgx-a100, sim:dgx-h100, sim:mixed, sim:vm-h100" in str(bad.value)
 
 
 def test_state_file_defaults_to_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GPUDRA_SIM_STATE", str(tmp_path / "from-env.json"))
-    nvml.connect("sim:mixed").close()
+    gpu_driver.connect("sim:mixed").close()
     assert (tmp_path / "from-env.json").exists()
 
 
 def test_state_file_defaults_to_tmpdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("GPUDRA_SIM_STATE", raising=False)
     monkeypatch.setenv("TMPDIR", str(tmp_path))
-    nvml.connect("sim:mixed").close()
+    gpu_driver.connect("sim:mixed").close()
     assert (tmp_path / "gpudra-sim" / "mixed.json").exists()
 
 
 def test_a_state_file_belongs_to_one_machine(state_file: Path) -> None:
     _inventory("mixed", state_file)
     with pytest.raises(errors.ConfigError) as clash:
-        nvml.connect("sim:dgx-h100", state_file=state_file)
+        gpu_driver.connect("sim:dgx-h100", state_file=state_file)
     assert "'mixed'" in str(clash.value)
     assert clash.value.field == "GPUDRA_SIM_STATE"
 
 
 def test_real_nvml_is_refused_while_the_simulator_is_installed(state_file: Path) -> None:
-    with nvml.connect("sim:mixed", state_file=state_file), pytest.raises(errors.ConfigError):
-        nvml.connect("real")
+    with gpu_driver.connect("sim:mixed", state_file=state_file), pytest.raises(errors.ConfigError):
+        gpu_driver.connect("real")
 
 
 def test_two_machines_cannot_share_one_process(tmp_path: Path) -> None:
-    with nvml.connect("sim:mixed", state_file=tmp_path / "a.json"):
+    with gpu_driver.connect("sim:mixed", state_file=tmp_path / "a.json"):
         with pytest.raises(errors.ConfigError) as clash:
-            nvml.connect("sim:dgx-h100", state_file=tmp_path / "b.json")
+            gpu_driver.connect("sim:dgx-h100", state_file=tmp_path / "b.json")
         assert "close it first" in str(clash.value)
         # The same machine nests.
-        with nvml.connect("sim:mixed", state_file=tmp_path / "a.json") as inner:
+        with gpu_driver.connect("sim:mixed", state_file=tmp_path / "a.json") as inner:
             assert len(inner.inventory().gpus) == 6
 
 
 def test_sessions_share_the_process_wide_library(state_file: Path) -> None:
-    outer = nvml.connect("sim:mixed", state_file=state_file)
-    nvml.connect("sim:mixed", state_file=state_file).close()
+    outer = gpu_driver.connect("sim:mixed", state_file=state_file)
+    gpu_driver.connect("sim:mixed", state_file=state_file).close()
     assert len(outer.inventory().gpus) == 6  # the inner close left the outer session working
     outer.close()
     outer.close()  # idempotent
     with pytest.raises(errors.NvmlUnavailable):  # the last close took the simulator out of pynvml
-        nvml.connect("real")
+        gpu_driver.connect("real")
 
 
 NAMES = [

@@ -18,6 +18,7 @@ import pytest
 from gpudra import errors, sim
 from gpudra.gpu import nvml
 from gpudra.model import inventory
+from gpudra.node import gpu_driver
 
 
 @pytest.fixture
@@ -27,13 +28,13 @@ def state_file(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def h100(state_file: Path) -> Iterator[nvml.Nvml]:
-    with nvml.connect("sim:dgx-h100", state_file=state_file) as session:
+    with gpu_driver.connect("sim:dgx-h100", state_file=state_file) as session:
         yield session
 
 
 @pytest.fixture
 def a100(state_file: Path) -> Iterator[nvml.Nvml]:
-    with nvml.connect("sim:dgx-a100", state_file=state_file) as session:
+    with gpu_driver.connect("sim:dgx-a100", state_file=state_file) as session:
         yield session
 
 
@@ -77,7 +78,7 @@ def test_create_find_destroy_round_trip(
     state_file: Path, case: tuple[str, int, int, str, int, int, int]
 ) -> None:
     machine, profile_id, start, name, size, memory_mib, sms = case
-    with nvml.connect(f"sim:{machine}", state_file=state_file) as session:
+    with gpu_driver.connect(f"sim:{machine}", state_file=state_file) as session:
         gpu = session.inventory().gpus[3]
         created = session.create_mig_device(gpu_uuid=gpu.uuid, profile_id=profile_id, placement_start=start)
         assert created.uuid.startswith("MIG-")
@@ -150,7 +151,7 @@ def test_an_unknown_profile_is_not_supported(h100: nvml.Nvml) -> None:
 
 
 def test_mig_on_a_gpu_without_mig_is_refused(state_file: Path) -> None:
-    with nvml.connect("sim:mixed", state_file=state_file) as session:
+    with gpu_driver.connect("sim:mixed", state_file=state_file) as session:
         uuid = _first_gpu(session).uuid
         with pytest.raises(errors.NotSupported) as refused:
             session.create_mig_device(gpu_uuid=uuid, profile_id=19, placement_start=0)
@@ -290,8 +291,8 @@ _OTHER_PROCESS = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from gpudra.gpu import nvml
-    with nvml.connect("sim:dgx-h100", state_file=Path(sys.argv[1])) as session:
+    from gpudra.node import gpu_driver
+    with gpu_driver.connect("sim:dgx-h100", state_file=Path(sys.argv[1])) as session:
         gpu = session.inventory().gpus[0]
         print(",".join(d.uuid for d in gpu.mig_devices))
         made = session.create_mig_device(gpu_uuid=gpu.uuid, profile_id=19, placement_start=0)
@@ -328,7 +329,7 @@ def test_mig_enabled(h100: nvml.Nvml, state_file: Path) -> None:
 
 
 def test_a_gpu_without_mig_has_mig_disabled(state_file: Path) -> None:
-    with nvml.connect("sim:mixed", state_file=state_file) as session:
+    with gpu_driver.connect("sim:mixed", state_file=state_file) as session:
         assert not session.mig_enabled(gpu_uuid=_first_gpu(session).uuid)
 
 
@@ -387,7 +388,7 @@ def test_ampere_never_switches_mig_mode(a100: nvml.Nvml, state_file: Path) -> No
 
 
 def test_a_vm_never_switches_mig_mode(state_file: Path) -> None:
-    with nvml.connect("sim:vm-h100", state_file=state_file) as session:
+    with gpu_driver.connect("sim:vm-h100", state_file=state_file) as session:
         uuid = _first_gpu(session).uuid
         with pytest.raises(errors.HardwareError) as refused:
             session.set_mig_mode(gpu_uuid=uuid, enabled=True)
@@ -398,7 +399,7 @@ def test_a_vm_never_switches_mig_mode(state_file: Path) -> None:
 
 def test_mig_mode_on_a_gpu_without_mig_is_not_supported(state_file: Path) -> None:
     with (
-        nvml.connect("sim:mixed", state_file=state_file) as session,
+        gpu_driver.connect("sim:mixed", state_file=state_file) as session,
         pytest.raises(errors.NotSupported) as refused,
     ):
         session.set_mig_mode(gpu_uuid=_first_gpu(session).uuid, enabled=True)
@@ -463,7 +464,7 @@ def test_compute_processes_asks_each_mig_device(h100: nvml.Nvml, state_file: Pat
 
 
 def test_compute_processes_on_a_gpu_without_mig(state_file: Path) -> None:
-    with nvml.connect("sim:mixed", state_file=state_file) as session:
+    with gpu_driver.connect("sim:mixed", state_file=state_file) as session:
         gpus = session.inventory().gpus
         sim.attach_process(state_file=state_file, device_uuid=gpus[2].uuid, pid=12)
         assert [session.compute_processes(gpu_uuid=g.uuid) for g in gpus[1:4]] == [(), (12,), ()]
@@ -482,7 +483,7 @@ def test_mig_devices_of_one_gpu(h100: nvml.Nvml, state_file: Path) -> None:
 
 
 def test_a_gpu_without_mig_has_no_mig_devices(state_file: Path) -> None:
-    with nvml.connect("sim:mixed", state_file=state_file) as session:
+    with gpu_driver.connect("sim:mixed", state_file=state_file) as session:
         assert session.mig_devices(gpu_uuid=_first_gpu(session).uuid) == ()
 
 
@@ -542,7 +543,10 @@ def test_destroy_at_placement_without_mig(h100: nvml.Nvml, state_file: Path) -> 
 
 
 def test_destroy_at_placement_on_a_gpu_without_mig_is_not_supported(state_file: Path) -> None:
-    with nvml.connect("sim:mixed", state_file=state_file) as session, pytest.raises(errors.NotSupported):
+    with (
+        gpu_driver.connect("sim:mixed", state_file=state_file) as session,
+        pytest.raises(errors.NotSupported),
+    ):
         session.destroy_at_placement(gpu_uuid=_first_gpu(session).uuid, profile_id=19, placement_start=0)
 
 

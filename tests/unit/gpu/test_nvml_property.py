@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpudra import errors
-from gpudra.gpu import nvml
+from gpudra.node import gpu_driver
 from gpudra.sim import state
 
 # (profile ID, placement start) pairs, valid and not, across the A100-40GB's profiles
@@ -30,7 +30,7 @@ _DESTROY_AT = st.tuples(
 def test_instances_never_overlap_and_refusals_change_nothing(operations: list[tuple[str, int, int]]) -> None:
     with tempfile.TemporaryDirectory() as directory:
         path = Path(directory) / "machine.json"
-        with nvml.connect("sim:dgx-a100", state_file=path) as session:
+        with gpu_driver.connect("sim:dgx-a100", state_file=path) as session:
             gpu_uuid = session.inventory().gpus[0].uuid
             store = state.StateFile(path)
             for action, first, second in operations:

@@ -14,9 +14,8 @@ import pytest
 
 from gpudra import sim
 from gpudra.errors import ConfigError
-from gpudra.gpu import nvml
 from gpudra.model.publishing import Publishing
-from gpudra.node import cdi, wiring
+from gpudra.node import cdi, gpu_driver, wiring
 from gpudra.node.cdi import ClaimDevice, MigAccess
 from gpudra.node.options import PluginOptions
 from gpudra.sim import devnodes, machines, procfs
@@ -171,7 +170,7 @@ def _options(nvml: str, dev_root: str) -> PluginOptions:
 def test_the_plugin_makes_nodes_only_for_the_simulator_off_root(
     nvml: str, dev_root: str, expected: Path | None
 ) -> None:
-    assert _options(nvml, dev_root).sim_dev_dir == expected
+    assert gpu_driver.device_node_dir(nvml, Path(dev_root)) == expected
 
 
 class _Started(Exception):
@@ -186,7 +185,7 @@ def test_the_plugin_makes_the_nodes_before_it_opens_nvml(
         assert _numbers(tmp_path / "dev" / "nvidia7") == (195, 7, 0o666)
         raise _Started(spec)
 
-    monkeypatch.setattr(nvml, "connect", connect)
+    monkeypatch.setattr(gpu_driver, "connect", connect)
     with pytest.raises(_Started, match="sim:dgx-h100"):
         wiring.run(_options("sim:dgx-h100", str(tmp_path)), server=None, stop=threading.Event())
     assert _tree(tmp_path / "dev") == sorted(H100_NODES + CAPS)

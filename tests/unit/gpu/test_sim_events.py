@@ -16,7 +16,7 @@ import pynvml
 import pytest
 
 from gpudra import sim
-from gpudra.gpu import nvml
+from gpudra.node import gpu_driver
 from gpudra.sim import events, hardware
 
 XID = pynvml.nvmlEventTypeXidCriticalError
@@ -32,7 +32,7 @@ def state_file(tmp_path: Path) -> Path:
 @pytest.fixture
 def h100(state_file: Path) -> Iterator[list[Any]]:
     """pynvml on a simulated DGX H100: the handles of its 8 GPUs."""
-    with nvml.connect("sim:dgx-h100", state_file=state_file):
+    with gpu_driver.connect("sim:dgx-h100", state_file=state_file):
         yield [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(8)]
 
 
@@ -165,7 +165,7 @@ def test_a_gpu_offers_the_event_types_of_its_machine(event_set: Any, h100: list[
 
 
 def test_a_machine_without_events_refuses_every_registration(tmp_path: Path) -> None:
-    with nvml.connect("sim:no-sharing", state_file=tmp_path / "machine.json"):
+    with gpu_driver.connect("sim:no-sharing", state_file=tmp_path / "machine.json"):
         handle = pynvml.nvmlDeviceGetHandleByIndex(0)
         assert pynvml.nvmlDeviceGetSupportedEventTypes(handle) == 0
         created = pynvml.nvmlEventSetCreate()
@@ -260,7 +260,7 @@ def test_memory_repairs_and_nvlinks_are_read_as_nvml_reports_them(h100: list[Any
 
 
 def test_remapped_rows_are_not_reported_while_mig_instances_exist(tmp_path: Path) -> None:
-    with nvml.connect("sim:dgx-h100", state_file=tmp_path / "machine.json") as session:
+    with gpu_driver.connect("sim:dgx-h100", state_file=tmp_path / "machine.json") as session:
         gpu = session.inventory().gpus[0].uuid
         session.set_mig_mode(gpu_uuid=gpu, enabled=True)
         assert session.gpu_conditions(gpu_uuid=gpu).row_remap_pending is False  # no instance yet

@@ -13,6 +13,8 @@ import pytest
 
 from gpudra import errors, sim
 from gpudra.gpu import nvml
+from gpudra.node import gpu_driver
+from gpudra.node import options as node_options
 
 
 @pytest.fixture
@@ -23,13 +25,13 @@ def state_file(tmp_path: Path) -> Path:
 @pytest.fixture
 def h100(state_file: Path) -> Iterator[Any]:
     """pynvml initialised on a simulated DGX H100; yields GPU 0's handle."""
-    with nvml.connect("sim:dgx-h100", state_file=state_file):
+    with gpu_driver.connect("sim:dgx-h100", state_file=state_file):
         yield pynvml.nvmlDeviceGetHandleByIndex(0)
 
 
 @pytest.fixture
 def mixed(state_file: Path) -> Iterator[Any]:
-    with nvml.connect("sim:mixed", state_file=state_file):
+    with gpu_driver.connect("sim:mixed", state_file=state_file):
         yield pynvml.nvmlDeviceGetHandleByIndex(0)
 
 
@@ -90,9 +92,7 @@ def test_unknown_profile_is_refused(state_file: Path) -> None:
 
 
 def test_the_cli_names_every_simulated_machine() -> None:
-    from gpudra import cli  # noqa: PLC0415 - the CLI module is what is checked
-
-    assert cli.SIM_MACHINES == sim.PROFILES
+    assert node_options.SIM_MACHINES == sim.PROFILES
 
 
 def test_symbols_the_simulator_lacks_are_function_not_found(mixed: Any) -> None:
@@ -359,13 +359,13 @@ def test_a_lost_gpu_leaves_the_others_alone_and_comes_back(lost: _LostGpu, state
 
 @pytest.fixture
 def a100(state_file: Path) -> Iterator[Any]:
-    with nvml.connect("sim:dgx-a100", state_file=state_file):
+    with gpu_driver.connect("sim:dgx-a100", state_file=state_file):
         yield pynvml.nvmlDeviceGetHandleByIndex(0)
 
 
 @pytest.fixture
 def vm_h100(state_file: Path) -> Iterator[Any]:
-    with nvml.connect("sim:vm-h100", state_file=state_file):
+    with gpu_driver.connect("sim:vm-h100", state_file=state_file):
         yield pynvml.nvmlDeviceGetHandleByIndex(0)
 
 

@@ -153,9 +153,9 @@ _CREATOR = textwrap.dedent(
     import sys
     from pathlib import Path
     from gpudra import errors
-    from gpudra.gpu import nvml
+    from gpudra.node import gpu_driver
     made = []
-    with nvml.connect("sim:dgx-h100", state_file=Path(sys.argv[1])) as session:
+    with gpu_driver.connect("sim:dgx-h100", state_file=Path(sys.argv[1])) as session:
         uuid = session.inventory().gpus[0].uuid
         for start in [int(s) for s in sys.argv[2].split(",")]:
             try:

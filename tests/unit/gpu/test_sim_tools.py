@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from gpudra import sim
-from gpudra.gpu import nvml
 from gpudra.gpu.tools import MPS_NO_DAEMON
+from gpudra.node import gpu_driver
 from gpudra.sim import state
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -28,7 +28,7 @@ def state_file(tmp_path: Path) -> Path:
 
 
 def _boot(profile: str, state_file: Path) -> list[str]:
-    with nvml.connect(f"sim:{profile}", state_file=state_file) as session:
+    with gpu_driver.connect(f"sim:{profile}", state_file=state_file) as session:
         return [gpu.uuid for gpu in session.inventory().gpus]
 
 
@@ -135,7 +135,7 @@ def test_compute_mode(env: dict[str, str], state_file: Path, mode: str, stored: 
 def test_compute_mode_on_a_mig_enabled_gpu_is_refused_but_allowed_on_its_mig_device(
     env: dict[str, str], state_file: Path
 ) -> None:
-    with nvml.connect("sim:dgx-h100", state_file=state_file) as session:
+    with gpu_driver.connect("sim:dgx-h100", state_file=state_file) as session:
         gpu = session.inventory().gpus[0]
         device = session.create_mig_device(gpu_uuid=gpu.uuid, profile_id=9, placement_start=0)
     before = state_file.read_bytes()
@@ -162,7 +162,7 @@ def test_timeslice(env: dict[str, str], state_file: Path) -> None:
 
 
 def test_timeslice_on_a_mig_device_is_refused(env: dict[str, str], state_file: Path) -> None:
-    with nvml.connect("sim:dgx-a100", state_file=state_file) as session:
+    with gpu_driver.connect("sim:dgx-a100", state_file=state_file) as session:
         gpu = session.inventory().gpus[0]
         device = session.create_mig_device(gpu_uuid=gpu.uuid, profile_id=19, placement_start=0)
     before = state_file.read_bytes()

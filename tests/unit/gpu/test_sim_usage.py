@@ -11,6 +11,7 @@ import pytest
 
 from gpudra import errors, sim
 from gpudra.gpu import nvml
+from gpudra.node import gpu_driver
 from gpudra.sim import hardware
 
 _GIB = 1 << 30
@@ -23,13 +24,13 @@ def state_file(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def mixed(state_file: Path) -> Iterator[nvml.Nvml]:
-    with nvml.connect("sim:mixed", state_file=state_file) as session:
+    with gpu_driver.connect("sim:mixed", state_file=state_file) as session:
         yield session
 
 
 @pytest.fixture
 def h100(state_file: Path) -> Iterator[nvml.Nvml]:
-    with nvml.connect("sim:dgx-h100", state_file=state_file) as session:
+    with gpu_driver.connect("sim:dgx-h100", state_file=state_file) as session:
         yield session
 
 

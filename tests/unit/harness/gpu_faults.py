@@ -14,6 +14,7 @@ from pathlib import Path
 from gpudra.gpu import nvml
 from gpudra.model import devices
 from gpudra.model.gpu_health import DEFAULT_CLASSIFICATION
+from gpudra.node import gpu_driver
 from gpudra.node.health.gpu_faults import GpuFaults
 from gpudra.node.health.monitor import HealthMonitor
 from gpudra.node.instances import PublisherTurn
@@ -57,7 +58,7 @@ class Instance:
         self.turn = PublisherTurn(state_dir / "publisher.lock", [self.faults.turn], poll_seconds=0.05)
 
     def session(self) -> nvml.Nvml:
-        return nvml.connect(f"sim:{self.profile}", state_file=self.sim_state)
+        return gpu_driver.connect(f"sim:{self.profile}", state_file=self.sim_state)
 
     def start(self) -> None:
         """As the plugin starts: the monitor, then the turn (the publishing services)."""

@@ -62,9 +62,13 @@ class Events:
 
     def __init__(self) -> None:
         self.posted: list[tuple[str, str, str]] = []
+        self.series: list[str | None] = []  # each post's series key (None: its message)
 
-    def post(self, type_: Literal["Normal", "Warning"], reason: str, message: str) -> None:
+    def post(
+        self, type_: Literal["Normal", "Warning"], reason: str, message: str, *, series: str | None = None
+    ) -> None:
         self.posted.append((type_, reason, message))
+        self.series.append(series)
 
     def reasons(self) -> list[str]:
         return [reason for _, reason, _ in self.posted]

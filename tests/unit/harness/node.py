@@ -8,12 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from gpudra import sim
-from gpudra.gpu import nvml
 from gpudra.gpu.tools import GpuTools
 from gpudra.model import devices
 from gpudra.model.inventory import Inventory
 from gpudra.model.publishing import MigMode, PartitionAttributes
-from gpudra.node import cdi
+from gpudra.node import cdi, gpu_driver
 from gpudra.node import checkpoint as ckpt
 from gpudra.node import recovery as node_recovery
 from gpudra.node.allocation import Sharing
@@ -53,7 +52,7 @@ class Node:
         self.root = root
         self.profile = profile
         self.state_file = root / "sim" / "machine.json"
-        with nvml.connect(f"sim:{profile}", state_file=self.state_file) as session:
+        with gpu_driver.connect(f"sim:{profile}", state_file=self.state_file) as session:
             self.inventory: Inventory = session.inventory()
         self.tools = GpuTools.with_directory_first(sim.write_tools(root / "bin", state_file=self.state_file))
         self.cdi_root = root / "cdi"

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from gpudra.errors import ConfigError, HardwareError, NotSupported
-from gpudra.gpu import nvml
 from gpudra.model.devices import (
     UNHEALTHY_TAINT_KEY,
     Device,
@@ -31,6 +30,7 @@ from gpudra.model.gpu_health import device_taints
 from gpudra.model.inventory import Gpu, Inventory, MigDevice, MigPlacement, MigProfile
 from gpudra.model.publishing import MAX_SHARES_PER_GPU, Publishing, ServerFields, fit_to_server
 from gpudra.model.slices import ResourceSlice, build_slices, validate_slices
+from gpudra.node import gpu_driver
 from gpudra.quantity import parse_quantity
 from gpudra.sim import machines
 from tests.unit import inventories as inv
@@ -853,7 +853,7 @@ def policy_problems(capacity: dict[str, object]) -> list[str]:
 
 
 def machine_inventory(name: str, state_file: Path) -> Inventory:
-    with nvml.connect(f"sim:{name}", state_file=state_file) as session:
+    with gpu_driver.connect(f"sim:{name}", state_file=state_file) as session:
         return session.inventory()
 
 

@@ -15,6 +15,7 @@ from gpudra.model import devices
 from gpudra.model.inventory import Inventory, MigDevice
 from gpudra.model.publishing import MigMode
 from gpudra.node import checkpoint as ckpt
+from gpudra.node import gpu_driver
 from gpudra.node.health.foreign_mig import CONFIRM_SECONDS, ForeignMig
 from gpudra.node.metrics import PluginMetrics
 from gpudra.sim import state as sim_state
@@ -36,7 +37,7 @@ class Machine:
         self.mig_share_profiles: frozenset[str] = frozenset()
 
     def session(self) -> nvml.Nvml:
-        return nvml.connect(f"sim:{self.profile}", state_file=self.state_file)
+        return gpu_driver.connect(f"sim:{self.profile}", state_file=self.state_file)
 
     def start(self) -> ForeignMig:
         with self.session() as session:

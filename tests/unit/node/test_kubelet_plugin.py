@@ -30,7 +30,8 @@ from gpudra.errors import ClaimError, ConfigError
 from gpudra.model.claim import Claim
 from gpudra.node import checkpoint as ckpt
 from gpudra.node.allocation import ClaimRef
-from gpudra.node.kubelet_grpc import KubeletServer, Observer, _NoTurn, _Turns
+from gpudra.node.dra_service import Observer, _NoTurn, _Turns
+from gpudra.node.kubelet_grpc import KubeletServer
 from tests.unit.claims import whole_gpus
 from tests.unit.harness.kube import Claims
 from tests.unit.harness.node import Node, uid
@@ -489,7 +490,7 @@ def test_calls_before_serve_wait_for_the_backend(sockets: Path, backend: Backend
 def test_a_call_that_outwaits_the_start_fails_each_claim_with_starting(
     sockets: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("gpudra.node.kubelet_grpc.STARTUP_WAIT_SECONDS", 0.2)
+    monkeypatch.setattr("gpudra.node.dra_service.STARTUP_WAIT_SECONDS", 0.2)
     server = KubeletServer(driver=DRIVER, registry_dir=sockets / "registry", plugin_dir=sockets / "plugin")
     server.start()
     try:

@@ -13,9 +13,8 @@ from prometheus_client import generate_latest
 from gpudra import sim
 from gpudra.api import API_VERSION
 from gpudra.errors import ClaimError
-from gpudra.gpu import nvml
 from gpudra.model.publishing import PartitionAttributes
-from gpudra.node import cdi, faults
+from gpudra.node import cdi, faults, gpu_driver
 from gpudra.node import checkpoint as ckpt
 from gpudra.node.allocation import ClaimRef
 from gpudra.node.metrics import PluginMetrics
@@ -222,7 +221,7 @@ def test_mig_mode_is_not_switched_while_a_process_uses_the_gpu(h100: Node) -> No
 
 
 def test_mig_mode_is_not_switched_off_under_existing_mig_devices(h100: Node) -> None:
-    with nvml.connect("sim:dgx-h100", state_file=h100.state_file) as session:
+    with gpu_driver.connect("sim:dgx-h100", state_file=h100.state_file) as session:
         by_hand = session.create_mig_device(gpu_uuid=h100.uuid(1), profile_id=19, placement_start=0)
     state = h100.state()
     with pytest.raises(ClaimError, match=rf"MIG devices still exist on it: {by_hand.uuid} \(1g.10gb at 0\)"):
@@ -246,7 +245,7 @@ def test_a100_never_switches_mig_mode(tmp_path: Path) -> None:
 
 
 def test_a_placement_taken_by_hand_is_refused_and_left_alone(h100: Node) -> None:
-    with nvml.connect("sim:dgx-h100", state_file=h100.state_file) as session:
+    with gpu_driver.connect("sim:dgx-h100", state_file=h100.state_file) as session:
         by_hand = session.create_mig_device(gpu_uuid=h100.uuid(7), profile_id=14, placement_start=4)
     state = h100.state()
     claim = h100.claims.add(mig_claim(1, "gpu-7-mig-1g10gb-5"))
@@ -423,7 +422,7 @@ def test_a_gpu_instance_left_without_compute_instance_is_destroyed_at_restart(h1
 
 def test_static_mig_devices_are_handed_out_and_never_destroyed(tmp_path: Path) -> None:
     node = Node(tmp_path, "dgx-a100")
-    with nvml.connect("sim:dgx-a100", state_file=node.state_file) as session:
+    with gpu_driver.connect("sim:dgx-a100", state_file=node.state_file) as session:
         made = session.create_mig_device(gpu_uuid=node.uuid(0), profile_id=9, placement_start=4)
         node.inventory = session.inventory()
     state = node.state(mig_mode="static")
@@ -441,7 +440,7 @@ def test_static_mig_devices_are_handed_out_and_never_destroyed(tmp_path: Path) -
 
 def test_a_static_mig_device_that_vanished_is_a_clear_error(tmp_path: Path) -> None:
     node = Node(tmp_path, "dgx-a100")
-    with nvml.connect("sim:dgx-a100", state_file=node.state_file) as session:
+    with gpu_driver.connect("sim:dgx-a100", state_file=node.state_file) as session:
         made = session.create_mig_device(gpu_uuid=node.uuid(0), profile_id=19, placement_start=2)
         node.inventory = session.inventory()
         session.destroy_mig_device(gpu_uuid=node.uuid(0), gpu_instance_id=made.gpu_instance_id)

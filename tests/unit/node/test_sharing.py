@@ -17,10 +17,10 @@ import pytest
 from gpudra import sim
 from gpudra.api import API_VERSION, GpuConfig, decode_config
 from gpudra.errors import ConfigError, HardwareError, NvmlUnavailable
-from gpudra.gpu import nvml
 from gpudra.gpu.tools import GpuTools
 from gpudra.model.inventory import Gpu
 from gpudra.node import checkpoint as ckpt
+from gpudra.node import gpu_driver
 from gpudra.node.allocation import ResolvedDevice
 from gpudra.node.sharing import SharingCoordinator, mps_processes
 from gpudra.node.sharing.mps_daemons import Daemon
@@ -50,7 +50,7 @@ def mps_limits(*, threads: int | None = None, memory: str | None = None) -> dict
 @pytest.fixture
 def machine(tmp_path: Path) -> tuple[list[Gpu], GpuTools, sim_state.StateFile]:
     state_file = tmp_path / "machine.json"
-    with nvml.connect("sim:dgx-h100", state_file=state_file) as session:
+    with gpu_driver.connect("sim:dgx-h100", state_file=state_file) as session:
         gpus = list(session.inventory().gpus)
     tools = GpuTools.with_directory_first(sim.write_tools(tmp_path / "bin", state_file=state_file))
     store = sim_state.StateFile(state_file)
@@ -410,7 +410,7 @@ def test_a_dead_daemon_is_started_again_on_adoption_and_others_are_stopped(
 
 def test_a_gpu_that_refuses_mps_fails_the_claim_and_leaves_nothing(tmp_path: Path) -> None:
     state_file = tmp_path / "machine.json"
-    with nvml.connect("sim:no-sharing", state_file=state_file) as session:
+    with gpu_driver.connect("sim:no-sharing", state_file=state_file) as session:
         [gpu, *_] = session.inventory().gpus
     tools = GpuTools.with_directory_first(sim.write_tools(tmp_path / "bin", state_file=state_file))
     sharing = sharing_of(tools, tmp_path)
@@ -431,7 +431,12 @@ def test_mps_processes_are_found_by_their_mark_and_pinned_by_their_start_time(tm
     daemon = subprocess.Popen(["sleep", "60"], env=marked)
     unmarked = subprocess.Popen(["sleep", "60"], env={"CUDA_MPS_PIPE_DIRECTORY": str(pipe)})
     try:
-        [found] = mps_processes.find(DaemonMark(pipe, token))
+        # Popen returns once the child exists; its /proc entry may show the new program a moment later
+        # on a loaded machine (seen once in CI), so look until it does.
+        deadline = time.monotonic() + 10
+        while not (listed := mps_processes.find(DaemonMark(pipe, token))) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        [found] = listed
         assert (found.pid, found.parent) == (daemon.pid, os.getpid())
         assert mps_processes.daemon([found]) == found and mps_processes.running(found)
         # The same pid with another start time is another process (the pid was handed out again).

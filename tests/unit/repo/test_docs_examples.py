@@ -33,10 +33,10 @@ from gpudra import cli
 from gpudra.api import config_problems
 from gpudra.cli.output_format import documents
 from gpudra.cli.validate import validate_files
-from gpudra.gpu import nvml
 from gpudra.model.devices import build_devices
 from gpudra.model.manifests import validate_documents
 from gpudra.model.slices import build_slices
+from gpudra.node import gpu_driver
 
 ROOT = Path(__file__).resolve().parents[3]
 DOCS = ROOT / "docs"
@@ -276,7 +276,7 @@ def node_slices(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     where = tmp_path_factory.mktemp("nodes")
     files = []
     for machine in SIMULATED_NODES:
-        with nvml.connect(f"sim:{machine}", state_file=where / machine / "state.json") as session:
+        with gpu_driver.connect(f"sim:{machine}", state_file=where / machine / "state.json") as session:
             inventory = session.inventory()
         model = build_devices(inventory, mig_mode="partitionable")
         items = build_slices(model, driver=DRIVER, node_name=machine, generation=1, server_minor=36)

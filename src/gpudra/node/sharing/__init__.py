@@ -16,8 +16,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from gpudra import sim
-from gpudra.gpu import nvml
 from gpudra.gpu.tools import GpuTools
 from gpudra.node import checkpoint as ckpt
 from gpudra.node.allocation import ResolvedDevice
@@ -29,14 +27,6 @@ from gpudra.node.sharing.time_slicing import TimeSlicing
 
 # Every strategy's class, by the `strategy` value of its records: what a record alone is enough for.
 _CLASSES: dict[str, type[TimeSlicing] | type[Mps]] = {TimeSlicing.name: TimeSlicing, Mps.name: Mps}
-
-
-def tools_for(spec: str, *, driver_root: Path, directory: Path) -> GpuTools:
-    """The driver's tools (NVML `spec` real), or the simulator's stand-ins (sim:...) written into
-    `directory`."""
-    if not spec.startswith("sim:"):
-        return GpuTools(driver_root=driver_root)
-    return GpuTools.with_directory_first(sim.write_tools(directory, state_file=nvml.sim_state_file(spec)))
 
 
 class SharingCoordinator:
