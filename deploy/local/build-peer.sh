@@ -20,6 +20,13 @@ if [ -f "$out/.complete" ]; then
   echo "$binary"
   exit 0
 fi
+# One build at a time (make bench and the bench smoke test may both ask): the second waits, then finds
+# the first's build complete.
+build_lock peer
+if [ -f "$out/.complete" ]; then
+  echo "$binary"
+  exit 0
+fi
 start=$(date +%s)
 echo "building $module $version's kubelet plugin into $out" >&2
 # Outside any module, so that the download is not resolved against deploy/local's go.mod.

@@ -52,13 +52,15 @@ _WHITESPACE = re.compile(r"[ \t\n\r]*")
 # brackets: the brackets of strings are then between adjacent quotes, and the rest is structure.
 _ESCAPE = re.compile(rb"\\.", re.DOTALL)
 _NOT_STRUCTURE = bytes(set(range(256)) - set(b'"[]{}'))
+_NOT_VALUE_STRUCTURE = bytes(set(range(256)) - set(b'"[]{},'))
 _STRING_LEFT = re.compile(rb'"[^"]*"')
 _TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}:,]', re.DOTALL)
 
 
 @dataclass(frozen=True)
 class Poisoned:
-    """An object left out of a document: why (`reason`, a metric label: "too-deep" or "too-large"), and
+    """An object left out of a document: why (`reason`, a metric label: "too-deep", "too-large" or
+    "too-many-values", the webhook's bound on a review), and
     the strings found at the paths asked for (by default its namespace, name and resourceVersion)."""
 
     reason: str
@@ -69,6 +71,8 @@ class Poisoned:
         """What is wrong, to follow "the object": e.g. "nests too deeply to decode (more than 100 levels)"."""
         if self.reason == "too-large":
             return f"is too large to decode (more than {MAX_CHARS // (1024 * 1024)} MiB of JSON)"
+        if self.reason == "too-many-values":
+            return "holds too many values to decode"
         return f"nests too deeply to decode (more than {MAX_DEPTH} levels)"
 
     def first(self, path: Path) -> str:
@@ -112,14 +116,28 @@ def decode(text: str, shape: Shape, *, keep: Collection[Path] = METADATA) -> Any
     return value
 
 
-def nesting_exceeds(text: str, limit: int = MAX_DEPTH) -> bool:
-    """Whether the JSON value `text` nests objects and arrays more than `limit` levels deep."""
+def _skeleton(text: str, keep: bytes = _NOT_STRUCTURE) -> bytes:
+    """The structure of the JSON text: its brackets (and what `keep` leaves), strings removed."""
     skeleton = text.encode()
     if b"\\" in skeleton:
         skeleton = _ESCAPE.sub(b"", skeleton)
-    skeleton = skeleton.translate(None, _NOT_STRUCTURE).replace(b'""', b"")
+    skeleton = skeleton.translate(None, keep).replace(b'""', b"")
     if b'"' in skeleton:
         skeleton = _STRING_LEFT.sub(b"", skeleton)
+    return skeleton
+
+
+def count_values(text: str) -> int:
+    """How many values decoding the JSON text would build, at most: its objects and arrays, and one per
+    comma (the members and items after each first), counted at C speed without building any, so that a
+    body can be refused before it costs the memory of a million empty objects."""
+    skeleton = _skeleton(text, _NOT_VALUE_STRUCTURE)
+    return 1 + skeleton.count(b"{") + skeleton.count(b"[") + skeleton.count(b",")
+
+
+def nesting_exceeds(text: str, limit: int = MAX_DEPTH) -> bool:
+    """Whether the JSON value `text` nests objects and arrays more than `limit` levels deep."""
+    skeleton = _skeleton(text)
     for _ in range(limit):
         if not skeleton:
             return False

@@ -171,9 +171,8 @@ def test_a_fatal_xid_taints_a_gpu_and_its_partitions_an_application_xid_does_not
     sim.raise_xid(state_file=plugin.sim_state, gpu_uuid=gpu, xid=79)
     expected = _on_gpu(api, 1)
     tainted = wait_for("GPU 1 tainted", lambda: _tainted_exactly(api, expected), timeout=30)
-    took = time.monotonic() - started
-    assert took < 2, f"{took:.1f}s from the XID to the taint in the ResourceSlice"
-    print(f"XID 79 -> taint in the ResourceSlice {took:.2f}s")
+    # How long it took is printed, never asserted: a loaded CI machine is no measure (DESIGN.md).
+    print(f"XID 79 -> taint in the ResourceSlice {time.monotonic() - started:.2f}s")
     assert set(tainted.values()) == {"Xid79:NoSchedule"}
     assert {"gpu-1", "gpu-1-shared"} < set(tainted) and any("-mig-" in name for name in tainted)
     (event,) = wait_for("a GpuFault event", lambda: [m for m in _node_events(api, "GpuFault") if gpu in m])
@@ -303,3 +302,27 @@ def test_during_a_rolling_update_one_xid_is_one_node_event(
         assert [(m["gpu_uuid"], m["reason"]) for m in health["marks"]] == [(gpu, "Xid79")]
     finally:
         surge.stop()
+
+
+def test_an_xid_storm_is_one_node_event_whose_count_grows(
+    api: client.ApiClient, gpudra: dict[str, PluginProcess], namespace: str
+) -> None:
+    """A GPU that keeps raising XID 79 (300 XIDs): one GpuFault Event on the Node, patched through the
+    real API server until its count is every XID; the metrics count them all."""
+    plugin = gpudra[NODE]
+    gpu = _gpu_uuid(api, 6)
+    for _ in range(300):
+        sim.raise_xid(state_file=plugin.sim_state, gpu_uuid=gpu, xid=79)
+    core = client.CoreV1Api(api)
+
+    def storm_events() -> list[Any]:
+        found = core.list_namespaced_event(
+            "default", field_selector=f"involvedObject.kind=Node,involvedObject.name={NODE},reason=GpuFault"
+        )
+        return [e for e in found.items if gpu in str(e.message)]
+
+    # Written at most every 10 s: the count reaches 300 within two writes of the storm's end.
+    wait_for("the Event counts every XID", lambda: [e.count for e in storm_events()] == [300], timeout=60)
+    (event,) = storm_events()
+    assert event.first_timestamp <= event.last_timestamp
+    assert "XID 79 (GPU has fallen off the bus), class reboot" in str(event.message)

@@ -11,6 +11,7 @@ import contextlib
 import http.client
 import json
 import ssl
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -97,6 +98,16 @@ def _review(size: int) -> bytes:
     return json.dumps(review).encode()
 
 
+def _trusting_the_webhook(api: client.ApiClient) -> ssl.SSLContext:
+    """A TLS context that trusts the CA in the webhook's Secret, once the controller has written it."""
+    core = client.CoreV1Api(api)
+    secret = wait_for(
+        "the webhook secret",
+        lambda: _or_none(lambda: core.read_namespaced_secret("gpudra-webhook-tls", NAMESPACE)),
+    )
+    return ssl.create_default_context(cadata=base64.b64decode(secret.data["ca.crt"]).decode())
+
+
 def _post(port: int, context: ssl.SSLContext, body: bytes) -> int:
     connection = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=60)
     try:
@@ -114,12 +125,7 @@ def _post(port: int, context: ssl.SSLContext, body: bytes) -> int:
 def test_32_concurrent_largest_reviews_stay_under_the_charts_memory_limit(
     controller: ControllerProcess, api: client.ApiClient
 ) -> None:
-    core = client.CoreV1Api(api)
-    secret = wait_for(
-        "the webhook secret",
-        lambda: _or_none(lambda: core.read_namespaced_secret("gpudra-webhook-tls", NAMESPACE)),
-    )
-    context = ssl.create_default_context(cadata=base64.b64decode(secret.data["ca.crt"]).decode())
+    context = _trusting_the_webhook(api)
     port = controller.webhook_url_port
     assert controller.process is not None
     pid = controller.process.pid
@@ -156,3 +162,80 @@ def _or_none(read: Any) -> Any:
         if err.status == 404:
             return None
         raise
+
+
+def _dense_review() -> bytes:
+    """A CREATE of a claim whose gpudra config is 900,000 empty objects: 2.6 MiB of JSON, which Python
+    would decode into some 80 MiB of dicts."""
+    review = json.loads(_review(4096))
+    review["request"]["operation"] = "CREATE"
+    review["request"]["oldObject"] = None
+    review["request"]["object"]["spec"]["devices"]["config"][0]["opaque"]["parameters"]["pad"] = [
+        {}
+    ] * 900_000
+    return json.dumps(review, separators=(",", ":")).encode()
+
+
+def test_an_object_dense_flood_neither_exhausts_memory_nor_crowds_out_the_api_servers_reviews(
+    controller: ControllerProcess, api: client.ApiClient
+) -> None:
+    """40 clients sending object-dense reviews straight to the webhook port without pause: each is
+    denied unread; meanwhile the API server's own reviews are answered (a good claim is created, a bad
+    one refused with gpudra's words), and the process stays under the chart's memory limit."""
+    context = _trusting_the_webhook(api)
+    port = controller.webhook_url_port
+    assert controller.process is not None
+    pid = controller.process.pid
+    dense = _dense_review()
+    assert len(dense) <= MAX_BODY_BYTES
+    flooding = threading.Event()
+    flooding.set()
+    statuses: list[int] = []
+
+    def flood() -> None:
+        while flooding.is_set():
+            statuses.append(_post(port, context, dense))
+
+    resources = client.CustomObjectsApi(api)
+
+    def claim(name: str, strategy: str) -> dict[str, Any]:
+        parameters = {"apiVersion": "resource.gpudra.io/v1beta1", "kind": "GpuConfig"}
+        parameters["sharing"] = {"strategy": strategy}
+        return {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": {
+                "devices": {
+                    "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.gpudra.io"}}],
+                    "config": [{"opaque": {"driver": DRIVER, "parameters": parameters}}],
+                }
+            },
+        }
+
+    def create(name: str, strategy: str) -> None:
+        resources.create_namespaced_custom_object(
+            "resource.k8s.io", "v1", "default", "resourceclaims", claim(name, strategy)
+        )
+
+    with ThreadPoolExecutor(40) as pool:
+        for _ in range(40):
+            pool.submit(flood)
+        try:
+            wait_for("the flood under way", lambda: len(statuses) >= 40, timeout=60)
+            create("flood-good", "TimeSlicing")
+            with pytest.raises(ApiException) as refused:
+                create("flood-bad", "Sometimes")
+        finally:
+            flooding.clear()
+    memory = _memory_kib(pid)
+    resources.delete_namespaced_custom_object(
+        "resource.k8s.io", "v1", "default", "resourceclaims", "flood-good"
+    )
+    print(
+        f"\nobject-dense flood: {len(statuses)} reviews of {len(dense) / 2**20:.2f} MiB from 40 clients "
+        f"(statuses {sorted(set(statuses))}); controller peak (VmHWM) {memory['VmHWM'] / 1024:.0f} MiB"
+    )
+    assert refused.value.status == 400 and "sharing.strategy" in str(refused.value.body)
+    assert set(statuses) <= {200, 503} and 200 in statuses
+    assert memory["VmHWM"] / 1024 < CHART_MEMORY_LIMIT_MIB

@@ -13,6 +13,13 @@ Nesting is bounded per object, as in everything gpudra reads that others write (
 a document, or an item of a List (`kubectl get resourceclaims -A -o yaml` holds every tenant's claims),
 that nests deeper than MAX_DEPTH levels is left out (None in its place) and named in `Documents.skipped`,
 and the rest of the file is used.
+
+Every file is read in time proportional to its size (about 2 s per MiB of YAML here, 8 MiB at most):
+PyYAML's scanner costs the square of the nesting for each token inside flow collections (`[[[[...`),
+so past MAX_DEPTH flow levels the rest of such a collection is read past by a linear scan, as one
+value (which the nesting bound then leaves out), never tokenised. An integer of more than
+MAX_INT_DIGITS digits is refused naming its line (CPython's own limit, which would otherwise end the
+read with its own words).
 """
 
 from __future__ import annotations
@@ -27,14 +34,18 @@ from typing import Any
 
 import yaml
 from yaml.composer import ComposerError
+from yaml.constructor import ConstructorError
 from yaml.events import AliasEvent, CollectionEndEvent, CollectionStartEvent
 from yaml.nodes import Node, ScalarNode
+from yaml.scanner import ScannerError
+from yaml.tokens import ScalarToken
 
 from gpudra import bounded_json
 
 MAX_FILE_BYTES = 8 * 1024 * 1024
 MAX_NODES = 1_000_000
 MAX_DEPTH = bounded_json.MAX_DEPTH
+MAX_INT_DIGITS = 4300  # CPython's int() refuses longer decimal text (sys.get_int_max_str_digits())
 _TOO_DEEP = f"nests deeper than {MAX_DEPTH} levels"
 
 
@@ -74,11 +85,22 @@ def read_text(path: Path) -> str:
     return _read_stdin() if path == STDIN else _read_text(path)
 
 
-def parse_documents(text: str, *, json_text: bool = False) -> Documents:
-    """The documents of YAML text (or JSON, one document), within the bounds above."""
+class NodeBudget:
+    """The MAX_NODES bound shared by the parses of one file's pieces (`gpudra migrate` parses each
+    document's text on its own)."""
+
+    def __init__(self) -> None:
+        self.nodes = 0
+
+
+def parse_documents(
+    text: str, *, json_text: bool = False, budget: NodeBudget | None = None, first: int = 1
+) -> Documents:
+    """The documents of YAML text (or JSON, one document), within the bounds above; `budget` counts
+    the nodes of several texts of one file together, whose first document here is number `first`."""
     if json_text:
         return _json_documents(text)
-    loader = _BoundedLoader(text)
+    loader = _BoundedLoader(text, budget or NodeBudget())
     try:
         documents = []
         while loader.check_data():  # type: ignore[no-untyped-call]
@@ -95,7 +117,7 @@ def parse_documents(text: str, *, json_text: bool = False) -> Documents:
         loader.dispose()
     found = Documents(documents)
     for number, item in sorted(loader.too_deep, key=lambda at: (at[0], -1 if at[1] is None else at[1])):
-        _leave_out(found, number, item, _TOO_DEEP)
+        _leave_out(found, number, item, _TOO_DEEP, first=first)
     return found
 
 
@@ -143,16 +165,18 @@ def _json_documents(text: str) -> Documents:
     return found
 
 
-def _leave_out(found: Documents, number: int, item: int | None, reason: str) -> None:
-    """Document `number` (from 1), or item `item` of its List, replaced by None and named in `skipped`."""
+def _leave_out(found: Documents, number: int, item: int | None, reason: str, *, first: int = 1) -> None:
+    """Document `number` (from 1), or item `item` of its List, replaced by None and named in `skipped`
+    (as document `number + first - 1` of the file)."""
     document = found.documents[number - 1]
+    named = number + first - 1
     items = document.get("items") if isinstance(document, dict) and item is not None else None
     if isinstance(items, list) and item is not None and item < len(items):
         items[item] = None
-        found.skipped.append(Skipped(f"document {number}, items[{item}]", reason))
+        found.skipped.append(Skipped(f"document {named}, items[{item}]", reason))
     elif document is not None:
         found.documents[number - 1] = None
-        found.skipped.append(Skipped(f"document {number}", reason))
+        found.skipped.append(Skipped(f"document {named}", reason))
 
 
 def _read_stdin() -> str:
@@ -202,9 +226,9 @@ class _BoundedLoader(yaml.SafeLoader):
     deeply: such a node's events are read past without composing them, a null takes its place, and
     `too_deep` names its document (from 1) and, inside a List's `items`, its item (else None)."""
 
-    def __init__(self, stream: str) -> None:
+    def __init__(self, stream: str, budget: NodeBudget) -> None:
         super().__init__(stream)
-        self._nodes = 0
+        self._budget = budget
         self._sizes: dict[int, int] = {}  # id(node) -> nodes it expands to, for aliases to it
         self._document = 0
         self._path: list[object] = []  # per open node, its index in its parent (compose_node's)
@@ -224,11 +248,11 @@ class _BoundedLoader(yaml.SafeLoader):
         if len(self._path) >= MAX_DEPTH:
             return self._skip()
         self._path.append(index)
-        before = self._nodes
+        before = self._budget.nodes
         self._count(1)
         node = super().compose_node(parent, index)
         self._path.pop()
-        self._sizes[id(node)] = self._nodes - before
+        self._sizes[id(node)] = self._budget.nodes - before
         return node
 
     def _skip(self) -> Node:
@@ -244,10 +268,76 @@ class _BoundedLoader(yaml.SafeLoader):
         self.too_deep.add((self._document, item if in_items and isinstance(item, int) else None))
         return ScalarNode("tag:yaml.org,2002:null", "", start.start_mark, event.end_mark)
 
+    def fetch_flow_collection_start(self, TokenClass: Any) -> None:
+        """PyYAML's, but past MAX_DEPTH flow levels the collection is read past (see the module's
+        docstring) and stands as one plain scalar, which the composer leaves out as too deep."""
+        if self.flow_level < MAX_DEPTH:
+            super().fetch_flow_collection_start(TokenClass)
+            return
+        self.save_possible_simple_key()
+        self.allow_simple_key = False
+        start = self.get_mark()
+        self._read_past_flow_collection(start)
+        self.tokens.append(ScalarToken("", True, start, self.get_mark()))
+
+    def _read_past_flow_collection(self, start: Any) -> None:
+        """From its opening bracket to its closing one, quoted scalars and comments included: linear."""
+        depth = 0
+        while True:
+            char = self.peek()
+            if char == "\0":
+                raise ScannerError(
+                    "while scanning a flow collection", start, "found the end of the file", self.get_mark()
+                )
+            if char in "[{":
+                depth += 1
+            elif char in "]}":
+                depth -= 1
+                if depth == 0:
+                    self.forward()
+                    return
+            elif char in "'\"":
+                self._read_past_quoted(char, start)
+                continue
+            elif char == "#" and self.peek(-1) in " \t\r\n":
+                while self.peek() not in "\0\r\n\x85\u2028\u2029":
+                    self.forward()
+                continue
+            self.forward()
+
+    def _read_past_quoted(self, quote: str, start: Any) -> None:
+        self.forward()
+        while True:
+            char = self.peek()
+            if char == "\0":
+                raise ScannerError(
+                    "while scanning a quoted scalar", start, "found the end of the file", self.get_mark()
+                )
+            if quote == '"' and char == "\\":
+                self.forward(2)
+                continue
+            self.forward()
+            if char == quote:
+                if quote == "'" and self.peek() == "'":
+                    self.forward()  # '' is a quote inside
+                    continue
+                return
+
+    def construct_yaml_int(self, node: Any) -> Any:
+        digits = sum(char.isdigit() for char in str(node.value))
+        if digits > MAX_INT_DIGITS:
+            raise ConstructorError(
+                None, None, f"an integer of {digits} digits (at most {MAX_INT_DIGITS})", node.start_mark
+            )
+        return super().construct_yaml_int(node)
+
     def _count(self, nodes: int) -> None:
-        self._nodes += nodes
-        if self._nodes > MAX_NODES:
+        self._budget.nodes += nodes
+        if self._budget.nodes > MAX_NODES:
             raise _TooBig(f"expands to more than {MAX_NODES} nodes (YAML aliases count as what they repeat)")
+
+
+_BoundedLoader.add_constructor("tag:yaml.org,2002:int", _BoundedLoader.construct_yaml_int)
 
 
 def _check_shape(document: Any) -> None:

@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from gpudra.cli.manifest_files import STDIN, document_texts, parse_documents, read_text
+from gpudra.cli.manifest_files import STDIN, Documents, NodeBudget, document_texts, parse_documents, read_text
 from gpudra.errors import ConfigError
 from gpudra.migrate.translation import (
     DevicePlugin,
@@ -119,26 +119,46 @@ def migrate_text(
     file: str, text: str, options: TranslationOptions, migrated: Migrated, *, json_text: bool = False
 ) -> None:
     """One file's text, migrated, added to `migrated.text`."""
-    try:
-        whole = parse_documents(text, json_text=json_text)  # the bounds, over the whole file
-    except ValueError as err:
-        raise ConfigError(str(err), field=file) from None
-    for skipped in whole.skipped:
-        migrated.untranslated.append(Problem(file, skipped.where, "", f"left out: {skipped.reason}"))
-    pieces = [text] if json_text else document_texts(text)
-    output = []
-    for piece in pieces:
+    if json_text:
         try:
-            documents = whole.documents if json_text else parse_documents(piece).documents
-        except ValueError:
-            output.append(piece)  # a piece the cut could not separate (a %YAML directive): as it was
+            parsed: list[tuple[str, Documents | None]] = [(text, parse_documents(text, json_text=True))]
+        except ValueError as err:
+            raise ConfigError(str(err), field=file) from None
+    else:
+        parsed = _pieces(file, text)
+    for _, found in parsed:
+        for skipped in found.skipped if found is not None else ():
+            migrated.untranslated.append(Problem(file, skipped.where, "", f"left out: {skipped.reason}"))
+    output = []
+    for piece, found in parsed:
+        documents = [d for d in found.documents if d is not None] if found is not None else []
+        if len(documents) != 1 or not isinstance(documents[0], Mapping):
+            output.append(piece)  # nothing to translate, or a piece the cut could not separate
             continue
-        found = [d for d in documents if d is not None]
-        if len(found) != 1 or not isinstance(found[0], Mapping):
-            output.append(piece)
-            continue
-        output.append(_migrated_piece(file, piece, found[0], options, migrated))
+        output.append(_migrated_piece(file, piece, documents[0], options, migrated))
     _append(migrated, "".join(output))
+
+
+def _pieces(file: str, text: str) -> list[tuple[str, Documents | None]]:
+    """Each document's text (`document_texts`) with what it holds, each parsed once, the bounds over
+    the whole file. A piece the cut could not separate (a %YAML directive) holds None, to be written as
+    it was; then the whole file is parsed, to tell such a piece from a file that is not YAML."""
+    budget, first = NodeBudget(), 1
+    parsed: list[tuple[str, Documents | None]] = []
+    for piece in document_texts(text):
+        try:
+            found = parse_documents(piece, budget=budget, first=first)
+        except ValueError:
+            parsed.append((piece, None))
+            continue
+        first += len(found.documents)
+        parsed.append((piece, found))
+    if any(found is None for _, found in parsed):
+        try:
+            parse_documents(text)
+        except ValueError as err:
+            raise ConfigError(str(err), field=file) from None
+    return parsed
 
 
 def _migrated_piece(

@@ -24,6 +24,10 @@ class ControllerMetrics(DaemonMetrics):
     def track_leader(self, leading: Callable[[], bool], transitions: Callable[[], int]) -> None:
         self.registry.register(_Leader(leading, transitions))
 
+    def track_clock_skew(self, skew: Callable[[], float | None]) -> None:
+        """This node's wall clock minus the API server's (its replies' Date), once it has answered."""
+        self.registry.register(_ClockSkew(skew))
+
     def admission_reviews(self, kinds: Iterable[str]) -> Callable[[str, str], None]:
         """The webhook's answers (only a controller that serves the webhook exports them): call the
         result with the review's kind and result. The series of the `kinds` it judges start at 0, so
@@ -92,6 +96,21 @@ class _View(Collector):
                 device.idle_seconds,
             )
         yield idle
+
+
+class _ClockSkew(Collector):
+    def __init__(self, skew: Callable[[], float | None]) -> None:
+        self.skew = skew
+
+    def collect(self) -> Iterator[Metric]:
+        skew = self.skew()
+        if skew is not None:
+            yield GaugeMetricFamily(
+                "gpudra_clock_skew_seconds",
+                "This node's wall clock minus the API server's (the Date of its replies): the webhook's "
+                "certificates are dated by the API server's, so a step here cannot make one it rejects.",
+                value=skew,
+            )
 
 
 class _Leader(Collector):

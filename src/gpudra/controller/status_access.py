@@ -28,18 +28,27 @@ answer for, the namespaces beyond counted as not allowed this time, and the answ
 header on 200, the text of a 403); the next request, with the answers cached, goes on from there.
 Answers are kept TTL seconds, keyed by the token's SHA-256 (the token itself is never kept); a token the
 API server refused is remembered as refused for the same time, so a client retrying a bad token costs
-one review per TTL.
+one review per TTL. At most MAX_CACHED answers are kept, the least recently used evicted first.
+
+A token the cache has no answer for costs a TokenReview, so those are bounded: per client address,
+NEW_TOKENS_BURST at once and NEW_TOKENS_PER_SECOND after; every client together,
+NEW_TOKENS_TOTAL_PER_SECOND (many pods flooding at once). A request beyond them gets 429 with
+`Retry-After`, costing the API server nothing; a caller whose token is cached is answered as before, so
+a flood of made-up tokens neither slows the valid users down nor evicts their answers (a flood can add
+at most some NEW_TOKENS_TOTAL_PER_SECOND x TTL answers while theirs are fresh).
 
 Answers: 401 without a token or with one the API server does not accept (with `WWW-Authenticate:
-Bearer`), 403 as above, 503 when the reviews cannot be made (the API server is away): the caller is
-told, never shown more than it may see.
+Bearer`), 403 as above, 429 past the bounds on new tokens, 503 when the reviews cannot be made (the API
+server is away): the caller is told, never shown more than it may see.
 """
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -54,10 +63,17 @@ log = logging.getLogger(__name__)
 
 STATUS_PATH = "/status"
 TTL_SECONDS = 30.0
-# Cached answers at most, every token's together; past it the cache starts afresh (a flood of made-up
-# tokens costs reviews, never memory). A user without rights anywhere holds one answer per namespace
-# asked about (up to 1000): a few hundred bytes each, some 5 MB when full.
+# Cached answers at most, every token's together; past it the least recently used goes (a flood of
+# made-up tokens costs reviews, never memory). A user without rights anywhere holds one answer per
+# namespace asked about (up to 1000): a few hundred bytes each, some 5 MB when full.
 MAX_CACHED = 16384
+# TokenReviews of tokens the cache does not answer: per client address, a burst and a rate; every
+# client together, a rate (and twice it as a burst). Client addresses remembered at most: the oldest
+# forgotten (and so refilled) first.
+NEW_TOKENS_BURST = 10
+NEW_TOKENS_PER_SECOND = 2.0
+NEW_TOKENS_TOTAL_PER_SECOND = 20.0
+MAX_CLIENTS = 4096
 # Reviews a request makes that the cache does not answer, beyond the token's: a user without rights in
 # a cluster of 1000 namespaces costs the API server at most this many SubjectAccessReviews per request
 # (each an in-memory RBAC check, no storage read), and the request a fraction of a second.
@@ -100,6 +116,31 @@ class Unauthenticated(Exception):
     """No token, or one the API server does not accept."""
 
 
+class TooManyNewTokens(Exception):
+    """The client (or every client together) asked about more new tokens than the bounds allow."""
+
+    def __init__(self, retry_after: float) -> None:
+        super().__init__(f"too many new tokens; retry after {retry_after:.0f} s")
+        self.retry_after = retry_after
+
+
+class _Bucket:
+    """A token bucket: `burst` at once, refilled at `rate` per second."""
+
+    def __init__(self, *, burst: float, rate: float, now: float) -> None:
+        self.burst, self.rate = burst, rate
+        self.level, self.at = burst, now
+
+    def take(self, now: float) -> float:
+        """0 when one was taken; else the seconds until one will be there."""
+        self.level = min(self.burst, self.level + (now - self.at) * self.rate)
+        self.at = now
+        if self.level >= 1:
+            self.level -= 1
+            return 0.0
+        return (1 - self.level) / self.rate
+
+
 class _Budget:
     """The reviews one request may still make that the cache does not answer."""
 
@@ -124,12 +165,22 @@ class StatusAccess:
         self.clock = clock
         self.reviews_per_request = reviews_per_request
         self._lock = threading.Lock()
-        self._cache: dict[tuple[str, str | None], tuple[float, Any]] = {}
+        # Least recently used first.
+        self._cache: collections.OrderedDict[tuple[str, str | None], tuple[float, Any]] = (
+            collections.OrderedDict()
+        )
+        self._clients: collections.OrderedDict[str, _Bucket] = collections.OrderedDict()
+        self._everyone = _Bucket(
+            burst=2 * NEW_TOKENS_TOTAL_PER_SECOND, rate=NEW_TOKENS_TOTAL_PER_SECOND, now=clock()
+        )
 
-    def scope(self, token: str, candidates: Callable[[], Iterable[str]]) -> Scope:
+    def scope(self, token: str, candidates: Callable[[], Iterable[str]], *, client: str = "") -> Scope:
         """The scope of `token`'s user; Unauthenticated when the API server does not accept it;
-        GpudraError when a review cannot be made."""
+        TooManyNewTokens when `client` (its address) has asked about too many tokens the cache does
+        not answer; GpudraError when a review cannot be made."""
         key = hashlib.sha256(token.encode()).hexdigest()
+        if not self._fresh((key, None)):
+            self._admit_new_token(client)
         caller = self._cached((key, None), lambda: self.reviews.authenticate(token))
         if caller is None:
             raise Unauthenticated
@@ -181,6 +232,25 @@ class StatusAccess:
             budget.left -= 1
         return bool(self._cached(entry, lambda: self.reviews.may_list(caller, resource, namespace)))
 
+    def _admit_new_token(self, client: str) -> None:
+        now = self.clock()
+        with self._lock:
+            bucket = self._clients.get(client)
+            if bucket is None:
+                bucket = self._clients[client] = _Bucket(
+                    burst=NEW_TOKENS_BURST, rate=NEW_TOKENS_PER_SECOND, now=now
+                )
+                if len(self._clients) > MAX_CLIENTS:
+                    self._clients.popitem(last=False)
+            self._clients.move_to_end(client)
+            wait = bucket.take(now)
+            if wait == 0:
+                wait = self._everyone.take(now)
+                if wait:
+                    bucket.level += 1  # not this client's doing: its own allowance is given back
+        if wait:
+            raise TooManyNewTokens(wait)
+
     def _fresh(self, key: tuple[str, str | None]) -> bool:
         with self._lock:
             hit = self._cache.get(key)
@@ -190,15 +260,15 @@ class StatusAccess:
         now = self.clock()
         with self._lock:
             hit = self._cache.get(key)
-        if hit is not None and hit[0] > now:
-            return hit[1]
+            if hit is not None and hit[0] > now:
+                self._cache.move_to_end(key)
+                return hit[1]
         answer = review()  # outside the lock: a slow API server holds up no other caller
         with self._lock:
-            if len(self._cache) >= MAX_CACHED:
-                self._cache = {k: v for k, v in self._cache.items() if v[0] > now}
-                if len(self._cache) >= MAX_CACHED:
-                    self._cache.clear()
             self._cache[key] = (now + self.ttl, answer)
+            self._cache.move_to_end(key)
+            while len(self._cache) > MAX_CACHED:
+                self._cache.popitem(last=False)
         return answer
 
 
@@ -246,7 +316,15 @@ class StatusPages:
         if token is None:
             return _unauthorized(start_response, "a bearer token is required (Authorization: Bearer ...)")
         try:
-            scope = self.access.scope(token, self.namespaces)
+            scope = self.access.scope(token, self.namespaces, client=environ.get("REMOTE_ADDR", ""))
+        except TooManyNewTokens as err:
+            return _text(
+                start_response,
+                "429 Too Many Requests",
+                "too many tokens not seen before from this address (or from every client together); "
+                "retry later",
+                [("Retry-After", str(max(1, math.ceil(err.retry_after))))],
+            )
         except Unauthenticated:
             return _unauthorized(start_response, "the token is not valid (the API server's TokenReview)")
         except GpudraError as err:

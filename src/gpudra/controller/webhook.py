@@ -28,6 +28,13 @@ handler reads one version.
 The same HTTPS port answers GET requests with `pages` (`/status` and the GPU map behind a bearer token,
 gpudra.controller.status_access): it is the port with a certificate.
 
+Any pod that reaches the port can send reviews (they carry no credentials), so what one costs is
+bounded before it is decoded: its body is read first, whole within BODY_READ_SECONDS, at most
+MAX_BODIES_READING at once and MAX_BODIES_PER_CLIENT from one address (a slow or flooding sender holds
+no decode slot, and one pod cannot take every reading slot); then its JSON values are counted at C
+speed, and one over MAX_REVIEW_VALUES (a million empty objects would build some 85 MiB) is denied
+unread; only then does it take one of the MAX_CONCURRENT_REVIEWS decode slots.
+
 The review's `object` and `oldObject` are decoded each on its own within `gpudra.bounded_json`'s bounds.
 One beyond them (a tenant's parameters nested thousands of levels deep) cannot be judged: it is refused
 when it carries a config of this driver (found by reading its tokens, as the API server's
@@ -43,10 +50,12 @@ import http.server
 import json
 import logging
 import os
+import re
 import socket
 import socketserver
 import ssl
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -90,16 +99,28 @@ MAX_WARNINGS_CHARS = 4096
 # above it is refused with 413 before it is read; the API server applies the failurePolicy.
 ETCD_MAX_REQUEST_BYTES = 1536 * 1024
 MAX_BODY_BYTES = 2 * ETCD_MAX_REQUEST_BYTES + 512 * 1024
-# Reviews read and decoded at once. Decoding a review builds Python objects several times its size:
-# a bound on the bodies held keeps 32 concurrent large reviews from pushing the controller past the
-# chart's 256 Mi memory limit (tests/integration/test_webhook_memory.py measures it under 32 reviews of
-# 3 MiB at once: a 70 MiB process peaks at 108-122 MiB with 2 and the controller's two malloc arenas,
-# gpudra.controller.wiring). The others wait
-# at most REVIEW_WAIT_SECONDS, well inside the API server's timeout for the config webhook
+# Reviews decoded at once. Decoding a review builds Python objects several times its size: a bound
+# on the decodes at once keeps concurrent large reviews from pushing the controller past the chart's
+# 256 Mi memory limit (tests/integration/test_webhook_memory.py measures it: 32 reviews of 3 MiB at once
+# take a 69 MiB process to a 150 MiB peak, the bodies read ahead included; 40 clients sending reviews
+# of 900,000 empty objects without pause, 146 MiB, each denied unread). The others wait at most
+# REVIEW_WAIT_SECONDS, well inside the API server's timeout for the config webhook
 # (`timeoutSeconds: 10` in desired_configuration), then get 503 and the failurePolicy applies. One
 # review decodes in tens of milliseconds, so a wait is short unless something is wrong.
 MAX_CONCURRENT_REVIEWS = 2
 REVIEW_WAIT_SECONDS = 5.0
+# What a body may cost before it is decoded, whatever its shape: at most this many JSON values (as
+# bounded_json.count_values counts them, at C speed: its objects, arrays and commas). A million empty
+# objects in 3 MiB would build some 85 MiB of Python objects; no claim, template or class the API
+# server stores comes near this (their API limits: opaque parameters 10 KiB each, 32 configs and
+# requests), so a review over it is denied unread.
+MAX_REVIEW_VALUES = 400_000
+# Bodies are read before a decode slot is taken, so a slow sender holds no slot: at most
+# MAX_BODIES_READING at once, MAX_BODIES_PER_CLIENT of them from one address (so that one pod cannot
+# take them all), each whole within BODY_READ_SECONDS.
+MAX_BODIES_READING = 16
+MAX_BODIES_PER_CLIENT = 4
+BODY_READ_SECONDS = 10.0
 # Seconds a connection may take for its handshake, and between reads; the API server's own
 # timeout per call is at most 30 s.
 CONNECTION_TIMEOUT = 15.0
@@ -425,6 +446,7 @@ class WebhookServer:
         self._count_review = count_review
         self._skipped = skipped
         self.decoding = threading.BoundedSemaphore(MAX_CONCURRENT_REVIEWS)
+        self.reading = ClientSlots(total=MAX_BODIES_READING, per_client=MAX_BODIES_PER_CLIENT)
 
     def use(self, material: Material) -> None:
         """Serve `material`'s certificate from now on; ConfigError when it cannot be loaded."""
@@ -468,7 +490,11 @@ class WebhookServer:
         """(HTTP status, body, content type) for a POSTed review."""
         kind, result = "unknown", "error"
         try:
-            document = bounded_json.decode(body.decode(), _REVIEW_SHAPE, keep=_KEEP)
+            text = body.decode()
+            values = bounded_json.count_values(text)
+            if values > MAX_REVIEW_VALUES:
+                return self._refuse_unread(text, values)
+            document = bounded_json.decode(text, _REVIEW_SHAPE, keep=_KEEP)
             kind = _kind_of(document)
             self._report_unread(document, kind)
             response = review(document, driver=self.driver, warnings=self.warnings)
@@ -489,12 +515,63 @@ class WebhookServer:
         self._count_review(kind, result)
         return status, text.encode(), "text/plain; charset=utf-8"
 
+    def _refuse_unread(self, text: str, values: int) -> tuple[int, bytes, str]:
+        """A review over MAX_REVIEW_VALUES: denied without decoding it, for the request's UID as the API
+        server writes it (first in the request); a 400 when none is found there."""
+        self._skipped("other", Poisoned("too-many-values"))
+        reason = (
+            f"the review holds about {values} JSON values; at most {MAX_REVIEW_VALUES} are decoded (no "
+            "claim, template or class the API server stores is that large), so it was refused unread"
+        )
+        log.warning("admission review refused unread", extra={"values": values})
+        uid = _REQUEST_UID.search(text)
+        if uid is None:
+            self._count_review("unknown", "error")
+            return 400, reason.encode(), "text/plain; charset=utf-8"
+        self._count_review("unknown", "denied")
+        status = {"status": "Failure", "code": 400, "reason": "BadRequest", "message": reason}
+        response = {"uid": json.loads(f'"{uid.group(1)}"'), "allowed": False, "status": status}
+        document = {"apiVersion": _REVIEW_VERSION, "kind": "AdmissionReview", "response": response}
+        return 200, json.dumps(document).encode(), "application/json"
+
     def _report_unread(self, document: object, kind: str) -> None:
         request = document.get("request") if isinstance(document, Mapping) else None
         for member in ("object", "oldObject"):
             poisoned = request.get(member) if isinstance(request, Mapping) else None
             if isinstance(poisoned, Poisoned):
                 self._skipped(_RESOURCES_JUDGED.get(kind, "other"), poisoned)
+
+
+# The request's UID where the API server writes it, the request's first member (its AdmissionRequest's
+# first field); an UID is at most a few dozen characters.
+_REQUEST_UID = re.compile(r'"request"\s*:\s*\{\s*"uid"\s*:\s*"([A-Za-z0-9._:-]{1,128})"')
+
+
+class ClientSlots:
+    """Slots for work that holds memory (a body being read), at most `total` at once and `per_client`
+    for one client address; `acquire` waits up to its timeout for one."""
+
+    def __init__(self, *, total: int, per_client: int) -> None:
+        self.total, self.per_client = total, per_client
+        self._held: dict[str, int] = {}
+        self._changed = threading.Condition()
+
+    def acquire(self, client: str, timeout: float) -> bool:
+        with self._changed:
+            free = self._changed.wait_for(
+                lambda: sum(self._held.values()) < self.total and self._held.get(client, 0) < self.per_client,
+                timeout,
+            )
+            if free:
+                self._held[client] = self._held.get(client, 0) + 1
+            return free
+
+    def release(self, client: str) -> None:
+        with self._changed:
+            self._held[client] -= 1
+            if not self._held[client]:
+                del self._held[client]
+            self._changed.notify_all()
 
 
 def _kind_of(document: object) -> str:
@@ -591,22 +668,50 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.close_connection = True  # the body is left unread
             self._send(413, f"the review is {length} bytes; at most {MAX_BODY_BYTES} are accepted".encode())
             return
-        decoding = self.server.webhook.decoding
-        if not decoding.acquire(timeout=REVIEW_WAIT_SECONDS):
+        webhook, client = self.server.webhook, str(self.client_address[0])
+        started = time.monotonic()
+        if not webhook.reading.acquire(client, REVIEW_WAIT_SECONDS):
             self.close_connection = True  # the body is left unread
-            log.warning("admission review refused: too many at once", extra={"bytes": length})
-            self._send(503, f"busy: {MAX_CONCURRENT_REVIEWS} reviews are being decoded; try again".encode())
+            log.warning("admission review refused: too many bodies at once", extra={"client": client})
+            self._send(503, b"busy: too many reviews are being read (from this address); try again")
             return
         try:
-            body = self.rfile.read(length)
-            if len(body) < length:
-                self.close_connection = True  # the client went away mid-body
+            body = self._read_body(length)
+            if body is None:
+                self.close_connection = True  # the client went away mid-body, or sent it too slowly
                 return
-            answer = self.server.webhook.answer(body)
-            del body  # the reply is sent outside the bound; the body is not held while it is
+            waited = REVIEW_WAIT_SECONDS - (time.monotonic() - started)
+            if not webhook.decoding.acquire(timeout=max(waited, 0)):
+                self.close_connection = True
+                log.warning("admission review refused: too many at once", extra={"bytes": length})
+                self._send(
+                    503, f"busy: {MAX_CONCURRENT_REVIEWS} reviews are being decoded; try again".encode()
+                )
+                return
+            try:
+                answer = webhook.answer(body)
+            finally:
+                webhook.decoding.release()
+            del body  # the reply is sent outside the bounds; the body is not held while it is
         finally:
-            decoding.release()
+            webhook.reading.release(client)
         self._send(*answer)
+
+    def _read_body(self, length: int) -> bytes | None:
+        """The body, whole within BODY_READ_SECONDS (a sender dribbling it holds a reading slot no
+        longer); None when it did not come."""
+        deadline = time.monotonic() + BODY_READ_SECONDS
+        chunks, left = [], length
+        while left:
+            if time.monotonic() > deadline:
+                log.warning("admission review refused: its body came too slowly", extra={"bytes": length})
+                return None
+            chunk = self.rfile.read1(min(left, 256 * 1024))
+            if not chunk:
+                return None
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
 
     def do_GET(self) -> None:
         """A page of `pages`, run as a WSGI application (its requests have no body)."""
@@ -620,6 +725,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             "PATH_INFO": url.path,
             "QUERY_STRING": url.query,
             "HTTP_AUTHORIZATION": self.headers.get("Authorization", ""),
+            "REMOTE_ADDR": str(self.client_address[0]),  # /status bounds new tokens per address
             "wsgi.url_scheme": "https",
         }
         answer: dict[str, Any] = {}

@@ -40,7 +40,8 @@ STOP_TIMEOUT_SECONDS = 5.0
 # glibc gives each thread that allocates while another does an arena of its own (up to 8 per core) and
 # keeps what is freed in it: with the webhook's connection threads each reading and decoding reviews of
 # megabytes, a controller peaked at 182-265 MiB under 32 reviews of 3 MiB at once, 108-122 MiB with two
-# arenas (tests/integration/test_webhook_memory.py), against the chart's 256 Mi limit. mallopt(3)'s
+# arenas (tests/integration/test_webhook_memory.py; 150 MiB since up to 16 bodies are read ahead of the
+# decode bound), against the chart's 256 Mi limit. mallopt(3)'s
 # M_ARENA_MAX, set before any thread starts; a libc without mallopt (musl) is left as it is.
 M_ARENA_MAX = -8
 MALLOC_ARENAS = 2
@@ -87,6 +88,7 @@ def run(options: ControllerOptions, *, stop: threading.Event) -> None:
     metrics.track_leader(elector.is_leader, lambda: elector.transitions)
     metrics.track_api_requests(client.request_counts)
     metrics.track_skipped_objects(client.skipped.counts)
+    metrics.track_clock_skew(client.clock.skew_seconds)
     loops = [*(i.loop for i in cluster.informers), elector.loop, housekeeping.loop]
     readiness = [Check("cluster-watches", cluster.current)]
     services: list[service.Service] = [cluster, elector]
@@ -114,6 +116,7 @@ def run(options: ControllerOptions, *, stop: threading.Event) -> None:
             options,
             webhook,
             is_leader=elector.is_leader,
+            clock=client.clock.now,  # the API server's time: it judges the certificate by it
             warned_classes=cluster.warned_classes,
         )
         cluster.on_classes_change.append(keeper.loop.wake)

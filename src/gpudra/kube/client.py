@@ -44,6 +44,7 @@ from kubernetes.watch.watch import iter_resp_lines
 from gpudra import bounded_json
 from gpudra.bounded_json import Poisoned
 from gpudra.errors import ClusterError, ConfigError
+from gpudra.kube.cluster_clock import ClusterClock
 from gpudra.model.kube_api import GROUP, VERSION
 
 log = logging.getLogger(__name__)
@@ -489,6 +490,7 @@ class Kube:
         self._requests: collections.Counter[tuple[str, str]] = collections.Counter()
         self._requests_lock = threading.Lock()  # calls come from the gRPC workers and every loop
         self.skipped = SkippedObjects(report_skipped)
+        self.clock = ClusterClock()  # the cluster's time, from each reply's Date header
 
     def request_counts(self) -> dict[tuple[str, str], int]:
         with self._requests_lock:
@@ -518,7 +520,10 @@ class Kube:
             body=body,
             auth_settings=["BearerToken"],
         )
-        return self.api.call_api(*request, _request_timeout=timeout or self.timeout)
+        response = self.api.call_api(*request, _request_timeout=timeout or self.timeout)
+        replied = getattr(response, "headers", None)
+        self.clock.observe(replied.get("Date") if replied is not None else None)
+        return response
 
     def request(
         self,
@@ -686,9 +691,10 @@ class Kube:
 
     # --- Events --------------------------------------------------------------------------------
 
-    def create_node_event(self, *, node_name: str, node_uid: str, event: Obj) -> None:
+    def create_node_event(self, *, node_name: str, node_uid: str, event: Obj) -> str:
         """A core/v1 Event about a Node (in `default`, where the kubelet puts its own node events, so
-        `kubectl describe node` shows it). `event` holds reason, message, type, timestamps."""
+        `kubectl describe node` shows it). `event` holds reason, message, type, timestamps, count; the
+        created Event's name."""
         body = {
             "apiVersion": "v1",
             "kind": "Event",
@@ -696,8 +702,20 @@ class Kube:
             "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid},
             **event,
         }
-        self.request(
+        created = self.request(
             f"creating an Event on node {node_name}", "POST", "/api/v1/namespaces/default/events", body=body
+        )
+        return str((created.get("metadata") or {}).get("name", ""))
+
+    def patch_node_event(self, name: str, patch: Obj) -> None:
+        """Merge `patch` (count, lastTimestamp, message) into the node Event `name`: a repeat of it.
+        NotFound once the API server has let it expire."""
+        self.request(
+            f"updating the Event {name}",
+            "PATCH",
+            f"/api/v1/namespaces/default/events/{quote(name, safe='')}",
+            body=patch,
+            content_type="application/merge-patch+json",
         )
 
     def list_node_events(self, node_name: str) -> list[Obj]:

@@ -23,6 +23,38 @@ NVIDIA_CLASSES = {"gpu.nvidia.com": "gpu", "mig.nvidia.com": "mig"}
 CONFIG_KINDS = ("GpuConfig", "MigDeviceConfig")
 CONFIG_GROUP = "resource.gpudra.io"
 MIGRATE = "docs/migrate.md"
+# Classic DRA (Kubernetes 1.26 to 1.30): resource.k8s.io/v1alpha2, and NVIDIA's parameter objects for it.
+CLASSIC_VERSION = f"{GROUP}/v1alpha2"
+NVIDIA_CLASSIC_GROUP = "gpu.resource.nvidia.com"
+# Structured parameters' first version (Kubernetes 1.31): a claim's, a template's and a class's shape
+# is v1beta1's, which no API server since 1.32 serves for them.
+ALPHA3_VERSION = f"{GROUP}/v1alpha3"
+ALPHA3_KINDS = ("ResourceClaim", "ResourceClaimTemplate", "DeviceClass")
+
+
+def classic(kind: object, api_version: str) -> str | None:
+    """Why an object of classic DRA has no translation (None: it is not one)."""
+    if api_version == CLASSIC_VERSION:
+        return (
+            f"{CLASSIC_VERSION} {kind} is classic DRA (Kubernetes 1.26 to 1.30: resourceClassName, "
+            "parametersRef), which no API server since 1.31 serves and no rule rewrites exactly: write "
+            f"the claim anew with structured parameters, a request of a gpudra DeviceClass and its "
+            f"settings as an opaque {CONFIG_GROUP}/v1beta1 GpuConfig ({MIGRATE}, Classic DRA)"
+        )
+    if api_version.startswith(f"{NVIDIA_CLASSIC_GROUP}/"):
+        return (
+            f"{api_version} {kind} is a parameter object of NVIDIA's classic-DRA driver (before "
+            "Kubernetes 1.31), which no driver reads now: its settings go into the claim's opaque "
+            f"config, {CONFIG_GROUP}/v1beta1 GpuConfig or MigDeviceConfig ({MIGRATE}, Classic DRA)"
+        )
+    return None
+
+
+def _alpha3(kind: object) -> str:
+    return (
+        f"{ALPHA3_VERSION} {kind} (Kubernetes 1.31) is served by no API server gpudra runs on (1.34+): "
+        f"`gpudra migrate` rewrites it as {GROUP}/v1, the same fields ({MIGRATE}, Classic DRA)"
+    )
 
 
 def gpudra_classes(driver: str) -> dict[str, str]:
@@ -56,9 +88,19 @@ def _check(obj: Mapping[str, Any], driver: str) -> list[tuple[str, str, str]]:
     if kind in CONFIG_KINDS and api_version.startswith((f"{CONFIG_GROUP}/", f"{NVIDIA_CONFIG_GROUP}/")):
         # A config on its own, as a user drafts one before pasting it into a claim.
         return [(str(kind), err.field or "", err.reason) for err in config_problems(obj)]
+    label = f"{kind} {_name(obj)}"
+    why = classic(kind, api_version)
+    if why is not None:
+        return [(label, "apiVersion", why)]
+    if api_version == ALPHA3_VERSION and kind in ALPHA3_KINDS:
+        alpha3 = [(label, "apiVersion", _alpha3(kind))]
+        return alpha3 + (_claim_problems(obj, str(kind), label, driver) if kind != "DeviceClass" else [])
     if not api_version.startswith(f"{GROUP}/") or kind not in ("ResourceClaim", "ResourceClaimTemplate"):
         return []
-    label = f"{kind} {_name(obj)}"
+    return _claim_problems(obj, str(kind), label, driver)
+
+
+def _claim_problems(obj: Mapping[str, Any], kind: str, label: str, driver: str) -> list[tuple[str, str, str]]:
     spec = _map(obj.get("spec"))
     at = "spec"
     if kind == "ResourceClaimTemplate":

@@ -31,7 +31,14 @@ from typing import Any, Literal
 
 from gpudra.api import config_problems
 from gpudra.errors import ConfigError
-from gpudra.migrate.migration import CONFIG_GROUP, NVIDIA_CONFIG_GROUP, NVIDIA_DRIVER, gpudra_classes
+from gpudra.migrate.migration import (
+    ALPHA3_VERSION,
+    CONFIG_GROUP,
+    NVIDIA_CONFIG_GROUP,
+    NVIDIA_DRIVER,
+    classic,
+    gpudra_classes,
+)
 from gpudra.model.devices import SHARED_ATTRIBUTE, dns_label
 from gpudra.model.kube_api import API_VERSION, GROUP
 
@@ -280,6 +287,10 @@ class _Translator:
     def rewrite(self, obj: dict[str, Any]) -> bool:
         """Rewrites `obj` in place; False when it is of no kind this module translates."""
         kind, api_version = obj.get("kind"), str(obj.get("apiVersion", ""))
+        why = classic(kind, api_version)
+        if why is not None:
+            self.left("apiVersion", why)
+            return False
         if api_version.startswith(f"{GROUP}/") and kind in ("ResourceClaim", "ResourceClaimTemplate"):
             self.claim(obj, str(kind))
             return True
@@ -304,9 +315,10 @@ class _Translator:
         if not isinstance(devices, dict):
             return
         before = copy.deepcopy(devices)
-        beta1 = obj.get("apiVersion") == f"{GROUP}/v1beta1"
+        alpha3 = obj.get("apiVersion") == ALPHA3_VERSION  # v1beta1's shape, served by no 1.34+
+        beta1 = alpha3 or obj.get("apiVersion") == f"{GROUP}/v1beta1"
         self.devices(devices, f"{at}.devices", beta1=beta1)
-        if devices != before:
+        if devices != before or alpha3:
             obj["apiVersion"] = API_VERSION
             if beta1:
                 _to_v1(devices)
@@ -339,19 +351,29 @@ class _Translator:
         if name in _SHAREABLE:
             form = _SHAREABLE[name]
             capacity = _map(chosen.get("capacity")).get("requests")
-            others = ", ".join(sorted(set(_map(capacity)) - {"memory"}))
+            others = ", ".join(sorted(set(_map(capacity)) - {"memory", "shares"}))
             if not capacity:
                 chosen["deviceClassName"] = classes[form]
             elif others:
                 self.left(
                     f"{at}.capacity.requests",
                     f"asks {others} of a {form.upper()} share (NVIDIA's ConsumableShares); gpudra's "
-                    f"{_SHARES_OF[form]} ({form}-shared) have memory and compute only",
+                    f"{_SHARES_OF[form]} ({form}-shared) are asked by memory and by shares only",
                 )
             else:
-                # NVIDIA's ConsumableShares by memory: gpudra's share of a GPU, or of a MIG partition,
-                # which a node offers only for the profiles it is told to (each costs the scheduler)
+                # NVIDIA's ConsumableShares by memory or by count (its --consumable-shares=N): gpudra's
+                # share of a GPU, or of a MIG partition, which a node offers only for the profiles it is
+                # told to (each costs the scheduler)
                 chosen["deviceClassName"] = classes[f"{form}-shared"]
+                if "shares" in _map(capacity):
+                    self.done.notes.append(
+                        Remark(
+                            self.prefix + f"{at}.capacity.requests.shares",
+                            "shares by count (NVIDIA's --consumable-shares=N): the nodes need "
+                            "kubeletPlugin.options.sharesPerGpu set to that N (and shares: on), which "
+                            "gives a share that names no memory 1/N of the GPU's (docs/migrate.md)",
+                        )
+                    )
                 if form == "mig":
                     self.done.notes.append(
                         Remark(
@@ -450,6 +472,8 @@ class _Translator:
 
     def device_class(self, obj: dict[str, Any]) -> None:
         name = str(_map(obj.get("metadata")).get("name", ""))
+        if obj.get("apiVersion") == ALPHA3_VERSION:
+            obj["apiVersion"] = API_VERSION  # a class's fields are the same in v1
         spec = obj.get("spec")
         if not isinstance(spec, dict) or NVIDIA_DRIVER not in repr(spec):
             return

@@ -362,6 +362,22 @@ def record(marks: Mapping[tuple[str, str | None], Mark], fault: Fault, *, now: f
     return result
 
 
+def same_in_substance(
+    before: Mapping[tuple[str, str | None], Mark], after: Mapping[tuple[str, str | None], Mark]
+) -> bool:
+    """Whether `after` holds the marks of `before`, changed in nothing but what every repeat of a fault
+    refreshes: when each was last seen, and the annotation's baseline (read again after each fault)."""
+    if before.keys() != after.keys():
+        return False
+    return all(
+        dataclasses.replace(
+            after[key], last_seen=mark.last_seen, annotation_baseline=mark.annotation_baseline
+        )
+        == mark
+        for key, mark in before.items()
+    )
+
+
 def expire(
     marks: Mapping[tuple[str, str | None], Mark], *, now: float, boot_id: str, clean_seconds: float
 ) -> tuple[Marks, list[Lifted]]:

@@ -17,6 +17,8 @@ from typing import Literal
 
 from gpudra.errors import ConfigError
 from gpudra.model.kube_api import DRA_GATES_MINOR, FAST_COUNTERS_MINOR, SHARES_MINOR, TAINTS_ALPHA_API_MINOR
+from gpudra.options.declared import option
+from gpudra.options.types import Choice, Count, Names, Switch
 
 MigMode = Literal["partitionable", "static"]
 # What a MIG partition carries: `full`, everything its GPU carries too (product, versions, PCIe root, NUMA
@@ -27,30 +29,104 @@ MigMode = Literal["partitionable", "static"]
 # and constraints over partitions by those GPU attributes.
 PartitionAttributes = Literal["full", "minimal"]
 
+SHARES_PER_GPU_NEED_SHARES = (
+    "sets a count of shares per GPU, which needs --shares on (or --mig-share-profiles)"
+)
+MIG_SHARE_PROFILES_NEED_PARTITIONABLE = (
+    "names MIG profiles to offer as shareable partitions, which needs --mig-mode partitionable"
+)
+MIG_PROFILES_NEED_PARTITIONABLE = (
+    "names MIG profiles to offer on demand, which needs --mig-mode partitionable"
+)
+
 # The range of `Publishing.shares_per_gpu` (0: off). Not 1: a count range needs min + step <= value, and
 # one share is a whole GPU. 64: far beyond what shares of one GPU run well (MPS serves 48 clients).
 MIN_SHARES_PER_GPU = 2
 MAX_SHARES_PER_GPU = 64
 
 
-@dataclass(frozen=True)
+# Kubernetes' own syntax for MIG profile names, e.g. 1g.10gb, 1g.10gb+me, 7g.80gb.
+_MIG_PROFILE = r"[0-9]+c?\.?[0-9]*g\.[0-9]+gb(\+[a-z]+)*"
+_MIG_PROFILES_RULE = "comma-separated MIG profile names (e.g. 1g.10gb,3g.40gb)"
+
+
+@dataclass(frozen=True, kw_only=True)
 class Publishing:
-    mig_mode: MigMode = "static"
-    shares: bool = False
-    # shares by count: each GPU's shared device offers this many shares (gpudra.model.devices); 0: off
-    shares_per_gpu: int = 0
+    """Each field but switch_idle_mig is an option of `gpudra kubelet-plugin` and `gpudra inventory`
+    (gpudra.options.declared): what a node publishes is what every scheduling cycle in the cluster
+    pays for, so the defaults are the layout that costs the scheduler no more than whole GPUs
+    (docs/install.md, "What to publish")."""
+
+    mig_mode: MigMode = option(
+        "static: whole GPUs with MIG off and the MIG devices that exist; partitionable: every MIG "
+        "profile x placement offered, created on demand (counter sets: Kubernetes 1.37+ for a fast "
+        "scheduler, see docs/install.md)",
+        type=Choice(("partitionable", "static")),
+        default="static",
+    )
     # partitionable mode: the MIG profiles offered, by name; None: every profile
-    mig_profiles: frozenset[str] | None = None
+    mig_profiles: frozenset[str] | None = option(
+        "with --mig-mode partitionable: the MIG profiles offered, comma-separated (e.g. "
+        "1g.10gb,3g.40gb); empty: every profile the GPUs have",
+        type=Names(_MIG_PROFILE, _MIG_PROFILES_RULE, none_when_empty=True),
+        default="",
+    )
+    # partitionable mode: the offered MIG profiles whose partitions are also published as shareable (one
+    # device more per placement of each, so opt-in per profile; gpudra.model.devices). Independent of
+    # `shares` (whole GPUs); `shares_per_gpu` gives them a count too.
+    mig_share_profiles: frozenset[str] = option(
+        "with --mig-mode partitionable: offered MIG profiles whose partitions are also published as "
+        "shareable, comma-separated (e.g. 1g.10gb): several claims each get a share (memory, compute, "
+        "and a count with --shares-per-gpu) of one partition, limited by MPS inside it; each adds one "
+        "device per placement for the scheduler to look at on every node",
+        type=Names(_MIG_PROFILE, _MIG_PROFILES_RULE),
+        default="",
+    )
+    partition_attributes: PartitionAttributes = option(
+        "the attributes of MIG partitions: full, everything their GPU carries too (product, versions, "
+        "PCIe root, NUMA node); minimal, only type, profile, parent, placement and product, which costs the "
+        "scheduler a third less CPU per pod with many partitions (selectors by the others then match no "
+        "partition)",
+        type=Choice(("full", "minimal")),
+        default="full",
+    )
+    shares: bool = option(
+        "on: publish each whole GPU also as a shared device (MPS/time-slicing shares by memory and "
+        "compute; consumable capacity and counter sets: Kubernetes 1.37+ for a fast scheduler)",
+        type=Switch(("off", "on"), on="on"),
+        default="off",
+    )
+    # shares by count: each GPU's shared device offers this many shares (gpudra.model.devices); 0: off
+    shares_per_gpu: int = option(
+        f"with --shares on (or --mig-share-profiles): shares by count, as the device plugin's "
+        f"replicas: each GPU's (or partition's) shared device offers this many (at most one per GiB "
+        f"of memory), every share takes at least one, and one that names no memory gets the memory / "
+        f"N; {MIN_SHARES_PER_GPU} to {MAX_SHARES_PER_GPU}, 0: shares by memory and compute only",
+        type=Count(MIN_SHARES_PER_GPU, MAX_SHARES_PER_GPU, zero_means="off"),
+        default="0",
+    )
     # static mode: a GPU whose MIG mode switches without a reset (Hopper and newer, bare metal) that is in
     # MIG mode without MIG devices is offered whole, MIG switched off when it is prepared. Set when
     # partitions on demand were asked but the server cannot keep them (fit_to_server): the operator let
     # gpudra manage MIG mode, and such a GPU would otherwise offer nothing at all.
     switch_idle_mig: bool = False
-    partition_attributes: PartitionAttributes = "full"
-    # partitionable mode: the offered MIG profiles whose partitions are also published as shareable (one
-    # device more per placement of each, so opt-in per profile; gpudra.model.devices). Independent of
-    # `shares` (whole GPUs); `shares_per_gpu` gives them a count too.
-    mig_share_profiles: frozenset[str] = frozenset()
+
+    def check_options(self) -> None:
+        """The combinations the options refuse: profiles without partitionable mode, shareable
+        profiles that are not offered, a count of shares with nothing shared."""
+        if self.mig_profiles and self.mig_mode != "partitionable":
+            raise ConfigError(MIG_PROFILES_NEED_PARTITIONABLE, field="--mig-profiles")
+        if self.mig_share_profiles and self.mig_mode != "partitionable":
+            raise ConfigError(MIG_SHARE_PROFILES_NEED_PARTITIONABLE, field="--mig-share-profiles")
+        offered = self.mig_profiles
+        if self.mig_share_profiles and offered and not self.mig_share_profiles <= offered:
+            raise ConfigError(
+                f"{', '.join(sorted(self.mig_share_profiles - offered))} is not among the offered "
+                f"--mig-profiles; allowed: {', '.join(sorted(offered))}",
+                field="--mig-share-profiles",
+            )
+        if self.shares_per_gpu and not self.shares and not self.mig_share_profiles:
+            raise ConfigError(SHARES_PER_GPU_NEED_SHARES, field="--shares-per-gpu")
 
     def describe(self) -> str:
         """One line for logs, events and `gpudra inventory`: what is offered besides whole GPUs."""

@@ -42,7 +42,8 @@ from typing import Final
 
 from gpudra.errors import GpudraError
 from gpudra.gpu.tools import GpuTools
-from gpudra.node.sharing import tools_for
+from gpudra.node import gpu_driver
+from gpudra.node.options import MpsHostOptions
 from gpudra.node.sharing.mps_daemons import Daemon, MpsDaemons, Tampering, trash_dir
 from gpudra.node.sharing.mps_host_protocol import (
     HostReply,
@@ -152,12 +153,17 @@ class MpsHost:
     def _listen(self) -> socket.socket:
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)
         os.chmod(self.socket_path.parent, 0o700)
+        # Bound under a hidden name and renamed over the real one once it listens: the path never names
+        # a socket that refuses connections (bound, not yet listening), and an mps-host before this
+        # one is replaced in one step.
+        bound = self.socket_path.with_name(f".{self.socket_path.name}.{os.getpid()}")
         with contextlib.suppress(FileNotFoundError):
-            self.socket_path.unlink()  # the socket of an mps-host before this one
+            bound.unlink()
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(str(self.socket_path))
-        os.chmod(self.socket_path, 0o600)
+        listener.bind(str(bound))
+        os.chmod(bound, 0o600)
         listener.listen(_MAX_CONNECTIONS)
+        os.replace(bound, self.socket_path)
         listener.settimeout(0.5)  # to see `stop`
         return listener
 
@@ -252,8 +258,11 @@ def _become_subreaper() -> None:
         log.warning("mps-host: cannot become the daemons' subreaper", extra={"errno": ctypes.get_errno()})
 
 
-def run(nvml: str, *, state_dir: Path, socket_path: Path, driver_root: Path, stop: threading.Event) -> None:
+def run(options: MpsHostOptions, *, stop: threading.Event) -> None:
     """`gpudra mps-host`: serve the plugin until `stop` (SIGTERM). The daemons are left running: the
     container's end ends them, a process's end (the test harness) does not."""
-    tools = tools_for(nvml, driver_root=driver_root, directory=state_dir / "mps-host-tools")
-    MpsHost(tools, mps_root=state_dir / "mps", socket_path=socket_path).serve(stop)
+    state_dir = options.state_dir
+    tools = gpu_driver.tools(
+        options.nvml, driver_root=options.driver_root, directory=state_dir / "mps-host-tools"
+    )
+    MpsHost(tools, mps_root=state_dir / "mps", socket_path=options.mps_host_socket).serve(stop)

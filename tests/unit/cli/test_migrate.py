@@ -27,16 +27,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpudra import cli
+from gpudra.cli import manifest_files
+from gpudra.cli import migrate as migrate_command
 from gpudra.cli.explain import WORKLOADS
 from gpudra.cli.manifest_files import document_texts
 from gpudra.cli.migrate import Migrated, migrate_text, read_device_plugin
 from gpudra.cli.output_format import documents
 from gpudra.cli.validate import validate_files
 from gpudra.errors import ConfigError
-from gpudra.gpu import nvml
 from gpudra.migrate.translation import DevicePlugin, TranslationOptions, device_plugin_config, translate
 from gpudra.model.devices import build_devices
 from gpudra.model.slices import build_slices
+from gpudra.node import gpu_driver
 
 ROOT = Path(__file__).resolve().parents[3]
 DATA = Path(__file__).parents[1] / "data" / "migrate"
@@ -92,7 +94,16 @@ CASES = {
             "mpsConfig.multiUser: gpudra refuses it: unknown field",
         )
     ),
-    "dra-consumable-shares-count.yaml": Case(untranslated=("capacity.requests: asks shares of a GPU share",)),
+    "dra-consumable-shares-count.yaml": Case(notes=1),
+    "classic-dra.yaml": Case(
+        untranslated=(
+            "GpuClaimParameters two-gpus: apiVersion: gpu.resource.nvidia.com/v1alpha1 GpuClaimParameters "
+            "is a parameter object of NVIDIA's classic-DRA driver",
+            "ResourceClaimTemplate two-gpus: apiVersion: resource.k8s.io/v1alpha2 ResourceClaimTemplate is "
+            "classic DRA",
+        )
+    ),
+    "dra-v1alpha3.yaml": Case(),
     "dra-unknown-attributes.yaml": Case(
         untranslated=(
             "names NVIDIA's attribute addressingMode, which gpudra does not publish",
@@ -215,10 +226,16 @@ def node_slices(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     where = tmp_path_factory.mktemp("nodes")
     files = []
     for machine in ("dgx-h100", "dgx-a100"):
-        with nvml.connect(f"sim:{machine}", state_file=where / machine / "state.json") as session:
+        with gpu_driver.connect(f"sim:{machine}", state_file=where / machine / "state.json") as session:
             inventory = session.inventory()
-        # 1g.10gb also shareable: what dra-consumable-shares-mig.yaml's note asks of the nodes
-        model = build_devices(inventory, mig_mode="partitionable", mig_share_profiles=frozenset({"1g.10gb"}))
+        # 1g.10gb also shareable: what dra-consumable-shares-mig.yaml's note asks of the nodes; the H100s
+        # also by count, four a GPU: what dra-consumable-shares-count.yaml's note asks
+        model = build_devices(
+            inventory,
+            mig_mode="partitionable",
+            mig_share_profiles=frozenset({"1g.10gb"}),
+            shares_per_gpu=4 if machine == "dgx-h100" else 0,
+        )
         items = build_slices(model, driver=DRIVER, node_name=machine, generation=1, server_minor=36)
         files.append(where / f"{machine}.json")
         files[-1].write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
@@ -526,7 +543,7 @@ def test_replicas_become_shares_by_count_that_fit_a_node_offering_that_count(
     output = tmp_path / "migrated.yaml"
     output.write_text(captured.out)
     assert [str(p) for p in validate_files([output], driver=DRIVER)] == []
-    with nvml.connect("sim:dgx-h100", state_file=tmp_path / "sim" / "state.json") as session:
+    with gpu_driver.connect("sim:dgx-h100", state_file=tmp_path / "sim" / "state.json") as session:
         inventory = session.inventory()
     model = build_devices(inventory, mig_mode="partitionable", shares=True, shares_per_gpu=4)
     items = build_slices(model, driver=DRIVER, node_name="dgx-h100", generation=1, server_minor=36)
@@ -538,3 +555,21 @@ def test_replicas_become_shares_by_count_that_fit_a_node_offering_that_count(
     code = cli.main(["explain", str(targets), "--slices", str(node), "-o", "json"])
     results = documents(capsys.readouterr().out)
     assert code == 0 and results and all(r["fits"] for r in results), [r["verdict"] for r in results]
+
+
+def test_each_document_is_parsed_once(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The bounds hold over the whole file while each document's text is parsed once, not the file
+    again as a whole."""
+    parsed: list[str] = []
+    real = manifest_files.parse_documents
+
+    def counted(text: str, **kwargs: Any) -> Any:
+        parsed.append(text)
+        return real(text, **kwargs)
+
+    monkeypatch.setattr(migrate_command, "parse_documents", counted)
+    name = "dra-v1alpha3.yaml"
+    assert cli.main(["migrate", str(INPUTS / name)]) == 0
+    assert parsed == document_texts((INPUTS / name).read_text())

@@ -580,3 +580,54 @@ def test_standard_input_is_read_for_a_dash(
     assert len(out) == 5 and all(
         line.startswith("(standard input): ResourceClaimTemplate ml/old") for line in out
     )
+
+
+def test_classic_dra_and_v1alpha3_manifests_are_named_not_valid(capsys: pytest.CaptureFixture[str]) -> None:
+    """A pre-1.31 classic-DRA claim and NVIDIA's parameters for it are served by no API server gpudra
+    runs on: each is a problem naming its apiVersion, exit 1; a v1alpha3 claim says migrate rewrites it."""
+    inputs = DATA / "migrate" / "input"
+    assert cli.main(["validate", str(inputs / "classic-dra.yaml"), str(inputs / "dra-v1alpha3.yaml")]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    found = [line for line in lines if ": apiVersion: " in line]
+    assert len(found) == 4, lines
+    assert (
+        "GpuClaimParameters two-gpus: apiVersion: gpu.resource.nvidia.com/v1alpha1 GpuClaimParameters"
+        in found[0]
+    )
+    assert "resource.k8s.io/v1alpha2 ResourceClaimTemplate is classic DRA" in found[1]
+    assert all("gpudra migrate` rewrites it as resource.k8s.io/v1" in line for line in found[2:])
+
+
+def test_flow_nesting_far_past_the_bound_is_read_past_linearly_and_left_out(tmp_path: Path) -> None:
+    """100,000 nested flow lists (PyYAML's scanner alone would take hours on them) in one item of a
+    List, with brackets inside quoted text and a comment: the item is left out, the others checked."""
+    deep = "[" * 1000 + '\'x]]\', "y\\"]", # a comment ]]\n' + "[" * 99_000 + "]" * 100_000
+    items = [
+        claim([opaque(GPU_CONFIG)], name="good"),
+        deep_claim("deep"),
+        claim([opaque(BAD_CONFIG)], name="bad"),
+    ]
+    path = tmp_path / "all.yaml"
+    text = yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": items})
+    path.write_text(re.sub(r"""["']?__DEEP__["']?""", lambda _: deep, text))
+    problems = validate_files([path], driver=DRIVER)
+    assert [(p.object, p.message) for p in problems][:1] == [("document 1, items[1]", TOO_DEEP)]
+    assert [p.object for p in problems[1:]] == ["ResourceClaim ns/bad"]
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("a: 1\nb: " + "9" * 10_000 + "\n", "an integer of 10000 digits (at most 4300) at line 2, column 4"),
+        ("a: " + "[" * 200, "found the end of the file at line 1, column 204"),
+        ("a: " + "[" * 200 + "'open", "found the end of the file at line 1, column 209"),
+    ],
+)
+def test_a_huge_integer_or_an_unclosed_deep_collection_is_one_line_naming_where(
+    tmp_path: Path, content: str, message: str
+) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(content)
+    assert [str(p) for p in validate_files([path], driver=DRIVER)] == [
+        f"{path}: is not valid YAML: {message}"
+    ]

@@ -14,11 +14,16 @@ from typing import Any
 import pytest
 
 from gpudra.cli import status
+from gpudra.controller import status_access
 from gpudra.controller.status_access import (
+    NEW_TOKENS_BURST,
+    NEW_TOKENS_PER_SECOND,
+    NEW_TOKENS_TOTAL_PER_SECOND,
     TTL_SECONDS,
     Scope,
     StatusAccess,
     StatusPages,
+    TooManyNewTokens,
     Unauthenticated,
     _warning,
     visible,
@@ -238,8 +243,10 @@ def pages(reviews: FakeReviews) -> StatusPages:
     )
 
 
-def call(app: StatusPages, path: str, token: str | None) -> tuple[str, dict[str, str], bytes]:
-    environ = {"PATH_INFO": path, "REQUEST_METHOD": "GET", "QUERY_STRING": ""}
+def call(
+    app: StatusPages, path: str, token: str | None, client: str = "10.0.0.1"
+) -> tuple[str, dict[str, str], bytes]:
+    environ = {"PATH_INFO": path, "REQUEST_METHOD": "GET", "QUERY_STRING": "", "REMOTE_ADDR": client}
     if token is not None:
         environ["HTTP_AUTHORIZATION"] = f"Bearer {token}"
     answer: dict[str, Any] = {}
@@ -401,3 +408,55 @@ def test_gpudra_status_sends_the_token_verifies_the_server_and_says_what_went_wr
             fetch("team-a-token", certificate_authority=None)  # the system's CAs never signed it
     finally:
         server.stop(5)
+
+
+def test_new_tokens_are_bounded_per_client_and_a_flood_neither_blocks_nor_evicts_valid_users() -> None:
+    """300 made-up tokens from one pod: the burst is reviewed, the rest answered 429 with Retry-After at
+    no cost to the API server; meanwhile a user whose token is cached is answered without a review, and
+    another client's new token is reviewed."""
+    reviews, now = FakeReviews(), [0.0]
+    app = StatusPages(StatusAccess(reviews, clock=lambda: now[0]), view=view, namespaces=lambda: NAMESPACES)
+    assert call(app, "/status", "team-a-token", client="10.0.0.2")[0] == "200 OK"
+    reviews.calls.clear()
+    answers = [call(app, "/status", f"made-up-{i}", client="10.0.0.66") for i in range(300)]
+    statuses = [status for status, _, _ in answers]
+    assert statuses.count("401 Unauthorized") == NEW_TOKENS_BURST
+    assert statuses.count("429 Too Many Requests") == 300 - NEW_TOKENS_BURST
+    assert answers[-1][1]["Retry-After"] == "1"
+    assert len([c for c in reviews.calls if c[0] == "token"]) == NEW_TOKENS_BURST
+    reviews.calls.clear()
+    assert call(app, "/status", "team-a-token", client="10.0.0.2")[0] == "200 OK" and reviews.calls == []
+    assert call(app, "/status", "viewer-token", client="10.0.0.3")[0] == "200 OK"
+    now[0] += 1 / NEW_TOKENS_PER_SECOND  # the flooding client's allowance refills at its rate
+    assert call(app, "/status", "made-up-x", client="10.0.0.66")[0] == "401 Unauthorized"
+    assert call(app, "/status", "made-up-y", client="10.0.0.66")[0] == "429 Too Many Requests"
+
+
+def test_every_client_together_is_bounded_too() -> None:
+    reviews, now = FakeReviews(), [0.0]
+    access = StatusAccess(reviews, clock=lambda: now[0])
+    refused = 0
+    for i in range(200):  # a pod per token: each client's own burst is not reached
+        try:
+            access.scope(f"made-up-{i}", lambda: NAMESPACES, client=f"10.1.{i // 250}.{i % 250}")
+        except Unauthenticated:
+            pass
+        except TooManyNewTokens:
+            refused += 1
+    assert 200 - refused == 2 * NEW_TOKENS_TOTAL_PER_SECOND
+
+
+def test_a_full_cache_evicts_the_least_recently_used_answer_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(status_access, "MAX_CACHED", 8)
+    monkeypatch.setattr(status_access, "NEW_TOKENS_BURST", 1000)
+    reviews = FakeReviews()
+    access = StatusAccess(reviews)
+    access.scope("admin-token", lambda: ())  # two answers: the token's and its cluster-wide right
+    for i in range(20):
+        with pytest.raises(Unauthenticated):
+            access.scope(f"made-up-{i}", lambda: ())
+        access.scope("admin-token", lambda: ())  # used again: never the least recent
+    assert len(access._cache) == 8
+    reviews.calls.clear()
+    access.scope("admin-token", lambda: ())
+    assert reviews.calls == []

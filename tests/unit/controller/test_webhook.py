@@ -9,7 +9,9 @@ import copy
 import dataclasses
 import http.client
 import json
+import socket
 import ssl
+import time
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -25,8 +27,10 @@ from gpudra.controller.webhook import (
     JUDGED_KINDS,
     MAX_BODY_BYTES,
     MAX_CONCURRENT_REVIEWS,
+    MAX_REVIEW_VALUES,
     MAX_WARNING_CHARS,
     MAX_WARNINGS_CHARS,
+    ClientSlots,
     WebhookServer,
     desired_configuration,
     review,
@@ -680,6 +684,85 @@ def test_reviews_beyond_the_concurrency_bound_wait_then_get_503_unread(
     for _ in range(MAX_CONCURRENT_REVIEWS - 1):
         server.decoding.release()
     assert all(server.decoding.acquire(blocking=False) for _ in range(MAX_CONCURRENT_REVIEWS))
+
+
+def test_an_object_dense_review_is_denied_unread_for_its_uid(
+    server: WebhookServer, metrics: ControllerMetrics, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A review whose gpudra config is a million empty objects (3 MiB, some 85 MiB once decoded) is
+    denied for its UID without being decoded; one without a request UID where the API server writes
+    it is a 400."""
+    server.use(material := material_for())
+
+    def never(*_: Any, **__: Any) -> Any:
+        raise AssertionError("decoded")
+
+    monkeypatch.setattr("gpudra.controller.webhook.bounded_json.decode", never)
+    flood = claim(opaque({**GPU_CONFIG, "pad": [{}] * 1_000_000}))
+    body = json.dumps(admission_review(flood), separators=(",", ":")).encode()
+    assert len(body) <= MAX_BODY_BYTES
+    connection = http.client.HTTPSConnection(
+        "127.0.0.1", server.port, context=client_context(material), timeout=10
+    )
+    try:
+        status, text, _ = post(connection, body)
+        assert status == 200
+        response = json.loads(text)["response"]
+        assert response["uid"] == "705ab4f5-6393-11e8-b7cc-42010a800002" and not response["allowed"]
+        assert response["status"]["message"].startswith("the review holds about 2000")
+        assert f"at most {MAX_REVIEW_VALUES} are decoded" in response["status"]["message"]
+        status, text, _ = post(connection, json.dumps([{}] * 500_000).encode())
+        assert status == 400 and text.startswith(b"the review holds about")
+    finally:
+        connection.close()
+    assert counted(metrics) == {("unknown", "denied"): 1, ("unknown", "error"): 1}
+
+
+def test_a_slow_sender_holds_no_decode_slot_and_is_dropped_at_the_read_deadline(
+    server: WebhookServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server.use(material := material_for())
+    monkeypatch.setattr("gpudra.controller.webhook.BODY_READ_SECONDS", 0.5)
+    body = json.dumps(admission_review(claim(opaque(GOOD)))).encode()
+    slow = socket.create_connection(("127.0.0.1", server.port))
+    tls = client_context(material).wrap_socket(slow, server_hostname="127.0.0.1")
+    try:
+        tls.sendall(
+            b"POST /validate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body[:10]
+        )
+        for _ in range(MAX_CONCURRENT_REVIEWS):  # every decode slot is free meanwhile
+            assert server.decoding.acquire(timeout=5)
+        for _ in range(MAX_CONCURRENT_REVIEWS):
+            server.decoding.release()
+        connection = http.client.HTTPSConnection(
+            "127.0.0.1", server.port, context=client_context(material), timeout=5
+        )
+        try:
+            status, text, _ = post(connection, body)
+            assert status == 200 and json.loads(text)["response"]["allowed"]
+        finally:
+            connection.close()
+        time.sleep(0.6)
+        tls.sendall(body[10:20])  # past the deadline: the server has given up on it
+        tls.settimeout(5)
+        assert tls.recv(1024) == b""  # closed without an answer
+    finally:
+        tls.close()
+
+
+def test_client_slots_bound_each_address_and_every_one_together() -> None:
+    slots = ClientSlots(total=3, per_client=2)
+    assert slots.acquire("a", 0) and slots.acquire("a", 0)
+    assert not slots.acquire("a", 0.01)  # its own bound, though one is free in all
+    assert slots.acquire("b", 0)
+    assert not slots.acquire("c", 0.01)  # every slot taken
+    slots.release("a")
+    assert slots.acquire("c", 0) and not slots.acquire("a", 0.01)
+    for client in ("a", "b", "c"):
+        slots.release(client)
+    assert slots._held == {}
 
 
 def test_a_new_certificate_serves_new_connections_on_the_same_socket(server: WebhookServer) -> None:

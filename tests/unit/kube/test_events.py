@@ -7,7 +7,14 @@ import time
 from typing import Any
 
 from gpudra.errors import ClusterError
-from gpudra.kube.events import MAX_MESSAGE, MAX_QUEUED, NodeEvents
+from gpudra.kube.client import NotFound
+from gpudra.kube.events import (
+    MAX_MESSAGE,
+    MAX_QUEUED,
+    SERIES_WINDOW_SECONDS,
+    SERIES_WRITE_SECONDS,
+    NodeEvents,
+)
 
 
 class FakeKube:
@@ -16,6 +23,7 @@ class FakeKube:
     def __init__(self) -> None:
         self.down = threading.Event()
         self.events: list[dict[str, Any]] = []
+        self.patches = 0
         self.sent = threading.Condition()
 
     def node_uid(self, name: str) -> str:
@@ -23,11 +31,22 @@ class FakeKube:
             raise ClusterError("reading node n1: cannot reach the API server (MaxRetryError)")
         return "uid-1"
 
-    def create_node_event(self, *, node_name: str, node_uid: str, event: dict[str, Any]) -> None:
+    def create_node_event(self, *, node_name: str, node_uid: str, event: dict[str, Any]) -> str:
         if self.down.is_set():
             raise ClusterError("creating an Event: cannot reach the API server (MaxRetryError)")
         with self.sent:
-            self.events.append({"node": node_name, "uid": node_uid, **event})
+            name = f"{node_name}.{len(self.events)}"
+            self.events.append({"node": node_name, "uid": node_uid, "name": name, **event})
+            self.sent.notify_all()
+        return name
+
+    def patch_node_event(self, name: str, patch: dict[str, Any]) -> None:
+        with self.sent:
+            found = [e for e in self.events if e["name"] == name and not e.get("expired")]
+            if not found:
+                raise NotFound(f"updating the Event {name}: not found")
+            found[0].update(patch)
+            self.patches += 1
             self.sent.notify_all()
 
     def wait_for(self, count: int, timeout: float = 10) -> list[dict[str, Any]]:
@@ -91,3 +110,65 @@ def test_what_is_queued_at_stop_gets_one_last_attempt() -> None:
     events.post("Normal", "Late", "posted before the loop ever ran")
     events.stop(1)
     assert [e["reason"] for e in kube.events] == ["Late"]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_repeats_are_one_event_whose_count_grows_written_at_most_every_few_seconds() -> None:
+    """An XID storm's shape: 2,000 posts of one series in "10 s" are one Event and at most one write
+    per SERIES_WRITE_SECONDS; the Event ends with every repeat counted and the latest message."""
+    kube, clock = FakeKube(), Clock()
+    events = NodeEvents(kube, node_name="n1", clock=clock)
+    for i in range(2000):
+        events.post("Warning", "GpuFault", f"GPU-1: XID 79, held by claim c{i}", series="GPU-1/reboot")
+        clock.now += 0.005
+        events._send_unsent()  # the loop's step, as often as the posts come
+    events.stop(1)
+    [event] = kube.events
+    assert event["count"] == 2000 and event["message"] == "GPU-1: XID 79, held by claim c1999"
+    assert events.posted == 2000 and events.sent == 1 + kube.patches
+    assert kube.patches <= 10 / SERIES_WRITE_SECONDS + 1  # + 1: the last repeats, at stop
+
+
+def test_the_same_message_aggregates_and_another_is_its_own_event() -> None:
+    kube, clock = FakeKube(), Clock()
+    events = NodeEvents(kube, node_name="n1", clock=clock)
+    for message in ("a", "b", "a", "a"):
+        events.post("Normal", "Reason", message)
+    events._send_unsent(final=True)
+    assert [(e["message"], e["count"]) for e in kube.events] == [("a", 3), ("b", 1)]
+
+
+def test_a_repeat_after_the_window_or_after_the_event_expired_is_a_new_event() -> None:
+    kube, clock = FakeKube(), Clock()
+    events = NodeEvents(kube, node_name="n1", clock=clock)
+    events.post("Warning", "R", "m")
+    events._send_unsent()
+    clock.now += SERIES_WINDOW_SECONDS
+    events.post("Warning", "R", "m")
+    events._send_unsent()
+    assert [e["count"] for e in kube.events] == [1, 1]
+    kube.events[1]["expired"] = True  # the API server's TTL removed it
+    clock.now += SERIES_WRITE_SECONDS
+    events.post("Warning", "R", "m")
+    events._send_unsent()
+    assert [e["count"] for e in kube.events if not e.get("expired")] == [1, 2]
+
+
+def test_a_repeat_waits_for_its_turn_and_the_loop_says_when() -> None:
+    kube, clock = FakeKube(), Clock()
+    events = NodeEvents(kube, node_name="n1", clock=clock)
+    events.post("Warning", "R", "m")
+    assert events._send_unsent() == 3600.0  # written; nothing left
+    clock.now += 4
+    events.post("Warning", "R", "m")
+    assert events._send_unsent() == SERIES_WRITE_SECONDS - 4 and kube.patches == 0
+    clock.now += SERIES_WRITE_SECONDS
+    events._send_unsent()
+    assert kube.patches == 1 and kube.events[0]["count"] == 2

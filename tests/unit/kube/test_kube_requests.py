@@ -99,6 +99,7 @@ CALLS: list[tuple[str, Callable[[Kube], object], tuple[str, str]]] = [
         lambda k: k.create_node_event(node_name="n1", node_uid="u", event={}),
         ("create", "events"),
     ),
+    ("patch_node_event", lambda k: k.patch_node_event("n1.abc", {"count": 2}), ("patch", "events")),
     ("list_node_events", lambda k: k.list_node_events("n1"), ("list", "events")),
     ("list_device_classes", lambda k: k.list_device_classes(), ("list", "deviceclasses")),
     ("list_all_slices", lambda k: k.list_all_slices(), ("list", "resourceslices")),

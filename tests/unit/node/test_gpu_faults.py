@@ -15,14 +15,16 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from gpudra import cli, sim
+from gpudra import atomic_file, cli, sim
 from gpudra.gpu import nvml
 from gpudra.model import devices
 from gpudra.model.gpu_health import DEFAULT_CLASSIFICATION, XidClass
-from gpudra.node import faults
+from gpudra.node import faults, gpu_driver
+from gpudra.node.health import gpu_faults
 from gpudra.node.health.gpu_faults import GpuFaults
 from gpudra.node.health.monitor import Health, HealthMonitor
 from gpudra.node.metrics import PluginMetrics
@@ -57,10 +59,11 @@ class Node:
         self.clean_seconds = clean_seconds
         self.effect = effect
         self.holders: dict[str, list[str]] = {}
+        self.clock: Callable[[], float] = time.time  # what the marks are dated by
         self.monitor = self.start()
 
     def session(self) -> nvml.Nvml:
-        return nvml.connect(f"sim:{self.profile}", state_file=self.state_file)
+        return gpu_driver.connect(f"sim:{self.profile}", state_file=self.state_file)
 
     def start(self) -> HealthMonitor:
         self.faults = GpuFaults(
@@ -76,6 +79,7 @@ class Node:
             holders=lambda gpu, device: self.holders.get(device or gpu, []),
             read_annotation=lambda: self.annotation,
             annotation_interval=0.05,
+            clock=lambda: self.clock(),  # noqa: PLW0108 (the test swaps self.clock later)
         )
         monitor = HealthMonitor(
             pool=POOL,
@@ -148,6 +152,50 @@ def test_a_fatal_xid_taints_the_gpu_and_its_partitions_and_says_who_holds_it(h10
         f"Node is annotated gpudra.io/clear-health={gpu}; held by claim team-a/train",
     )
     assert h100.sample("gpudra_gpu_xid_errors_total", gpu="gpu-3", xid="79") == 1
+
+
+def test_an_xid_storm_is_one_mark_one_event_series_and_one_health_file_write(
+    h100: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GPU that keeps raising XID 79: every XID counted, one mark, one GpuFault series (one Event
+    whose count grows: gpudra.kube.events), and health.json written when the mark is made, not per XID;
+    a repeat a while later moves the saved last_seen."""
+    h100.health()  # after the first poll, which saves what it reads first (ECC counts, NVLinks up)
+    writes: list[Path] = []
+    real_write = atomic_file.write_atomically
+
+    def counted(path: Path, data: bytes, **kwargs: Any) -> None:
+        real_write(path, data, **kwargs)
+        writes.append(path)
+
+    monkeypatch.setattr(gpu_faults, "write_atomically", counted)
+    now = [1000.0]
+    h100.clock = lambda: now[0]
+    gpu = h100.gpus["gpu-5"]
+    for _ in range(300):
+        sim.raise_xid(state_file=h100.state_file, gpu_uuid=gpu, xid=79)
+    h100.until(
+        "300 XIDs counted", lambda: h100.sample("gpudra_gpu_xid_errors_total", gpu="gpu-5", xid="79") == 300
+    )
+    assert len(h100.faults.marks()) == 1 and writes == [h100.health_file]
+    assert {(t, r) for t, r, _ in h100.events.posted} == {("Warning", "GpuFault")}
+    assert set(h100.events.series) == {f"GPU {gpu}/reboot"} and len(h100.events.series) == 300
+    saved = json.loads(h100.health_file.read_text())["marks"][0]
+    assert saved["last_seen"] == 1000.0
+    # A repeat once LAST_SEEN_SAVE_SECONDS have passed reaches the file (by the repeat's own write, or,
+    # once that much more passed, by the next change the repeat brought: its annotation baseline).
+    now[0] += gpu_faults.LAST_SEEN_SAVE_SECONDS
+    sim.raise_xid(state_file=h100.state_file, gpu_uuid=gpu, xid=79)
+    h100.until(
+        "301 counted", lambda: h100.sample("gpudra_gpu_xid_errors_total", gpu="gpu-5", xid="79") == 301
+    )
+    now[0] += gpu_faults.LAST_SEEN_SAVE_SECONDS
+
+    def saved_last_seen() -> float:
+        return float(json.loads(h100.health_file.read_text())["marks"][0]["last_seen"])
+
+    h100.until("the repeat saved", lambda: saved_last_seen() == 1010.0)
+    assert len(writes) <= 3
 
 
 def test_an_application_error_is_counted_and_taints_nothing(h100: Node) -> None:

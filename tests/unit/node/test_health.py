@@ -28,6 +28,7 @@ from gpudra.model import devices
 from gpudra.model.gpu_health import GpuConditions
 from gpudra.model.inventory import MigDevice
 from gpudra.model.publishing import MigMode
+from gpudra.node import gpu_driver
 from gpudra.node.allocation import ClaimRef
 from gpudra.node.health.monitor import (
     DeviceHealth,
@@ -58,7 +59,7 @@ def state_file(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def model(state_file: Path) -> devices.DeviceModel:
-    with nvml.connect(f"sim:{PROFILE}", state_file=state_file) as session:
+    with gpu_driver.connect(f"sim:{PROFILE}", state_file=state_file) as session:
         return devices.build_devices(session.inventory(), mig_mode="partitionable")
 
 
@@ -74,7 +75,7 @@ def _monitor(state_file: Path, model: devices.DeviceModel, interval: float = INT
     return HealthMonitor(
         pool=POOL,
         devices=model.devices,
-        open_nvml=lambda: nvml.connect(f"sim:{PROFILE}", state_file=state_file),
+        open_nvml=lambda: gpu_driver.connect(f"sim:{PROFILE}", state_file=state_file),
         interval=interval,
     )
 
@@ -116,7 +117,7 @@ def _on_gpu(device: str, gpu: str) -> bool:
 def test_probe_of_a_healthy_and_a_lost_gpu(state_file: Path, gpu_uuids: dict[str, str]) -> None:
     lost, fine = gpu_uuids["gpu-0"], gpu_uuids["gpu-1"]
     sim.set_gpu_lost(state_file=state_file, gpu_uuid=lost, lost=True)
-    with nvml.connect(f"sim:{PROFILE}", state_file=state_file) as session:
+    with gpu_driver.connect(f"sim:{PROFILE}", state_file=state_file) as session:
         assert session.gpu_health(gpu_uuid=fine) == (True, "")
         assert session.gpu_health(gpu_uuid=lost) == (False, "NVMLError_GpuIsLost")
         sim.set_gpu_lost(state_file=state_file, gpu_uuid=lost, lost=False)
@@ -157,7 +158,7 @@ def test_probe_error_classes(
         raise pynvml.NVMLError(code)
 
     monkeypatch.setattr(pynvml, "nvmlDeviceGetMemoryInfo", nvmlDeviceGetMemoryInfo)
-    with nvml.connect(f"sim:{PROFILE}", state_file=state_file) as session:
+    with gpu_driver.connect(f"sim:{PROFILE}", state_file=state_file) as session:
         if isinstance(answer, tuple):
             assert session.gpu_health(gpu_uuid=gpu_uuids["gpu-3"]) == answer
         else:
@@ -282,7 +283,7 @@ def test_a_device_whose_mps_clients_lost_their_daemon_is_unhealthy_while_reporte
     monitor = HealthMonitor(
         pool=POOL,
         devices=model.devices,
-        open_nvml=lambda: nvml.connect(f"sim:{PROFILE}", state_file=state_file),
+        open_nvml=lambda: gpu_driver.connect(f"sim:{PROFILE}", state_file=state_file),
         interval=INTERVAL,
         interrupted=lambda: dict(reported),
     )
@@ -354,7 +355,7 @@ def test_on_change_fires_once_per_change_of_the_unhealthy_gpus(
     watched = HealthMonitor(
         pool=POOL,
         devices=model.devices,
-        open_nvml=lambda: nvml.connect(f"sim:{PROFILE}", state_file=state_file),
+        open_nvml=lambda: gpu_driver.connect(f"sim:{PROFILE}", state_file=state_file),
         interval=INTERVAL,
         on_change=lambda: seen.append(watched.unhealthy_gpus()),
     )
@@ -395,7 +396,7 @@ def test_a_gpu_that_cannot_be_probed_keeps_its_taint_until_a_probe_says_healthy(
 
     class Probe:
         def __init__(self) -> None:
-            self.session = nvml.connect(f"sim:{PROFILE}", state_file=state_file)
+            self.session = gpu_driver.connect(f"sim:{PROFILE}", state_file=state_file)
 
         def gpu_health(self, *, gpu_uuid: str) -> tuple[bool, str]:
             if broken.is_set():
@@ -472,7 +473,7 @@ def test_nvml_that_cannot_be_opened_is_unknown_and_retried(
         attempts.append(time.monotonic())
         if len(attempts) == 1:
             raise failure
-        return nvml.connect(f"sim:{PROFILE}", state_file=state_file)
+        return gpu_driver.connect(f"sim:{PROFILE}", state_file=state_file)
 
     monitor = HealthMonitor(pool=POOL, devices=model.devices, open_nvml=open_nvml, interval=INTERVAL)
     monitor.start()
@@ -534,7 +535,9 @@ def test_a_gpu_that_cannot_be_probed_is_unknown_and_the_others_are_not(
     monitor = HealthMonitor(
         pool=POOL,
         devices=model.devices,
-        open_nvml=lambda: _FlakyProbe(nvml.connect(f"sim:{PROFILE}", state_file=state_file), broken, failure),
+        open_nvml=lambda: _FlakyProbe(
+            gpu_driver.connect(f"sim:{PROFILE}", state_file=state_file), broken, failure
+        ),
         interval=INTERVAL,
     )
     monitor.start()

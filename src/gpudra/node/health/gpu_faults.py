@@ -29,7 +29,11 @@ feeds them:
   `ANNOTATION_SECONDS` while a mark exists (no request otherwise; a new fault wakes it).
 
 Marks are kept in `health.json` in the state directory, written on every change, so a plugin restart
-(or upgrade) never lifts a taint: only the rules do. A damaged file is logged and ignored.
+(or upgrade) never lifts a taint: only the rules do. A repeat of a mark (the same GPU or partition and
+class: an XID storm) changes only when it was last seen, which is written at most every
+LAST_SEEN_SAVE_SECONDS; its `GpuFault` Events are one Event per GPU (or partition) and class whose
+count grows (gpudra.kube.events), and every XID is still counted in the metrics. A damaged file is
+logged and ignored.
 
 One writer per node. During a rolling update (gpudra.node.instances) two plugin pods run on the node,
 both offered the same NVML events: both would post each fault's Node event and count it, and both
@@ -80,6 +84,9 @@ RETRY_SECONDS = 60.0  # GPUs whose registration failed (lost at the time) are tr
 IDLE_SECONDS = 3600.0
 FOLLOW_SECONDS = 0.5  # how often an instance that does not write reads the health file again
 FILE_VERSION = 1
+# A mark's repeats (its last_seen, its annotation baseline) reach health.json at most this often; any
+# other change at once.
+LAST_SEEN_SAVE_SECONDS = 10.0
 
 
 class FaultEventWatch(Protocol):
@@ -173,6 +180,7 @@ class GpuFaults:
         self._writer = threading.RLock()
         self._writing = writing
         self._read_stat: tuple[int, int, int] | None = None
+        self._saved_at = float("-inf")  # when health.json was last written (the clock's time)
         self._marks, self._ecc_counts, self._conditions, self._links = self._load()
         self._subscribers: list[Callable[[], None]] = []
         self._session: EventSession | None = None
@@ -243,15 +251,19 @@ class GpuFaults:
             log.info("application error on a GPU", extra={"gpu": fault.gpu_uuid, "xid": fault.xid})
             return
         with self._lock:
-            self._marks = gpu_health.record(self._marks, fault, now=self._clock(), boot_id=self._boot_id)
-            self._save()
-        crash.reached("health-saved")
+            before = self._marks
+            self._marks = gpu_health.record(before, fault, now=self._clock(), boot_id=self._boot_id)
+            news = not gpu_health.same_in_substance(before, self._marks)
+            saved = self._save_change(news=news)
+        if saved:
+            crash.reached("health-saved")
         held = self._holders(fault.gpu_uuid, fault.device)
         effect = gpu_health.taint_effect(fault.xid_class, self.reset_effect)
         until = gpu_health.lifted_when(
             fault.xid_class, gpu_uuid=fault.gpu_uuid, clean_seconds=self.clean_seconds
         )
-        log.warning(
+        # A repeat (an XID storm) is counted in the metrics and the Event's count, not logged each time.
+        (log.warning if news else log.debug)(
             "GPU fault",
             extra={
                 "gpu": fault.gpu_uuid,
@@ -266,9 +278,11 @@ class GpuFaults:
             f"{target} ({gpu}): {fault.what}, class {fault.xid_class}; tainted "
             f"{UNHEALTHY_TAINT_KEY}={fault.reason}:{effect} until {until}; "
             + (f"held by claim {', '.join(held)}" if held else "no claim holds it"),
+            series=f"{target}/{fault.xid_class}",  # one Event per GPU (or partition) and class, counting
         )
-        self._changed()
-        self.clear_loop.wake()
+        if news:
+            self._changed()
+            self.clear_loop.wake()
 
     def observe_probe(
         self,
@@ -464,9 +478,9 @@ class GpuFaults:
         is never lost), keep the result, and report what was lifted."""
         with self._lock:
             marks, lifted = rule(self._marks)
-            changed, self._marks = marks != self._marks, marks
-            if changed:
-                self._save()
+            before, self._marks = self._marks, marks
+            if marks != before:
+                self._save_change(news=not gpu_health.same_in_substance(before, marks))
         for done in lifted:
             log.info(
                 "GPU fault cleared",
@@ -535,6 +549,17 @@ class GpuFaults:
             self._writing = False
         self.loop.wake()  # closes the event watch
 
+    def _save_change(self, *, news: bool) -> bool:
+        """Called under the lock after the marks changed: saved at once when `news` (a mark made,
+        lifted, or changed in substance), else (what each repeat of a fault refreshes: last_seen, the
+        annotation's baseline) at most every LAST_SEEN_SAVE_SECONDS, so that a storm of XIDs is not a
+        storm of fsyncs; a restart then reads a last_seen at most that old (a recoverable mark's lift
+        comes that much sooner). Whether it saved."""
+        if news or self._clock() - self._saved_at >= LAST_SEEN_SAVE_SECONDS:
+            self._save()
+            return True
+        return False
+
     def _save(self) -> None:
         """Called under the lock; a failed write is logged: the marks in memory still hold."""
         content = {
@@ -545,6 +570,7 @@ class GpuFaults:
             "conditions": self._conditions,
             "nvlinks_expected": self._links,
         }
+        self._saved_at = self._clock()
         try:
             write_atomically(self._file, json.dumps(content, indent=1).encode(), mode=0o644)
         except OSError as err:
