@@ -174,9 +174,9 @@ def test_an_xid_storm_is_one_mark_one_event_series_and_one_health_file_write(
     gpu = h100.gpus["gpu-5"]
     for _ in range(300):
         sim.raise_xid(state_file=h100.state_file, gpu_uuid=gpu, xid=79)
-    h100.until(
-        "300 XIDs counted", lambda: h100.sample("gpudra_gpu_xid_errors_total", gpu="gpu-5", xid="79") == 300
-    )
+    # The Event is posted last of what a fault does (after its count and its mark).
+    h100.until("300 Events posted", lambda: len(h100.events.series) == 300)
+    assert h100.sample("gpudra_gpu_xid_errors_total", gpu="gpu-5", xid="79") == 300
     assert len(h100.faults.marks()) == 1 and writes == [h100.health_file]
     assert {(t, r) for t, r, _ in h100.events.posted} == {("Warning", "GpuFault")}
     assert set(h100.events.series) == {f"GPU {gpu}/reboot"} and len(h100.events.series) == 300
@@ -186,9 +186,10 @@ def test_an_xid_storm_is_one_mark_one_event_series_and_one_health_file_write(
     # once that much more passed, by the next change the repeat brought: its annotation baseline).
     now[0] += gpu_faults.LAST_SEEN_SAVE_SECONDS
     sim.raise_xid(state_file=h100.state_file, gpu_uuid=gpu, xid=79)
-    h100.until(
-        "301 counted", lambda: h100.sample("gpudra_gpu_xid_errors_total", gpu="gpu-5", xid="79") == 301
-    )
+    # The mark, not the XID counter (counted before the mark is dated): a clock moved on before the
+    # repeat is dated would date it 1020.
+    h100.until("the repeat marked", lambda: [m.last_seen for m in h100.faults.marks()] == [1010.0])
+    assert h100.sample("gpudra_gpu_xid_errors_total", gpu="gpu-5", xid="79") == 301
     now[0] += gpu_faults.LAST_SEEN_SAVE_SECONDS
 
     def saved_last_seen() -> float:
