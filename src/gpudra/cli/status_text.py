@@ -35,11 +35,22 @@ def _gpus(view: ClusterView) -> str:
 def _unhealthy(view: ClusterView) -> str:
     if not view.unhealthy:
         return ""
-    header = ("NODE", "DEVICE", "PRODUCT", "REASON", "EFFECT", "GPU")
-    rows = [(d.node, d.device, d.product, d.reason, d.effect, d.uuid) for d in view.unhealthy]
-    return "Unhealthy GPUs (tainted gpudra.io/unhealthy; docs/health.md says what lifts it):\n" + _table(
-        header, rows
-    )
+    header = ("NODE", "DEVICE", "PRODUCT", "REASON", "EFFECT", "SLICES", "GPU")
+    rows = [
+        (d.node, d.device, d.product, d.reason, d.effect, _SLICES[d.slices], d.uuid) for d in view.unhealthy
+    ]
+    words = [f"  {d.node}/{d.device}: {d.message}" for d in view.unhealthy if d.message]
+    title = "Unhealthy GPUs (tainted gpudra.io/unhealthy, or left out of the slices where the release drops"
+    title += " device taints; docs/health.md):\n"
+    return title + _table(header, rows) + ("\n" + "\n".join(words) if words else "")
+
+
+# How the SLICES column says what the node's slices show of an unhealthy device.
+_SLICES = {
+    "tainted": "tainted",
+    "left-out": "left out (no device taints on this release)",
+    "untainted": "UNTAINTED (the server dropped the taint)",
+}
 
 
 def _mig(view: ClusterView, *, wide: bool) -> str:

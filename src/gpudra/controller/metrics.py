@@ -55,13 +55,19 @@ class _View(Collector):
             "gpudra_cluster_gpus",
             "Physical GPUs by node, product and state: published, allocated (a claim holds it or a part "
             "of it), shared (more than one claim or pod uses it), free, idle (allocated, every device on it "
-            "reported without activity for the idle time).",
+            "reported without activity for the idle time), unhealthy (the GPU or a partition of it is "
+            "unhealthy: tainted, or left out of the slices where the release drops device taints).",
             labels=["node", "product", "state"],
         )
+        unhealthy: dict[tuple[str, str], set[str]] = {(row.node, row.product): set() for row in view.nodes}
+        for bad in view.unhealthy:
+            unhealthy.setdefault((bad.node, bad.product), set()).add(bad.uuid)
         for row in view.nodes:
             for state in ("gpus", "allocated", "shared", "free", "idle"):
                 label = "published" if state == "gpus" else state
                 gpus.add_metric([row.node, row.product, label], getattr(row, state))
+        for (node, product), uuids in sorted(unhealthy.items()):
+            gpus.add_metric([node, product, "unhealthy"], len(uuids))
         yield gpus
         room = GaugeMetricFamily(
             "gpudra_cluster_mig_largest_placeable_bytes",

@@ -1,7 +1,8 @@
 """Keeps this node's ResourceSlices equal to the device model. I/O: the API server, via gpudra.kube.client.
 
-What is compared is the published content itself, a slice's spec and owner references (`content`),
-never a mark gpudra leaves on the object: a mark survives someone else's edit of the spec. The API
+What is compared is the published content itself, a slice's spec, owner references and health report
+annotation (`content`), never a mark gpudra leaves on the object: a mark survives someone else's edit of
+the spec. The API
 server fills in defaults and normalizes quantities, so what it stores is not what was sent; the
 controller therefore remembers, per slice, what it sent and the content the API server returned for
 that write (`Published`). A slice is unchanged when its content equals that stored form and what gpudra
@@ -55,6 +56,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpudra.kube.client import Kube, Obj, Watch
+from gpudra.model import health_report
 from gpudra.model import slices as slice_builder
 from gpudra.model.devices import DeviceModel
 from gpudra.model.slices import ResourceSlice
@@ -98,9 +100,13 @@ class Published:
 
 
 def content(piece: Mapping[str, Any]) -> Obj:
-    """What gpudra publishes in a slice: its spec and owner references. The rest of the metadata (labels,
-    annotations, versions, managedFields) is the API server's or other clients' business."""
-    return copy.deepcopy({"ownerReferences": piece["metadata"].get("ownerReferences"), "spec": piece["spec"]})
+    """What gpudra publishes in a slice: its spec, owner references and its own annotation (the health
+    report, gpudra.model.health_report). The rest of the metadata (labels, other annotations, versions,
+    managedFields) is the API server's or other clients' business."""
+    report = (piece["metadata"].get("annotations") or {}).get(health_report.ANNOTATION)
+    return copy.deepcopy(
+        {"ownerReferences": piece["metadata"].get("ownerReferences"), "report": report, "spec": piece["spec"]}
+    )
 
 
 def plan_sync(build: Build, existing: Sequence[Obj], published: Mapping[str, Published]) -> SyncPlan:

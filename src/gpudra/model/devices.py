@@ -83,9 +83,10 @@ gpudra.model.gpu_health), so the scheduler allocates none of them until the tain
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NotRequired, TypedDict, get_args
 
 from gpudra.errors import ConfigError, HardwareError, NotSupported
@@ -190,6 +191,8 @@ class DeviceModel:
 
     devices: list[Device]
     counter_sets: list[CounterSet]
+    # The metadata annotations of the pool's first slice: the health report (gpudra.model.health_report).
+    annotations: Mapping[str, str] = field(default_factory=dict)
 
 
 def build_devices(
@@ -306,7 +309,7 @@ def with_health_taints(model: DeviceModel, taints: Mapping[str, DeviceTaint]) ->
             tainted.append(device)
         else:
             tainted.append({**device, "taints": [*device.get("taints", []), taint]})
-    return DeviceModel(devices=tainted, counter_sets=model.counter_sets)
+    return dataclasses.replace(model, devices=tainted)
 
 
 def without_devices(model: DeviceModel, names: Collection[str]) -> DeviceModel:
@@ -315,7 +318,7 @@ def without_devices(model: DeviceModel, names: Collection[str]) -> DeviceModel:
     if not names:
         return model
     kept = [d for d in model.devices if d["name"] not in names]
-    return DeviceModel(devices=kept, counter_sets=model.counter_sets)
+    return dataclasses.replace(model, devices=kept)
 
 
 def gpu_uuid_of(device: Device) -> str:

@@ -108,7 +108,8 @@ def build_slices(
 ) -> list[ResourceSlice]:
     """The slices of `node_name`'s pool that publish `model` to a 1.`server_minor` API server.
 
-    A model without devices still gets one empty slice: it tells the cluster the driver runs here.
+    A model without devices still gets one empty slice: it tells the cluster the driver runs here. The
+    model's annotations go on the first slice.
     Raises NotSupported when one GPU's counters cannot be published within the limits at all, and
     ClusterError for a server older than 1.34.
     """
@@ -124,6 +125,8 @@ def build_slices(
             metadata["ownerReferences"] = [
                 {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid, "controller": True}
             ]
+        if index == 0 and model.annotations:
+            metadata["annotations"] = dict(model.annotations)
         spec: ResourceSliceSpec = {
             "driver": driver,
             "nodeName": node_name,

@@ -13,12 +13,13 @@ a fault).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from gpudra.model import devices
+from gpudra.model import devices, health_report
 from gpudra.model.devices import DeviceModel, DeviceTaint
 from gpudra.model.inventory import Inventory
 from gpudra.model.kube_api import FAST_COUNTERS_MINOR
@@ -70,13 +71,21 @@ class ServedModel:
         with self._lock:
             return list(self._withheld.values())
 
-    def model(self, unhealthy: Mapping[str, DeviceTaint]) -> DeviceModel:
-        """What to publish now; `unhealthy`: device name -> its taint, published tainted or left out."""
+    def model(
+        self, unhealthy: Mapping[str, DeviceTaint], messages: Mapping[str, str] | None = None
+    ) -> DeviceModel:
+        """What to publish now; `unhealthy`: device name -> its taint, published tainted or left out,
+        and reported on the first slice either way, with `messages` (device -> the fault's words)."""
         with self._lock:
             model, taints = self._model, self._taints
+        report = health_report.slice_annotations(
+            model.devices, unhealthy, messages or {}, slices="tainted" if taints else "left-out"
+        )
         if taints:
-            return devices.with_health_taints(model, unhealthy)
-        return devices.without_devices(model, unhealthy.keys())
+            published = devices.with_health_taints(model, unhealthy)
+        else:
+            published = devices.without_devices(model, unhealthy.keys())
+        return dataclasses.replace(published, annotations=report) if report else published
 
     def on_server(self, minor: int) -> None:
         """Probe the server and fit the model to it (the slice sync calls this before it builds)."""

@@ -175,7 +175,8 @@ def _run(options: PluginOptions, session: nvml.Nvml, server: KubeletServer, *, s
         node_name=options.node_name,
         # Unhealthy devices are published tainted; `health` is bound below, before anything starts.
         model=lambda: devices.without_devices(
-            served.model(health.taints() if health else {}), foreign.withheld().keys()
+            served.model(health.taints(), health.messages()) if health else served.model({}),
+            foreign.withheld().keys(),
         ),
         resync_seconds=options.resync_seconds,
         on_publish=lambda op: metrics.slice_writes.labels(op).inc(),

@@ -32,9 +32,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
+from gpudra.model import health_report
 from gpudra.model.claim import Claim
 from gpudra.model.claim_usage import idle_since
 from gpudra.model.devices import UNHEALTHY_TAINT_KEY
+from gpudra.model.health_report import ReportedDevice
 from gpudra.model.kube_api import OUTPUT_API_VERSION
 from gpudra.quantity import Amount
 from gpudra.scheduling.allocator import counters_left, lookup_attribute
@@ -89,15 +91,21 @@ class IdleDevice(_Model):
 
 
 class UnhealthyDevice(_Model):
-    """A GPU, or one MIG partition of it, that its node published with gpudra's unhealthy taint
-    (docs/health.md): the scheduler keeps claims that do not tolerate it off."""
+    """A GPU, or one MIG partition of it, that its node found unhealthy (docs/health.md): published with
+    gpudra's unhealthy taint, which keeps claims that do not tolerate it off, or left out of the slices
+    where the API server drops device taints, as the node's health report says
+    (gpudra.model.health_report)."""
 
     node: str
-    device: str  # the whole GPU's device name, or the partition's when only it is tainted
+    device: str  # the whole GPU's device name, or the partition's when only it is unhealthy
     uuid: str  # the GPU's
     product: str
     reason: str  # the taint's value: Xid79, DoubleBitEcc, RowRemapPending, NVMLError_GpuIsLost, ...
     effect: str  # NoSchedule or NoExecute
+    # How the slices show it: tainted; left out (no device taints on this release); or untainted: the
+    # node reported it tainted but the slice the server stored has no such taint (a claim can get it).
+    slices: Literal["tainted", "left-out", "untainted"] = "tainted"
+    message: str = ""  # the node's words: the fault, its class and what lifts it
 
 
 class ClusterView(_Model):
@@ -170,30 +178,71 @@ def build(
     )
 
 
+def health_reports(pool: Pool) -> tuple[dict[str, ReportedDevice], list[str]]:
+    """Device -> its entry in the health report of `pool` (on its first slice at the newest generation;
+    gpudra.model.health_report), and the lines that say why a report was refused."""
+    found: dict[str, ReportedDevice] = {}
+    problems: list[str] = []
+    for slice_ in pool.slices:
+        metadata = slice_.get("metadata") or {}
+        text = (metadata.get("annotations") or {}).get(health_report.ANNOTATION)
+        if not isinstance(text, str):
+            continue
+        report, problem = health_report.read(text, where=f"ResourceSlice {metadata.get('name', '')}")
+        problems += [problem] if problem else []
+        found.update((entry.device, entry) for entry in report.devices)
+    return found, problems
+
+
 def _unhealthy(inventory: ClusterInventory) -> list[UnhealthyDevice]:
-    """The tainted GPUs (whole-GPU device tainted: its shared device and partitions follow it, listed
-    once), and the tainted partitions of GPUs that are not."""
-    whole: dict[str, UnhealthyDevice] = {}
+    """The unhealthy GPUs (whole-GPU device tainted: its shared device and partitions follow it, listed
+    once), and the unhealthy partitions of GPUs that are not: from the taints, with the words of the
+    node's health report, and from the report alone for what it says the slices left out."""
+    whole: dict[tuple[str, str], UnhealthyDevice] = {}
     parts: list[UnhealthyDevice] = []
     for pool in inventory.pools.values():
+        reported, _ = health_reports(pool)
+        published: set[str] = set()
         for device in pool.devices:
+            published.add(device.name)
             taint = next((t for t in device.taints if t.get("key") == UNHEALTHY_TAINT_KEY), None)
             uuid, kind = gpu_uuid(device), attribute(device, "type")
-            if taint is None or not uuid:
+            entry = reported.get(device.name)
+            if not uuid or (taint is None and (entry is None or entry.slices != "tainted")):
                 continue
             found = UnhealthyDevice(
                 node=device.node or pool.name,
                 device=device.name,
                 uuid=uuid,
                 product=str(attribute(device, "productName") or ""),
-                reason=str(taint.get("value") or ""),
-                effect=str(taint.get("effect") or ""),
+                reason=str(taint.get("value") or "") if taint else (entry.reason if entry else ""),
+                effect=str(taint.get("effect") or "") if taint else (entry.effect if entry else ""),
+                slices="tainted" if taint is not None else "untainted",
+                message=entry.message if entry else "",
             )
             if kind == "gpu" and not device.allow_multiple_allocations:
-                whole[uuid] = found
+                whole[(found.node, uuid)] = found
             elif kind == "mig":
                 parts.append(found)
-    listed = list(whole.values()) + [p for p in parts if p.uuid not in whole]
+        for name, entry in reported.items():
+            if name in published or entry.slices != "left-out":
+                continue
+            node = pool.name
+            found = UnhealthyDevice(
+                node=node,
+                device=name,
+                uuid=entry.uuid,
+                product=entry.product,
+                reason=entry.reason,
+                effect=entry.effect,
+                slices="left-out",
+                message=entry.message,
+            )
+            if entry.kind == "gpu":
+                whole.setdefault((node, entry.uuid), found)
+            else:
+                parts.append(found)
+    listed = list(whole.values()) + [p for p in parts if (p.node, p.uuid) not in whole]
     return sorted(listed, key=lambda d: (d.node, d.device))
 
 

@@ -32,10 +32,11 @@ from pydantic.alias_generators import to_camel
 
 from gpudra.errors import GpudraError
 from gpudra.model.claim import Claim
+from gpudra.model.devices import UNHEALTHY_TAINT_KEY
 from gpudra.quantity import Amount
 from gpudra.scheduling import cluster_view
 from gpudra.scheduling.claims import Allocations
-from gpudra.scheduling.cluster_view import ClusterView, attribute, gpu_minor, gpu_uuid
+from gpudra.scheduling.cluster_view import ClusterView, UnhealthyDevice, attribute, gpu_minor, gpu_uuid
 from gpudra.scheduling.explain import ClaimToExplain, device_classes, explain
 from gpudra.scheduling.pools import ClusterInventory, Pool, SliceDevice, quantity
 
@@ -86,7 +87,9 @@ class GpuCard(_MapModel):
     largest_placeable: str | None  # the largest MIG profile still placeable (cluster_view)
     shares: list[Share]
     idle: bool  # allocated, and every device of it idle for idle_after (cluster_view)
-    unhealthy: str | None  # the taint that keeps the scheduler off it, "key=value:effect"
+    # the taint that keeps the scheduler off it, "key=value:effect", or that it is left out of the slices,
+    # with the node's words for the fault
+    unhealthy: str | None
 
 
 class NodeMap(_MapModel):
@@ -229,6 +232,12 @@ def survey(
             node = device.node or pool.name
             gpu = gpus.setdefault((node, uuid), _MapGpu(node=node, uuid=uuid))
             gpu.add(device, pool, allocations, shares)
+    for bad in view.unhealthy:  # the words of the node's health report, and what the slices left out
+        gpu = gpus.setdefault(
+            (bad.node, bad.uuid),
+            _MapGpu(node=bad.node, uuid=bad.uuid, name=bad.device.split("-mig-")[0], product=bad.product),
+        )
+        gpu.report(bad)
     nodes: dict[str, list[GpuCard]] = {}
     namespaces: dict[str, set[str]] = {}
     for gpu in sorted(gpus.values(), key=lambda g: (g.node, gpu_minor(g.name), g.uuid)):
@@ -359,6 +368,7 @@ class _MapGpu:
     partitions: list[Partition] = field(default_factory=list)
     shares: list[Share] = field(default_factory=list)
     unhealthy: str | None = None
+    reports: list[str] = field(default_factory=list)  # the cluster view's unhealthy devices of it
 
     def add(self, device: SliceDevice, pool: Pool, allocations: Allocations, shares: _Shares) -> None:
         kind = attribute(device, "type")
@@ -402,6 +412,18 @@ class _MapGpu:
                         claims=holders,
                     )
                 )
+
+    def report(self, bad: UnhealthyDevice) -> None:
+        """Mark it with what the cluster view says of one unhealthy device of it (several: joined)."""
+        if bad.slices == "left-out":
+            shown = f"left out of the slices (no device taints on this release): {bad.reason}"
+        else:
+            shown = f"{UNHEALTHY_TAINT_KEY}={bad.reason}:{bad.effect}"
+        if bad.device != self.name:
+            shown = f"{bad.device}: {shown}"
+        shown += f"; {bad.message}" if bad.message else ""
+        self.reports.append(shown)
+        self.unhealthy = " | ".join(self.reports)
 
     def claims(self) -> set[str]:
         return {

@@ -18,9 +18,10 @@ report no ECC events, and a new fault wakes the poll, so that it reaches the kub
 at once.
 
 The scheduler learns of it too: `taints` is what the slice controller publishes (the unhealthy taint
-on each device of a lost GPU and on each marked device, gpudra.model.gpu_health.device_taints), and
-`on_change` fires whenever it changes, so the slices are republished at once rather than at the next
-resync.
+on each device of a lost GPU and on each marked device, gpudra.model.gpu_health.device_taints), with
+`messages`, the words of each fault, for the health report the cluster view reads
+(gpudra.model.health_report); `on_change` fires whenever either changes, so the slices are republished
+at once rather than at the next resync.
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gpudra.errors import GpudraError
-from gpudra.model.devices import Device, DeviceTaint, gpu_uuid_of
-from gpudra.model.gpu_health import GpuConditions, Mark, device_taints, needs
+from gpudra.model.devices import SHARED_SUFFIX, Device, DeviceTaint, gpu_uuid_of
+from gpudra.model.gpu_health import GpuConditions, Mark, device_taints, lifted_when, needs
 from gpudra.model.inventory import MigDevice
 from gpudra.node.health.gpu_faults import GpuFaults
 from gpudra.runtime.service import Loop
@@ -159,6 +160,43 @@ def fault_message(mark: Mark) -> str:
     return f"{mark.target}: {mark.what}; {needs(mark.xid_class)}"
 
 
+def report_words(
+    *,
+    device_gpus: Mapping[str, str],
+    taints: Mapping[str, DeviceTaint],
+    gpus: Mapping[str, GpuHealth],
+    marks: Iterable[Mark] = (),
+    clean_seconds: float = 0.0,
+    previous: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """Device -> what the health report (gpudra.model.health_report) says of each tainted device: its
+    fault mark's (its GPU's, else its own), with the class and what lifts it; else its GPU's NVML error,
+    as `previous` said it while the GPU cannot be probed (a failed probe says nothing of the GPU, and
+    keeps its taint: `tainted_gpus`).
+    "GPU GPU-…: XID 119 (GSP RPC timeout), class reset; lifted when a GPU reset is observed, ..."."""
+    previous = previous or {}
+    by_key = {mark.key: mark for mark in marks}
+    words: dict[str, str] = {}
+    for name in taints:
+        uuid = device_gpus.get(name)
+        if uuid is None:
+            continue
+        now = gpus.get(uuid, GpuHealth(Health.HEALTHY, ""))
+        mark = (
+            by_key.get((uuid, None))
+            or by_key.get((uuid, name))
+            or by_key.get((uuid, name.removesuffix(SHARED_SUFFIX)))
+        )
+        if mark is None:
+            kept = previous.get(name) if now.health == Health.UNKNOWN else None
+            words[name] = kept or now.message or f"GPU {uuid}: {taints[name].get('value', '')}"
+            continue
+        lifted = lifted_when(mark.xid_class, gpu_uuid=uuid, clean_seconds=clean_seconds)
+        text = f"{mark.target}: {mark.what}, class {mark.xid_class}; lifted when {lifted}"
+        words[name] = text + (f"; NVML: {now.reason}" if now.health == Health.UNHEALTHY else "")
+    return words
+
+
 def vanished_partitions(
     partitions: Mapping[str, str], device_gpus: Mapping[str, str], existing: Mapping[str, frozenset[str]]
 ) -> dict[str, str]:
@@ -209,6 +247,7 @@ class HealthMonitor:
         self._last: dict[str, GpuHealth] = {}
         self._tainted: dict[str, str] = {}
         self._taints: dict[str, DeviceTaint] = {}
+        self._messages: dict[str, str] = {}
         self._on_change = on_change
         self._partitions = partitions  # prepared partition -> its MIG UUID, read at every poll
         # device -> why, for a device of one claim whose MPS daemon ended under its clients and was
@@ -250,6 +289,11 @@ class HealthMonitor:
         """Device name -> the taint to publish it with: its GPU lost, or a fault mark on it or its GPU."""
         with self._changed:
             return dict(self._taints)
+
+    def messages(self) -> dict[str, str]:
+        """Device name -> the words of its fault, for each device in `taints()` (`report_words`)."""
+        with self._changed:
+            return dict(self._messages)
 
     def _newer_than(self, generation: int) -> bool:
         return self._snapshot is not None and self._snapshot.generation > generation
@@ -349,8 +393,17 @@ class HealthMonitor:
             marks=marks,
             reset_effect=self._faults.reset_effect if self._faults is not None else "NoSchedule",
         )
+        messages = report_words(
+            device_gpus=self._device_gpus,
+            taints=taints,
+            gpus=gpus,
+            marks=marks,
+            clean_seconds=self._faults.clean_seconds if self._faults is not None else 0.0,
+            previous=self._messages,
+        )
         with self._changed:
-            changed, self._tainted, self._taints = taints != self._taints, tainted, taints
+            changed = taints != self._taints or messages != self._messages
+            self._tainted, self._taints, self._messages = tainted, taints, messages
             generation = self._snapshot.generation + 1 if self._snapshot else 1
             self._snapshot = Snapshot(generation=generation, checked_at=time.time(), devices=devices)
             self._changed.notify_all()
