@@ -179,7 +179,7 @@ class Demo:
 
             _wait(f"slices of {node}", complete, 60)
             found = api.list_slices(driver=DRIVER, node_name=node)
-            devices = [d for s in found for d in s["spec"].get("devices", [])]
+            devices = [d for s in found for d in (s["spec"].get("devices") or [])]
             kinds = [
                 "shared" if d.get("allowMultipleAllocations") else d["attributes"]["type"]["string"]
                 for d in devices
@@ -400,7 +400,7 @@ class Demo:
 def _free_gpu(api: DemoApi, node: str) -> tuple[str, str]:
     """The last whole-GPU device of `node` (by name) whose GPU no claim holds, and its GPU's UUID."""
     slices = api.list_slices(driver=DRIVER, node_name=node)
-    devices = [d for s in slices for d in s["spec"].get("devices", [])]
+    devices = [d for s in slices for d in (s["spec"].get("devices") or [])]
     uuid = {d["name"]: d["attributes"]["uuid"]["string"] for d in devices}
     held = {
         uuid[r["device"]]
@@ -509,7 +509,7 @@ def _products(api: DemoApi) -> dict[tuple[str, str], str]:
         (node, d["name"]): d["attributes"]["productName"]["string"]
         for node in MACHINES
         for s in api.list_slices(driver=DRIVER, node_name=node)
-        for d in s["spec"].get("devices", [])
+        for d in (s["spec"].get("devices") or [])
     }
 
 

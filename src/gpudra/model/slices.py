@@ -509,7 +509,7 @@ def _slice_problems(slice_: ResourceSlice, server_minor: int) -> list[str]:
         problems.append(f"{where}: resourceSliceCount {pool['resourceSliceCount']} is not positive")
     if not _is_dns_subdomain(spec.get("nodeName")):
         problems.append(f"{where}: nodeName must be set to a node's name (gpudra publishes node-local pools)")
-    devices = spec.get("devices", [])
+    devices = spec.get("devices") or []
     counter_sets = spec.get("sharedCounters", [])
     problems.extend(f"{where}: {p}" for d in devices for p in _device_problems(d, server_minor))
     problems.extend(f"{where}: {p}" for p in _device_limit_problems(devices, server_minor))
@@ -581,7 +581,7 @@ def _pool_problems(members: list[ResourceSlice], server_minor: int) -> Iterable[
         yield f"resourceSliceCount {counts} but {len(members)} slices"
     for kind, names in (
         ("slice", [s["metadata"]["name"] for s in members]),
-        ("device", [d["name"] for s in members for d in s["spec"].get("devices", [])]),
+        ("device", [d["name"] for s in members for d in (s["spec"].get("devices") or [])]),
     ):
         for name, count in Tally(names).items():
             if count > 1:
@@ -592,5 +592,5 @@ def _pool_problems(members: list[ResourceSlice], server_minor: int) -> Iterable[
             if count > 1:
                 yield f"counter set {name} is defined {count} times"
         yield from _reference_problems(
-            (d for s in members for d in s["spec"].get("devices", [])), counter_sets
+            (d for s in members for d in (s["spec"].get("devices") or [])), counter_sets
         )

@@ -17,6 +17,15 @@ from gpudra.controller.metrics import ControllerMetrics
 from gpudra.errors import ClusterError
 from gpudra.kube.lease import LeaseRecord
 from gpudra.runtime.service import Loop
+from gpudra.scheduling.cluster_view import build
+from tests.unit.scheduling.test_cluster_view import (
+    CLASS_OBJECTS,
+    GPU0_LOST,
+    H100_NODE,
+    MIXED,
+    NOW,
+    reporting,
+)
 
 DRIVER = "gpu.gpudra.io"
 DOWN = ClusterError("cannot reach the API server (MaxRetryError)")
@@ -141,3 +150,25 @@ def test_a_succeeding_loop_sets_its_last_success_time_and_is_healthy_again_after
     assert sample(metrics, "failures", "housekeeping") == 1  # the first step failed, the retry succeeded
     assert sample(metrics, "healthy", "housekeeping") == 1
     assert keeper.removed == 1
+
+
+def test_unhealthy_gpus_are_counted_per_node_and_product_also_when_left_out_of_the_slices() -> None:
+    left_out = reporting("node-h100", H100_NODE, GPU0_LOST, taints=False)
+    view = build(
+        driver=DRIVER,
+        slices=left_out + MIXED,
+        claims=[],
+        classes=CLASS_OBJECTS,
+        now=NOW,
+        idle_after_seconds=60,
+    )
+    metrics = ControllerMetrics()
+    metrics.track_view(lambda: view)
+
+    def gpus(node: str, product: str, state: str) -> float | None:
+        labels = {"node": node, "product": product, "state": state}
+        return metrics.registry.get_sample_value("gpudra_cluster_gpus", labels)
+
+    assert gpus("node-h100", "NVIDIA H100 80GB HBM3", "unhealthy") == 1
+    assert gpus("node-h100", "NVIDIA H100 80GB HBM3", "published") == 1
+    assert gpus("node-mixed", "NVIDIA L4", "unhealthy") == 0

@@ -46,10 +46,14 @@ from tests.unit.scheduling.test_cluster_view import (
     CLASS_OBJECTS,
     DRIVER,
     GIB,
+    GPU0_LOST,
+    H100_NODE,
+    MIXED,
     NOW,
     SLICES,
     claim,
     idle_entry,
+    reporting,
     slices,
 )
 
@@ -144,6 +148,20 @@ def test_idle_and_unhealthy_gpus_are_marked() -> None:
     mixed = cards(found, "node-mixed")
     assert mixed["gpu-3"].unhealthy == "gpu.gpudra.io/xid=79:NoSchedule"
     assert mixed["gpu-2"].unhealthy is None
+
+
+def test_a_gpu_left_out_of_the_slices_is_drawn_unhealthy_with_the_nodes_words() -> None:
+    left_out = reporting("node-h100", H100_NODE, GPU0_LOST, taints=False)
+    h100 = cards(draw(surveyed(slices=left_out + MIXED), MapQuery()), "node-h100")
+    assert sorted(h100) == ["gpu-0", "gpu-1"]
+    assert h100["gpu-0"].unhealthy == (
+        "left out of the slices (no device taints on this release): Xid119; "
+        "gpu-0: XID 119 (GSP RPC timeout), class reset"
+    )
+    assert h100["gpu-1"].unhealthy is None
+    tainted = reporting("node-h100", H100_NODE, GPU0_LOST, taints=True, server_minor=36)
+    shown = cards(draw(surveyed(slices=tainted + MIXED), MapQuery()), "node-h100")["gpu-0"].unhealthy
+    assert shown == "gpudra.io/unhealthy=Xid119:NoSchedule; gpu-0: XID 119 (GSP RPC timeout), class reset"
 
 
 def test_pending_claims_carry_explains_verdict() -> None:

@@ -4,6 +4,7 @@ failures are retried."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -23,6 +24,7 @@ from gpudra.kube.slice_sync import (
     content,
     plan_sync,
 )
+from gpudra.model import health_report
 from tests.unit.claims import DRIVER, NODE
 from tests.unit.harness.kube import NODE_UID, FakeKube
 from tests.unit.harness.slices import MODELS, Model, builder, controller, generations, wait_until
@@ -173,6 +175,24 @@ def test_a_model_change_confined_to_one_slice_keeps_the_generation() -> None:
     plan = plan_sync(builder(changed), listed(kube), slices.published)
     assert (plan.generation, plan.create, plan.delete, len(plan.update)) == (1, [], [], 1)
     assert plan.update[0]["spec"]["devices"][0]["attributes"]["productName"]["string"].endswith("(renamed)")
+
+
+def test_a_health_report_alone_updates_the_first_slice_and_keeps_the_generation() -> None:
+    """The report (gpudra.model.health_report) is content: written, and restored after another's edit."""
+    kube, slices = published_pool()
+    reported = dataclasses.replace(MODELS["h100"], annotations={health_report.ANNOTATION: '{"devices": []}'})
+    plan = plan_sync(builder(reported), listed(kube), slices.published)
+    assert (plan.generation, plan.create, plan.delete, len(plan.update)) == (1, [], [], 1)
+    [first] = plan.update
+    assert first["metadata"]["name"] == sorted(kube.slices)[0]
+    assert first["metadata"]["annotations"] == {health_report.ANNOTATION: '{"devices": []}'}
+    edited, reporting = published_pool()
+    reporting.model = lambda: reported
+    reporting.sync_once()
+    name = sorted(edited.slices)[0]
+    edited.edit(name, lambda s: s["metadata"]["annotations"].pop(health_report.ANNOTATION))
+    [restored] = plan_sync(builder(reported), listed(edited), reporting.published).update
+    assert restored["metadata"]["annotations"] == {health_report.ANNOTATION: '{"devices": []}'}
 
 
 def test_fewer_slices_delete_the_extras() -> None:

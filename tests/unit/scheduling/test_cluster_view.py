@@ -4,6 +4,7 @@ hand-built nodes."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -14,11 +15,11 @@ from gpudra.cli import status
 from gpudra.cli.output_format import documents
 from gpudra.cli.status_text import render
 from gpudra.controller.housekeeping import stale_reports
-from gpudra.model import claim_usage
+from gpudra.model import claim_usage, health_report
 from gpudra.model.claim import read_claim, read_spec_of
-from gpudra.model.devices import build_devices
+from gpudra.model.devices import UNHEALTHY_TAINT_KEY, build_devices, with_health_taints, without_devices
 from gpudra.model.slices import build_slices
-from gpudra.scheduling.cluster_view import ClusterView, build, driver_classes
+from gpudra.scheduling.cluster_view import ClusterView, build, driver_classes, health_reports
 from gpudra.scheduling.explain import device_classes
 from gpudra.scheduling.pools import ClusterInventory
 from gpudra.scheduling.reach import Reach
@@ -285,3 +286,93 @@ def test_unhealthy_gpus_are_listed_once_and_a_partitions_own_fault_alone() -> No
     assert "gpu-1-mig-3g40gb-4" in text.split("Unhealthy GPUs")[1]
     assert "Unhealthy GPUs" not in render(view())
     assert ClusterView.model_validate_json(v.model_dump_json(by_alias=True)) == v
+
+
+def reporting(
+    node: str, inventory: Any, unhealthy: dict[str, str], *, taints: bool, server_minor: int = 35
+) -> list[dict[str, Any]]:
+    """The node's slices as its plugin publishes them with the named devices unhealthy (name ->
+    reason): tainted where the server keeps taints, else left out, and reported on the first slice
+    either way (gpudra.node.served_model)."""
+    model = build_devices(inventory, mig_mode="partitionable")
+    found = {
+        name: {"key": UNHEALTHY_TAINT_KEY, "value": reason, "effect": "NoSchedule"}
+        for name, reason in unhealthy.items()
+    }
+    words = {name: f"{name}: XID 119 (GSP RPC timeout), class reset" for name in unhealthy}
+    report = health_report.slice_annotations(
+        model.devices, found, words, slices="tainted" if taints else "left-out"
+    )
+    published = with_health_taints(model, found) if taints else without_devices(model, found.keys())
+    published = dataclasses.replace(published, annotations=report)
+    return [
+        dict(s)
+        for s in build_slices(
+            published, driver=DRIVER, node_name=node, generation=1, server_minor=server_minor
+        )
+    ]
+
+
+H100_NODE = inv.node(*(inv.h100(m) for m in range(2)))
+# Every device of gpu-0: its taint follows the GPU (gpudra.model.gpu_health.device_taints).
+GPU0_LOST = {
+    d["name"]: "Xid119"
+    for d in build_devices(H100_NODE, mig_mode="partitionable").devices
+    if d["name"] == "gpu-0" or d["name"].startswith("gpu-0-")
+}
+
+
+def test_an_unhealthy_gpu_left_out_of_the_slices_is_listed_from_the_nodes_report() -> None:
+    pieces = reporting("node-h100", H100_NODE, GPU0_LOST | {"gpu-1-mig-3g40gb-4": "Xid95"}, taints=False)
+    assert "gpu-0" not in {d["name"] for s in pieces for d in s["spec"].get("devices", [])}
+    v = view(slices=pieces + MIXED)
+    assert [(d.node, d.device, d.reason, d.slices) for d in v.unhealthy] == [
+        ("node-h100", "gpu-0", "Xid119", "left-out"),
+        ("node-h100", "gpu-1-mig-3g40gb-4", "Xid95", "left-out"),
+    ]
+    assert v.unhealthy[0].product == "NVIDIA H100 80GB HBM3"
+    assert v.unhealthy[0].message == "gpu-0: XID 119 (GSP RPC timeout), class reset"
+    assert row(v, "node-h100")["gpus"] == 1  # published: the other is not
+    text = render(v)
+    assert "left out (no device taints on this release)" in text
+    assert "node-h100/gpu-0: gpu-0: XID 119 (GSP RPC timeout), class reset" in text
+
+
+def test_a_tainted_gpu_has_the_reports_words_and_a_dropped_taint_is_shown() -> None:
+    pieces = reporting("node-h100", H100_NODE, GPU0_LOST, taints=True, server_minor=36)
+    v = view(slices=pieces + MIXED)
+    assert [(d.device, d.slices, d.message) for d in v.unhealthy] == [
+        ("gpu-0", "tainted", "gpu-0: XID 119 (GSP RPC timeout), class reset")
+    ]
+    dropped = [
+        {**s, "spec": {**s["spec"], "devices": [{**d, "taints": []} for d in s["spec"].get("devices", [])]}}
+        for s in pieces
+    ]
+    [shown] = view(slices=dropped + MIXED).unhealthy
+    assert (shown.device, shown.slices, shown.reason) == ("gpu-0", "untainted", "Xid119")
+    assert "UNTAINTED (the server dropped the taint)" in render(view(slices=dropped + MIXED))
+
+
+def test_a_report_that_cannot_be_read_is_refused_with_a_line_and_the_taints_still_count() -> None:
+    pieces = _tainted(H100, {"gpu-1": "Xid79"})
+    for text, says in [
+        ("{not json", "(top)"),
+        ('{"devices": [{"device": "gpu-0", "uuid": "x", "slices": "gone"}]}', "devices.0.slices"),
+        (
+            '{"devices": [' + ",".join(['{"device": "d", "uuid": "x", "slices": "left-out"}'] * 129) + "]}",
+            "devices",
+        ),
+        ("x" * (health_report.MAX_BYTES + 1), "over"),
+    ]:
+        first = {
+            **pieces[0],
+            "metadata": {**pieces[0]["metadata"], "annotations": {health_report.ANNOTATION: text}},
+        }
+        hostile = [first, *pieces[1:]]
+        [pool] = ClusterInventory(hostile).pools.values()
+        found, problems = health_reports(pool)
+        assert found == {}
+        assert len(problems) == 1 and says in problems[0] and health_report.ANNOTATION in problems[0], (
+            problems
+        )
+        assert [d.device for d in view(slices=hostile + MIXED).unhealthy] == ["gpu-1"]
