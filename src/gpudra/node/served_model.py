@@ -71,6 +71,12 @@ class ServedModel:
         with self._lock:
             return list(self._withheld.values())
 
+    def taints_kept(self) -> bool:
+        """Whether the API server keeps device taints: unhealthy devices are published tainted, else
+        left out (as the last probe found; True before the first)."""
+        with self._lock:
+            return self._taints
+
     def model(
         self, unhealthy: Mapping[str, DeviceTaint], messages: Mapping[str, str] | None = None
     ) -> DeviceModel:

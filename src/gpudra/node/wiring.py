@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 from gpudra import build
 from gpudra.gpu import driver_root, nvml
@@ -190,7 +191,15 @@ def _run(options: PluginOptions, session: nvml.Nvml, server: KubeletServer, *, s
     foreign.subscribe(slices.trigger)
     health = faults = None
     if options.health_interval_seconds:
-        faults = _faults(options, model.devices, state=state, client=client, events=events, metrics=metrics)
+        faults = _faults(
+            options,
+            model.devices,
+            state=state,
+            client=client,
+            events=events,
+            metrics=metrics,
+            taints_kept=served.taints_kept,
+        )
         faults.subscribe_mig_change(foreign.loop.wake)
         health = HealthMonitor(
             pool=options.node_name,
@@ -289,6 +298,7 @@ def _faults(
     client: kube.Kube,
     events: NodeEvents,
     metrics: PluginMetrics,
+    taints_kept: Callable[[], bool],
 ) -> GpuFaults:
     log.info("GPU fault classes", extra={"xids": options.health_xids.describe()})
     return GpuFaults(
@@ -304,6 +314,7 @@ def _faults(
         holders=lambda gpu, device: _holders(state, gpu, device),
         writing=False,  # until its turn (below) starts: another instance on the node may write
         read_annotation=lambda: client.node_annotation(options.node_name, CLEAR_ANNOTATION),
+        taints_kept=taints_kept,
     )
 
 

@@ -59,6 +59,7 @@ class Node:
         self.clean_seconds = clean_seconds
         self.effect = effect
         self.holders: dict[str, list[str]] = {}
+        self.taints_kept = True  # whether the API server keeps device taints (the served model says)
         self.clock: Callable[[], float] = time.time  # what the marks are dated by
         self.monitor = self.start()
 
@@ -78,6 +79,7 @@ class Node:
             metrics=self.metrics,
             holders=lambda gpu, device: self.holders.get(device or gpu, []),
             read_annotation=lambda: self.annotation,
+            taints_kept=lambda: self.taints_kept,
             annotation_interval=0.05,
             clock=lambda: self.clock(),  # noqa: PLW0108 (the test swaps self.clock later)
         )
@@ -95,7 +97,7 @@ class Node:
         self.monitor.stop()
         self.monitor = self.start()
 
-    def until(self, what: str, done: Callable[[], object], timeout: float = 10) -> None:
+    def until(self, what: str, done: Callable[[], object], timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         while not done():
             assert time.monotonic() < deadline, f"never: {what}; taints {self.monitor.taints()}"
@@ -152,6 +154,23 @@ def test_a_fatal_xid_taints_the_gpu_and_its_partitions_and_says_who_holds_it(h10
         f"Node is annotated gpudra.io/clear-health={gpu}; held by claim team-a/train",
     )
     assert h100.sample("gpudra_gpu_xid_errors_total", gpu="gpu-3", xid="79") == 1
+
+
+def test_where_the_server_drops_taints_the_event_says_left_out_and_the_report_has_the_words(
+    h100: Node,
+) -> None:
+    gpu = h100.gpus["gpu-3"]
+    h100.taints_kept = False
+    sim.raise_xid(state_file=h100.state_file, gpu_uuid=gpu, xid=79)
+    h100.until("gpu-3 unhealthy", lambda: set(h100.monitor.messages()) == h100.on_gpu("gpu-3"))
+    (posted,) = h100.events.posted
+    assert (
+        "class reboot; left out of the slices (no device taints on this release) until the node" in posted[2]
+    )
+    assert h100.monitor.messages()["gpu-3"] == (
+        f"GPU {gpu}: XID 79 (GPU has fallen off the bus), class reboot; lifted when the node reboots (a GPU "
+        f"reset does not lift it) or the Node is annotated gpudra.io/clear-health={gpu}"
+    )
 
 
 def test_an_xid_storm_is_one_mark_one_event_series_and_one_health_file_write(
@@ -606,7 +625,7 @@ def test_corrected_ecc_and_mig_changes_are_counted_and_slowdowns_shown_never_tai
 # --- two instances on a node (a rolling update) -----------------------------------------------------
 
 
-def wait_for(what: str, done: Callable[[], object], timeout: float = 10) -> None:
+def wait_for(what: str, done: Callable[[], object], timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while not done():
         assert time.monotonic() < deadline, f"never: {what}"

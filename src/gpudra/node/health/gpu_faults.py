@@ -144,6 +144,7 @@ class GpuFaults:
         metrics: FaultMetrics,
         holders: Callable[[str, str | None], list[str]] = lambda gpu, device: [],
         read_annotation: Callable[[], str] | None = None,
+        taints_kept: Callable[[], bool] = lambda: True,
         annotation_interval: float = ANNOTATION_SECONDS,
         clock: Callable[[], float] = time.time,
         writing: bool = True,
@@ -151,6 +152,7 @@ class GpuFaults:
         self.classification = classification
         self.clean_seconds = clean_seconds
         self.reset_effect = reset_effect
+        self._taints_kept = taints_kept  # whether the API server keeps device taints (the served model)
         self._device_gpus = {d["name"]: gpu_uuid_of(d) for d in devices}
         self._gpus = tuple(dict.fromkeys(self._device_gpus.values()))
         self._names = {  # GPU UUID -> its whole-GPU device's name, for metrics and messages
@@ -262,6 +264,11 @@ class GpuFaults:
         until = gpu_health.lifted_when(
             fault.xid_class, gpu_uuid=fault.gpu_uuid, clean_seconds=self.clean_seconds
         )
+        published = (
+            f"tainted {UNHEALTHY_TAINT_KEY}={fault.reason}:{effect}"
+            if self._taints_kept()
+            else "left out of the slices (no device taints on this release)"
+        )
         # A repeat (an XID storm) is counted in the metrics and the Event's count, not logged each time.
         (log.warning if news else log.debug)(
             "GPU fault",
@@ -275,8 +282,7 @@ class GpuFaults:
         self._events.post(
             "Warning",
             "GpuFault",
-            f"{target} ({gpu}): {fault.what}, class {fault.xid_class}; tainted "
-            f"{UNHEALTHY_TAINT_KEY}={fault.reason}:{effect} until {until}; "
+            f"{target} ({gpu}): {fault.what}, class {fault.xid_class}; {published} until {until}; "
             + (f"held by claim {', '.join(held)}" if held else "no claim holds it"),
             series=f"{target}/{fault.xid_class}",  # one Event per GPU (or partition) and class, counting
         )
