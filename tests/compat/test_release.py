@@ -10,6 +10,8 @@ with the DRA gates on; `make test` the pinned 1.37).
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,7 @@ from gpudra.sim import hooks as sim
 from tests.integration.kube_helpers import wait_for
 from tests.integration.test_chart import NAMESPACE, VALUES_EXAMPLES, render
 from tests.integration.test_chart import _apply as apply
+from tests.localcluster.api import DemoApi
 from tests.localcluster.cluster import feature_gates_from_env
 from tests.localcluster.demo import NAMESPACE as DEMO_NAMESPACE
 from tests.localcluster.demo import Demo
@@ -204,10 +207,12 @@ def test_every_slice_is_stored_as_written(api: client.ApiClient, demo: Demo) -> 
 
 
 def test_an_unhealthy_gpu_is_tainted_or_left_out(
-    api: client.ApiClient, demo: Demo, gpudra: HostProcesses, cell: Cell
+    api: client.ApiClient, demo: Demo, gpudra: HostProcesses, cell: Cell, tmp_path: Path
 ) -> None:
     """A GPU that falls off the bus is tainted where the server keeps taints, else its devices leave
-    the slices; either way no new claim gets it. It comes back when the GPU does."""
+    the slices; either way no new claim gets it, and what a user reads shows it (`gpudra status`, as
+    JSON and as text, and the controller's gpudra_cluster_gpus{state="unhealthy"}). It comes back when
+    the GPU does."""
     plugin = gpudra.plugins["node-mixed"]
     held = {
         gpu
@@ -230,6 +235,7 @@ def test_an_unhealthy_gpu_is_tainted_or_left_out(
             assert tainted == [UNHEALTHY_TAINT_KEY]
         else:
             wait_for(f"{name} left out", lambda: name not in _devices(api, "node-mixed"), timeout=60)
+        _assert_status_shows(gpudra, api, tmp_path, name, uuid, "tainted" if cell.taints else "left-out")
     finally:
         sim.set_gpu_lost(state_file=plugin.sim_state, gpu_uuid=uuid, lost=False)
     wait_for(
@@ -237,6 +243,40 @@ def test_an_unhealthy_gpu_is_tainted_or_left_out(
         lambda: _healthy(_devices(api, "node-mixed").get(name)),
         timeout=60,
     )
+    endpoint = gpudra.controller(DemoApi(api))
+    wait_for("gpudra status to list no GPU unhealthy", lambda: endpoint.get()["unhealthy"] == [], timeout=60)
+
+
+def _assert_status_shows(
+    gpudra: HostProcesses, api: client.ApiClient, tmp_path: Path, name: str, uuid: str, slices: str
+) -> None:
+    """`gpudra status` (its JSON and its text) and the controller's metric show the GPU unhealthy, with
+    how the slices show it and the node's words."""
+    endpoint = gpudra.controller(DemoApi(api))
+
+    def listed() -> list[dict[str, Any]]:
+        return [d for d in endpoint.get()["unhealthy"] if (d["node"], d["device"]) == ("node-mixed", name)]
+
+    [shown] = wait_for("gpudra status to list the GPU unhealthy", listed, timeout=60)
+    assert (shown["uuid"], shown["slices"], shown["reason"]) == (uuid, slices, "NVMLError_GpuIsLost"), shown
+    assert shown["message"] == f"GPU {uuid}: NVMLError_GpuIsLost", shown
+    text = subprocess.run(
+        [sys.executable, "-m", "gpudra", "status", *endpoint.cli_args(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    rows = [line.split() for line in text.split("Unhealthy GPUs")[1].splitlines()[2:] if line.strip()]
+    assert ["node-mixed", name] in [row[:2] for row in rows], text
+    assert ("left out (no device taints on this release)" if slices == "left-out" else "tainted") in text
+    unhealthy = {
+        key: value
+        for key, value in gpudra.controller_process.metrics().items()
+        if key.startswith("gpudra_cluster_gpus{")
+        and 'node="node-mixed"' in key
+        and 'state="unhealthy"' in key
+    }
+    assert sum(unhealthy.values()) == 1, unhealthy
 
 
 def _devices(api: client.ApiClient, node: str) -> dict[str, dict[str, Any]]:
