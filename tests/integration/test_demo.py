@@ -22,7 +22,9 @@ SUMMARY = (
     "MIG devices created for the claims: 5",
     "MPS control daemons running for the claims: 4 "
     "(SM share/memory limit: 15%/10240M 25%/20480M 50%/16384M 50%/40960M)",
-    "Unhealthy GPUs (tainted gpudra.io/unhealthy; docs/health.md says what lifts it):",
+    "Unhealthy GPUs (tainted gpudra.io/unhealthy, or left out of the slices where the release drops device "
+    "taints; docs/health.md):",
+    "XID 119 (GSP RPC timeout), class reset; lifted when a GPU reset is observed",
     "taint gpudra.io/unhealthy=Xid119 lifted: a GPU reset was observed: it was unreachable and answers again",
     "CDI spec files left: 0; GPU settings back to default: yes; MIG devices left: 0; MPS daemons left: 0",
     "no process left running",
