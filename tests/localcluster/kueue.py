@@ -55,8 +55,9 @@ def build() -> Path:
 
 
 def version(directory: Path) -> str:
-    """The pinned release, from the cache directory's name (kueue-vX.Y.Z)."""
-    return directory.name.removeprefix("kueue-")
+    """The pinned release, from the cache directory's name (kueue-vX.Y.Z-noopt: the build's flags follow
+    the version, deploy/local/build-kueue.sh)."""
+    return directory.name.removeprefix("kueue-").removesuffix("-noopt")
 
 
 class KueueProcess:
