@@ -57,7 +57,8 @@ def test_a_wait_without_events_times_out_after_its_timeout(event_set: Any, h100:
     started = time.monotonic()
     with pytest.raises(pynvml.NVMLError_Timeout):
         pynvml.nvmlEventSetWait_v2(event_set, 200)
-    assert 0.19 <= time.monotonic() - started < 1.0
+    # Not before its timeout; the upper bound only tells "timed out" from "waited on", 50 times over.
+    assert 0.19 <= time.monotonic() - started < 10
 
 
 def test_an_xid_reaches_the_set_registered_for_its_gpu(
@@ -87,10 +88,10 @@ def test_a_waiting_set_wakes_for_an_event_raised_by_another_thread(
     )
     timer.start()
     started = time.monotonic()
-    data = pynvml.nvmlEventSetWait_v2(event_set, 5000)
+    data = pynvml.nvmlEventSetWait_v2(event_set, 60_000)
     timer.join()
     assert data.eventData == 48
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 30  # woken by the event, not at the wait's 60 s
 
 
 def test_only_the_registered_gpus_types_and_later_events_are_delivered(

@@ -106,8 +106,8 @@ def test_a_call_to_a_hung_api_server_fails_after_one_read_timeout_on_one_connect
         took = time.monotonic() - started
     # urllib3 re-raises a POST's read error itself: it would never retry one
     assert "timed out (" in str(caught.value) and "ReadTimeoutError" in str(caught.value)
-    assert len(accepted) == 1  # sent once: no retry on a new connection
-    assert READ_TIMEOUT <= took < 2 * READ_TIMEOUT  # urllib3's default took 4 read timeouts
+    assert len(accepted) == 1  # sent once: no retry (urllib3's default retries on new connections)
+    assert took >= READ_TIMEOUT
 
 
 def test_a_connection_the_api_server_never_completes_fails_after_one_connect_timeout(tmp_path: Path) -> None:
@@ -117,7 +117,9 @@ def test_a_connection_the_api_server_never_completes_fails_after_one_connect_tim
         with pytest.raises(ClusterError, match=r"timed out \(MaxRetryError > ConnectTimeoutError"):
             kube.get_claim("team-a", "claim-1")
         took = time.monotonic() - started
-    assert READ_TIMEOUT <= took < 2 * READ_TIMEOUT
+    # One connect timeout; urllib3's default would try 4 times, 4 timeouts (2 s): the time is the only
+    # witness here, since the server never accepts.
+    assert READ_TIMEOUT <= took < 3 * READ_TIMEOUT
 
 
 def test_the_timeout_would_be_four_times_longer_with_urllib3_s_default_retries(tmp_path: Path) -> None:

@@ -303,7 +303,8 @@ def test_wait_gives_up_after_its_timeout(state_file: Path, model: devices.Device
     idle = _monitor(state_file, model)  # never started: no snapshot ever comes
     started = time.monotonic()
     assert idle.wait(after=0, timeout=0.2) is None
-    assert 0.15 < time.monotonic() - started < 2
+    # Not before its timeout; the upper bound only tells "gave up" from "waited on", 50 times over.
+    assert 0.15 < time.monotonic() - started < 10
 
 
 def test_subscribers_see_a_gpu_lost_and_back(
@@ -683,8 +684,10 @@ def test_stop_ends_open_streams_at_once(server: KubeletServer) -> None:
     channel, stream = _watch(server)
     next(stream)
     started = time.monotonic()
-    server.stop(timeout=5)
-    assert time.monotonic() - started < 2  # far below the grace: the stream ended, nobody waited on it
+    server.stop(timeout=60)
+    # A stream that held the stop would take the whole 60 s grace: half of it tells the two apart on
+    # however loaded a machine.
+    assert time.monotonic() - started < 30
     for _ in stream:  # ends cleanly (status OK) after what was already on its way
         pass
     channel.close()

@@ -327,7 +327,9 @@ def test_stop_gives_up_on_a_call_after_the_grace_period(server: KubeletServer, b
     assert backend.entered.wait(10)
     started = time.monotonic()
     server.stop(timeout=0.5)
-    assert 0.4 < time.monotonic() - started < 3
+    # Not before the grace; the call itself never ends (backend.release is never set), so the upper bound
+    # only tells "gave up" from "waited on it".
+    assert 0.4 < time.monotonic() - started < 30
     with pytest.raises(grpc.RpcError):
         call.result(timeout=10)
     assert not server.dra_socket.exists() and not server.registration_socket.exists()
@@ -566,15 +568,13 @@ def test_a_hung_api_server_holds_up_no_call_that_needs_none(tmp_path: Path, sock
                 assert all("the API server answers slowly" in r.error for r in refused)
                 assert all("refused rather than queued (the kubelet retries it)" in r.error for r in refused)
 
-                started = time.monotonic()
-                again = prepare(done[0], timeout=5)
-                assert time.monotonic() - started < 1.0
+                # Both answered while the API server still hangs (source.answer is set below): a call
+                # that waited for a turn or for the server would end at its deadline with an error.
+                again = prepare(done[0], timeout=20)
                 assert not again.error and again.devices == first[0].devices
-                started = time.monotonic()
                 unprepared = stub.NodeUnprepareResources(
-                    dra_v1_pb2.NodeUnprepareResourcesRequest(claims=[claim_of(done[1])]), timeout=5
+                    dra_v1_pb2.NodeUnprepareResourcesRequest(claims=[claim_of(done[1])]), timeout=20
                 ).claims[done[1].uid]
-                assert time.monotonic() - started < 1.0
                 assert not unprepared.error and uid(2) not in node.entries()
 
                 source.answer.set()  # the API server answers again: the 12 calls it held go on
@@ -610,7 +610,7 @@ def test_turns_let_some_calls_wait_refuse_the_rest_at_once_and_end_a_wait_at_its
         started = time.monotonic()
         with pytest.raises(_NoTurn, match="refused rather than queued") as refused, turns.turn(10):
             pass
-        assert time.monotonic() - started < 0.5
+        assert time.monotonic() - started < 5  # at once: a queued call would wait its patience, 10 s
         assert str(refused.value) == (
             "the API server answers slowly: 1 calls are preparing claims it must read and 1 more wait for "
             "their turn; this call is refused rather than queued (the kubelet retries it)"
