@@ -41,6 +41,7 @@ from .kube_helpers import (
     pod_running,
     raw_request,
     wait_for,
+    wait_scale,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -438,7 +439,10 @@ def test_two_replicas_one_leads_and_a_killed_leader_hands_over_within_the_lease_
         killed = time.monotonic()
         controller.kill()
         wait_for("the standby to lead", standby.leading, timeout=3 * LEASE_SECONDS)
-        assert time.monotonic() - killed <= LEASE_SECONDS + 3
+        # Once the lease runs out, at the standby's next retry (a retry period of 0.8 s): the slack grows
+        # with the machine's load as every bounded wait here does (wait_scale). The exact hand-over
+        # times are tests/unit/controller/test_leader.py's, on a fake clock.
+        assert time.monotonic() - killed <= LEASE_SECONDS + 3 * wait_scale()
         # Nothing written twice: the new leader found the Secret and the configuration as they must be.
         time.sleep(2)
         assert _secret(core).metadata.resource_version == secret
