@@ -50,4 +50,5 @@ GPUDRA_PACKAGES=(
   prometheus                                               # deploy/local/build-prometheus.sh
   docker-registry                                          # make e2e's loopback registry
   chromium fonts-dejavu-core                               # deploy/local/install-chromium.sh
+  libfaketime                                              # tests/localcluster/clock_step.py: a stepped clock
 )

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography import x509
 from kubernetes import client, utils
 from kubernetes.client.exceptions import ApiException
 
@@ -26,6 +27,7 @@ from gpudra import sim
 from gpudra.model import claim_usage
 from gpudra.model.manifests import validate_documents
 from tests.localcluster import LocalCluster, examples
+from tests.localcluster.clock_step import stepped_clock_env
 from tests.localcluster.cluster import free_port
 from tests.localcluster.controller import NAMESPACE, ControllerProcess
 from tests.localcluster.node_plugin import DRIVER, PluginProcess
@@ -254,6 +256,72 @@ def test_the_certificate_is_made_once_trusted_and_survives_a_restart(
     message = _rejection(lambda: resources.create("resourceclaims", _claim("bad", _bad_config()), namespace))
     assert "sharing.strategy" in message
     assert base64.b64decode(secret.data["tls.crt"]).startswith(b"-----BEGIN CERTIFICATE-----")
+
+
+STEP_DAYS = 250
+
+
+def test_a_leader_whose_wall_clock_runs_250_days_ahead_issues_certificates_the_api_server_accepts(
+    cluster: LocalCluster,
+    controller: ControllerProcess,
+    api: client.ApiClient,
+    core: client.CoreV1Api,
+    resources: Resources,
+) -> None:
+    """Issue 44: a leader whose wall clock was stepped 250 days ahead (its monotonic clock and the API
+    server's clock right) makes the webhook's CA and serving certificate afresh, dated by the API
+    server's time: the API server accepts them, so a good claim is admitted and a bad one refused with
+    gpudra's words. Dated by the local clock, the certificate was not yet valid to the API server
+    and every claim with a gpudra config was refused."""
+    controller.stop()
+    core.delete_namespaced_secret(SECRET, NAMESPACE)  # nothing left to keep: all issued while stepped
+    stepped = ControllerProcess(
+        cluster,
+        "ctl-stepped",
+        webhook_url_port=controller.webhook_url_port,
+        idle_after_seconds=IDLE_AFTER,
+        lease_seconds=LEASE_SECONDS,
+        env=stepped_clock_env(f"+{STEP_DAYS}d"),
+    )
+    try:
+        stepped.start()
+        wait_for("the stepped replica to lead", stepped.leading, timeout=3 * LEASE_SECONDS)
+
+        def issued() -> client.V1Secret | None:
+            try:
+                return _secret(core)
+            except ApiException as err:
+                if err.status == 404:
+                    return None
+                raise
+
+        secret = wait_for("the webhook Secret made again", issued)
+        assert secret is not None
+
+        def bundles() -> set[str]:
+            configuration = _webhook_configuration(api) or {}
+            return {w["clientConfig"]["caBundle"] for w in configuration.get("webhooks", [])}
+
+        wait_for("the configuration to trust the new CA", lambda: bundles() == {secret.data["ca.crt"]})
+        now = datetime.now(UTC)
+        for key in ("ca.crt", "tls.crt"):
+            certificate = x509.load_pem_x509_certificate(base64.b64decode(secret.data[key]))
+            assert certificate.not_valid_before_utc <= now <= certificate.not_valid_after_utc, key
+            assert now - certificate.not_valid_before_utc < timedelta(hours=1), key  # not the local clock
+        namespace = new_namespace(core, "stepped-clock")
+        good = _claim("good", {"apiVersion": "resource.gpudra.io/v1beta1", "kind": "GpuConfig"})
+        resources.create("resourceclaims", good, namespace)
+        message = _rejection(
+            lambda: resources.create("resourceclaims", _claim("bad", _bad_config()), namespace)
+        )
+        assert "sharing.strategy" in message, message
+        skew = stepped.metrics().get("gpudra_clock_skew_seconds")
+        assert skew is not None and abs(skew - STEP_DAYS * 86400) < 120, skew
+        assert "this node's clock differs from the API server's" in stepped.log.read_text()
+    finally:
+        stepped.stop()
+        controller.start()
+    wait_for("the first replica to lead again", controller.leading, timeout=3 * LEASE_SECONDS)
 
 
 # --- the cluster view ----------------------------------------------------------------------------

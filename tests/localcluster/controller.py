@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,13 +80,16 @@ class ControllerProcess:
         namespace: str = NAMESPACE,
         kubeconfig: Path | None = None,
         extra_args: tuple[str, ...] = (),
+        env: Mapping[str, str] | None = None,
     ) -> None:
         """`kubeconfig` replaces the cluster's admin credentials (e.g. the chart's service account);
-        `extra_args` are more `gpudra controller` options (names the chart gives, an owner)."""
+        `extra_args` are more `gpudra controller` options (names the chart gives, an owner); `env` is
+        added to the process's environment (a stepped wall clock: tests.localcluster.clock_step)."""
         self.cluster = cluster
         self.namespace = namespace
         self.kubeconfig = kubeconfig or cluster.kubeconfig
         self.extra_args = extra_args
+        self.env = dict(env or {})
         self.identity = identity
         self.webhook_url_port = webhook_url_port
         self.bind_webhook_port = bind_webhook_port or webhook_url_port
@@ -119,6 +123,7 @@ class ControllerProcess:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                env={**os.environ, **self.env} if self.env else None,
             )
         if wait_ready:
             self.wait(self.ready, "ready", 60)
