@@ -411,19 +411,25 @@ def test_gpudra_status_sends_the_token_verifies_the_server_and_says_what_went_wr
 
 
 def test_new_tokens_are_bounded_per_client_and_a_flood_neither_blocks_nor_evicts_valid_users() -> None:
-    """300 made-up tokens from one pod: the burst is reviewed, the rest answered 429 with Retry-After at
-    no cost to the API server; meanwhile a user whose token is cached is answered without a review, and
-    another client's new token is reviewed."""
+    """Issue 44's flood: 1,000 made-up tokens from one pod within 3 s. The burst and the refill are
+    reviewed (15 TokenReviews), the rest answered 429 with Retry-After at no cost to the API server;
+    meanwhile a user whose token is cached is answered without a review, and another client's new token
+    is reviewed."""
     reviews, now = FakeReviews(), [0.0]
     app = StatusPages(StatusAccess(reviews, clock=lambda: now[0]), view=view, namespaces=lambda: NAMESPACES)
     assert call(app, "/status", "team-a-token", client="10.0.0.2")[0] == "200 OK"
     reviews.calls.clear()
-    answers = [call(app, "/status", f"made-up-{i}", client="10.0.0.66") for i in range(300)]
+    answers = []
+    for i in range(1000):
+        now[0] = i * 0.003
+        answers.append(call(app, "/status", f"made-up-{i}", client="10.0.0.66"))
     statuses = [status for status, _, _ in answers]
-    assert statuses.count("401 Unauthorized") == NEW_TOKENS_BURST
-    assert statuses.count("429 Too Many Requests") == 300 - NEW_TOKENS_BURST
+    reviewed = NEW_TOKENS_BURST + int(now[0] * NEW_TOKENS_PER_SECOND)  # 10 at once, then 2 a second
+    assert reviewed == 15
+    assert statuses.count("401 Unauthorized") == reviewed
+    assert statuses.count("429 Too Many Requests") == 1000 - reviewed
     assert answers[-1][1]["Retry-After"] == "1"
-    assert len([c for c in reviews.calls if c[0] == "token"]) == NEW_TOKENS_BURST
+    assert len([c for c in reviews.calls if c[0] == "token"]) == reviewed
     reviews.calls.clear()
     assert call(app, "/status", "team-a-token", client="10.0.0.2")[0] == "200 OK" and reviews.calls == []
     assert call(app, "/status", "viewer-token", client="10.0.0.3")[0] == "200 OK"
