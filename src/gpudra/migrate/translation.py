@@ -73,8 +73,8 @@ _SAME_ATTRIBUTES = frozenset(
 _STANDARD = "resource.kubernetes.io"
 # NVIDIA's older `pcieBusID` is the standard attribute now, in both drivers
 _TO_STANDARD = {"pcieBusID": "pciBusID"}
-# NVIDIA's newer `resource.kubernetes.io/numaNode` is gpudra's `numaNode`, in its own domain
-_FROM_STANDARD = {"numaNode": "numaNode"}
+# The standard attributes NVIDIA's manifests name (`resource.kubernetes.io/numaNode`, pciBusID,
+# pcieRoot) are gpudra's too, under the same names: they stay as they are.
 _SAME_CAPACITIES = frozenset(
     ("memory", "multiprocessors", "copyEngines", "decoders", "encoders", "jpegEngines", "ofaEngines")
 )
@@ -418,8 +418,6 @@ class _Translator:
                 if name in known:
                     return f"device.{what}[{quote}{self.options.driver}{quote}].{name}"
                 missing.append(f"{'attribute' if what == 'attributes' else 'capacity'} {name}")
-            elif domain == _STANDARD and what == "attributes" and name in _FROM_STANDARD:
-                return f"device.attributes[{quote}{self.options.driver}{quote}].{_FROM_STANDARD[name]}"
             return match[0]
 
         renamed = _REFERENCE.sub(rename, expression)
@@ -441,8 +439,6 @@ class _Translator:
             return f"{_STANDARD}/{_TO_STANDARD[attribute]}"
         if domain == NVIDIA_DRIVER and attribute in _SAME_ATTRIBUTES:
             return f"{self.options.driver}/{attribute}"
-        if domain == _STANDARD and attribute in _FROM_STANDARD:
-            return f"{self.options.driver}/{_FROM_STANDARD[attribute]}"
         if domain == NVIDIA_DRIVER:
             self.left(at, f"{name}: gpudra publishes no attribute {attribute} (docs/migrate.md)")
         return None

@@ -97,6 +97,10 @@ from gpudra.model.publishing import MigMode, PartitionAttributes, Publishing
 STANDARD_DOMAIN = "resource.kubernetes.io"
 PCI_BUS_ID = f"{STANDARD_DOMAIN}/pciBusID"
 PCIE_ROOT = f"{STANDARD_DOMAIN}/pcieRoot"
+# GA in 1.37 (KEP-6072): the name every driver publishes a device's NUMA node under, so that a claim can
+# keep a GPU and another driver's device (a NIC) on one node with matchAttribute. gpudra's own
+# `numaNode` stays beside it for the claims written against it.
+NUMA_NODE = f"{STANDARD_DOMAIN}/numaNode"
 
 # The API caps string and version attributes at 64 characters; NVML names may be up to 96.
 _MAX_STRING = 64
@@ -539,6 +543,7 @@ def _parent_attributes(gpu: Gpu, versions: dict[str, str]) -> dict[str, DeviceAt
         attributes[PCIE_ROOT] = _string(gpu.pcie_root)
     if gpu.numa_node is not None:
         attributes["numaNode"] = {"int": gpu.numa_node}
+        attributes[NUMA_NODE] = {"int": gpu.numa_node}
     if gpu.nvlink_domain is not None:
         attributes["nvlinkDomain"] = _string(gpu.nvlink_domain)
     return attributes

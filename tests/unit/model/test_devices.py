@@ -227,6 +227,7 @@ def test_whole_h100_device() -> None:
         "resource.kubernetes.io/pciBusID": {"string": "0000:5d:00.0"},
         "resource.kubernetes.io/pcieRoot": {"string": "pci0000:5b"},
         "numaNode": {"int": 0},
+        "resource.kubernetes.io/numaNode": {"int": 0},
         "nvlinkDomain": {"string": "nvswitch-0"},
     }
     assert device["capacity"] == {
@@ -262,6 +263,7 @@ def test_partition_device_carries_its_profile_and_its_parents_attributes() -> No
         "resource.kubernetes.io/pciBusID",
         "resource.kubernetes.io/pcieRoot",
         "numaNode",
+        "resource.kubernetes.io/numaNode",
         "nvlinkDomain",
     ]
     assert {k: attributes[k] for k in shared} == {k: parent["attributes"][k] for k in shared}
@@ -309,7 +311,8 @@ def test_minimal_partition_attributes_name_the_partition_and_its_product_only() 
 
 def test_optional_attributes_are_left_out_when_unknown() -> None:
     device = build_devices(inv.mixed_node(), mig_mode="partitionable").devices[0]
-    assert {"numaNode", "nvlinkDomain", "resource.kubernetes.io/pcieRoot"}.isdisjoint(device["attributes"])
+    optional = {"numaNode", "resource.kubernetes.io/numaNode", "nvlinkDomain", "resource.kubernetes.io/pcieRoot"}
+    assert optional.isdisjoint(device["attributes"])
     assert device["capacity"] == {"memory": {"value": "23034Mi"}, "multiprocessors": {"value": "58"}}
 
 

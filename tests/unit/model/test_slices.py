@@ -574,7 +574,7 @@ BROKEN: list[tuple[str, list[int], Breaker, str]] = [
         "attributes-and-capacities",
         MINORS,
         lambda s: first_device(s)["capacity"].update({f"c{i}": {"value": "1"} for i in range(11)}),
-        "15 attributes and 18 capacities; at most 32",
+        "16 attributes and 18 capacities; at most 32",
     ),
     (
         "consumption-repeated",
