@@ -33,12 +33,23 @@ from gpudra.quantity import Amount, parse_quantity
 
 @dataclass(frozen=True)
 class Toleration:
-    """One toleration of device taints; an absent field is empty."""
+    """One toleration: of device taints in a claim's request, of node taints in a pod
+    (`gpudra.model.cluster_objects`); an absent field is empty."""
 
     key: str = ""
     operator: str = ""  # "Equal" when empty
     value: str = ""
     effect: str = ""
+
+    @classmethod
+    def from_raw(cls, raw: object) -> Toleration:
+        toleration = mapping(raw)
+        return cls(
+            key=text(toleration.get("key")),
+            operator=text(toleration.get("operator")),
+            value=text(toleration.get("value")),
+            effect=text(toleration.get("effect")),
+        )
 
 
 @dataclass(frozen=True)
@@ -240,8 +251,13 @@ def read_spec_of(obj: Mapping[str, Any]) -> ClaimSpec | None:
         return read_spec(obj.get("spec"), path="spec")
     if kind != "ResourceClaimTemplate":
         return None
+    return read_template_spec(obj.get("spec"))
+
+
+def read_template_spec(spec: object) -> ClaimSpec:
+    """The ResourceClaimSpec of a ResourceClaimTemplate whose `spec` is `spec` (it sits at `spec.spec`)."""
     problems: list[FieldProblem] = []
-    template = _optional_object(obj.get("spec"), "spec", problems)
+    template = _optional_object(spec, "spec", problems)
     if problems:
         return ClaimSpec(problems=tuple(problems), path="spec.spec")
     return read_spec(template.get("spec"), path="spec.spec")
@@ -419,14 +435,7 @@ def _request(
     for index, item in enumerate(_optional_list(raw.get("tolerations"), f"{where}.tolerations", problems)):
         toleration = _object(item, f"{where}.tolerations[{index}]", problems)
         if toleration is not None:
-            tolerations.append(
-                Toleration(
-                    key=text(toleration.get("key")),
-                    operator=text(toleration.get("operator")),
-                    value=text(toleration.get("value")),
-                    effect=text(toleration.get("effect")),
-                )
-            )
+            tolerations.append(Toleration.from_raw(toleration))
     return Request(
         name=f"{base}/{sub}" if sub else base,
         base=base,
