@@ -35,8 +35,9 @@ Online, the server is asked as the plugin asks it, by a server-side dry run of a
 (default: the newest supported release, its default gates).
 
 Files are read with `gpudra.cli.manifest_files` (bounded: size, aliases, depth), the cluster's objects
-with `gpudra.kube.client` (bounded per object); an object left out is named on stderr. The judging is
-`gpudra.scheduling.explain`.
+with `gpudra.kube.client` (bounded per object); an object left out is named on stderr. Pods, Nodes,
+claims and templates are read into their records here (`gpudra.model.cluster_objects`,
+`gpudra.model.claim`), and only those go further. The judging is `gpudra.scheduling.explain`.
 """
 
 from __future__ import annotations
@@ -52,10 +53,12 @@ from gpudra.cli.explain_text import render_text
 from gpudra.cli.manifest_files import read_documents
 from gpudra.cli.output_format import dump, one_or_list
 from gpudra.errors import ConfigError, GpudraError
-from gpudra.model.claim import Claim, read_claim, read_spec_of
+from gpudra.model.claim import Claim, read_claim
+from gpudra.model.cluster_objects import Node, Pod, ResourceClaimTemplate
 from gpudra.model.kube_api import NEWEST_MINOR
 from gpudra.model.manifests import document_warnings, validate_documents
 from gpudra.model.publishing import ServerFields, parse_feature_gates
+from gpudra.model.tolerant import mapping, text
 from gpudra.scheduling.explain import (
     ClaimToExplain,
     Explanation,
@@ -98,9 +101,10 @@ class Inputs:
     slices: list[Mapping[str, Any]] = field(default_factory=list)
     allocated: list[Claim] = field(default_factory=list)
     targets: list[list[ClaimToExplain]] = field(default_factory=list)  # each explained on its own
-    pods: list[Mapping[str, Any] | None] = field(default_factory=list)  # each target's pod, if any
-    nodes: list[Mapping[str, Any]] = field(default_factory=list)
-    running: list[Mapping[str, Any]] = field(default_factory=list)  # pods whose requests use their nodes
+    pods: list[Pod | None] = field(default_factory=list)  # each target's pod, if any
+    nodes: list[Node] = field(default_factory=list)
+    # pods whose requests use their nodes, as listed or read from the files (`run` reads them once)
+    running: list[Mapping[str, Any]] = field(default_factory=list)
     driver: str = ""
     fields: ServerFields | None = None  # what the API server keeps
     notes: list[str] = field(default_factory=list)
@@ -116,9 +120,10 @@ def run(args: argparse.Namespace) -> int:
     inventory = ClusterInventory(inputs.slices)
     fields = inputs.fields or ServerFields.of_release(NEWEST_MINOR)
     pods = inputs.pods + [None] * (len(inputs.targets) - len(inputs.pods))
+    running = [Pod.from_raw(pod) for pod in inputs.running]
     results = []
     for target, pod in zip(inputs.targets, pods, strict=True):
-        spec = (pod.get("spec") or {}) if pod is not None else None
+        spec = pod.spec if pod is not None else None
         result = explain(
             target,
             classes=inputs.classes,
@@ -126,9 +131,9 @@ def run(args: argparse.Namespace) -> int:
             allocated=inputs.allocated,
             server=fields,
             driver=args.driver_name,
-            node_refusals=node_refusals(spec, inputs.nodes, inputs.running) if spec is not None else None,
+            node_refusals=node_refusals(spec, inputs.nodes, running) if spec is not None else None,
         )
-        result.notes += [*unevaluated(spec or {}), *inputs.notes]
+        result.notes += [*(unevaluated(spec) if spec is not None else []), *inputs.notes]
         if pod is not None and _names_its_node(pod):
             result.notes.append(NODE_NAME_NOTE)
         results.append(result)
@@ -161,7 +166,7 @@ def _offline(args: argparse.Namespace) -> Inputs:
             elif obj.get("kind") == "ResourceClaim":
                 inputs.allocated.append(read_claim(obj))
             elif obj.get("kind") == "Node":
-                inputs.nodes.append(obj)
+                inputs.nodes.append(Node.from_raw(obj))
             elif obj.get("kind") == "Pod":
                 inputs.running.append(obj)
     classes_file = args.classes or DEFAULT_CLASSES
@@ -208,7 +213,7 @@ def _targets(
     objects = list(objects)
     inputs.classes.update(device_classes(objects))
     inputs.slices += [o for o in objects if o.get("kind") == "ResourceSlice"]
-    inputs.nodes += [o for o in objects if o.get("kind") == "Node"]
+    inputs.nodes += [Node.from_raw(o) for o in objects if o.get("kind") == "Node"]
     pods = [pod for o in objects if (pod := _pod_of(o)) is not None]
     if not pods:
         found = claims_to_explain(objects, namespace=namespace or "default", driver=inputs.driver)
@@ -232,11 +237,11 @@ WORKLOADS = {
 }
 
 
-def _pod_of(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
+def _pod_of(obj: Mapping[str, Any]) -> Pod | None:
     """A Pod, or the pod a workload's template makes (named "<Kind>/<name>"); None for other objects."""
     kind = str(obj.get("kind", ""))
     if kind == "Pod":
-        return obj
+        return Pod.from_raw(obj)
     if kind not in WORKLOADS:
         return None
     template: Any = obj
@@ -249,7 +254,7 @@ def _pod_of(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
             f"has no pod template at {'.'.join(WORKLOADS[kind])}.spec", field=f"{kind} {meta.get('name')}"
         )
     named = {k: v for k, v in meta.items() if k in ("name", "namespace")}
-    return {"kind": "Pod", "metadata": {**named, "name": f"{kind}/{meta.get('name', '')}"}, "spec": spec}
+    return Pod.from_raw({"metadata": {**named, "name": f"{kind}/{meta.get('name', '')}"}, "spec": spec})
 
 
 def _object(value: object, field: str) -> Mapping[str, Any]:
@@ -261,17 +266,8 @@ def _object(value: object, field: str) -> Mapping[str, Any]:
     return value
 
 
-def _object_list(value: object, field: str) -> list[Mapping[str, Any]]:
-    """`value` as a list of objects (absent: empty)."""
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise ConfigError(f"is {type(value).__name__}, not a list", field=field)
-    return [_object(item, f"{field}[{index}]") for index, item in enumerate(value)]
-
-
 def _pod_claims(
-    pod: Mapping[str, Any],
+    pod: Pod,
     objects: Sequence[Mapping[str, Any]],
     *,
     cluster: Kube | None,
@@ -280,33 +276,31 @@ def _pod_claims(
 ) -> list[ClaimToExplain]:
     """The claims a pod's `resourceClaims` name, from `objects` first, then from the cluster. A template
     whose claim the pod already has (status.resourceClaimStatuses) is explained as that claim."""
-    meta = _object(pod.get("metadata"), "Pod: metadata")
-    pod_namespace = meta.get("namespace") or namespace or "default"
-    pod_name = f"Pod {pod_namespace}/{meta.get('name')}"
-    statuses = _object(pod.get("status"), f"{pod_name}: status").get("resourceClaimStatuses")
-    generated = {
-        s.get("name"): s.get("resourceClaimName")
-        for s in _object_list(statuses, f"{pod_name}: status.resourceClaimStatuses")
-        if s.get("resourceClaimName")
-    }
+    pod_namespace = pod.namespace or namespace or "default"
+    pod_name = f"Pod {pod_namespace}/{pod.name}"
+    if pod.problems:  # its name or claims cannot be read
+        first = pod.problems[0]
+        raise ConfigError(
+            first.message,
+            field="Pod: metadata" if first.field == "metadata" else f"{pod_name}: {first.field}",
+        )
     claims = []
-    entries = _object(pod.get("spec"), f"{pod_name}: spec").get("resourceClaims")
-    for index, entry in enumerate(_object_list(entries, f"{pod_name}: spec.resourceClaims")):
-        where = f"{pod_name}: spec.resourceClaims[{index}]"
-        if entry.get("resourceClaimName") or entry.get("name") in generated:
-            name = str(entry.get("resourceClaimName") or generated[entry.get("name")])
+    for entry in pod.spec.resource_claims:
+        where = f"{pod_name}: spec.resourceClaims[{entry.index}]"
+        if entry.resource_claim_name or entry.name in pod.claim_statuses:
+            name = entry.resource_claim_name or pod.claim_statuses[entry.name]
             claims.append(
                 _find(
                     objects, "ResourceClaim", pod_namespace, name, cluster=cluster, where=where, driver=driver
                 )
             )
-        elif entry.get("resourceClaimTemplateName"):
+        elif entry.template_name:
             claims.append(
                 _find(
                     objects,
                     "ResourceClaimTemplate",
                     pod_namespace,
-                    entry["resourceClaimTemplateName"],
+                    entry.template_name,
                     cluster=cluster,
                     where=where,
                     driver=driver,
@@ -330,7 +324,7 @@ def _find(
     driver: str,
 ) -> ClaimToExplain:
     for obj in objects:
-        meta = obj.get("metadata") or {}
+        meta = mapping(obj.get("metadata"))
         if (
             obj.get("kind") == kind
             and meta.get("name") == name
@@ -368,7 +362,7 @@ def _online(args: argparse.Namespace) -> Inputs:
     inputs = Inputs(classes=device_classes(cluster.list_device_classes()), driver=args.driver_name)
     _server(inputs, cluster, args)
     inputs.slices.extend(cluster.list_all_slices())
-    inputs.nodes.extend(cluster.list_nodes())
+    inputs.nodes.extend(map(Node.from_raw, cluster.list_nodes()))
     inputs.allocated.extend(read_claim(obj) for obj in cluster.list_all_claims())
     if args.classes is not None:
         inputs.classes.update(device_classes(_objects(args.classes)))
@@ -426,12 +420,10 @@ def _check_target(target: str) -> None:
         raise ConfigError(f"is neither a file nor KIND/NAME of a kind explain reads ({kinds})", field=target)
 
 
-def _names_its_node(pod: Mapping[str, Any]) -> bool:
+def _names_its_node(pod: Pod) -> bool:
     """Whether the pod's spec.nodeName was set by its author (the scheduler never sees the pod), not by
     the scheduler's binding (PodScheduled True)."""
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    scheduled = any(c.get("type") == "PodScheduled" and c.get("status") == "True" for c in conditions)
-    return bool((pod.get("spec") or {}).get("nodeName")) and not scheduled
+    return bool(pod.spec.node_name) and not pod.scheduled
 
 
 def _cluster_object(target: str) -> tuple[str, str] | None:
@@ -444,8 +436,8 @@ def _cluster_object(target: str) -> tuple[str, str] | None:
 
 
 def _namespace_name(obj: Mapping[str, Any]) -> tuple[str, str]:
-    meta = obj.get("metadata") or {}
-    return str(meta.get("namespace", "")), str(meta.get("name", ""))
+    meta = mapping(obj.get("metadata"))
+    return text(meta.get("namespace")), text(meta.get("name"))
 
 
 def claims_to_explain(
@@ -457,12 +449,15 @@ def claims_to_explain(
     what is wrong with their `driver` config entries."""
     found = []
     for obj in unpack_lists(objects):
-        spec = read_spec_of(obj)
-        if spec is None:
-            continue
-        meta = obj.get("metadata") or {}
-        name = f"{meta.get('namespace') or namespace}/{meta.get('name', '')}"
         template = obj.get("kind") == "ResourceClaimTemplate"
+        if template:
+            read: Claim | ResourceClaimTemplate = ResourceClaimTemplate.from_raw(obj)
+        elif obj.get("kind") == "ResourceClaim":
+            read = read_claim(obj)
+        else:
+            continue
+        spec = read.spec
+        name = f"{read.namespace or namespace}/{read.name}"
         invalid = tuple(
             f"{p.field}: {p.message}"
             for p in (validate_documents([("", obj)], driver=driver) if driver else [])

@@ -48,6 +48,7 @@ from cryptography.x509 import verification
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from gpudra.errors import ConfigError
+from gpudra.model.tolerant import mapping
 
 CA_LIFETIME = timedelta(days=3650)
 SERVING_LIFETIME = timedelta(days=365)
@@ -86,7 +87,7 @@ def from_secret_data(data: Mapping[str, object] | None) -> Material:
     replaces what it held and keeps what is still good."""
     values = {}
     for attr, key in _KEYS.items():
-        raw = (data or {}).get(key)
+        raw = mapping(data).get(key)
         try:
             values[attr] = base64.b64decode(raw, validate=True) if isinstance(raw, str) else b""
         except (binascii.Error, ValueError):

@@ -68,6 +68,7 @@ from gpudra.controller.options import ControllerOptions
 from gpudra.errors import ConfigError
 from gpudra.model.kube_api import GROUP, VERSION
 from gpudra.model.manifests import Problem, document_warnings, validate_documents
+from gpudra.model.tolerant import mapping
 
 log = logging.getLogger(__name__)
 
@@ -320,8 +321,9 @@ def desired_configuration(
 
 def warned_classes_of(configuration: Mapping[str, Any] | None) -> list[str] | None:
     """The classes a stored configuration's warnings webhook names (its annotation); None without one."""
-    annotations = ((configuration or {}).get("metadata") or {}).get("annotations") or {}
-    value = annotations.get(WARNED_CLASSES_ANNOTATION)
+    value = mapping(mapping(mapping(configuration).get("metadata")).get("annotations")).get(
+        WARNED_CLASSES_ANNOTATION
+    )
     return None if not isinstance(value, str) else [name for name in value.split(",") if name]
 
 

@@ -38,6 +38,7 @@ from gpudra.controller.options import ControllerOptions
 from gpudra.controller.webhook import WebhookServer, desired_configuration, warned_classes_of
 from gpudra.errors import ConfigError
 from gpudra.kube.client import Conflict, Obj
+from gpudra.model.tolerant import items, mapping, text
 from gpudra.runtime.service import Loop
 
 log = logging.getLogger(__name__)
@@ -187,7 +188,7 @@ class CertificateKeeper:
         if classes is None:
             classes = warned_classes_of(configuration) or ()
         desired = desired_configuration(self.options, bundle, classes)
-        stored_annotations = ((configuration or {}).get("metadata") or {}).get("annotations") or {}
+        stored_annotations = mapping(mapping(mapping(configuration).get("metadata")).get("annotations"))
         wanted_annotations = {**stored_annotations, **desired["metadata"]["annotations"]}
         if configuration is None:
             self.api.create_webhook_configuration(desired)
@@ -204,8 +205,8 @@ class CertificateKeeper:
 def _bundles(configuration: Obj | None) -> list[bytes]:
     """The CA bundle of each webhook of a stored configuration (PEM; empty where unreadable)."""
     bundles = []
-    for webhook in (configuration or {}).get("webhooks") or []:
-        encoded = ((webhook or {}).get("clientConfig") or {}).get("caBundle") or ""
+    for webhook in items(mapping(configuration).get("webhooks")):
+        encoded = text(mapping(mapping(webhook).get("clientConfig")).get("caBundle"))
         try:
             bundles.append(base64.b64decode(encoded, validate=True))
         except (binascii.Error, ValueError):

@@ -32,6 +32,7 @@ from gpudra.kube.access_review import AccessReviews
 from gpudra.kube.admission import AdmissionObjects, cluster_role_owner
 from gpudra.kube.claim_status import ClaimStatus
 from gpudra.kube.lease import Leases
+from gpudra.model.tolerant import mapping, text
 from gpudra.runtime import service
 from gpudra.runtime.http_endpoint import Check, HttpEndpoint, loops_alive
 
@@ -97,7 +98,7 @@ def run(options: ControllerOptions, *, stop: threading.Event) -> None:
             StatusAccess(AccessReviews(client)),
             view=cluster.view,
             namespaces=lambda: {
-                (c.get("metadata") or {}).get("namespace", "") for c in cluster.claims.objects()
+                text(mapping(c.get("metadata")).get("namespace")) for c in cluster.claims.objects()
             },
             map_app=GpuMapPage(cluster.survey).app if options.gpu_map else None,
             map_paths=PATHS,

@@ -15,6 +15,7 @@ from typing import Any
 from gpudra.api import config_problems
 from gpudra.model.kube_api import GROUP
 from gpudra.model.manifests import Problem
+from gpudra.model.tolerant import items, mapping
 
 NVIDIA_DRIVER = "gpu.nvidia.com"
 NVIDIA_CONFIG_GROUP = "resource.nvidia.com"
@@ -101,14 +102,14 @@ def _check(obj: Mapping[str, Any], driver: str) -> list[tuple[str, str, str]]:
 
 
 def _claim_problems(obj: Mapping[str, Any], kind: str, label: str, driver: str) -> list[tuple[str, str, str]]:
-    spec = _map(obj.get("spec"))
+    spec = mapping(obj.get("spec"))
     at = "spec"
     if kind == "ResourceClaimTemplate":
         if "spec" not in spec:
             found = "spec.devices" if "devices" in spec else "spec.spec"
             return [(label, found, _NO_SPEC_SPEC)]
-        spec, at = _map(spec.get("spec")), "spec.spec"
-    devices = _map(spec.get("devices"))
+        spec, at = mapping(spec.get("spec")), "spec.spec"
+    devices = mapping(spec.get("devices"))
     return [(label, f"{at}.devices.{field}", message) for field, message in _devices(devices, driver)]
 
 
@@ -123,25 +124,25 @@ def _devices(devices: Mapping[str, Any], driver: str) -> list[tuple[str, str]]:
     ours = set(classes.values())
     found: list[tuple[str, str]] = []
     request_classes: dict[str, set[str]] = {}
-    for index, item in enumerate(_list(devices.get("requests"))):
-        request = _map(item)
+    for index, item in enumerate(items(devices.get("requests"))):
+        request = mapping(item)
         name = str(request.get("name", ""))
         for field, chosen in _choices(request):
             request_classes.setdefault(name, set()).add(str(chosen.get("deviceClassName", "")))
             leftovers = _request_leftovers(chosen, classes, driver)
             found += [(f"requests[{index}].{field}.{f}", m) for f, m in leftovers]
-    for index, constraint in enumerate(_list(devices.get("constraints"))):
-        attribute = str(_map(constraint).get("matchAttribute", ""))
+    for index, constraint in enumerate(items(devices.get("constraints"))):
+        attribute = str(mapping(constraint).get("matchAttribute", ""))
         if attribute.startswith(f"{NVIDIA_DRIVER}/"):
             renamed = f"{driver}/{attribute.partition('/')[2]}"
             message = f"{_nvidia(attribute)}; gpudra's is {renamed}"
             found.append((f"constraints[{index}].matchAttribute", message))
-    for index, entry in enumerate(_list(devices.get("config"))):
-        opaque = _map(_map(entry).get("opaque"))
+    for index, entry in enumerate(items(devices.get("config"))):
+        opaque = mapping(mapping(entry).get("opaque"))
         other = opaque.get("driver")
         if not isinstance(other, str) or other == driver:
             continue
-        named = _list(_map(entry).get("requests"))
+        named = items(mapping(entry).get("requests"))
         targets = [str(n).partition("/")[0] for n in named] if named else list(request_classes)
         # NVIDIA's driver is a leftover wherever it is; another driver's config is for its own requests,
         # unless every request it applies to is gpudra's.
@@ -157,7 +158,7 @@ def _choices(request: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any
     """A request's device choices: `exactly`, or each of `firstAvailable`."""
     if isinstance(request.get("exactly"), Mapping):
         yield "exactly", request["exactly"]
-    for index, sub in enumerate(_list(request.get("firstAvailable"))):
+    for index, sub in enumerate(items(request.get("firstAvailable"))):
         if isinstance(sub, Mapping):
             yield f"firstAvailable[{index}]", sub
 
@@ -171,8 +172,8 @@ def _request_leftovers(
         form = NVIDIA_CLASSES[str(name)]
         instead = f"{classes[form]} ({classes[form + '-shared']} for a share)"
         found.append(("deviceClassName", f"{_nvidia(str(name))}; gpudra's is {instead}"))
-    for index, selector in enumerate(_list(chosen.get("selectors"))):
-        expression = str(_map(_map(selector).get("cel")).get("expression", ""))
+    for index, selector in enumerate(items(chosen.get("selectors"))):
+        expression = str(mapping(mapping(selector).get("cel")).get("expression", ""))
         if f'"{NVIDIA_DRIVER}"' in expression or f"'{NVIDIA_DRIVER}'" in expression:
             found.append(
                 (
@@ -182,8 +183,8 @@ def _request_leftovers(
                     f'"{driver}" (this selector matches no gpudra device)',
                 )
             )
-    for index, toleration in enumerate(_list(chosen.get("tolerations"))):
-        key = str(_map(toleration).get("key", ""))
+    for index, toleration in enumerate(items(chosen.get("tolerations"))):
+        key = str(mapping(toleration).get("key", ""))
         if key.startswith(f"{NVIDIA_DRIVER}/"):
             message = f"{key} is NVIDIA's DRA driver's taint ({MIGRATE}); gpudra's is gpudra.io/unhealthy"
             found.append((f"tolerations[{index}].key", message))
@@ -203,14 +204,6 @@ def _nvidia(name: str) -> str:
 
 
 def _name(obj: Mapping[str, Any]) -> str:
-    meta = _map(obj.get("metadata"))
+    meta = mapping(obj.get("metadata"))
     name = meta.get("name") or "(no name)"
     return f"{meta['namespace']}/{name}" if meta.get("namespace") else str(name)
-
-
-def _map(value: object) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _list(value: object) -> list[Any]:
-    return value if isinstance(value, list) else []

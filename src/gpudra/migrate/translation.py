@@ -41,6 +41,7 @@ from gpudra.migrate.migration import (
 )
 from gpudra.model.devices import SHARED_ATTRIBUTE, dns_label
 from gpudra.model.kube_api import API_VERSION, GROUP
+from gpudra.model.tolerant import items, mapping
 
 GIB = 1024**3
 MigStrategy = Literal["none", "single", "mixed"]
@@ -327,20 +328,20 @@ class _Translator:
     def devices(self, devices: dict[str, Any], at: str, *, beta1: bool) -> bool:
         """Translates a claim's `devices`; True when it names NVIDIA's driver anywhere."""
         nvidia = False
-        for index, request in enumerate(_list(devices.get("requests"))):
+        for index, request in enumerate(items(devices.get("requests"))):
             if not isinstance(request, dict):
                 continue
             where = f"{at}.requests[{index}]"
             for sub, chosen in _choices(request, beta1=beta1):
                 nvidia = self.choice(chosen, f"{where}{sub}") or nvidia
-        for index, constraint in enumerate(_list(devices.get("constraints"))):
+        for index, constraint in enumerate(items(devices.get("constraints"))):
             for key in ("matchAttribute", "distinctAttribute"):
                 name = constraint.get(key) if isinstance(constraint, dict) else None
                 if isinstance(name, str) and (name.startswith(f"{NVIDIA_DRIVER}/") or nvidia):
                     renamed = self.qualified(name, f"{at}.constraints[{index}].{key}")
                     if renamed is not None:
                         constraint[key] = renamed
-        for index, entry in enumerate(_list(devices.get("config"))):
+        for index, entry in enumerate(items(devices.get("config"))):
             nvidia = self.config(entry, f"{at}.config[{index}]") or nvidia
         return nvidia
 
@@ -350,8 +351,8 @@ class _Translator:
         nvidia = isinstance(name, str) and name.endswith(".nvidia.com")
         if name in _SHAREABLE:
             form = _SHAREABLE[name]
-            capacity = _map(chosen.get("capacity")).get("requests")
-            others = ", ".join(sorted(set(_map(capacity)) - {"memory", "shares"}))
+            capacity = mapping(chosen.get("capacity")).get("requests")
+            others = ", ".join(sorted(set(mapping(capacity)) - {"memory", "shares"}))
             if not capacity:
                 chosen["deviceClassName"] = classes[form]
             elif others:
@@ -365,7 +366,7 @@ class _Translator:
                 # share of a GPU, or of a MIG partition, which a node offers only for the profiles it is
                 # told to (each costs the scheduler)
                 chosen["deviceClassName"] = classes[f"{form}-shared"]
-                if "shares" in _map(capacity):
+                if "shares" in mapping(capacity):
                     self.done.notes.append(
                         Remark(
                             self.prefix + f"{at}.capacity.requests.shares",
@@ -385,15 +386,15 @@ class _Translator:
                     )
         elif nvidia:
             self.left(f"{at}.deviceClassName", _NO_CLASS.get(str(name), f"{name} has no gpudra equivalent"))
-        for index, selector in enumerate(_list(chosen.get("selectors"))):
-            cel = _map(_map(selector).get("cel"))
+        for index, selector in enumerate(items(chosen.get("selectors"))):
+            cel = mapping(mapping(selector).get("cel"))
             expression = cel.get("expression")
             if isinstance(expression, str) and (nvidia or NVIDIA_DRIVER in expression):
                 nvidia = True
                 renamed = self.cel(expression, f"{at}.selectors[{index}].cel.expression")
                 if renamed is not None:
                     selector["cel"]["expression"] = renamed
-        for toleration in _list(chosen.get("tolerations")):
+        for toleration in items(chosen.get("tolerations")):
             if isinstance(toleration, dict) and toleration.get("key") in _NVIDIA_TAINTS:
                 toleration["key"] = UNHEALTHY_TAINT
                 nvidia = True
@@ -444,12 +445,12 @@ class _Translator:
         return None
 
     def config(self, entry: object, at: str) -> bool:
-        opaque = _map(_map(entry).get("opaque"))
+        opaque = mapping(mapping(entry).get("opaque"))
         if opaque.get("driver") != NVIDIA_DRIVER:
             return False
         parameters = opaque.get("parameters")
-        api_version = str(_map(parameters).get("apiVersion", ""))
-        kind = _map(parameters).get("kind")
+        api_version = str(mapping(parameters).get("apiVersion", ""))
+        kind = mapping(parameters).get("kind")
         if api_version != f"{NVIDIA_CONFIG_GROUP}/v1beta1" or kind not in ("GpuConfig", "MigDeviceConfig"):
             self.left(
                 f"{at}.opaque.parameters",
@@ -457,7 +458,7 @@ class _Translator:
                 "have gpudra equivalents (docs/migrate.md, What gpudra has no equivalent for)",
             )
             return True
-        renamed = {**_map(parameters), "apiVersion": f"{CONFIG_GROUP}/v1beta1"}
+        renamed = {**mapping(parameters), "apiVersion": f"{CONFIG_GROUP}/v1beta1"}
         problems = config_problems(renamed, field_prefix=f"{at}.opaque.parameters")
         for problem in problems:
             self.left(problem.field or f"{at}.opaque.parameters", f"gpudra refuses it: {problem.reason}")
@@ -467,7 +468,7 @@ class _Translator:
         return True
 
     def device_class(self, obj: dict[str, Any]) -> None:
-        name = str(_map(obj.get("metadata")).get("name", ""))
+        name = str(mapping(obj.get("metadata")).get("name", ""))
         if obj.get("apiVersion") == ALPHA3_VERSION:
             obj["apiVersion"] = API_VERSION  # a class's fields are the same in v1
         spec = obj.get("spec")
@@ -481,8 +482,8 @@ class _Translator:
             )
             return
         whole = False
-        for index, selector in enumerate(_list(spec.get("selectors"))):
-            cel = _map(_map(selector).get("cel"))
+        for index, selector in enumerate(items(spec.get("selectors"))):
+            cel = mapping(mapping(selector).get("cel"))
             if isinstance(cel.get("expression"), str):
                 whole = whole or bool(_WHOLE_GPU.search(cel["expression"]))
                 renamed = self.cel(cel["expression"], f"spec.selectors[{index}].cel.expression")
@@ -494,7 +495,7 @@ class _Translator:
             domain = self.options.driver
             expression = f'!("{SHARED_ATTRIBUTE}" in device.attributes["{domain}"])'
             spec["selectors"].append({"cel": {"expression": expression}})
-        for index, entry in enumerate(_list(spec.get("config"))):
+        for index, entry in enumerate(items(spec.get("config"))):
             self.config(entry, f"spec.config[{index}]")
         obj["apiVersion"] = API_VERSION
 
@@ -508,8 +509,8 @@ class _Translator:
         if not isinstance(spec, dict):
             return
         at = ".".join(path)
-        namespace = _map(obj.get("metadata")).get("namespace")
-        taken = {str(_map(e).get("name")) for e in _list(spec.get("resourceClaims"))}
+        namespace = mapping(obj.get("metadata")).get("namespace")
+        taken = {str(mapping(e).get("name")) for e in items(spec.get("resourceClaims"))}
         by_list: dict[str, list[dict[str, str]]] = {}
         # The app containers first: a regular init container's devices, under the device plugin, are
         # the app containers' afterwards (and the scheduler counts the larger of the two, not the sum),
@@ -517,7 +518,7 @@ class _Translator:
         apps: dict[str, str] = {}  # template -> the first app container's claim of it
         for list_name in reversed(_CONTAINER_LISTS):
             by_list[list_name] = []
-            for index, container in enumerate(_list(spec.get(list_name))):
+            for index, container in enumerate(items(spec.get(list_name))):
                 if isinstance(container, dict):
                     where = f"{at}.{list_name}[{index}]"
                     regular_init = (
@@ -532,8 +533,8 @@ class _Translator:
                             apps.setdefault(entry["resourceClaimTemplateName"], entry["name"])
         entries = [entry for list_name in _CONTAINER_LISTS for entry in by_list[list_name]]
         if entries:
-            spec["resourceClaims"] = [*_list(spec.get("resourceClaims")), *entries]
-            for key in _map(spec.get("nodeSelector")):
+            spec["resourceClaims"] = [*items(spec.get("resourceClaims")), *entries]
+            for key in mapping(spec.get("nodeSelector")):
                 if str(key).startswith("nvidia.com/"):
                     self.done.notes.append(
                         Remark(
@@ -558,7 +559,7 @@ class _Translator:
         resources = container.get("resources")
         if not isinstance(resources, dict):
             return []
-        asked = {**_map(resources.get("requests")), **_map(resources.get("limits"))}
+        asked = {**mapping(resources.get("requests")), **mapping(resources.get("limits"))}
         entries = []
         for resource in sorted(str(r) for r in asked if str(r).startswith("nvidia.com/")):
             where = f"{at}.resources.limits[{resource}]"
@@ -578,12 +579,12 @@ class _Translator:
                 self.made.add(made)
                 self.done.added.append(_template(template, name, namespace, self.options.driver))
             if name in reuse:
-                resources["claims"] = [*_list(resources.get("claims")), {"name": reuse[name]}]
+                resources["claims"] = [*items(resources.get("claims")), {"name": reuse[name]}]
                 continue
             entry = _unique_name(f"{container.get('name', 'container')}-{template.form}", taken)
             taken.add(entry)
             entries.append({"name": entry, "resourceClaimTemplateName": name})
-            resources["claims"] = [*_list(resources.get("claims")), {"name": entry}]
+            resources["claims"] = [*items(resources.get("claims")), {"name": entry}]
         return entries
 
     def ask(self, resource: str, count: int, at: str) -> _Ask | None:
@@ -744,7 +745,7 @@ def _template(ask: _Ask, name: str, namespace: object, driver: str) -> dict[str,
 
 def label(obj: Mapping[str, Any]) -> str:
     """ "Kind namespace/name", as `gpudra validate` names an object."""
-    meta = _map(obj.get("metadata"))
+    meta = mapping(obj.get("metadata"))
     name, namespace = meta.get("name") or "(no name)", meta.get("namespace")
     return f"{obj.get('kind', '(no kind)')} {f'{namespace}/' if namespace else ''}{name}"
 
@@ -799,14 +800,14 @@ def _choices(request: dict[str, Any], *, beta1: bool) -> Iterator[tuple[str, dic
         yield ".exactly", request["exactly"]
     elif beta1 and "deviceClassName" in request:
         yield "", request
-    for index, sub in enumerate(_list(request.get("firstAvailable"))):
+    for index, sub in enumerate(items(request.get("firstAvailable"))):
         if isinstance(sub, dict):
             yield f".firstAvailable[{index}]", sub
 
 
 def _to_v1(devices: dict[str, Any]) -> None:
     """resource.k8s.io/v1beta1's request fields moved under v1's `exactly`."""
-    for request in _list(devices.get("requests")):
+    for request in items(devices.get("requests")):
         if isinstance(request, dict) and "deviceClassName" in request and "exactly" not in request:
             exactly = {key: request.pop(key) for key in _V1BETA1_CHOICE if key in request}
             request["exactly"] = exactly
@@ -818,11 +819,3 @@ def _unique(items: list[Any]) -> list[Any]:
         if item not in found:
             found.append(item)
     return found
-
-
-def _map(value: object) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _list(value: object) -> list[Any]:
-    return value if isinstance(value, list) else []

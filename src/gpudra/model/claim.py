@@ -8,12 +8,13 @@ requests and constraints (as the scheduler's allocator reads them); the allocati
 entries; the pods reserving the claim; and the entries of `status.devices`.
 
 A claim's spec and the opaque parameters in it are written by a tenant, and anyone may write its
-`status.devices`: reading tolerates any shape (a field of the wrong type reads as absent, an entry of a
-list that is not an object is left out) and never raises. What the scheduler would refuse in a spec is
-kept as `ClaimSpec.problems`, each naming its field (`spec.devices.requests[0].exactly.deviceClassName:
-is required`), in the order the scheduler's port checks them; the API server's full validation is not
-repeated. Deciding whether what is there is acceptable is the job of the code that acts on it (config
-decoding, prepare's checks, `ClaimSpec.check` for the allocator).
+`status.devices`: reading tolerates any shape (`gpudra.model.tolerant`: a field of the wrong type reads
+as absent, an entry of a list that is not an object is left out) and never raises. What the scheduler
+would refuse in a spec is kept as `ClaimSpec.problems`, each naming its field
+(`spec.devices.requests[0].exactly.deviceClassName: is required`), in the order the scheduler's port
+checks them; the API server's full validation is not repeated. Deciding whether what is there is
+acceptable is the job of the code that acts on it (config decoding, prepare's checks,
+`ClaimSpec.check` for the allocator).
 """
 
 from __future__ import annotations
@@ -24,22 +25,31 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpudra.errors import ConfigError
+from gpudra.model.tolerant import EMPTY, flag, items, mapping, objects, text, text_or_none
 from gpudra.quantity import Amount, parse_quantity
-
-_EMPTY: Mapping[str, Any] = {}
-
 
 # --- the spec: what the claim asks for ------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Toleration:
-    """One toleration of device taints; an absent field is empty."""
+    """One toleration: of device taints in a claim's request, of node taints in a pod
+    (`gpudra.model.cluster_objects`); an absent field is empty."""
 
     key: str = ""
     operator: str = ""  # "Equal" when empty
     value: str = ""
     effect: str = ""
+
+    @classmethod
+    def from_raw(cls, raw: object) -> Toleration:
+        toleration = mapping(raw)
+        return cls(
+            key=text(toleration.get("key")),
+            operator=text(toleration.get("operator")),
+            value=text(toleration.get("value")),
+            effect=text(toleration.get("effect")),
+        )
 
 
 @dataclass(frozen=True)
@@ -210,24 +220,24 @@ class Claim:
 
 def read_claim(obj: Mapping[str, Any]) -> Claim:
     """The parts of a ResourceClaim object gpudra acts on."""
-    metadata = _mapping(obj.get("metadata"))
-    status = _mapping(obj.get("status"))
-    allocation = _mapping(status.get("allocation"))
+    metadata = mapping(obj.get("metadata"))
+    status = mapping(obj.get("status"))
+    allocation = mapping(status.get("allocation"))
     return Claim(
-        uid=_string(metadata.get("uid")),
-        namespace=_string(metadata.get("namespace")) or "",
-        name=_string(metadata.get("name")) or "",
+        uid=text_or_none(metadata.get("uid")),
+        namespace=text(metadata.get("namespace")),
+        name=text(metadata.get("name")),
         allocation=read_allocation(allocation) if allocation else None,
         spec=read_spec(obj.get("spec"), path="spec"),
         created=_time(metadata.get("creationTimestamp")),
         reserved_for=tuple(
-            Consumer(resource=_string(item.get("resource")) or "", name=name)
-            for item in _sequence(status.get("reservedFor"))
-            if isinstance(item, Mapping) and (name := _string(item.get("name"))) is not None
+            Consumer(resource=text(item.get("resource")), name=name)
+            for item in objects(status.get("reservedFor"))
+            if (name := text_or_none(item.get("name"))) is not None
         ),
         devices=tuple(
             _device_status(index, item)
-            for index, item in enumerate(_sequence(status.get("devices")))
+            for index, item in enumerate(items(status.get("devices")))
             if isinstance(item, Mapping)
         ),
     )
@@ -241,8 +251,13 @@ def read_spec_of(obj: Mapping[str, Any]) -> ClaimSpec | None:
         return read_spec(obj.get("spec"), path="spec")
     if kind != "ResourceClaimTemplate":
         return None
+    return read_template_spec(obj.get("spec"))
+
+
+def read_template_spec(spec: object) -> ClaimSpec:
+    """The ResourceClaimSpec of a ResourceClaimTemplate whose `spec` is `spec` (it sits at `spec.spec`)."""
     problems: list[FieldProblem] = []
-    template = _optional_object(obj.get("spec"), "spec", problems)
+    template = _optional_object(spec, "spec", problems)
     if problems:
         return ClaimSpec(problems=tuple(problems), path="spec.spec")
     return read_spec(template.get("spec"), path="spec.spec")
@@ -250,28 +265,26 @@ def read_spec_of(obj: Mapping[str, Any]) -> ClaimSpec | None:
 
 def read_allocation(allocation: Mapping[str, Any]) -> Allocation:
     """A claim's `status.allocation`."""
-    devices = _mapping(allocation.get("devices"))
+    devices = mapping(allocation.get("devices"))
     return Allocation(
-        results=tuple(
-            _result(item) for item in _sequence(devices.get("results")) if isinstance(item, Mapping)
-        ),
+        results=tuple(_result(item) for item in objects(devices.get("results"))),
         config=tuple(
             _config_entry(index, item)
-            for index, item in enumerate(_sequence(devices.get("config")))
+            for index, item in enumerate(items(devices.get("config")))
             if isinstance(item, Mapping)
         ),
     )
 
 
 def _result(item: Mapping[str, Any]) -> AllocationResult:
-    consumed = _mapping(item.get("consumedCapacity"))
+    consumed = mapping(item.get("consumedCapacity"))
     return AllocationResult(
-        request=_string(item.get("request")) or "",
-        driver=_string(item.get("driver")) or "",
-        pool=_string(item.get("pool")) or "",
-        device=_string(item.get("device")) or "",
-        admin_access=item.get("adminAccess") is True,
-        share_id=_string(item.get("shareID")) or None,
+        request=text(item.get("request")),
+        driver=text(item.get("driver")),
+        pool=text(item.get("pool")),
+        device=text(item.get("device")),
+        admin_access=flag(item.get("adminAccess")),
+        share_id=text(item.get("shareID")) or None,
         consumed_capacity={str(name): str(amount) for name, amount in consumed.items()},
     )
 
@@ -281,9 +294,9 @@ def _config_entry(index: int, item: Mapping[str, Any]) -> ConfigEntry:
     opaque = opaque if isinstance(opaque, Mapping) else None
     return ConfigEntry(
         index=index,
-        source=_string(item.get("source")),
-        requests=frozenset(r for r in _sequence(item.get("requests")) if isinstance(r, str)),
-        driver=_string(opaque.get("driver")) if opaque is not None else None,
+        source=text_or_none(item.get("source")),
+        requests=frozenset(r for r in items(item.get("requests")) if isinstance(r, str)),
+        driver=text_or_none(opaque.get("driver")) if opaque is not None else None,
         parameters=opaque.get("parameters") if opaque is not None else None,
     )
 
@@ -291,20 +304,19 @@ def _config_entry(index: int, item: Mapping[str, Any]) -> ConfigEntry:
 def _device_status(index: int, item: Mapping[str, Any]) -> DeviceStatus:
     return DeviceStatus(
         index=index,
-        driver=_string(item.get("driver")) or "",
-        pool=_string(item.get("pool")) or "",
-        device=_string(item.get("device")) or "",
-        share_id=_string(item.get("shareID")),
+        driver=text(item.get("driver")),
+        pool=text(item.get("pool")),
+        device=text(item.get("device")),
+        share_id=text_or_none(item.get("shareID")),
         conditions=tuple(
             Condition(
-                type=_string(c.get("type")) or "",
-                status=_string(c.get("status")) or "",
-                reason=_string(c.get("reason")) or "",
-                message=_string(c.get("message")) or "",
-                last_transition_time=_string(c.get("lastTransitionTime")) or "",
+                type=text(c.get("type")),
+                status=text(c.get("status")),
+                reason=text(c.get("reason")),
+                message=text(c.get("message")),
+                last_transition_time=text(c.get("lastTransitionTime")),
             )
-            for c in _sequence(item.get("conditions"))
-            if isinstance(c, Mapping)
+            for c in objects(item.get("conditions"))
         ),
     )
 
@@ -423,14 +435,7 @@ def _request(
     for index, item in enumerate(_optional_list(raw.get("tolerations"), f"{where}.tolerations", problems)):
         toleration = _object(item, f"{where}.tolerations[{index}]", problems)
         if toleration is not None:
-            tolerations.append(
-                Toleration(
-                    key=_string(toleration.get("key")) or "",
-                    operator=_string(toleration.get("operator")) or "",
-                    value=_string(toleration.get("value")) or "",
-                    effect=_string(toleration.get("effect")) or "",
-                )
-            )
+            tolerations.append(Toleration.from_raw(toleration))
     return Request(
         name=f"{base}/{sub}" if sub else base,
         base=base,
@@ -473,9 +478,9 @@ def _object(value: object, where: str, problems: list[FieldProblem]) -> Mapping[
 def _optional_object(value: object, where: str, problems: list[FieldProblem]) -> Mapping[str, Any]:
     """An object that may be left out (absent, null or otherwise false: empty)."""
     if not value:
-        return _EMPTY
+        return EMPTY
     found = _object(value, where, problems)
-    return _EMPTY if found is None else found
+    return EMPTY if found is None else found
 
 
 def _list(value: object, where: str, problems: list[FieldProblem]) -> list[Any] | None:
@@ -494,18 +499,6 @@ def _optional_list(value: object, where: str, problems: list[FieldProblem]) -> l
 
 
 # --- fields ---------------------------------------------------------------------------------------
-
-
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else _EMPTY
-
-
-def _sequence(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
-def _string(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
 
 
 def _time(value: Any) -> datetime | None:

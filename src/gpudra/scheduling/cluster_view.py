@@ -35,6 +35,7 @@ from pydantic.alias_generators import to_camel
 from gpudra.model import health_report
 from gpudra.model.claim import Claim
 from gpudra.model.claim_usage import idle_since
+from gpudra.model.cluster_objects import DeviceClass
 from gpudra.model.devices import UNHEALTHY_TAINT_KEY
 from gpudra.model.health_report import ReportedDevice
 from gpudra.model.kube_api import OUTPUT_API_VERSION
@@ -140,11 +141,10 @@ def driver_classes(classes: Iterable[Mapping[str, Any]], *, driver: str) -> set[
     """The DeviceClasses whose selectors name `driver`: the classes a GPU claim asks for."""
     quoted = {f'"{driver}"', f"'{driver}'"}
     found = set()
-    for obj in classes:
-        selectors = (obj.get("spec") or {}).get("selectors") or []
-        text = " ".join(str(((s or {}).get("cel") or {}).get("expression", "")) for s in selectors)
+    for read in map(DeviceClass.from_raw, classes):
+        text = " ".join(read.selectors)
         if any(q in text for q in quoted):
-            found.add(str((obj.get("metadata") or {}).get("name", "")))
+            found.add(read.name)
     return found
 
 

@@ -41,6 +41,7 @@ from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
 from gpudra.model.claim import Claim, ClaimSpec, Request
+from gpudra.model.cluster_objects import DeviceClass
 from gpudra.model.kube_api import OUTPUT_API_VERSION
 from gpudra.model.publishing import ServerFields, Withheld
 from gpudra.quantity import Amount
@@ -207,11 +208,9 @@ def device_classes(objects: Iterable[Mapping[str, Any]]) -> dict[str, list[str]]
     """DeviceClass name -> its selectors' CEL expressions."""
     classes: dict[str, list[str]] = {}
     for obj in unpack_lists(objects):
-        if obj.get("kind") != "DeviceClass":
-            continue
-        name = str((obj.get("metadata") or {}).get("name", ""))
-        selectors = ((obj.get("spec") or {}).get("selectors")) or []
-        classes[name] = [str(((s or {}).get("cel") or {}).get("expression", "")) for s in selectors]
+        if obj.get("kind") == "DeviceClass":
+            read = DeviceClass.from_raw(obj)
+            classes[read.name] = list(read.selectors)
     return classes
 
 

@@ -16,16 +16,25 @@ spread constraints depend on where other pods run and are not evaluated (`uneval
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
 
 from gpudra.errors import ConfigError
+from gpudra.model.claim import Toleration
+from gpudra.model.cluster_objects import (
+    Container,
+    Node,
+    NodeSelectorRequirement,
+    NodeSelectorTerm,
+    Pod,
+    PodSpec,
+    Taint,
+)
 from gpudra.quantity import parse_quantity
 
 FILTERING_EFFECTS = ("NoSchedule", "NoExecute")
-UNSCHEDULABLE = {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
+UNSCHEDULABLE = Taint(key="node.kubernetes.io/unschedulable", effect="NoSchedule")
 # The resources NodeResourcesFit compares that gpudra's inputs carry (extended resources are left out:
 # the DRA extended-resource mapping makes some of them claims' business).
 RESOURCES = ("cpu", "memory", "ephemeral-storage")
@@ -50,75 +59,59 @@ class NodeUse:
     pods: int = 0
 
 
-def node_refusals(
-    pod_spec: Mapping[str, Any], nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]] = ()
-) -> dict[str, Refusal]:
+def node_refusals(pod: PodSpec, nodes: Iterable[Node], pods: Iterable[Pod] = ()) -> dict[str, Refusal]:
     """Node name -> why the pod cannot be scheduled there, for the nodes that refuse it. `pods`: the
     cluster's pods, whose requests use up the nodes they are bound to (none given: only the nodes'
     allocatable is compared)."""
     use = node_use(pods)
     found = {}
     for node in nodes:
-        name = str(_map(node.get("metadata")).get("name", ""))
-        reason = refusal(pod_spec, node, use.get(name))
+        reason = refusal(pod, node, use.get(node.name))
         if reason is not None:
-            found[name] = reason
+            found[node.name] = reason
     return found
 
 
-def refusal(
-    pod_spec: Mapping[str, Any], node: Mapping[str, Any], use: NodeUse | None = None
-) -> Refusal | None:
+def refusal(pod: PodSpec, node: Node, use: NodeUse | None = None) -> Refusal | None:
     """Why the pod cannot go to `node` (the first filter that refuses it, in the scheduler's order), or
     None."""
-    spec = _map(node.get("spec"))
-    meta = _map(node.get("metadata"))
-    name = str(meta.get("name", ""))
-    labels = {str(k): str(v) for k, v in _map(meta.get("labels")).items()}
-    tolerations = [_map(t) for t in _list(pod_spec.get("tolerations"))]
-    if spec.get("unschedulable") and not any(_tolerates(t, UNSCHEDULABLE) for t in tolerations):
+    if node.unschedulable and not any(_tolerates(t, UNSCHEDULABLE) for t in pod.tolerations):
         return Refusal(
             "cordoned (unschedulable)",
             "the node is cordoned (spec.unschedulable), and the pod does not tolerate "
             "node.kubernetes.io/unschedulable:NoSchedule",
         )
-    wanted = pod_spec.get("nodeName")
-    if wanted and str(wanted) != name:
+    wanted = pod.node_name
+    if wanted and wanted != node.name:
         return Refusal(f"spec.nodeName {wanted}", f"the pod names another node in spec.nodeName: {wanted}")
-    for taint in (_map(t) for t in _list(spec.get("taints"))):
-        if taint.get("effect") in FILTERING_EFFECTS and not any(_tolerates(t, taint) for t in tolerations):
-            value = f"={taint['value']}" if taint.get("value") else ""
-            taint_text = f"{taint.get('key')}{value}:{taint.get('effect')}"
+    for taint in node.taints:
+        if taint.effect in FILTERING_EFFECTS and not any(_tolerates(t, taint) for t in pod.tolerations):
+            value = f"={taint.value}" if taint.value else ""
+            taint_text = f"{taint.key}{value}:{taint.effect}"
             return Refusal(
                 f"taint {taint_text}", f"the node has the taint {taint_text}, which the pod does not tolerate"
             )
-    for key, value in _map(pod_spec.get("nodeSelector")).items():
-        if labels.get(str(key)) != str(value):
+    for key, value in pod.node_selector.items():
+        if node.labels.get(key) != value:
             return Refusal(
                 f"nodeSelector {key}={value}", f"the node does not match the pod's nodeSelector {key}={value}"
             )
-    required = _map(
-        _map(_map(pod_spec.get("affinity")).get("nodeAffinity")).get(
-            "requiredDuringSchedulingIgnoredDuringExecution"
-        )
-    )
-    terms = [_map(t) for t in _list(required.get("nodeSelectorTerms"))]
-    if required and not any(_term_matches(t, labels, name) for t in terms):
+    terms = pod.required_node_affinity
+    if terms is not None and not any(_term_matches(t, node) for t in terms):
         return Refusal(
             "required node affinity", "the node matches none of the pod's required node affinity terms"
         )
-    return _resources(pod_spec, _map(_map(node.get("status")).get("allocatable")), use or NodeUse())
+    return _resources(pod, node.allocatable, use or NodeUse())
 
 
-def unevaluated(pod_spec: Mapping[str, Any]) -> list[str]:
+def unevaluated(pod: PodSpec) -> list[str]:
     """What in the pod the scheduler weighs that these filters do not: one line, or none."""
-    affinity = _map(pod_spec.get("affinity"))
     named = [
         what
         for what, present in (
-            ("podAffinity", affinity.get("podAffinity")),
-            ("podAntiAffinity", affinity.get("podAntiAffinity")),
-            ("topologySpreadConstraints", pod_spec.get("topologySpreadConstraints")),
+            ("podAffinity", pod.pod_affinity),
+            ("podAntiAffinity", pod.pod_anti_affinity),
+            ("topologySpreadConstraints", pod.topology_spread),
         )
         if present
     ]
@@ -133,7 +126,7 @@ def unevaluated(pod_spec: Mapping[str, Any]) -> list[str]:
 # --- node resources ----------------------------------------------------------------------------
 
 
-def pod_requests(pod_spec: Mapping[str, Any]) -> dict[str, Fraction]:
+def pod_requests(pod: PodSpec) -> dict[str, Fraction]:
     """What the scheduler counts a pod as requesting: its containers' requests summed, or the largest
     init container's if more (sidecars, init containers with restartPolicy Always, run beside both), plus
     the pod overhead. A container's limits stand for requests it does not state, as the API server
@@ -141,45 +134,43 @@ def pod_requests(pod_spec: Mapping[str, Any]) -> dict[str, Fraction]:
     total: dict[str, Fraction] = {}
     sidecars: dict[str, Fraction] = {}
     init_peak: dict[str, Fraction] = {}
-    for container in (_map(c) for c in _list(pod_spec.get("initContainers"))):
+    for container in pod.init_containers:
         wants = _container_requests(container)
-        if container.get("restartPolicy") == "Always":
+        if container.restart_policy == "Always":
             _add_to(sidecars, wants)
             continue
         for resource in RESOURCES:
             running = wants.get(resource, Fraction(0)) + sidecars.get(resource, Fraction(0))
             init_peak[resource] = max(init_peak.get(resource, Fraction(0)), running)
-    for container in (_map(c) for c in _list(pod_spec.get("containers"))):
+    for container in pod.containers:
         _add_to(total, _container_requests(container))
     _add_to(total, sidecars)
     for resource, peak in init_peak.items():
         total[resource] = max(total.get(resource, Fraction(0)), peak)
-    _add_to(total, _quantities(_map(pod_spec.get("overhead"))))
+    _add_to(total, _quantities(pod.overhead))
     return {r: v for r, v in total.items() if v}
 
 
-def node_use(pods: Iterable[Mapping[str, Any]]) -> dict[str, NodeUse]:
+def node_use(pods: Iterable[Pod]) -> dict[str, NodeUse]:
     """Node name -> what the pods bound to it and not finished request."""
     use: dict[str, NodeUse] = {}
     for pod in pods:
-        spec = _map(pod.get("spec"))
-        node = spec.get("nodeName")
-        if not node or _map(pod.get("status")).get("phase") in _FINISHED:
+        if not pod.spec.node_name or pod.phase in _FINISHED:
             continue
-        entry = use.setdefault(str(node), NodeUse())
-        _add_to(entry.requested, pod_requests(spec))
+        entry = use.setdefault(pod.spec.node_name, NodeUse())
+        _add_to(entry.requested, pod_requests(pod.spec))
         entry.pods += 1
     return use
 
 
-def _resources(pod_spec: Mapping[str, Any], allocatable: Mapping[str, Any], use: NodeUse) -> Refusal | None:
+def _resources(pod: PodSpec, allocatable: Mapping[str, str], use: NodeUse) -> Refusal | None:
     """NodeResourcesFit: the pod count, then each resource the pod requests that the node states."""
     room = _quantities(allocatable)
     if "pods" in room and use.pods + 1 > room["pods"]:
         return Refusal(
             "too many pods", f"the node runs {use.pods} pods, as many as it allows (allocatable pods)"
         )
-    for resource, wanted in pod_requests(pod_spec).items():
+    for resource, wanted in pod_requests(pod).items():
         if resource not in room:
             continue
         free = room[resource] - use.requested.get(resource, Fraction(0))
@@ -193,19 +184,18 @@ def _resources(pod_spec: Mapping[str, Any], allocatable: Mapping[str, Any], use:
     return None
 
 
-def _container_requests(container: Mapping[str, Any]) -> dict[str, Fraction]:
-    resources = _map(container.get("resources"))
-    return {**_quantities(_map(resources.get("limits"))), **_quantities(_map(resources.get("requests")))}
+def _container_requests(container: Container) -> dict[str, Fraction]:
+    return {**_quantities(container.limits), **_quantities(container.requests)}
 
 
-def _quantities(values: Mapping[str, Any]) -> dict[str, Fraction]:
+def _quantities(values: Mapping[str, str]) -> dict[str, Fraction]:
     """The resources of RESOURCES (and pods) among `values`; a value that is no quantity counts as
     absent (the API server refuses such an object; a file may hold one)."""
     found = {}
     for resource in (*RESOURCES, "pods"):
         if resource in values:
             try:
-                found[resource] = parse_quantity(str(values[resource]))
+                found[resource] = parse_quantity(values[resource])
             except ConfigError:
                 continue
     return found
@@ -231,29 +221,25 @@ def _amount(resource: str, value: Fraction) -> str:
 # --- affinity and tolerations ------------------------------------------------------------------
 
 
-def _tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
+def _tolerates(toleration: Toleration, taint: Taint) -> bool:
     """The API's ToleratesTaint: effect (empty: all), then key and value by the operator."""
-    if toleration.get("effect") and toleration.get("effect") != taint.get("effect"):
+    if toleration.effect and toleration.effect != taint.effect:
         return False
-    key = toleration.get("key") or ""
-    if toleration.get("operator") == "Exists":
-        return not key or key == taint.get("key")
-    return key == taint.get("key") and (toleration.get("value") or "") == (taint.get("value") or "")
+    if toleration.operator == "Exists":
+        return not toleration.key or toleration.key == taint.key
+    return toleration.key == taint.key and toleration.value == taint.value
 
 
-def _term_matches(term: Mapping[str, Any], labels: Mapping[str, str], name: str) -> bool:
-    expressions = [_map(e) for e in _list(term.get("matchExpressions"))]
-    fields = [_map(e) for e in _list(term.get("matchFields"))]
-    if not expressions and not fields:
+def _term_matches(term: NodeSelectorTerm, node: Node) -> bool:
+    if not term.match_expressions and not term.match_fields:
         return False  # an empty term matches no node
-    return all(_matches(e, labels) for e in expressions) and all(
-        _matches(f, {"metadata.name": name}) for f in fields
+    return all(_matches(e, node.labels) for e in term.match_expressions) and all(
+        _matches(f, {"metadata.name": node.name}) for f in term.match_fields
     )
 
 
-def _matches(expression: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
-    key, operator = str(expression.get("key", "")), expression.get("operator")
-    values: Sequence[str] = [str(v) for v in _list(expression.get("values"))]
+def _matches(requirement: NodeSelectorRequirement, labels: Mapping[str, str]) -> bool:
+    key, operator, values = requirement.key, requirement.operator, requirement.values
     present = key in labels
     if operator == "In":
         return present and labels[key] in values
@@ -270,11 +256,3 @@ def _matches(expression: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
             return False
         return have > bound if operator == "Gt" else have < bound
     return False
-
-
-def _map(value: object) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _list(value: object) -> list[Any]:
-    return value if isinstance(value, list) else []

@@ -9,7 +9,29 @@ from typing import Any
 import pytest
 
 from gpudra.kube.client import context_namespace
-from gpudra.scheduling.node_fit import node_refusals, pod_requests, refusal, unevaluated
+from gpudra.model.cluster_objects import Node, Pod, PodSpec
+from gpudra.scheduling import node_fit
+from gpudra.scheduling.node_fit import Refusal
+
+# The filters take typed records: these read the tests' objects first, as `gpudra explain` reads its
+# inputs.
+
+
+def refusal(pod: dict[str, Any], node: Any) -> Refusal | None:
+    return node_fit.refusal(PodSpec.from_raw(pod), Node.from_raw(node))
+
+
+def node_refusals(pod: dict[str, Any], nodes: list[Any], pods: list[Any] | None = None) -> dict[str, Refusal]:
+    running = [Pod.from_raw(p) for p in pods or []]
+    return node_fit.node_refusals(PodSpec.from_raw(pod), [Node.from_raw(n) for n in nodes], running)
+
+
+def pod_requests(pod: dict[str, Any]) -> dict[str, Any]:
+    return node_fit.pod_requests(PodSpec.from_raw(pod))
+
+
+def unevaluated(pod: dict[str, Any]) -> list[str]:
+    return node_fit.unevaluated(PodSpec.from_raw(pod))
 
 
 def node(
