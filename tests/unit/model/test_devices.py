@@ -311,7 +311,12 @@ def test_minimal_partition_attributes_name_the_partition_and_its_product_only() 
 
 def test_optional_attributes_are_left_out_when_unknown() -> None:
     device = build_devices(inv.mixed_node(), mig_mode="partitionable").devices[0]
-    optional = {"numaNode", "resource.kubernetes.io/numaNode", "nvlinkDomain", "resource.kubernetes.io/pcieRoot"}
+    optional = {
+        "numaNode",
+        "nvlinkDomain",
+        "resource.kubernetes.io/numaNode",
+        "resource.kubernetes.io/pcieRoot",
+    }
     assert optional.isdisjoint(device["attributes"])
     assert device["capacity"] == {"memory": {"value": "23034Mi"}, "multiprocessors": {"value": "58"}}
 
