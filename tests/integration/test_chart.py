@@ -31,14 +31,10 @@ from tests.localcluster.cluster import free_port
 from tests.localcluster.controller import ControllerProcess
 from tests.localcluster.node_plugin import DRIVER, PluginProcess
 
-from .conftest import REPO
+from .chart import CHART, NAMESPACE, RELEASE, VALUES_EXAMPLES, _apply, helm, render
 from .kube_helpers import Resources, claim_pod, claim_template, pod_events, pod_gone, pod_running, wait_for
 
-CHART = REPO / "deploy" / "helm" / "gpudra"
-RELEASE, NAMESPACE = "chart", "gpudra-chart"
 PLUGIN_SA, CONTROLLER_SA = "chart-gpudra-kubelet-plugin", "chart-gpudra-controller"
-VALUES_EXAMPLES = sorted((CHART / "ci").glob("*.yaml"))
-MANAGER = "gpudra-chart-test"
 # What `kubectl apply` of the chart would install that this test installs for real (the workloads and
 # DeviceClasses are only dry-run: there is no container runtime here, and the session's classes stay).
 INSTALLED_KINDS = {
@@ -50,37 +46,6 @@ INSTALLED_KINDS = {
     "ValidatingAdmissionPolicy",
     "ValidatingAdmissionPolicyBinding",
 }
-
-
-def helm() -> str:
-    built = subprocess.run(
-        ["bash", str(REPO / "deploy" / "local" / "build-helm.sh")], capture_output=True, text=True, check=True
-    )
-    return built.stdout.strip()
-
-
-def render(*args: str) -> list[dict[str, Any]]:
-    out = subprocess.run(
-        [helm(), "template", RELEASE, str(CHART), "--namespace", NAMESPACE, *args],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return [o for o in yaml.safe_load_all(out) if o]
-
-
-def _apply(dynamic: DynamicClient, obj: dict[str, Any], *, dry_run: bool = False) -> Any:
-    """Server-side apply, as Helm 4 installs (the object may exist or not)."""
-    resource = dynamic.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
-    namespace = obj["metadata"].get("namespace") if resource.namespaced else None
-    return resource.server_side_apply(
-        body=obj,
-        name=obj["metadata"]["name"],
-        namespace=namespace,
-        field_manager=MANAGER,
-        force_conflicts=True,
-        dry_run="All" if dry_run else None,
-    )
 
 
 def _delete(dynamic: DynamicClient, obj: dict[str, Any]) -> None:
