@@ -26,7 +26,7 @@ from tests.localcluster.demo_installs import HostProcesses
 
 from .conftest import CLUSTER_PREFIX, REPO
 from .kube_helpers import unsatisfiable_claim, wait_for
-from .test_monitoring import MONITORING, render
+from .monitoring import MONITORING, render
 
 
 def static_jobs(gpudra: HostProcesses) -> list[dict[str, Any]]:

@@ -18,7 +18,7 @@ from gpudra.errors import ClusterError
 from gpudra.kube.lease import LeaseRecord
 from gpudra.runtime.service import Loop
 from gpudra.scheduling.cluster_view import build
-from tests.unit.scheduling.test_cluster_view import (
+from tests.unit.harness.cluster import (
     CLASS_OBJECTS,
     GPU0_LOST,
     H100_NODE,
