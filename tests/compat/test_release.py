@@ -22,8 +22,7 @@ from kubernetes.dynamic import DynamicClient
 from gpudra.model.devices import UNHEALTHY_TAINT_KEY
 from gpudra.model.publishing import WITHHELD_FORMS
 from gpudra.sim import hooks as sim
-from tests.integration.chart import NAMESPACE, VALUES_EXAMPLES, render
-from tests.integration.chart import _apply as apply
+from tests.integration.chart import NAMESPACE, VALUES_EXAMPLES, apply, render
 from tests.integration.kube_helpers import wait_for
 from tests.localcluster.api import DemoApi
 from tests.localcluster.cluster import feature_gates_from_env

@@ -35,7 +35,7 @@ def render(*args: str) -> list[dict[str, Any]]:
     return [o for o in yaml.safe_load_all(out) if o]
 
 
-def _apply(dynamic: DynamicClient, obj: dict[str, Any], *, dry_run: bool = False) -> Any:
+def apply(dynamic: DynamicClient, obj: dict[str, Any], *, dry_run: bool = False) -> Any:
     """Server-side apply, as Helm 4 installs (the object may exist or not)."""
     resource = dynamic.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
     namespace = obj["metadata"].get("namespace") if resource.namespaced else None

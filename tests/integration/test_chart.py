@@ -31,7 +31,7 @@ from tests.localcluster.cluster import free_port
 from tests.localcluster.controller import ControllerProcess
 from tests.localcluster.node_plugin import DRIVER, PluginProcess
 
-from .chart import CHART, NAMESPACE, RELEASE, VALUES_EXAMPLES, _apply, helm, render
+from .chart import CHART, NAMESPACE, RELEASE, VALUES_EXAMPLES, apply, helm, render
 from .kube_helpers import Resources, claim_pod, claim_template, pod_events, pod_gone, pod_running, wait_for
 
 PLUGIN_SA, CONTROLLER_SA = "chart-gpudra-kubelet-plugin", "chart-gpudra-controller"
@@ -71,7 +71,7 @@ def installed(api: client.ApiClient, dynamic: DynamicClient) -> Iterator[list[di
     objects = [o for o in render() if o["kind"] in INSTALLED_KINDS]
     try:
         for obj in objects:
-            _apply(dynamic, obj)
+            apply(dynamic, obj)
         yield objects
     finally:
         for obj in objects:
@@ -126,7 +126,7 @@ def test_every_rendered_object_passes_a_server_side_dry_run(
     refused = []
     for obj in objects:
         try:
-            _apply(dynamic, obj, dry_run=True)
+            apply(dynamic, obj, dry_run=True)
         except ApiException as err:
             refused.append(f"{obj['kind']} {obj['metadata']['name']}: {err.status} {err.body}")
     assert refused == []
@@ -506,7 +506,7 @@ def test_a_pod_asking_nvidia_com_gpu_gets_a_gpudra_gpu(
     core = client.CoreV1Api(api)
     namespace = f"ext-{uuid.uuid4().hex[:6]}"
     core.create_namespace({"metadata": {"name": namespace}})
-    _apply(dynamic, gpu_class)
+    apply(dynamic, gpu_class)
     try:
         pod = {
             "apiVersion": "v1",
@@ -534,7 +534,7 @@ def test_a_pod_asking_nvidia_com_gpu_gets_a_gpudra_gpu(
         wait_for("the pod gone (unprepared)", lambda: pod_gone(core, "legacy", namespace), timeout=120)
         wait_for("the claim unprepared", lambda: uid not in gpudra["node-h100"].cdi_specs(), timeout=30)
     finally:
-        _apply(dynamic, plain)
+        apply(dynamic, plain)
         core.delete_namespace(namespace)
     restored = dynamic.resources.get(api_version="resource.k8s.io/v1", kind="DeviceClass").get(name=DRIVER)
     assert "extendedResourceName" not in restored.to_dict()["spec"]
@@ -588,7 +588,7 @@ def test_the_controller_on_its_service_account_and_uninstall_leaves_nothing(
         for what, read in made.items():
             wait_for(f"the {what} garbage-collected", partial(_gone, read), timeout=60)
     finally:
-        _apply(dynamic, role)
+        apply(dynamic, role)
 
 
 def _owners(read: Callable[[], Any]) -> list[Any]:
