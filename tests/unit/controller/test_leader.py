@@ -597,7 +597,7 @@ def test_the_property_test_reaches_takeovers_and_races() -> None:
 # --- the Lease on the wire -----------------------------------------------------------------------
 
 
-class FakeKube:
+class FakeRequestKube:
     """Answers Kube.request from a queue of replies (a dict, or an error to raise)."""
 
     def __init__(self, *replies: dict[str, Any] | Exception) -> None:
@@ -632,7 +632,7 @@ LEASE_JSON: dict[str, Any] = {
 
 
 def test_a_lease_is_read_from_its_namespaced_path() -> None:
-    kube = FakeKube(LEASE_JSON, NotFound("reading Lease: HTTP 404 Not Found"))
+    kube = FakeRequestKube(LEASE_JSON, NotFound("reading Lease: HTTP 404 Not Found"))
     leases = Leases(kube)
     record = leases.get(NS, NAME)
     assert record == LeaseRecord(
@@ -651,11 +651,13 @@ def test_a_lease_is_read_from_its_namespaced_path() -> None:
 
 def test_a_released_lease_reads_as_held_by_nobody() -> None:
     released = {"metadata": {"resourceVersion": "9"}, "spec": {"leaseDurationSeconds": 1}}
-    assert Leases(FakeKube(released)).get(NS, NAME) == LeaseRecord("", 1, None, None, 0, resource_version="9")
+    assert Leases(FakeRequestKube(released)).get(NS, NAME) == LeaseRecord(
+        "", 1, None, None, 0, resource_version="9"
+    )
 
 
 def test_writes_send_micro_times_and_the_resource_version_precondition() -> None:
-    kube = FakeKube(LEASE_JSON, LEASE_JSON, Conflict("updating Lease: HTTP 409 Conflict"))
+    kube = FakeRequestKube(LEASE_JSON, LEASE_JSON, Conflict("updating Lease: HTTP 409 Conflict"))
     leases = Leases(kube)
     at = datetime(2026, 3, 4, 5, 6, 7, 890, tzinfo=UTC)
     new = LeaseRecord("a", 15, at, at, 0)

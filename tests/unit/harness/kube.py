@@ -1,5 +1,5 @@
 """Fakes of the API server: a ClaimSource of ResourceClaim objects, the Node's events, and the
-ResourceSlice half of gpudra.kube.client.Kube (FakeKube, with FakeWatch) that the slice controller
+ResourceSlice half of gpudra.kube.client.Kube (FakeSliceKube, with FakeWatch) that the slice controller
 writes to."""
 
 from __future__ import annotations
@@ -75,9 +75,9 @@ class Events:
 
 
 class FakeWatch:
-    """A WATCH on FakeKube: the events after a version, as they come, until closed or timed out."""
+    """A WATCH on FakeSliceKube: the events after a version, as they come, until closed or timed out."""
 
-    def __init__(self, kube: FakeKube, after: int, timeout: float) -> None:
+    def __init__(self, kube: FakeSliceKube, after: int, timeout: float) -> None:
         self.kube = kube
         self.after = after
         self.timeout = timeout
@@ -109,7 +109,7 @@ class FakeWatch:
             self.kube.changed.notify_all()
 
 
-class FakeKube:
+class FakeSliceKube:
     """The slice half of gpudra.kube.client.Kube, in memory, storing objects as an API server does.
 
     Stored objects get server fields (uid, resourceVersion, managedFields, ...), reformatted quantities

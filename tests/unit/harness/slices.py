@@ -17,7 +17,7 @@ from gpudra.model.slices import ResourceSlice, build_slices
 from gpudra.node.served_model import ServedModel
 from tests.unit import inventories as inv
 from tests.unit.claims import DRIVER, NODE
-from tests.unit.harness.kube import NODE_UID, Events, FakeKube
+from tests.unit.harness.kube import NODE_UID, Events, FakeSliceKube
 
 
 def model_of(inventory: Inventory) -> DeviceModel:
@@ -48,7 +48,7 @@ def builder(model: DeviceModel, server_minor: int = 35) -> Callable[[int], list[
     return build
 
 
-def generations(kube: FakeKube) -> set[int]:
+def generations(kube: FakeSliceKube) -> set[int]:
     return {s["spec"]["pool"]["generation"] for s in kube.slices.values()}
 
 
@@ -62,7 +62,7 @@ class Model:
         return self.current
 
 
-def controller(kube: FakeKube, model: Model, **kwargs: Any) -> tuple[SliceController, list[str]]:
+def controller(kube: FakeSliceKube, model: Model, **kwargs: Any) -> tuple[SliceController, list[str]]:
     published: list[str] = []
     made = SliceController(
         kube,
