@@ -17,10 +17,11 @@ from hypothesis import strategies as st
 
 from gpudra.controller.leader import Election, LeaderElector, Timing
 from gpudra.errors import ClusterError, ConfigError
-from gpudra.kube.client import Conflict, NotFound, request_kind
+from gpudra.kube.client import Conflict, NotFound
 from gpudra.kube.lease import LeaseRecord, Leases, format_micro_time
+from tests.unit.harness.kube import FakeRequestKube
+from tests.unit.harness.leases import NAME, NS, MemoryLeases
 
-NS, NAME = "gpudra", "gpudra-controller"
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 
 
@@ -37,61 +38,6 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
-
-
-class MemoryLeases:
-    """Leases in memory, with the API server's rules: every write gets a new resourceVersion; a create of
-    an existing name and a replace at a stale resourceVersion raise Conflict; a replace of a missing
-    Lease NotFound. `down` fails every call before it acts. `before(verb)` and `after(verb)` run around
-    each call (after: once the call took effect, so raising there is a reply lost on the way back)."""
-
-    def __init__(self) -> None:
-        self.leases: dict[tuple[str, str], LeaseRecord] = {}
-        self.version = 0
-        self.down = False
-        self.before: Callable[[str], None] = lambda verb: None
-        self.after: Callable[[str], None] = lambda verb: None
-        self.writes = 0
-
-    def _call(self, verb: str, act: Callable[[], Any]) -> Any:
-        self.before(verb)
-        if self.down:
-            raise ClusterError(f"{verb} Lease: cannot reach the API server (MaxRetryError)")
-        result = act()
-        self.after(verb)
-        return result
-
-    def _store(self, key: tuple[str, str], record: LeaseRecord) -> LeaseRecord:
-        self.version += 1
-        self.writes += 1
-        self.leases[key] = replace(record, resource_version=str(self.version))
-        return self.leases[key]
-
-    def get(self, namespace: str, name: str) -> LeaseRecord | None:
-        return self._call("get", lambda: self.leases.get((namespace, name)))
-
-    def create(self, namespace: str, name: str, record: LeaseRecord) -> LeaseRecord:
-        def act() -> LeaseRecord:
-            assert not record.resource_version
-            if (namespace, name) in self.leases:
-                raise Conflict(f"creating Lease {namespace}/{name}: HTTP 409 Conflict")
-            return self._store((namespace, name), record)
-
-        return self._call("create", act)
-
-    def replace(self, namespace: str, name: str, record: LeaseRecord) -> LeaseRecord:
-        def act() -> LeaseRecord:
-            current = self.leases.get((namespace, name))
-            if current is None:
-                raise NotFound(f"updating Lease {namespace}/{name}: HTTP 404 Not Found")
-            if current.resource_version != record.resource_version:
-                raise Conflict(f"updating Lease {namespace}/{name}: HTTP 409 Conflict")
-            return self._store((namespace, name), record)
-
-        return self._call("replace", act)
-
-    def lease(self) -> LeaseRecord:
-        return self.leases[(NS, NAME)]
 
 
 @pytest.fixture
@@ -595,26 +541,6 @@ def test_the_property_test_reaches_takeovers_and_races() -> None:
 
 
 # --- the Lease on the wire -----------------------------------------------------------------------
-
-
-class FakeRequestKube:
-    """Answers Kube.request from a queue of replies (a dict, or an error to raise)."""
-
-    def __init__(self, *replies: dict[str, Any] | Exception) -> None:
-        self.replies = list(replies)
-        self.calls: list[dict[str, Any]] = []
-
-    @property
-    def counts(self) -> list[tuple[str, str]]:
-        """What Kube counted the requests as (gpudra_api_requests_total's verb and resource)."""
-        return [request_kind(call["method"], call["path"]) for call in self.calls]
-
-    def request(self, what: str, method: str, path: str, *, body: dict[str, Any] | None = None) -> Any:
-        self.calls.append({"what": what, "method": method, "path": path, "body": body})
-        reply = self.replies.pop(0)
-        if isinstance(reply, Exception):
-            raise reply
-        return reply
 
 
 LEASE_JSON: dict[str, Any] = {

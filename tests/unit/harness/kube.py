@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-from gpudra.errors import ClaimError
-from gpudra.kube.client import Conflict, NotFound, Obj
+from gpudra.errors import ClaimError, ClusterError
+from gpudra.kube.client import Conflict, NotFound, Obj, request_kind
 from gpudra.model.claim import Claim, read_claim
 from gpudra.node.allocation import ClaimRef
 from gpudra.quantity import parse_quantity
@@ -248,3 +248,77 @@ class FakeSliceKube:
                 capacity["value"] = str(int(parse_quantity(capacity["value"])))  # "80Gi" -> bytes
         stored["spec"].setdefault("perDeviceNodeSelection", None)
         return stored
+
+
+class FakeClaimKube:
+    def __init__(self, objects: dict[tuple[str, str], Obj], error: Exception | None = None) -> None:
+        self.objects = objects
+        self.error = error
+        self.gets: list[tuple[str, str]] = []
+
+    def get_claim(self, namespace: str, name: str) -> Obj:
+        self.gets.append((namespace, name))
+        if self.error is not None:
+            raise self.error
+        try:
+            return self.objects[(namespace, name)]
+        except KeyError:
+            raise NotFound(f"reading ResourceClaim {namespace}/{name}: HTTP 404 Not Found") from None
+
+
+class FakeEventKube:
+    """Records events; fails while `down` is set."""
+
+    def __init__(self) -> None:
+        self.down = threading.Event()
+        self.events: list[dict[str, Any]] = []
+        self.patches = 0
+        self.sent = threading.Condition()
+
+    def node_uid(self, name: str) -> str:
+        if self.down.is_set():
+            raise ClusterError("reading node n1: cannot reach the API server (MaxRetryError)")
+        return "uid-1"
+
+    def create_node_event(self, *, node_name: str, node_uid: str, event: dict[str, Any]) -> str:
+        if self.down.is_set():
+            raise ClusterError("creating an Event: cannot reach the API server (MaxRetryError)")
+        with self.sent:
+            name = f"{node_name}.{len(self.events)}"
+            self.events.append({"node": node_name, "uid": node_uid, "name": name, **event})
+            self.sent.notify_all()
+        return name
+
+    def patch_node_event(self, name: str, patch: dict[str, Any]) -> None:
+        with self.sent:
+            found = [e for e in self.events if e["name"] == name and not e.get("expired")]
+            if not found:
+                raise NotFound(f"updating the Event {name}: not found")
+            found[0].update(patch)
+            self.patches += 1
+            self.sent.notify_all()
+
+    def wait_for(self, count: int, timeout: float = 10) -> list[dict[str, Any]]:
+        with self.sent:
+            assert self.sent.wait_for(lambda: len(self.events) >= count, timeout), self.events
+            return list(self.events)
+
+
+class FakeRequestKube:
+    """Answers Kube.request from a queue of replies (a dict, or an error to raise)."""
+
+    def __init__(self, *replies: dict[str, Any] | Exception) -> None:
+        self.replies = list(replies)
+        self.calls: list[dict[str, Any]] = []
+
+    @property
+    def counts(self) -> list[tuple[str, str]]:
+        """What Kube counted the requests as (gpudra_api_requests_total's verb and resource)."""
+        return [request_kind(call["method"], call["path"]) for call in self.calls]
+
+    def request(self, what: str, method: str, path: str, *, body: dict[str, Any] | None = None) -> Any:
+        self.calls.append({"what": what, "method": method, "path": path, "body": body})
+        reply = self.replies.pop(0)
+        if isinstance(reply, Exception):
+            raise reply
+        return reply

@@ -6,27 +6,12 @@ import pytest
 
 from gpudra.errors import ClaimError, ClusterError
 from gpudra.kube.claims import ClaimReader
-from gpudra.kube.client import NotFound, Obj
+from gpudra.kube.client import NotFound
 from gpudra.model.claim import read_claim
 from tests.unit.claims import whole_gpus
+from tests.unit.harness.kube import FakeClaimKube
 
 HERE = whole_gpus("u-here", "gpu-0", name="here")
-
-
-class FakeClaimKube:
-    def __init__(self, objects: dict[tuple[str, str], Obj], error: Exception | None = None) -> None:
-        self.objects = objects
-        self.error = error
-        self.gets: list[tuple[str, str]] = []
-
-    def get_claim(self, namespace: str, name: str) -> Obj:
-        self.gets.append((namespace, name))
-        if self.error is not None:
-            raise self.error
-        try:
-            return self.objects[(namespace, name)]
-        except KeyError:
-            raise NotFound(f"reading ResourceClaim {namespace}/{name}: HTTP 404 Not Found") from None
 
 
 def test_every_read_goes_to_the_api_server_and_is_counted() -> None:

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import threading
 import time
-from typing import Any
 
-from gpudra.errors import ClusterError
-from gpudra.kube.client import NotFound
 from gpudra.kube.events import (
     MAX_MESSAGE,
     MAX_QUEUED,
@@ -15,44 +11,7 @@ from gpudra.kube.events import (
     SERIES_WRITE_SECONDS,
     NodeEvents,
 )
-
-
-class FakeEventKube:
-    """Records events; fails while `down` is set."""
-
-    def __init__(self) -> None:
-        self.down = threading.Event()
-        self.events: list[dict[str, Any]] = []
-        self.patches = 0
-        self.sent = threading.Condition()
-
-    def node_uid(self, name: str) -> str:
-        if self.down.is_set():
-            raise ClusterError("reading node n1: cannot reach the API server (MaxRetryError)")
-        return "uid-1"
-
-    def create_node_event(self, *, node_name: str, node_uid: str, event: dict[str, Any]) -> str:
-        if self.down.is_set():
-            raise ClusterError("creating an Event: cannot reach the API server (MaxRetryError)")
-        with self.sent:
-            name = f"{node_name}.{len(self.events)}"
-            self.events.append({"node": node_name, "uid": node_uid, "name": name, **event})
-            self.sent.notify_all()
-        return name
-
-    def patch_node_event(self, name: str, patch: dict[str, Any]) -> None:
-        with self.sent:
-            found = [e for e in self.events if e["name"] == name and not e.get("expired")]
-            if not found:
-                raise NotFound(f"updating the Event {name}: not found")
-            found[0].update(patch)
-            self.patches += 1
-            self.sent.notify_all()
-
-    def wait_for(self, count: int, timeout: float = 10) -> list[dict[str, Any]]:
-        with self.sent:
-            assert self.sent.wait_for(lambda: len(self.events) >= count, timeout), self.events
-            return list(self.events)
+from tests.unit.harness.kube import FakeEventKube
 
 
 def test_an_event_is_sent_with_what_kubectl_describe_shows() -> None:
