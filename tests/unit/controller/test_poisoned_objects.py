@@ -9,9 +9,8 @@ from __future__ import annotations
 import json
 import logging
 import re
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -22,6 +21,7 @@ from gpudra.controller.metrics import ControllerMetrics
 from gpudra.errors import ClusterError
 from gpudra.kube.client import Kube
 from gpudra.model.kube_api import GROUP, VERSION
+from tests.unit.harness.api_client import FakeResponse
 
 BASE = f"/apis/{GROUP}/{VERSION}"
 CLAIMS = f"{BASE}/resourceclaims"
@@ -46,30 +46,6 @@ def event(kind: str, obj: str) -> bytes:
     return f'{{"type": "{kind}", "object": {obj}}}\n'.encode()
 
 
-class Reply:
-    """What `kubernetes.client.ApiClient.call_api` returns: a body, or (a watch) chunks then an end."""
-
-    def __init__(self, body: bytes = b"", chunks: list[bytes] | None = None, hold: float = 0.0) -> None:
-        self.status, self.reason, self.body = 200, "OK", body
-        self.chunks = chunks or []
-        self.hold = hold  # a watch with nothing to say stays open this long, as the API server's does
-        self.response = self
-        self._shut = threading.Event()
-
-    def read(self) -> bytes:
-        return self.body
-
-    def stream(self, amt: int | None = None, decode_content: bool = False) -> Iterator[bytes]:
-        yield from self.chunks
-        self._shut.wait(self.hold)
-
-    def close(self) -> None:
-        pass
-
-    def shutdown(self) -> None:
-        self._shut.set()
-
-
 class ScriptedApi:
     """The two calls `Kube` makes of the kubernetes client. LISTs answer from `lists` (by path); WATCHes
     take the next chunks of `events` (by path); GETs answer from `objects`; while `down`, every call fails
@@ -87,15 +63,15 @@ class ScriptedApi:
     ) -> tuple[Any, ...]:
         return (method, resource_path, dict(query_params))
 
-    def call_api(self, method: str, path: str, query: dict[str, Any], _request_timeout: Any) -> Reply:
+    def call_api(self, method: str, path: str, query: dict[str, Any], _request_timeout: Any) -> FakeResponse:
         if self.down:
             raise urllib3.exceptions.ProtocolError("Connection refused")
         if query.get("watch") == "true":
             waiting = self.events.get(path) or []
-            return Reply(chunks=waiting.pop(0) if waiting else [], hold=self.hold)
+            return FakeResponse(chunks=waiting.pop(0) if waiting else [], hold=self.hold)
         if path in self.objects:
-            return Reply(self.objects[path])
-        return Reply(self.lists[path])
+            return FakeResponse(self.objects[path])
+        return FakeResponse(self.lists[path])
 
 
 def watch_for(kube: Kube, **kwargs: Any) -> ClusterWatch:

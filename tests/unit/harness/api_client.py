@@ -4,6 +4,8 @@ and the response they return, so that the unit tests run Kube's own requests, de
 from __future__ import annotations
 
 import json
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 REPLY: dict[str, Any] = {
@@ -16,15 +18,47 @@ REPLY: dict[str, Any] = {
 
 
 class FakeResponse:
-    def __init__(self, status: int, body: bytes) -> None:
-        self.status, self.reason, self.body = status, "Reason", body
+    """What `ApiClient.call_api` returns, and the urllib3 response under it (`response`: itself) that a
+    WATCH streams from: `body` for a read; for a stream, `chunks` as they arrive, then a wait of up to
+    `hold` seconds until shut down (a watch with nothing to say stays open, as the API server's does),
+    then `end` raised (None: a clean end). Records whether it was closed and shut down."""
+
+    def __init__(
+        self,
+        body: bytes = b"",
+        *,
+        status: int = 200,
+        reason: str = "OK",
+        chunks: list[bytes] | None = None,
+        end: Exception | None = None,
+        hold: float = 0.0,
+    ) -> None:
+        self.status, self.reason, self.body = status, reason, body
+        self.chunks = chunks or []
+        self.end = end
+        self.hold = hold
         self.response = self  # what Kube.watch reads the stream from
+        self.closed = False
+        self._shut = threading.Event()
+
+    @property
+    def shut(self) -> bool:
+        return self._shut.is_set()
 
     def read(self) -> bytes:
         return self.body
 
+    def stream(self, amt: int | None = None, decode_content: bool = False) -> Iterator[bytes]:
+        yield from self.chunks
+        self._shut.wait(self.hold)
+        if self.end is not None:
+            raise self.end
+
     def close(self) -> None:
-        pass
+        self.closed = True
+
+    def shutdown(self) -> None:
+        self._shut.set()
 
 
 class FakeApiClient:
@@ -44,4 +78,4 @@ class FakeApiClient:
     def call_api(self, *request: Any, _request_timeout: Any) -> FakeResponse:
         if self.error is not None:
             raise self.error
-        return FakeResponse(self.status, json.dumps(REPLY).encode())
+        return FakeResponse(json.dumps(REPLY).encode(), status=self.status, reason="Reason")

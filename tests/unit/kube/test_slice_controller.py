@@ -26,6 +26,7 @@ from gpudra.kube.slice_sync import (
 )
 from gpudra.model import health_report
 from tests.unit.claims import DRIVER, NODE
+from tests.unit.harness.api_client import FakeResponse
 from tests.unit.harness.kube import NODE_UID, FakeSliceKube
 from tests.unit.harness.slices import MODELS, Model, builder, controller, generations, wait_until
 
@@ -554,29 +555,9 @@ def test_a_failing_watch_starts_again_from_a_list_and_is_counted(
 # --- Watch: the client's side of a WATCH ---------------------------------------------------
 
 
-class FakeResponse:
-    """The urllib3 response of a WATCH request: chunks as they arrive, then `end` (None: a clean end)."""
-
-    def __init__(self, chunks: list[bytes], end: Exception | None = None) -> None:
-        self.chunks = chunks
-        self.end = end
-        self.closed = self.shut = False
-
-    def stream(self, amt: int | None = None, decode_content: bool = False) -> Iterator[bytes]:
-        yield from self.chunks
-        if self.end is not None:
-            raise self.end
-
-    def close(self) -> None:
-        self.closed = True
-
-    def shutdown(self) -> None:
-        self.shut = True
-
-
 def test_a_watch_yields_events_split_across_chunks_and_closes_its_response() -> None:
     response = FakeResponse(
-        [
+        chunks=[
             b'{"type": "ADDED", "object": {"metadata": {"na',
             b'me": "a"}}}\n\n{"type": "BOO',
             b'KMARK", "object": {}}\n',
@@ -590,11 +571,11 @@ def test_a_watch_yields_events_split_across_chunks_and_closes_its_response() -> 
 
 def test_an_error_event_or_a_broken_stream_is_a_cluster_error() -> None:
     expired = FakeResponse(
-        [b'{"type": "ERROR", "object": {"kind": "Status", "code": 410, "message": "too old"}}\n']
+        chunks=[b'{"type": "ERROR", "object": {"kind": "Status", "code": 410, "message": "too old"}}\n']
     )
     with pytest.raises(ClusterError, match="watching ResourceSlices: HTTP 410 too old"):
         list(Watch(expired, "watching ResourceSlices", "resourceslices", SkippedObjects()))
-    broken = FakeResponse([], end=urllib3.exceptions.ProtocolError("Connection broken"))
+    broken = FakeResponse(chunks=[], end=urllib3.exceptions.ProtocolError("Connection broken"))
     with pytest.raises(ClusterError, match="connection broken"):
         list(Watch(broken, "watching ResourceSlices", "resourceslices", SkippedObjects()))
     assert expired.closed and broken.closed
@@ -602,7 +583,7 @@ def test_an_error_event_or_a_broken_stream_is_a_cluster_error() -> None:
 
 def test_a_closed_watch_ends_quietly() -> None:
     broken = FakeResponse(
-        [b'{"type": "ADDED", "object": {}}\n'], end=urllib3.exceptions.ProtocolError("shut")
+        chunks=[b'{"type": "ADDED", "object": {}}\n'], end=urllib3.exceptions.ProtocolError("shut")
     )
     watch = Watch(broken, "watching ResourceSlices", "resourceslices", SkippedObjects())
     events = iter(watch)
