@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
+from http import HTTPStatus
 from typing import Any
+
+import urllib3
 
 REPLY: dict[str, Any] = {
     "kind": "List",
@@ -62,20 +65,37 @@ class FakeResponse:
 
 
 class FakeApiClient:
-    """The two calls of kubernetes.client.ApiClient that Kube makes; answers `status` with REPLY."""
+    """The two calls of kubernetes.client.ApiClient that Kube makes; `sent` records what each asked
+    (method, path, query). A WATCH takes the next chunks of `events` (by path; none left: a watch that
+    stays open `hold` seconds with nothing to say); any other request answers the body of `objects`, else
+    of `lists` (by path), else REPLY. Every answer has `status`; every call raises `error` when one is
+    set, and fails as a refused connection does while `down`."""
 
     def __init__(self, status: int = 200, error: Exception | None = None) -> None:
         self.status = status
         self.error = error
+        self.down = False
         self.sent: list[tuple[str, str, list[tuple[str, Any]]]] = []
+        self.lists: dict[str, bytes] = {}
+        self.events: dict[str, list[list[bytes]]] = {}
+        self.objects: dict[str, bytes] = {}
+        self.hold = 0.0
 
     def param_serialize(
         self, *, method: str, resource_path: str, query_params: Any, **_: Any
     ) -> tuple[Any, ...]:
         self.sent.append((method, resource_path, list(query_params)))
-        return (method, resource_path)
+        return (method, resource_path, dict(query_params))
 
-    def call_api(self, *request: Any, _request_timeout: Any) -> FakeResponse:
+    def call_api(self, method: str, path: str, query: dict[str, Any], _request_timeout: Any) -> FakeResponse:
         if self.error is not None:
             raise self.error
-        return FakeResponse(json.dumps(REPLY).encode(), status=self.status, reason="Reason")
+        if self.down:
+            raise urllib3.exceptions.ProtocolError("Connection refused")
+        reason = HTTPStatus(self.status).phrase
+        if query.get("watch") == "true":
+            waiting = self.events.get(path) or []
+            chunks = waiting.pop(0) if waiting else []
+            return FakeResponse(status=self.status, reason=reason, chunks=chunks, hold=self.hold)
+        body = self.objects.get(path, self.lists.get(path, json.dumps(REPLY).encode()))
+        return FakeResponse(body, status=self.status, reason=reason)
