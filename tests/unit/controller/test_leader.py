@@ -570,8 +570,8 @@ def test_a_lease_is_read_from_its_namespaced_path() -> None:
         resource_version="42",
     )
     assert leases.get(NS, NAME) is None
-    assert kube.calls[0]["method"] == "GET"
-    assert kube.calls[0]["path"] == f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/{NAME}"
+    assert kube.requests[0].method == "GET"
+    assert kube.requests[0].path == f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/{NAME}"
     assert kube.counts == [("get", "leases")] * 2
 
 
@@ -591,9 +591,9 @@ def test_writes_send_micro_times_and_the_resource_version_precondition() -> None
     leases.replace(NS, NAME, replace(new, resource_version="41"))
     with pytest.raises(Conflict):
         leases.replace(NS, NAME, replace(new, resource_version="41"))
-    create, update = kube.calls[0], kube.calls[1]
-    assert create["method"] == "POST" and create["path"].endswith(f"/namespaces/{NS}/leases")
-    assert create["body"] == {
+    create, update = kube.requests[0], kube.requests[1]
+    assert create.method == "POST" and create.path.endswith(f"/namespaces/{NS}/leases")
+    assert create.kwargs["body"] == {
         "apiVersion": "coordination.k8s.io/v1",
         "kind": "Lease",
         "metadata": {"name": NAME, "namespace": NS},
@@ -605,8 +605,8 @@ def test_writes_send_micro_times_and_the_resource_version_precondition() -> None
             "renewTime": "2026-03-04T05:06:07.000890Z",
         },
     }
-    assert update["method"] == "PUT" and update["path"].endswith(f"/leases/{NAME}")
-    assert update["body"]["metadata"]["resourceVersion"] == "41"
+    assert update.method == "PUT" and update.path.endswith(f"/leases/{NAME}")
+    assert update.kwargs["body"]["metadata"]["resourceVersion"] == "41"
     assert kube.counts == [("create", "leases"), ("update", "leases"), ("update", "leases")]
 
 

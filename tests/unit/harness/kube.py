@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from gpudra.errors import ClaimError, ClusterError
 from gpudra.kube.client import Conflict, NotFound, Obj, request_kind
@@ -304,21 +304,31 @@ class FakeEventKube:
             return list(self.events)
 
 
+class Request(NamedTuple):
+    """One call of FakeRequestKube.request: the method, the path and the keyword arguments (query, body,
+    content_type) as the caller gave them."""
+
+    method: str
+    path: str
+    kwargs: dict[str, Any]
+
+
 class FakeRequestKube:
-    """Answers Kube.request from a queue of replies (a dict, or an error to raise)."""
+    """Kube.request, the one call that Leases and ClaimStatus make: records each call in `requests` and
+    answers from a queue of replies (a dict, or an error to raise), {} once the queue is empty."""
 
     def __init__(self, *replies: dict[str, Any] | Exception) -> None:
         self.replies = list(replies)
-        self.calls: list[dict[str, Any]] = []
+        self.requests: list[Request] = []
 
     @property
     def counts(self) -> list[tuple[str, str]]:
         """What Kube counted the requests as (gpudra_api_requests_total's verb and resource)."""
-        return [request_kind(call["method"], call["path"]) for call in self.calls]
+        return [request_kind(r.method, r.path) for r in self.requests]
 
-    def request(self, what: str, method: str, path: str, *, body: dict[str, Any] | None = None) -> Any:
-        self.calls.append({"what": what, "method": method, "path": path, "body": body})
-        reply = self.replies.pop(0)
+    def request(self, what: str, method: str, path: str, **kwargs: Any) -> Any:
+        self.requests.append(Request(method, path, kwargs))
+        reply = self.replies.pop(0) if self.replies else {}
         if isinstance(reply, Exception):
             raise reply
         return reply
