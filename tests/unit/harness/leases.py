@@ -20,10 +20,10 @@ class MemoryLeases:
     Lease NotFound. `down` fails every call before it acts. `before(verb)` and `after(verb)` run around
     each call (after: once the call took effect, so raising there is a reply lost on the way back)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, down: bool = False) -> None:
         self.leases: dict[tuple[str, str], LeaseRecord] = {}
         self.version = 0
-        self.down = False
+        self.down = down
         self.before: Callable[[str], None] = lambda verb: None
         self.after: Callable[[str], None] = lambda verb: None
         self.writes = 0
