@@ -1,6 +1,15 @@
-"""Fakes of the API server: a ClaimSource of ResourceClaim objects, the Node's events, and the
-ResourceSlice half of gpudra.kube.client.Kube (FakeSliceKube, with FakeWatch) that the slice controller
-writes to."""
+"""Fakes of the API server, one for each narrow part of it that gpudra's code calls, named for that part:
+
+- Claims: a ClaimSource (gpudra.node.allocation) of ResourceClaim objects, what prepare reads.
+- Events: an EventPoster (gpudra.kube.events), recording what the node would post.
+- FakeSliceKube (with FakeWatch): the ResourceSlice half of gpudra.kube.client.Kube that the slice
+  controller lists, watches and writes.
+- FakeClaimKube: Kube.get_claim, what ClaimReader calls.
+- FakeEventKube: the Event calls of Kube that NodeEvents makes.
+- FakeRequestKube: Kube.request, what Leases and ClaimStatus build their calls on.
+
+Kube itself over a fake kubernetes ApiClient is tests/unit/harness/api_client.py; the leader elector's
+LeaseStore, tests/unit/harness/leases.py."""
 
 from __future__ import annotations
 
@@ -251,6 +260,9 @@ class FakeSliceKube:
 
 
 class FakeClaimKube:
+    """Kube.get_claim, as ClaimReader calls it: the objects by (namespace, name), a 404 for the others,
+    or `error` raised for every read; `gets` records each read."""
+
     def __init__(self, objects: dict[tuple[str, str], Obj], error: Exception | None = None) -> None:
         self.objects = objects
         self.error = error
@@ -267,7 +279,8 @@ class FakeClaimKube:
 
 
 class FakeEventKube:
-    """Records events; fails while `down` is set."""
+    """The Event calls of Kube that NodeEvents makes (node_uid, create_node_event, patch_node_event):
+    records the events; fails while `down` is set."""
 
     def __init__(self) -> None:
         self.down = threading.Event()
