@@ -22,9 +22,8 @@ from kubernetes.dynamic import DynamicClient
 from gpudra.model.devices import UNHEALTHY_TAINT_KEY
 from gpudra.model.publishing import WITHHELD_FORMS
 from gpudra.sim import hooks as sim
+from tests.integration.chart import NAMESPACE, VALUES_EXAMPLES, apply, render
 from tests.integration.kube_helpers import wait_for
-from tests.integration.test_chart import NAMESPACE, VALUES_EXAMPLES, render
-from tests.integration.test_chart import _apply as apply
 from tests.localcluster.api import DemoApi
 from tests.localcluster.cluster import feature_gates_from_env
 from tests.localcluster.demo import NAMESPACE as DEMO_NAMESPACE

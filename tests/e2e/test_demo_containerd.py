@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.demo_command import run_demo
 from tests.integration.procs import cluster_processes
-from tests.integration.test_demo import run_demo
 from tests.localcluster import containerd as ctrd
 from tests.localcluster.cluster import mounts_under
 

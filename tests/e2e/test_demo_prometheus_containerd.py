@@ -26,8 +26,7 @@ from typing import Any
 import pytest
 from kubernetes import client, config, utils
 
-from tests.integration.kube_helpers import wait_for
-from tests.integration.test_prometheus_demo import unsatisfiable_claim
+from tests.integration.kube_helpers import unsatisfiable_claim, wait_for
 from tests.localcluster import LocalCluster, prometheus
 from tests.localcluster.api import DemoApi
 from tests.localcluster.controller import NAMESPACE as CONTROLLER_NAMESPACE

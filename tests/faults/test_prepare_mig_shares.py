@@ -18,13 +18,13 @@ from gpudra.node.allocation import ClaimRef
 from gpudra.sim import state as sim_state
 from tests.unit.claims import resource_claim, result
 from tests.unit.harness.crash import child
+from tests.unit.harness.mig import instances, mig_claim, recorded
 from tests.unit.harness.mps import (
     daemons,
     kill_leftover_daemons,  # noqa: F401 (an autouse fixture: every test kills the daemons it left)
     mps_root,
 )
 from tests.unit.harness.node import Node, uid
-from tests.unit.node.test_prepare_mig import instances, mig_claim, recorded
 
 SHARED = "gpu-2-mig-1g10gb-6-shared"
 EXCLUSIVE = "gpu-2-mig-1g10gb-6"

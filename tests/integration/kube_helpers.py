@@ -15,6 +15,7 @@ from typing import Any, TypeVar, cast
 from kubernetes import client
 
 from tests.localcluster import TOKEN, LocalCluster
+from tests.localcluster.node_plugin import DRIVER
 
 T = TypeVar("T")
 RESOURCE = ("resource.k8s.io", "v1")
@@ -198,3 +199,14 @@ def claim_pod(name: str, claims: dict[str, str], node: str | None = None) -> dic
     if node is not None:
         spec["nodeSelector"] = {"kubernetes.io/hostname": node}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+def unsatisfiable_claim() -> dict[str, Any]:
+    """A claim no pod uses, asking more GPUs than the cluster has: it stays pending."""
+    request = {"deviceClassName": DRIVER, "allocationMode": "ExactCount", "count": 64}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "waits-for-64-gpus"},
+        "spec": {"devices": {"requests": [{"name": "gpus", "exactly": request}]}},
+    }

@@ -31,14 +31,10 @@ from tests.localcluster.cluster import free_port
 from tests.localcluster.controller import ControllerProcess
 from tests.localcluster.node_plugin import DRIVER, PluginProcess
 
-from .conftest import REPO
+from .chart import CHART, NAMESPACE, RELEASE, VALUES_EXAMPLES, apply, helm, render
 from .kube_helpers import Resources, claim_pod, claim_template, pod_events, pod_gone, pod_running, wait_for
 
-CHART = REPO / "deploy" / "helm" / "gpudra"
-RELEASE, NAMESPACE = "chart", "gpudra-chart"
 PLUGIN_SA, CONTROLLER_SA = "chart-gpudra-kubelet-plugin", "chart-gpudra-controller"
-VALUES_EXAMPLES = sorted((CHART / "ci").glob("*.yaml"))
-MANAGER = "gpudra-chart-test"
 # What `kubectl apply` of the chart would install that this test installs for real (the workloads and
 # DeviceClasses are only dry-run: there is no container runtime here, and the session's classes stay).
 INSTALLED_KINDS = {
@@ -50,37 +46,6 @@ INSTALLED_KINDS = {
     "ValidatingAdmissionPolicy",
     "ValidatingAdmissionPolicyBinding",
 }
-
-
-def helm() -> str:
-    built = subprocess.run(
-        ["bash", str(REPO / "deploy" / "local" / "build-helm.sh")], capture_output=True, text=True, check=True
-    )
-    return built.stdout.strip()
-
-
-def render(*args: str) -> list[dict[str, Any]]:
-    out = subprocess.run(
-        [helm(), "template", RELEASE, str(CHART), "--namespace", NAMESPACE, *args],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return [o for o in yaml.safe_load_all(out) if o]
-
-
-def _apply(dynamic: DynamicClient, obj: dict[str, Any], *, dry_run: bool = False) -> Any:
-    """Server-side apply, as Helm 4 installs (the object may exist or not)."""
-    resource = dynamic.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
-    namespace = obj["metadata"].get("namespace") if resource.namespaced else None
-    return resource.server_side_apply(
-        body=obj,
-        name=obj["metadata"]["name"],
-        namespace=namespace,
-        field_manager=MANAGER,
-        force_conflicts=True,
-        dry_run="All" if dry_run else None,
-    )
 
 
 def _delete(dynamic: DynamicClient, obj: dict[str, Any]) -> None:
@@ -106,7 +71,7 @@ def installed(api: client.ApiClient, dynamic: DynamicClient) -> Iterator[list[di
     objects = [o for o in render() if o["kind"] in INSTALLED_KINDS]
     try:
         for obj in objects:
-            _apply(dynamic, obj)
+            apply(dynamic, obj)
         yield objects
     finally:
         for obj in objects:
@@ -161,7 +126,7 @@ def test_every_rendered_object_passes_a_server_side_dry_run(
     refused = []
     for obj in objects:
         try:
-            _apply(dynamic, obj, dry_run=True)
+            apply(dynamic, obj, dry_run=True)
         except ApiException as err:
             refused.append(f"{obj['kind']} {obj['metadata']['name']}: {err.status} {err.body}")
     assert refused == []
@@ -541,7 +506,7 @@ def test_a_pod_asking_nvidia_com_gpu_gets_a_gpudra_gpu(
     core = client.CoreV1Api(api)
     namespace = f"ext-{uuid.uuid4().hex[:6]}"
     core.create_namespace({"metadata": {"name": namespace}})
-    _apply(dynamic, gpu_class)
+    apply(dynamic, gpu_class)
     try:
         pod = {
             "apiVersion": "v1",
@@ -569,7 +534,7 @@ def test_a_pod_asking_nvidia_com_gpu_gets_a_gpudra_gpu(
         wait_for("the pod gone (unprepared)", lambda: pod_gone(core, "legacy", namespace), timeout=120)
         wait_for("the claim unprepared", lambda: uid not in gpudra["node-h100"].cdi_specs(), timeout=30)
     finally:
-        _apply(dynamic, plain)
+        apply(dynamic, plain)
         core.delete_namespace(namespace)
     restored = dynamic.resources.get(api_version="resource.k8s.io/v1", kind="DeviceClass").get(name=DRIVER)
     assert "extendedResourceName" not in restored.to_dict()["spec"]
@@ -623,7 +588,7 @@ def test_the_controller_on_its_service_account_and_uninstall_leaves_nothing(
         for what, read in made.items():
             wait_for(f"the {what} garbage-collected", partial(_gone, read), timeout=60)
     finally:
-        _apply(dynamic, role)
+        apply(dynamic, role)
 
 
 def _owners(read: Callable[[], Any]) -> list[Any]:

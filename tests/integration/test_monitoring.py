@@ -17,26 +17,14 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.localcluster import helm as localhelm
 from tests.localcluster import prometheus
 
 from .conftest import REPO
+from .monitoring import MONITORING, render
 
-CHART = REPO / "deploy" / "helm" / "gpudra"
 ALERTS_TEST = Path(__file__).parent / "data" / "alerts-test.yaml"
 TROUBLESHOOTING = REPO / "docs" / "troubleshooting.md"
-MONITORING = ("-f", str(CHART / "ci" / "monitoring-values.yaml"))
 OPERATOR_KINDS = set(prometheus.KINDS)
-
-
-def render(*args: str) -> list[dict[str, Any]]:
-    out = subprocess.run(
-        [str(localhelm.helm_binary()), "template", "gpudra", str(CHART), "--namespace", "gpudra", *args],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return [o for o in yaml.safe_load_all(out) if o]
 
 
 def promtool(*args: str, cwd: Path) -> str:

@@ -23,22 +23,10 @@ from tests.localcluster import LocalCluster, prometheus
 from tests.localcluster.api import DemoApi
 from tests.localcluster.demo import MACHINES, NAMESPACE, Demo
 from tests.localcluster.demo_installs import HostProcesses
-from tests.localcluster.node_plugin import DRIVER
 
 from .conftest import CLUSTER_PREFIX, REPO
-from .kube_helpers import wait_for
-from .test_monitoring import MONITORING, render
-
-
-def unsatisfiable_claim() -> dict[str, Any]:
-    """A claim no pod uses, asking more GPUs than the cluster has: it stays pending."""
-    request = {"deviceClassName": DRIVER, "allocationMode": "ExactCount", "count": 64}
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": "waits-for-64-gpus"},
-        "spec": {"devices": {"requests": [{"name": "gpus", "exactly": request}]}},
-    }
+from .kube_helpers import unsatisfiable_claim, wait_for
+from .monitoring import MONITORING, render
 
 
 def static_jobs(gpudra: HostProcesses) -> list[dict[str, Any]]:

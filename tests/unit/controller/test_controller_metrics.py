@@ -15,10 +15,9 @@ from gpudra.controller.housekeeping import Housekeeping
 from gpudra.controller.leader import LeaderElector
 from gpudra.controller.metrics import ControllerMetrics
 from gpudra.errors import ClusterError
-from gpudra.kube.lease import LeaseRecord
 from gpudra.runtime.service import Loop
 from gpudra.scheduling.cluster_view import build
-from tests.unit.scheduling.test_cluster_view import (
+from tests.unit.harness.cluster import (
     CLASS_OBJECTS,
     GPU0_LOST,
     H100_NODE,
@@ -26,6 +25,7 @@ from tests.unit.scheduling.test_cluster_view import (
     NOW,
     reporting,
 )
+from tests.unit.harness.leases import MemoryLeases
 
 DRIVER = "gpu.gpudra.io"
 DOWN = ClusterError("cannot reach the API server (MaxRetryError)")
@@ -51,17 +51,6 @@ class DownKube:
     """A Kube whose API server is away: every list fails."""
 
     def list_page(self, *args: Any, **kwargs: Any) -> Any:
-        raise DOWN
-
-
-class DownLeases:
-    def get(self, namespace: str, name: str) -> LeaseRecord | None:
-        raise DOWN
-
-    def create(self, namespace: str, name: str, record: LeaseRecord) -> LeaseRecord:
-        raise DOWN
-
-    def replace(self, namespace: str, name: str, record: LeaseRecord) -> LeaseRecord:
         raise DOWN
 
 
@@ -101,7 +90,9 @@ def failed_twice(metrics: ControllerMetrics, name: str) -> Callable[[], bool]:
 
 def test_every_loop_is_exported_from_the_start_with_no_failure_and_no_success_yet() -> None:
     cluster = ClusterWatch(DownKube(), driver=DRIVER, idle_after_seconds=60)
-    elector = LeaderElector(DownLeases(), namespace="gpudra", name="gpudra-controller", identity="a")
+    elector = LeaderElector(
+        MemoryLeases(down=True), namespace="gpudra", name="gpudra-controller", identity="a"
+    )
     loops = [*(i.loop for i in cluster.informers), elector.loop, housekeeping(fail).loop]
     metrics = ControllerMetrics()
     metrics.track_loops(loops)
@@ -117,7 +108,7 @@ def test_a_failing_loop_counts_its_failures_and_reports_unhealthy(
 ) -> None:
     cluster = ClusterWatch(DownKube(), driver=DRIVER, idle_after_seconds=60)
     elector = LeaderElector(
-        DownLeases(), namespace="gpudra", name="gpudra-controller", identity="a", lease_seconds=1
+        MemoryLeases(down=True), namespace="gpudra", name="gpudra-controller", identity="a", lease_seconds=1
     )
     failing = housekeeping(fail)
     loops = [cluster.claims.loop, elector.loop, failing.loop]

@@ -42,7 +42,7 @@ from gpudra.scheduling.gpu_map import (
     survey,
 )
 from tests.unit import inventories as inv
-from tests.unit.scheduling.test_cluster_view import (
+from tests.unit.harness.cluster import (
     CLASS_OBJECTS,
     DRIVER,
     GIB,

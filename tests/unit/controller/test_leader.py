@@ -17,10 +17,11 @@ from hypothesis import strategies as st
 
 from gpudra.controller.leader import Election, LeaderElector, Timing
 from gpudra.errors import ClusterError, ConfigError
-from gpudra.kube.client import Conflict, NotFound, request_kind
+from gpudra.kube.client import Conflict, NotFound
 from gpudra.kube.lease import LeaseRecord, Leases, format_micro_time
+from tests.unit.harness.kube import FakeRequestKube
+from tests.unit.harness.leases import NAME, NS, MemoryLeases
 
-NS, NAME = "gpudra", "gpudra-controller"
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 
 
@@ -37,61 +38,6 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
-
-
-class MemoryLeases:
-    """Leases in memory, with the API server's rules: every write gets a new resourceVersion; a create of
-    an existing name and a replace at a stale resourceVersion raise Conflict; a replace of a missing
-    Lease NotFound. `down` fails every call before it acts. `before(verb)` and `after(verb)` run around
-    each call (after: once the call took effect, so raising there is a reply lost on the way back)."""
-
-    def __init__(self) -> None:
-        self.leases: dict[tuple[str, str], LeaseRecord] = {}
-        self.version = 0
-        self.down = False
-        self.before: Callable[[str], None] = lambda verb: None
-        self.after: Callable[[str], None] = lambda verb: None
-        self.writes = 0
-
-    def _call(self, verb: str, act: Callable[[], Any]) -> Any:
-        self.before(verb)
-        if self.down:
-            raise ClusterError(f"{verb} Lease: cannot reach the API server (MaxRetryError)")
-        result = act()
-        self.after(verb)
-        return result
-
-    def _store(self, key: tuple[str, str], record: LeaseRecord) -> LeaseRecord:
-        self.version += 1
-        self.writes += 1
-        self.leases[key] = replace(record, resource_version=str(self.version))
-        return self.leases[key]
-
-    def get(self, namespace: str, name: str) -> LeaseRecord | None:
-        return self._call("get", lambda: self.leases.get((namespace, name)))
-
-    def create(self, namespace: str, name: str, record: LeaseRecord) -> LeaseRecord:
-        def act() -> LeaseRecord:
-            assert not record.resource_version
-            if (namespace, name) in self.leases:
-                raise Conflict(f"creating Lease {namespace}/{name}: HTTP 409 Conflict")
-            return self._store((namespace, name), record)
-
-        return self._call("create", act)
-
-    def replace(self, namespace: str, name: str, record: LeaseRecord) -> LeaseRecord:
-        def act() -> LeaseRecord:
-            current = self.leases.get((namespace, name))
-            if current is None:
-                raise NotFound(f"updating Lease {namespace}/{name}: HTTP 404 Not Found")
-            if current.resource_version != record.resource_version:
-                raise Conflict(f"updating Lease {namespace}/{name}: HTTP 409 Conflict")
-            return self._store((namespace, name), record)
-
-        return self._call("replace", act)
-
-    def lease(self) -> LeaseRecord:
-        return self.leases[(NS, NAME)]
 
 
 @pytest.fixture
@@ -597,26 +543,6 @@ def test_the_property_test_reaches_takeovers_and_races() -> None:
 # --- the Lease on the wire -----------------------------------------------------------------------
 
 
-class FakeKube:
-    """Answers Kube.request from a queue of replies (a dict, or an error to raise)."""
-
-    def __init__(self, *replies: dict[str, Any] | Exception) -> None:
-        self.replies = list(replies)
-        self.calls: list[dict[str, Any]] = []
-
-    @property
-    def counts(self) -> list[tuple[str, str]]:
-        """What Kube counted the requests as (gpudra_api_requests_total's verb and resource)."""
-        return [request_kind(call["method"], call["path"]) for call in self.calls]
-
-    def request(self, what: str, method: str, path: str, *, body: dict[str, Any] | None = None) -> Any:
-        self.calls.append({"what": what, "method": method, "path": path, "body": body})
-        reply = self.replies.pop(0)
-        if isinstance(reply, Exception):
-            raise reply
-        return reply
-
-
 LEASE_JSON: dict[str, Any] = {
     "apiVersion": "coordination.k8s.io/v1",
     "kind": "Lease",
@@ -632,7 +558,7 @@ LEASE_JSON: dict[str, Any] = {
 
 
 def test_a_lease_is_read_from_its_namespaced_path() -> None:
-    kube = FakeKube(LEASE_JSON, NotFound("reading Lease: HTTP 404 Not Found"))
+    kube = FakeRequestKube(LEASE_JSON, NotFound("reading Lease: HTTP 404 Not Found"))
     leases = Leases(kube)
     record = leases.get(NS, NAME)
     assert record == LeaseRecord(
@@ -644,18 +570,20 @@ def test_a_lease_is_read_from_its_namespaced_path() -> None:
         resource_version="42",
     )
     assert leases.get(NS, NAME) is None
-    assert kube.calls[0]["method"] == "GET"
-    assert kube.calls[0]["path"] == f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/{NAME}"
+    assert kube.requests[0].method == "GET"
+    assert kube.requests[0].path == f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/{NAME}"
     assert kube.counts == [("get", "leases")] * 2
 
 
 def test_a_released_lease_reads_as_held_by_nobody() -> None:
     released = {"metadata": {"resourceVersion": "9"}, "spec": {"leaseDurationSeconds": 1}}
-    assert Leases(FakeKube(released)).get(NS, NAME) == LeaseRecord("", 1, None, None, 0, resource_version="9")
+    assert Leases(FakeRequestKube(released)).get(NS, NAME) == LeaseRecord(
+        "", 1, None, None, 0, resource_version="9"
+    )
 
 
 def test_writes_send_micro_times_and_the_resource_version_precondition() -> None:
-    kube = FakeKube(LEASE_JSON, LEASE_JSON, Conflict("updating Lease: HTTP 409 Conflict"))
+    kube = FakeRequestKube(LEASE_JSON, LEASE_JSON, Conflict("updating Lease: HTTP 409 Conflict"))
     leases = Leases(kube)
     at = datetime(2026, 3, 4, 5, 6, 7, 890, tzinfo=UTC)
     new = LeaseRecord("a", 15, at, at, 0)
@@ -663,9 +591,9 @@ def test_writes_send_micro_times_and_the_resource_version_precondition() -> None
     leases.replace(NS, NAME, replace(new, resource_version="41"))
     with pytest.raises(Conflict):
         leases.replace(NS, NAME, replace(new, resource_version="41"))
-    create, update = kube.calls[0], kube.calls[1]
-    assert create["method"] == "POST" and create["path"].endswith(f"/namespaces/{NS}/leases")
-    assert create["body"] == {
+    create, update = kube.requests[0], kube.requests[1]
+    assert create.method == "POST" and create.path.endswith(f"/namespaces/{NS}/leases")
+    assert create.kwargs["body"] == {
         "apiVersion": "coordination.k8s.io/v1",
         "kind": "Lease",
         "metadata": {"name": NAME, "namespace": NS},
@@ -677,8 +605,8 @@ def test_writes_send_micro_times_and_the_resource_version_precondition() -> None
             "renewTime": "2026-03-04T05:06:07.000890Z",
         },
     }
-    assert update["method"] == "PUT" and update["path"].endswith(f"/leases/{NAME}")
-    assert update["body"]["metadata"]["resourceVersion"] == "41"
+    assert update.method == "PUT" and update.path.endswith(f"/leases/{NAME}")
+    assert update.kwargs["body"]["metadata"]["resourceVersion"] == "41"
     assert kube.counts == [("create", "leases"), ("update", "leases"), ("update", "leases")]
 
 

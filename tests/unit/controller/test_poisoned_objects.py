@@ -9,19 +9,18 @@ from __future__ import annotations
 import json
 import logging
 import re
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-import urllib3
 
 from gpudra.controller.cluster import STALE_AFTER_SECONDS, ClusterWatch
 from gpudra.controller.metrics import ControllerMetrics
 from gpudra.errors import ClusterError
 from gpudra.kube.client import Kube
 from gpudra.model.kube_api import GROUP, VERSION
+from tests.unit.harness.api_client import FakeApiClient
 
 BASE = f"/apis/{GROUP}/{VERSION}"
 CLAIMS = f"{BASE}/resourceclaims"
@@ -46,56 +45,12 @@ def event(kind: str, obj: str) -> bytes:
     return f'{{"type": "{kind}", "object": {obj}}}\n'.encode()
 
 
-class Reply:
-    """What `kubernetes.client.ApiClient.call_api` returns: a body, or (a watch) chunks then an end."""
-
-    def __init__(self, body: bytes = b"", chunks: list[bytes] | None = None, hold: float = 0.0) -> None:
-        self.status, self.reason, self.body = 200, "OK", body
-        self.chunks = chunks or []
-        self.hold = hold  # a watch with nothing to say stays open this long, as the API server's does
-        self.response = self
-        self._shut = threading.Event()
-
-    def read(self) -> bytes:
-        return self.body
-
-    def stream(self, amt: int | None = None, decode_content: bool = False) -> Iterator[bytes]:
-        yield from self.chunks
-        self._shut.wait(self.hold)
-
-    def close(self) -> None:
-        pass
-
-    def shutdown(self) -> None:
-        self._shut.set()
-
-
-class ScriptedApi:
-    """The two calls `Kube` makes of the kubernetes client. LISTs answer from `lists` (by path); WATCHes
-    take the next chunks of `events` (by path); GETs answer from `objects`; while `down`, every call fails
-    as a refused connection does."""
-
-    def __init__(self) -> None:
-        self.lists: dict[str, bytes] = {f"{BASE}/{r}": page("1") for r in ("resourceslices", "deviceclasses")}
-        self.events: dict[str, list[list[bytes]]] = {}
-        self.objects: dict[str, bytes] = {}
-        self.down = False
-        self.hold = 0.0
-
-    def param_serialize(
-        self, *, method: str, resource_path: str, query_params: Any, **_: Any
-    ) -> tuple[Any, ...]:
-        return (method, resource_path, dict(query_params))
-
-    def call_api(self, method: str, path: str, query: dict[str, Any], _request_timeout: Any) -> Reply:
-        if self.down:
-            raise urllib3.exceptions.ProtocolError("Connection refused")
-        if query.get("watch") == "true":
-            waiting = self.events.get(path) or []
-            return Reply(chunks=waiting.pop(0) if waiting else [], hold=self.hold)
-        if path in self.objects:
-            return Reply(self.objects[path])
-        return Reply(self.lists[path])
+def scripted() -> FakeApiClient:
+    """The API client `Kube` runs on here: LISTs of slices and classes answer an empty page; the claims'
+    LISTs, WATCH chunks and GETs are what each test scripts."""
+    api = FakeApiClient()
+    api.lists.update({f"{BASE}/{r}": page("1") for r in ("resourceslices", "deviceclasses")})
+    return api
 
 
 def watch_for(kube: Kube, **kwargs: Any) -> ClusterWatch:
@@ -120,7 +75,7 @@ def wait_until(condition: Callable[[], object], timeout: float = 10.0) -> None:
 def test_a_poisoned_claim_is_left_out_of_the_list_logged_and_counted_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    api = ScriptedApi()
+    api = scripted()
     api.lists[CLAIMS] = page("10", claim("a", "5"), claim("deep", "6", DEEP), claim("b", "7"))
     kube = Kube(api)
     cluster = watch_for(kube)
@@ -147,7 +102,7 @@ def test_a_poisoned_claim_is_left_out_of_the_list_logged_and_counted_once(
 
 
 def test_a_poisoned_watch_event_drops_the_object_and_the_watch_goes_on() -> None:
-    api = ScriptedApi()
+    api = scripted()
     api.lists[CLAIMS] = page("10", claim("a", "5"), claim("b", "6"))
     api.events[CLAIMS] = [
         [
@@ -172,7 +127,7 @@ def test_a_poisoned_watch_event_drops_the_object_and_the_watch_goes_on() -> None
 
 
 def test_reading_a_poisoned_object_alone_fails_that_call_and_counts_it() -> None:
-    api = ScriptedApi()
+    api = scripted()
     api.objects[f"{BASE}/namespaces/team-a/resourceclaims/deep"] = claim("deep", "6", DEEP).encode()
     kube = Kube(api)
     with pytest.raises(
@@ -183,7 +138,7 @@ def test_reading_a_poisoned_object_alone_fails_that_call_and_counts_it() -> None
 
 
 def test_every_cli_listing_leaves_the_poisoned_object_out_and_reports_it_to_the_command() -> None:
-    api = ScriptedApi()
+    api = scripted()
     api.lists[CLAIMS] = page("10", claim("a", "5"), claim("deep", "6", DEEP, namespace="team-b"))
     lines: list[str] = []
     kube = Kube(api, report_skipped=lines.append)
@@ -193,7 +148,7 @@ def test_every_cli_listing_leaves_the_poisoned_object_out_and_reports_it_to_the_
 
 
 def test_readiness_calls_the_picture_stale_once_a_watch_has_failed_past_the_bound() -> None:
-    api = ScriptedApi()
+    api = scripted()
     api.lists[CLAIMS] = page("10", claim("deep", "6", DEEP))
     api.hold = 0.05
     now = [1000.0]

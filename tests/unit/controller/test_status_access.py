@@ -39,8 +39,7 @@ from gpudra.scheduling.cluster_view import (
     PendingClaim,
     UnhealthyDevice,
 )
-
-from .test_webhook import HERE, client_context, material_for
+from tests.unit.harness.tls import HERE, client_context, material_for
 
 # token -> (user, namespaces it may list claims in ("" is cluster-wide), may list resourceslices)
 TOKENS = {

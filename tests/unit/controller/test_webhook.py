@@ -39,6 +39,7 @@ from gpudra.controller.webhook_tls import PERIOD, SHORT_PERIOD, CertificateKeepe
 from gpudra.errors import ConfigError
 from gpudra.kube.client import Conflict, Obj
 from gpudra.model.manifests import validate_documents
+from tests.unit.harness.tls import client_context, material_for
 
 DRIVER = "gpu.gpudra.io"
 GPU_CONFIG = {"apiVersion": "resource.gpudra.io/v1beta1", "kind": "GpuConfig"}
@@ -432,16 +433,6 @@ def test_the_driver_name_cannot_break_out_of_its_cel_string() -> None:
 
 
 # --- the server ---------------------------------------------------------------------------------
-
-HERE = ["127.0.0.1"]
-
-
-def material_for(names: list[str] = HERE, now: datetime | None = None) -> Material:
-    return certs.renewed(now or datetime.now(UTC), None, names)
-
-
-def client_context(material: Material) -> ssl.SSLContext:
-    return ssl.create_default_context(cadata=material.ca_crt.decode())
 
 
 def post(

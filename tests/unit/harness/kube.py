@@ -1,6 +1,15 @@
-"""Fakes of the API server: a ClaimSource of ResourceClaim objects, the Node's events, and the
-ResourceSlice half of gpudra.kube.client.Kube (FakeKube, with FakeWatch) that the slice controller
-writes to."""
+"""Fakes of the API server, one for each narrow part of it that gpudra's code calls, named for that part:
+
+- Claims: a ClaimSource (gpudra.node.allocation) of ResourceClaim objects, what prepare reads.
+- Events: an EventPoster (gpudra.kube.events), recording what the node would post.
+- FakeSliceKube (with FakeWatch): the ResourceSlice half of gpudra.kube.client.Kube that the slice
+  controller lists, watches and writes.
+- FakeClaimKube: Kube.get_claim, what ClaimReader calls.
+- FakeEventKube: the Event calls of Kube that NodeEvents makes.
+- FakeRequestKube: Kube.request, what Leases and ClaimStatus build their calls on.
+
+Kube itself over a fake kubernetes ApiClient is tests/unit/harness/api_client.py; the leader elector's
+LeaseStore, tests/unit/harness/leases.py."""
 
 from __future__ import annotations
 
@@ -10,10 +19,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
-from gpudra.errors import ClaimError
-from gpudra.kube.client import Conflict, NotFound, Obj
+from gpudra.errors import ClaimError, ClusterError
+from gpudra.kube.client import Conflict, NotFound, Obj, request_kind
 from gpudra.model.claim import Claim, read_claim
 from gpudra.node.allocation import ClaimRef
 from gpudra.quantity import parse_quantity
@@ -75,9 +84,9 @@ class Events:
 
 
 class FakeWatch:
-    """A WATCH on FakeKube: the events after a version, as they come, until closed or timed out."""
+    """A WATCH on FakeSliceKube: the events after a version, as they come, until closed or timed out."""
 
-    def __init__(self, kube: FakeKube, after: int, timeout: float) -> None:
+    def __init__(self, kube: FakeSliceKube, after: int, timeout: float) -> None:
         self.kube = kube
         self.after = after
         self.timeout = timeout
@@ -109,7 +118,7 @@ class FakeWatch:
             self.kube.changed.notify_all()
 
 
-class FakeKube:
+class FakeSliceKube:
     """The slice half of gpudra.kube.client.Kube, in memory, storing objects as an API server does.
 
     Stored objects get server fields (uid, resourceVersion, managedFields, ...), reformatted quantities
@@ -248,3 +257,91 @@ class FakeKube:
                 capacity["value"] = str(int(parse_quantity(capacity["value"])))  # "80Gi" -> bytes
         stored["spec"].setdefault("perDeviceNodeSelection", None)
         return stored
+
+
+class FakeClaimKube:
+    """Kube.get_claim, as ClaimReader calls it: the objects by (namespace, name), a 404 for the others,
+    or `error` raised for every read; `gets` records each read."""
+
+    def __init__(self, objects: dict[tuple[str, str], Obj], error: Exception | None = None) -> None:
+        self.objects = objects
+        self.error = error
+        self.gets: list[tuple[str, str]] = []
+
+    def get_claim(self, namespace: str, name: str) -> Obj:
+        self.gets.append((namespace, name))
+        if self.error is not None:
+            raise self.error
+        try:
+            return self.objects[(namespace, name)]
+        except KeyError:
+            raise NotFound(f"reading ResourceClaim {namespace}/{name}: HTTP 404 Not Found") from None
+
+
+class FakeEventKube:
+    """The Event calls of Kube that NodeEvents makes (node_uid, create_node_event, patch_node_event):
+    records the events; fails while `down` is set."""
+
+    def __init__(self) -> None:
+        self.down = threading.Event()
+        self.events: list[dict[str, Any]] = []
+        self.patches = 0
+        self.sent = threading.Condition()
+
+    def node_uid(self, name: str) -> str:
+        if self.down.is_set():
+            raise ClusterError("reading node n1: cannot reach the API server (MaxRetryError)")
+        return "uid-1"
+
+    def create_node_event(self, *, node_name: str, node_uid: str, event: dict[str, Any]) -> str:
+        if self.down.is_set():
+            raise ClusterError("creating an Event: cannot reach the API server (MaxRetryError)")
+        with self.sent:
+            name = f"{node_name}.{len(self.events)}"
+            self.events.append({"node": node_name, "uid": node_uid, "name": name, **event})
+            self.sent.notify_all()
+        return name
+
+    def patch_node_event(self, name: str, patch: dict[str, Any]) -> None:
+        with self.sent:
+            found = [e for e in self.events if e["name"] == name and not e.get("expired")]
+            if not found:
+                raise NotFound(f"updating the Event {name}: not found")
+            found[0].update(patch)
+            self.patches += 1
+            self.sent.notify_all()
+
+    def wait_for(self, count: int, timeout: float = 10) -> list[dict[str, Any]]:
+        with self.sent:
+            assert self.sent.wait_for(lambda: len(self.events) >= count, timeout), self.events
+            return list(self.events)
+
+
+class Request(NamedTuple):
+    """One call of FakeRequestKube.request: the method, the path and the keyword arguments (query, body,
+    content_type) as the caller gave them."""
+
+    method: str
+    path: str
+    kwargs: dict[str, Any]
+
+
+class FakeRequestKube:
+    """Kube.request, the one call that Leases and ClaimStatus make: records each call in `requests` and
+    answers from a queue of replies (a dict, or an error to raise), {} once the queue is empty."""
+
+    def __init__(self, *replies: dict[str, Any] | Exception) -> None:
+        self.replies = list(replies)
+        self.requests: list[Request] = []
+
+    @property
+    def counts(self) -> list[tuple[str, str]]:
+        """What Kube counted the requests as (gpudra_api_requests_total's verb and resource)."""
+        return [request_kind(r.method, r.path) for r in self.requests]
+
+    def request(self, what: str, method: str, path: str, **kwargs: Any) -> Any:
+        self.requests.append(Request(method, path, kwargs))
+        reply = self.replies.pop(0) if self.replies else {}
+        if isinstance(reply, Exception):
+            raise reply
+        return reply

@@ -1,5 +1,5 @@
 """The slice controller on the fake API server: the device models it publishes, the slices it builds,
-and the controller made as the plugin makes it."""
+and the controller made as the plugin makes it; the model a node serves on a release (ServedModel)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,15 @@ from collections.abc import Callable
 from typing import Any
 
 from gpudra.kube.slice_sync import SliceController
+from gpudra.model import devices
 from gpudra.model.devices import DeviceModel, build_devices
 from gpudra.model.inventory import Inventory
+from gpudra.model.publishing import Publishing, ServerFields
 from gpudra.model.slices import ResourceSlice, build_slices
+from gpudra.node.served_model import ServedModel
 from tests.unit import inventories as inv
 from tests.unit.claims import DRIVER, NODE
-from tests.unit.harness.kube import NODE_UID, FakeKube
+from tests.unit.harness.kube import NODE_UID, Events, FakeSliceKube
 
 
 def model_of(inventory: Inventory) -> DeviceModel:
@@ -45,7 +48,7 @@ def builder(model: DeviceModel, server_minor: int = 35) -> Callable[[int], list[
     return build
 
 
-def generations(kube: FakeKube) -> set[int]:
+def generations(kube: FakeSliceKube) -> set[int]:
     return {s["spec"]["pool"]["generation"] for s in kube.slices.values()}
 
 
@@ -59,7 +62,7 @@ class Model:
         return self.current
 
 
-def controller(kube: FakeKube, model: Model, **kwargs: Any) -> tuple[SliceController, list[str]]:
+def controller(kube: FakeSliceKube, model: Model, **kwargs: Any) -> tuple[SliceController, list[str]]:
     published: list[str] = []
     made = SliceController(
         kube,
@@ -77,3 +80,14 @@ def wait_until(condition: Callable[[], object], timeout: float = 5.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(0.01)
+
+
+def served(publishing: Publishing, fields: ServerFields) -> tuple[ServedModel, Events]:
+    events = Events()
+    return ServedModel(
+        inv.h100_node(),
+        publishing,
+        model=devices.publish(inv.h100_node(), publishing),
+        probe=lambda minor: fields,
+        events=events,
+    ), events

@@ -6,31 +6,16 @@ import pytest
 
 from gpudra.errors import ClaimError, ClusterError
 from gpudra.kube.claims import ClaimReader
-from gpudra.kube.client import NotFound, Obj
+from gpudra.kube.client import NotFound
 from gpudra.model.claim import read_claim
 from tests.unit.claims import whole_gpus
+from tests.unit.harness.kube import FakeClaimKube
 
 HERE = whole_gpus("u-here", "gpu-0", name="here")
 
 
-class FakeKube:
-    def __init__(self, objects: dict[tuple[str, str], Obj], error: Exception | None = None) -> None:
-        self.objects = objects
-        self.error = error
-        self.gets: list[tuple[str, str]] = []
-
-    def get_claim(self, namespace: str, name: str) -> Obj:
-        self.gets.append((namespace, name))
-        if self.error is not None:
-            raise self.error
-        try:
-            return self.objects[(namespace, name)]
-        except KeyError:
-            raise NotFound(f"reading ResourceClaim {namespace}/{name}: HTTP 404 Not Found") from None
-
-
 def test_every_read_goes_to_the_api_server_and_is_counted() -> None:
-    kube = FakeKube({("default", "here"): HERE})
+    kube = FakeClaimKube({("default", "here"): HERE})
     reader = ClaimReader(kube)
     for _ in range(3):
         assert reader.get(namespace="default", name="here", uid="u-here") == read_claim(HERE)
@@ -39,13 +24,13 @@ def test_every_read_goes_to_the_api_server_and_is_counted() -> None:
 
 
 def test_a_missing_claim_is_a_claim_error() -> None:
-    reader = ClaimReader(FakeKube({}))
+    reader = ClaimReader(FakeClaimKube({}))
     with pytest.raises(ClaimError, match="ResourceClaim default/gone not found") as raised:
         reader.get(namespace="default", name="gone", uid="u")
     assert isinstance(raised.value.__cause__, NotFound)
 
 
 def test_other_api_errors_pass_through() -> None:
-    reader = ClaimReader(FakeKube({}, ClusterError("reading ResourceClaim default/here: HTTP 503")))
+    reader = ClaimReader(FakeClaimKube({}, ClusterError("reading ResourceClaim default/here: HTTP 503")))
     with pytest.raises(ClusterError, match="HTTP 503"):
         reader.get(namespace="default", name="here", uid="u-here")

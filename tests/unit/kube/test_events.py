@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import threading
 import time
-from typing import Any
 
-from gpudra.errors import ClusterError
-from gpudra.kube.client import NotFound
 from gpudra.kube.events import (
     MAX_MESSAGE,
     MAX_QUEUED,
@@ -15,48 +11,11 @@ from gpudra.kube.events import (
     SERIES_WRITE_SECONDS,
     NodeEvents,
 )
-
-
-class FakeKube:
-    """Records events; fails while `down` is set."""
-
-    def __init__(self) -> None:
-        self.down = threading.Event()
-        self.events: list[dict[str, Any]] = []
-        self.patches = 0
-        self.sent = threading.Condition()
-
-    def node_uid(self, name: str) -> str:
-        if self.down.is_set():
-            raise ClusterError("reading node n1: cannot reach the API server (MaxRetryError)")
-        return "uid-1"
-
-    def create_node_event(self, *, node_name: str, node_uid: str, event: dict[str, Any]) -> str:
-        if self.down.is_set():
-            raise ClusterError("creating an Event: cannot reach the API server (MaxRetryError)")
-        with self.sent:
-            name = f"{node_name}.{len(self.events)}"
-            self.events.append({"node": node_name, "uid": node_uid, "name": name, **event})
-            self.sent.notify_all()
-        return name
-
-    def patch_node_event(self, name: str, patch: dict[str, Any]) -> None:
-        with self.sent:
-            found = [e for e in self.events if e["name"] == name and not e.get("expired")]
-            if not found:
-                raise NotFound(f"updating the Event {name}: not found")
-            found[0].update(patch)
-            self.patches += 1
-            self.sent.notify_all()
-
-    def wait_for(self, count: int, timeout: float = 10) -> list[dict[str, Any]]:
-        with self.sent:
-            assert self.sent.wait_for(lambda: len(self.events) >= count, timeout), self.events
-            return list(self.events)
+from tests.unit.harness.kube import FakeEventKube
 
 
 def test_an_event_is_sent_with_what_kubectl_describe_shows() -> None:
-    kube = FakeKube()
+    kube = FakeEventKube()
     events = NodeEvents(kube, node_name="n1")
     events.start()
     try:
@@ -72,7 +31,7 @@ def test_an_event_is_sent_with_what_kubectl_describe_shows() -> None:
 
 
 def test_events_posted_during_an_outage_are_sent_after_it_in_order() -> None:
-    kube = FakeKube()
+    kube = FakeEventKube()
     kube.down.set()
     events = NodeEvents(kube, node_name="n1")
     events.start()
@@ -92,7 +51,7 @@ def test_events_posted_during_an_outage_are_sent_after_it_in_order() -> None:
 
 
 def test_the_queue_is_bounded_and_drops_the_oldest() -> None:
-    kube = FakeKube()
+    kube = FakeEventKube()
     events = NodeEvents(kube, node_name="n1")
     for i in range(MAX_QUEUED + 5):
         events.post("Normal", f"R{i}", "m")  # not started: everything queues
@@ -105,7 +64,7 @@ def test_the_queue_is_bounded_and_drops_the_oldest() -> None:
 
 
 def test_what_is_queued_at_stop_gets_one_last_attempt() -> None:
-    kube = FakeKube()
+    kube = FakeEventKube()
     events = NodeEvents(kube, node_name="n1")
     events.post("Normal", "Late", "posted before the loop ever ran")
     events.stop(1)
@@ -123,7 +82,7 @@ class Clock:
 def test_repeats_are_one_event_whose_count_grows_written_at_most_every_few_seconds() -> None:
     """An XID storm's shape: 2,000 posts of one series in "10 s" are one Event and at most one write
     per SERIES_WRITE_SECONDS; the Event ends with every repeat counted and the latest message."""
-    kube, clock = FakeKube(), Clock()
+    kube, clock = FakeEventKube(), Clock()
     events = NodeEvents(kube, node_name="n1", clock=clock)
     for i in range(2000):
         events.post("Warning", "GpuFault", f"GPU-1: XID 79, held by claim c{i}", series="GPU-1/reboot")
@@ -137,7 +96,7 @@ def test_repeats_are_one_event_whose_count_grows_written_at_most_every_few_secon
 
 
 def test_the_same_message_aggregates_and_another_is_its_own_event() -> None:
-    kube, clock = FakeKube(), Clock()
+    kube, clock = FakeEventKube(), Clock()
     events = NodeEvents(kube, node_name="n1", clock=clock)
     for message in ("a", "b", "a", "a"):
         events.post("Normal", "Reason", message)
@@ -146,7 +105,7 @@ def test_the_same_message_aggregates_and_another_is_its_own_event() -> None:
 
 
 def test_a_repeat_after_the_window_or_after_the_event_expired_is_a_new_event() -> None:
-    kube, clock = FakeKube(), Clock()
+    kube, clock = FakeEventKube(), Clock()
     events = NodeEvents(kube, node_name="n1", clock=clock)
     events.post("Warning", "R", "m")
     events._send_unsent()
@@ -162,7 +121,7 @@ def test_a_repeat_after_the_window_or_after_the_event_expired_is_a_new_event() -
 
 
 def test_a_repeat_waits_for_its_turn_and_the_loop_says_when() -> None:
-    kube, clock = FakeKube(), Clock()
+    kube, clock = FakeEventKube(), Clock()
     events = NodeEvents(kube, node_name="n1", clock=clock)
     events.post("Warning", "R", "m")
     assert events._send_unsent() == 3600.0  # written; nothing left

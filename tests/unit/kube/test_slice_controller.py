@@ -26,11 +26,12 @@ from gpudra.kube.slice_sync import (
 )
 from gpudra.model import health_report
 from tests.unit.claims import DRIVER, NODE
-from tests.unit.harness.kube import NODE_UID, FakeKube
+from tests.unit.harness.api_client import FakeResponse
+from tests.unit.harness.kube import NODE_UID, FakeSliceKube
 from tests.unit.harness.slices import MODELS, Model, builder, controller, generations, wait_until
 
 
-def listed(kube: FakeKube) -> list[Obj]:
+def listed(kube: FakeSliceKube) -> list[Obj]:
     return kube.list_slices(driver=DRIVER, node_name=NODE)[0]
 
 
@@ -72,9 +73,9 @@ def regenerate(generation: int) -> Callable[[Obj], None]:
     return change
 
 
-def published_pool(name: str = "h100") -> tuple[FakeKube, SliceController]:
-    """A FakeKube holding `name`'s pool as a controller published it, and that controller."""
-    kube = FakeKube()
+def published_pool(name: str = "h100") -> tuple[FakeSliceKube, SliceController]:
+    """A FakeSliceKube holding `name`'s pool as a controller published it, and that controller."""
+    kube = FakeSliceKube()
     slices, _ = controller(kube, Model(MODELS[name]))
     slices.sync_once()
     return kube, slices
@@ -236,7 +237,7 @@ def test_a_pool_left_half_rewritten_is_rewritten_at_a_newer_generation() -> None
 def test_publishing_any_sequence_of_models(steps: list[tuple[str, int]]) -> None:
     """Each sync leaves exactly the built slices at one generation; a change of more than one existing
     slice bumps it, and nothing else does."""
-    kube = FakeKube()
+    kube = FakeSliceKube()
     model = Model(MODELS[steps[0][0]])
     slices, _ = controller(kube, model)
     generation, previous = 0, None
@@ -294,7 +295,7 @@ def test_any_damage_by_others_is_repaired_and_then_costs_nothing(damage: list[tu
         assert plan.generation == (ours + 1 if ours < MAX_GENERATION else 1)
     assert sorted(kube.slices) == names
     wanted = builder(MODELS["h100"])(plan.generation)
-    server_form = [content(FakeKube.server_form(dict(s), uid="", version=0)) for s in wanted]
+    server_form = [content(FakeSliceKube.server_form(dict(s), uid="", version=0)) for s in wanted]
     assert [content(kube.slices[n]) for n in names] == server_form
     assert slices.sync_once().writes == 0
 
@@ -303,7 +304,7 @@ def test_any_damage_by_others_is_repaired_and_then_costs_nothing(damage: list[tu
 
 
 def test_sync_once_publishes_then_writes_nothing() -> None:
-    kube, model = FakeKube(), Model(MODELS["h100"])
+    kube, model = FakeSliceKube(), Model(MODELS["h100"])
     slices, published = controller(kube, model)
     first = slices.sync_once()
     count = len(builder(MODELS["h100"])(1))
@@ -355,7 +356,7 @@ def test_a_restarted_controller_with_a_changed_model_rewrites_the_pool() -> None
 def test_a_slice_whose_create_reply_was_lost_is_adopted_not_rewritten(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    kube = FakeKube()
+    kube = FakeSliceKube()
     slices, published = controller(kube, Model(MODELS["h100"]))
     create = kube.create_slice
 
@@ -378,7 +379,7 @@ def test_a_slice_whose_create_reply_was_lost_is_adopted_not_rewritten(
 
 
 def test_sync_once_updates_after_a_model_change_and_deletes_extras() -> None:
-    kube, model = FakeKube(), Model(MODELS["big"])
+    kube, model = FakeSliceKube(), Model(MODELS["big"])
     slices, published = controller(kube, model)
     slices.sync_once()
     model.current = MODELS["h100 newer driver"]
@@ -391,7 +392,7 @@ def test_sync_once_updates_after_a_model_change_and_deletes_extras() -> None:
 
 
 def test_sync_once_raises_a_write_failure() -> None:
-    kube, model = FakeKube(), Model(MODELS["mixed"])
+    kube, model = FakeSliceKube(), Model(MODELS["mixed"])
     slices, _ = controller(kube, model)
     kube.failures = [None, None, None, ClusterError("creating ResourceSlice: HTTP 500")]
     with pytest.raises(ClusterError, match="HTTP 500"):
@@ -400,12 +401,12 @@ def test_sync_once_raises_a_write_failure() -> None:
 
 
 def test_the_controller_exposes_both_loops() -> None:
-    slices, _ = controller(FakeKube(), Model(MODELS["mixed"]))
+    slices, _ = controller(FakeSliceKube(), Model(MODELS["mixed"]))
     assert [loop.name for loop in slices.loops] == ["slice-sync", "slice-watch"]
 
 
 def test_the_thread_retries_with_backoff_and_resets_it_after_a_success() -> None:
-    kube, model = FakeKube(), Model(MODELS["mixed"])
+    kube, model = FakeSliceKube(), Model(MODELS["mixed"])
     slices, _ = controller(kube, model, resync_seconds=0.1)
     down = ClusterError("listing ResourceSlices: connection refused")
     # attempts 1 and 2 fail at the list; 3 lists and creates; 4 (cluster facts remembered) fails; 5 works
@@ -433,7 +434,7 @@ def test_the_thread_retries_with_backoff_and_resets_it_after_a_success() -> None
 
 
 def test_trigger_syncs_early_and_stop_ends_both_threads() -> None:
-    kube, model = FakeKube(), Model(MODELS["h100"])
+    kube, model = FakeSliceKube(), Model(MODELS["h100"])
     slices, published = controller(kube, model, resync_seconds=60)
     slices.start()
     try:
@@ -452,13 +453,13 @@ def test_trigger_syncs_early_and_stop_ends_both_threads() -> None:
 
 
 def test_stop_without_start() -> None:
-    slices, _ = controller(FakeKube(), Model(MODELS["mixed"]))
+    slices, _ = controller(FakeSliceKube(), Model(MODELS["mixed"]))
     slices.stop(5)
     assert not slices.synced.is_set()
 
 
 def test_the_thread_is_not_synced_until_a_sync_succeeds() -> None:
-    kube, model = FakeKube(), Model(MODELS["mixed"])
+    kube, model = FakeSliceKube(), Model(MODELS["mixed"])
     slices, _ = controller(kube, model)
     kube.failures = [ClusterError("reading the server version: HTTP 503")]
     slices.start()
@@ -473,9 +474,9 @@ def test_the_thread_is_not_synced_until_a_sync_succeeds() -> None:
 
 
 @pytest.fixture
-def running() -> Iterator[tuple[FakeKube, SliceController, list[str]]]:
+def running() -> Iterator[tuple[FakeSliceKube, SliceController, list[str]]]:
     """A controller whose resync (an hour) cannot explain anything a test sees within seconds."""
-    kube = FakeKube()
+    kube = FakeSliceKube()
     slices, published = controller(kube, Model(MODELS["h100"]), resync_seconds=3600)
     slices.start()
     try:
@@ -488,7 +489,7 @@ def running() -> Iterator[tuple[FakeKube, SliceController, list[str]]]:
 
 
 def test_the_watch_restores_a_deleted_slice_within_seconds(
-    running: tuple[FakeKube, SliceController, list[str]],
+    running: tuple[FakeSliceKube, SliceController, list[str]],
 ) -> None:
     kube, _, published = running
     victim, writes = sorted(kube.slices)[0], len(published)
@@ -499,7 +500,7 @@ def test_the_watch_restores_a_deleted_slice_within_seconds(
 
 
 def test_the_watch_restores_an_edited_slice_and_deletes_a_stranger(
-    running: tuple[FakeKube, SliceController, list[str]],
+    running: tuple[FakeSliceKube, SliceController, list[str]],
 ) -> None:
     kube, slices, published = running
     victim, writes = sorted(kube.slices)[-1], len(published)
@@ -513,7 +514,7 @@ def test_the_watch_restores_an_edited_slice_and_deletes_a_stranger(
 
 
 def test_the_watch_takes_no_write_of_the_controller_for_someone_elses(
-    running: tuple[FakeKube, SliceController, list[str]], caplog: pytest.LogCaptureFixture
+    running: tuple[FakeSliceKube, SliceController, list[str]], caplog: pytest.LogCaptureFixture
 ) -> None:
     kube, slices, published = running
     with caplog.at_level(logging.INFO, logger="gpudra.kube.slice_sync"):
@@ -536,7 +537,7 @@ def test_the_watch_takes_no_write_of_the_controller_for_someone_elses(
 
 
 def test_a_failing_watch_starts_again_from_a_list_and_is_counted(
-    running: tuple[FakeKube, SliceController, list[str]],
+    running: tuple[FakeSliceKube, SliceController, list[str]],
 ) -> None:
     kube, slices, _ = running
     kube.watch_failures = [ClusterError("watching ResourceSlices: HTTP 410 Expired")]
@@ -554,29 +555,9 @@ def test_a_failing_watch_starts_again_from_a_list_and_is_counted(
 # --- Watch: the client's side of a WATCH ---------------------------------------------------
 
 
-class FakeResponse:
-    """The urllib3 response of a WATCH request: chunks as they arrive, then `end` (None: a clean end)."""
-
-    def __init__(self, chunks: list[bytes], end: Exception | None = None) -> None:
-        self.chunks = chunks
-        self.end = end
-        self.closed = self.shut = False
-
-    def stream(self, amt: int | None = None, decode_content: bool = False) -> Iterator[bytes]:
-        yield from self.chunks
-        if self.end is not None:
-            raise self.end
-
-    def close(self) -> None:
-        self.closed = True
-
-    def shutdown(self) -> None:
-        self.shut = True
-
-
 def test_a_watch_yields_events_split_across_chunks_and_closes_its_response() -> None:
     response = FakeResponse(
-        [
+        chunks=[
             b'{"type": "ADDED", "object": {"metadata": {"na',
             b'me": "a"}}}\n\n{"type": "BOO',
             b'KMARK", "object": {}}\n',
@@ -590,11 +571,11 @@ def test_a_watch_yields_events_split_across_chunks_and_closes_its_response() -> 
 
 def test_an_error_event_or_a_broken_stream_is_a_cluster_error() -> None:
     expired = FakeResponse(
-        [b'{"type": "ERROR", "object": {"kind": "Status", "code": 410, "message": "too old"}}\n']
+        chunks=[b'{"type": "ERROR", "object": {"kind": "Status", "code": 410, "message": "too old"}}\n']
     )
     with pytest.raises(ClusterError, match="watching ResourceSlices: HTTP 410 too old"):
         list(Watch(expired, "watching ResourceSlices", "resourceslices", SkippedObjects()))
-    broken = FakeResponse([], end=urllib3.exceptions.ProtocolError("Connection broken"))
+    broken = FakeResponse(chunks=[], end=urllib3.exceptions.ProtocolError("Connection broken"))
     with pytest.raises(ClusterError, match="connection broken"):
         list(Watch(broken, "watching ResourceSlices", "resourceslices", SkippedObjects()))
     assert expired.closed and broken.closed
@@ -602,7 +583,7 @@ def test_an_error_event_or_a_broken_stream_is_a_cluster_error() -> None:
 
 def test_a_closed_watch_ends_quietly() -> None:
     broken = FakeResponse(
-        [b'{"type": "ADDED", "object": {}}\n'], end=urllib3.exceptions.ProtocolError("shut")
+        chunks=[b'{"type": "ADDED", "object": {}}\n'], end=urllib3.exceptions.ProtocolError("shut")
     )
     watch = Watch(broken, "watching ResourceSlices", "resourceslices", SkippedObjects())
     events = iter(watch)
@@ -613,7 +594,7 @@ def test_a_closed_watch_ends_quietly() -> None:
 
 def test_an_idle_pool_costs_no_request_once_the_watch_runs() -> None:
     """Every resync reads the pool from the watch's picture: no LIST, no write, however many there are."""
-    kube = FakeKube()
+    kube = FakeSliceKube()
     slices, published = controller(kube, Model(MODELS["h100"]), resync_seconds=0.02)
     slices.start()
     try:
@@ -638,7 +619,7 @@ def test_a_write_between_the_watchs_list_and_its_picture_is_not_lost() -> None:
     """The watch LISTs without the write lock; a sync that writes before the listed picture is stored
     must not be forgotten (the picture would be stale while no echo is pending, and the next sync would
     plan from it: a create of an existing slice or a replace with an old resourceVersion, a Conflict)."""
-    kube = FakeKube()
+    kube = FakeSliceKube()
     model = Model(MODELS["h100"])
     slices, _ = controller(kube, model)
     slices.sync_once()
@@ -664,7 +645,7 @@ def test_a_write_between_the_watchs_list_and_its_picture_is_not_lost() -> None:
 
 
 def test_a_broken_watch_makes_the_next_sync_list() -> None:
-    kube = FakeKube()
+    kube = FakeSliceKube()
     slices, _ = controller(kube, Model(MODELS["h100"]), resync_seconds=0.05)
     slices.start()
     try:

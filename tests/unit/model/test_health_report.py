@@ -11,7 +11,7 @@ from gpudra.model.gpu_health import CLEAR_ANNOTATION, Mark, XidClass
 from gpudra.model.publishing import Publishing, ServerFields
 from gpudra.node.health.monitor import GpuHealth, Health, device_gpus, report_words
 from tests.unit import inventories as inv
-from tests.unit.model.test_publishing import served
+from tests.unit.harness.slices import served
 
 MODEL = devices.build_devices(inv.h100_node(), mig_mode="partitionable")
 GPUS = device_gpus(MODEL.devices)

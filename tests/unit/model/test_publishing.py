@@ -21,6 +21,7 @@ from gpudra.node.claim_reader import NodeDevices
 from gpudra.node.served_model import ServedModel
 from tests.unit import inventories as inv
 from tests.unit.harness.kube import Events
+from tests.unit.harness.slices import served
 
 EVERYTHING = Publishing(mig_mode="partitionable", shares=True)
 ALL_KEPT = {"counters": True, "consumable_capacity": True, "device_taints": True}
@@ -29,17 +30,6 @@ ALL_KEPT = {"counters": True, "consumable_capacity": True, "device_taints": True
 @pytest.mark.parametrize(("minor", "slow"), [(34, True), (35, True), (36, True), (37, False), (38, False)])
 def test_which_releases_pay_for_counter_sets(minor: int, slow: bool) -> None:
     assert counter_sets_slow_scheduler(minor) is slow
-
-
-def served(publishing: Publishing, fields: ServerFields) -> tuple[ServedModel, Events]:
-    events = Events()
-    return ServedModel(
-        inv.h100_node(),
-        publishing,
-        model=devices.publish(inv.h100_node(), publishing),
-        probe=lambda minor: fields,
-        events=events,
-    ), events
 
 
 def test_counter_sets_on_a_slow_release_are_reported_once() -> None:

@@ -12,12 +12,13 @@ import pytest
 from gpudra.errors import ClusterError, HardwareError
 from gpudra.gpu.nvml import DeviceUsage
 from gpudra.kube.claim_status import ClaimStatus
-from gpudra.kube.client import Conflict, NotFound, request_kind
+from gpudra.kube.client import Conflict, NotFound
 from gpudra.model import claim_usage
 from gpudra.model.claim import Claim, read_claim
 from gpudra.node import checkpoint as ckpt
 from gpudra.node.metrics import PluginMetrics
 from gpudra.node.usage import ClaimUsage
+from tests.unit.harness.kube import FakeRequestKube
 
 DRIVER = "gpu.gpudra.io"
 NODE = "node-1"
@@ -544,27 +545,13 @@ def test_the_metrics_show_each_claim_device_with_its_pods(node: Node) -> None:
 # --- the status write ---------------------------------------------------------------------------
 
 
-class RecordingKube:
-    def __init__(self) -> None:
-        self.requests: list[tuple[str, str, dict[str, Any]]] = []
-
-    @property
-    def counted(self) -> list[tuple[str, str]]:
-        """What Kube counted the requests as (gpudra_api_requests_total's verb and resource)."""
-        return [request_kind(method, path) for method, path, _ in self.requests]
-
-    def request(self, what: str, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
-        self.requests.append((method, path, kwargs))
-        return {}
-
-
 def test_a_node_applies_its_entries_with_the_claims_uid_as_precondition() -> None:
-    kube = RecordingKube()
+    kube = FakeRequestKube()
     entry = claim_usage.device_entry(
         driver=DRIVER, key=(NODE, "gpu-0", None), idleness=claim_usage.active(T0, mig=False)
     )
     ClaimStatus(kube).apply_node_devices(node_name=NODE, namespace="ns", name="c", uid=UID, devices=[entry])
-    assert kube.counted == [("patch", "resourceclaims/status")]
+    assert kube.counts == [("patch", "resourceclaims/status")]
     assert kube.requests == [
         (
             "PATCH",
@@ -584,7 +571,7 @@ def test_a_node_applies_its_entries_with_the_claims_uid_as_precondition() -> Non
 
 
 def test_replacing_the_entries_keeps_the_rest_of_the_status_and_the_version() -> None:
-    kube = RecordingKube()
+    kube = FakeRequestKube()
     claim = {
         "metadata": {"namespace": "ns", "name": "c", "uid": UID, "resourceVersion": "42"},
         "status": {"allocation": {"devices": {"results": []}}, "devices": [{"driver": DRIVER}]},
@@ -594,4 +581,4 @@ def test_replacing_the_entries_keeps_the_rest_of_the_status_and_the_version() ->
     assert (method, path) == ("PUT", "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c/status")
     assert kwargs["body"]["metadata"]["resourceVersion"] == "42"
     assert kwargs["body"]["status"] == {"allocation": {"devices": {"results": []}}, "devices": []}
-    assert kube.counted == [("update", "resourceclaims/status")]
+    assert kube.counts == [("update", "resourceclaims/status")]

@@ -30,7 +30,7 @@ from gpudra.node.options import PluginOptions
 from gpudra.node.recovery import Recovery, recover
 from gpudra.node.sharing import SharingCoordinator
 from tests.unit.claims import from_claim, time_slicing, whole_gpus
-from tests.unit.harness.kube import FakeKube
+from tests.unit.harness.kube import FakeSliceKube
 from tests.unit.harness.node import Node, uid, write_checkpoint
 from tests.unit.harness.slices import MODELS, Model, builder, controller, generations, wait_until
 
@@ -315,7 +315,7 @@ def test_two_instances_never_fight_over_the_pool(tmp_path: Path, new_model: str,
     run (each takes the other's rewrite for damage), even with the same slices: measured, about 30
     writes a second against the fake API server. In turn: the new one writes nothing while the old one
     runs, adopts the pool when it takes over, and rewrites it once only if its slices differ."""
-    kube, lock = FakeKube(), tmp_path / "publisher.lock"
+    kube, lock = FakeSliceKube(), tmp_path / "publisher.lock"
     old_slices, old_writes = controller(kube, Model(MODELS["h100"]), resync_seconds=0.1)
     old = PublisherTurn(lock, [old_slices], poll_seconds=0.05)
     old.start()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
-from typing import Any
 
 import pytest
 from prometheus_client import generate_latest
@@ -21,36 +20,10 @@ from gpudra.node.metrics import PluginMetrics
 from gpudra.sim import state as sim_state
 from tests.unit.claims import DRIVER, from_claim, resource_claim, result, whole_gpus
 from tests.unit.harness.crash import child
+from tests.unit.harness.mig import instances, mig_claim, recorded
 from tests.unit.harness.node import BOOT, Node, uid, write_checkpoint
 
 CAPS_MAJOR = 508  # what the simulator's /proc/devices gives nvidia-caps
-
-
-def mig_claim(n: int, *devices: str, request: str = "mig", **kwargs: Any) -> dict[str, Any]:
-    return resource_claim(uid(n), results=[result(request, device) for device in devices], **kwargs)
-
-
-def instances(node: Node, minor: int) -> dict[int, tuple[int, str]]:
-    """placement start -> (GI profile ID, MIG UUID) of every GPU instance on the GPU, as the card has them."""
-    gpu = next(g for g in sim_state.StateFile(node.state_file).read().gpus if g.uuid == node.uuid(minor))
-    return {
-        gi.start: (gi.profile_id, ",".join(ci.uuid for ci in gi.compute_instances))
-        for gi in gpu.gpu_instances
-    }
-
-
-def recorded(node: Node, minor: int) -> dict[int, tuple[int, str]]:
-    """The same, as the checkpoint records it."""
-    found = {}
-    for entry in node.entries().values():
-        for device in entry.devices:
-            if device.mig is not None and device.mig.spec.gpu_uuid == node.uuid(minor):
-                live = device.mig.live
-                found[device.mig.spec.placement_start] = (
-                    device.mig.spec.profile_id,
-                    live.uuid if live else "",
-                )
-    return found
 
 
 def mig_mode(node: Node, minor: int) -> int:

@@ -1,5 +1,5 @@
 """Code rules no linter checks: log context keys, the pinned config API, a layer for every top-level module
-(import rules: .importlinter)."""
+(import rules: .importlinter), and no test module imported by another (helpers live in the harness)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import gpudra.api
 
 REPO = Path(__file__).resolve().parents[3]
 SRC = REPO / "src" / "gpudra"
+TESTS = REPO / "tests"
 
 
 def _module_name(path: Path) -> str:
@@ -80,3 +81,48 @@ def test_every_top_level_module_has_a_layer() -> None:
     }
     assert top_level - named == set()
     assert named - top_level == set()
+
+
+def _test_modules_imported(path: Path, source: str) -> list[str]:
+    """The test modules (tests/**/test_*.py) that the module at `path` imports, by dotted name: each
+    `import`, and each `from X import Y` as X and as X.Y (Y may be a module), relative ones resolved
+    from the module's package."""
+    package = path.relative_to(REPO).parent.parts
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            anchor = package[: len(package) - node.level + 1] if node.level else ()
+            base = ".".join([*anchor, *([node.module] if node.module else [])])
+            names = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+        else:
+            continue
+        found += [
+            name
+            for name in names
+            if name.rsplit(".", 1)[-1].startswith("test_")
+            and REPO.joinpath(*name.split(".")).with_suffix(".py").is_file()
+        ]
+    return found
+
+
+def test_no_module_under_tests_imports_a_test_module() -> None:
+    """A helper that two test modules share lives in a harness module (tests/unit/harness/,
+    tests/integration/*.py without the test_ prefix, tests/localcluster/), not in one of the test
+    modules: importing a test module runs its module-level setup and hands its fixtures and tests to
+    the importer's namespace, and ties one test's edits to another's."""
+    status_access = TESTS / "unit" / "controller" / "test_status_access.py"
+    assert _test_modules_imported(status_access, "from .test_webhook import HERE") == [
+        "tests.unit.controller.test_webhook"
+    ]
+    assert _test_modules_imported(status_access, "from tests.unit.node import test_prepare_mig") == [
+        "tests.unit.node.test_prepare_mig"
+    ]
+    assert _test_modules_imported(status_access, "from tests.unit.harness.tls import HERE") == []
+    found = {
+        f"{path.relative_to(REPO)} imports {name}"
+        for path in sorted(TESTS.rglob("*.py"))
+        for name in _test_modules_imported(path, path.read_text())
+    }
+    assert found == set()
