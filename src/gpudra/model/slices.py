@@ -491,6 +491,24 @@ def _valid_range_problems(
             yield f"{name} is not a whole number of steps from validRange.min"
 
 
+def _own_domain_problems(device: Device, driver: str) -> Iterable[str]:
+    """A name qualified with the driver's own domain: the API takes it as another name than the bare
+    one (a selector reading `device.attributes["<driver>"].uuid` finds the bare `uuid` only), and from
+    1.38 the kubelet plugins' ResourceSlice helper refuses to publish it. Every release: gpudra writes
+    its own names bare."""
+    own = f"{driver}/"
+    for kind, names in (
+        ("attribute", device.get("attributes", {})),
+        ("capacity", device.get("capacity", {})),
+    ):
+        for key in names:
+            if key.startswith(own):
+                yield (
+                    f"device {device.get('name')}: {kind} name {key!r} carries the driver's own domain: "
+                    f"write it bare, {key[len(own) :]!r}"
+                )
+
+
 def _slice_problems(slice_: ResourceSlice, server_minor: int) -> list[str]:
     spec = slice_["spec"]
     name = slice_["metadata"].get("name")
@@ -512,6 +530,7 @@ def _slice_problems(slice_: ResourceSlice, server_minor: int) -> list[str]:
     devices = spec.get("devices") or []
     counter_sets = spec.get("sharedCounters", [])
     problems.extend(f"{where}: {p}" for d in devices for p in _device_problems(d, server_minor))
+    problems.extend(f"{where}: {p}" for d in devices for p in _own_domain_problems(d, spec["driver"]))
     problems.extend(f"{where}: {p}" for p in _device_limit_problems(devices, server_minor))
     for counter_set in counter_sets:
         set_name = counter_set["name"]

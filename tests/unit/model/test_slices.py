@@ -571,6 +571,18 @@ BROKEN: list[tuple[str, list[int], Breaker, str]] = [
         "11 validValues; at most 10",
     ),
     (
+        "attribute-in-the-drivers-own-domain",
+        MINORS,
+        lambda s: first_device(s)["attributes"].update({f"{DRIVER}/serial": {"string": "1"}}),
+        f"attribute name '{DRIVER}/serial' carries the driver's own domain: write it bare, 'serial'",
+    ),
+    (
+        "capacity-in-the-drivers-own-domain",
+        MINORS,
+        lambda s: first_device(s)["capacity"].update({f"{DRIVER}/slots": {"value": "1"}}),
+        f"capacity name '{DRIVER}/slots' carries the driver's own domain",
+    ),
+    (
         "attributes-and-capacities",
         MINORS,
         lambda s: first_device(s)["capacity"].update({f"c{i}": {"value": "1"} for i in range(11)}),
