@@ -211,22 +211,26 @@ class MigPartitions:
 
     # --- the CDI view ------------------------------------------------------------------------------
 
-    def access(
-        self, device: str, gpu: Gpu, *, gpu_instance_id: int, compute_instance_id: int
-    ) -> cdi.MigAccess:
-        """What a container needs to reach a MIG device: its capability device nodes."""
+    def reach(self, device: str, gpu: Gpu, found: ckpt.MigLive | str) -> tuple[str, cdi.MigAccess]:
+        """The MIG UUID a container sees and its capability device nodes, for the MIG device prepare
+        created (`found`: its live ids) or one that exists already (`found`: its UUID, which must still
+        exist: a static layout's, or another claim's partition reached with admin access)."""
+        live = found if isinstance(found, ckpt.MigLive) else _live(self.existing(device, gpu, found))
         try:
             caps = self.hardware.mig_capabilities(
-                gpu_minor=gpu.minor, gpu_instance_id=gpu_instance_id, compute_instance_id=compute_instance_id
+                gpu_minor=gpu.minor,
+                gpu_instance_id=live.gpu_instance_id,
+                compute_instance_id=live.compute_instance_id,
             )
         except GpudraError as err:
             raise ClaimError(f"device {device} on GPU {gpu.uuid}: {err}") from err
-        return cdi.MigAccess(
+        access = cdi.MigAccess(
             parent_uuid=gpu.uuid,
             caps_major=caps.major,
             gi_cap_minor=caps.gi_minor,
             ci_cap_minor=caps.ci_minor,
         )
+        return live.uuid, access
 
     def existing(self, device: str, gpu: Gpu, mig_uuid: str) -> MigDevice:
         """The static MIG device `mig_uuid`, which must still exist."""
@@ -279,6 +283,14 @@ class MigPartitions:
             return call(gpu_uuid=gpu.uuid)
         except GpudraError as err:
             raise ClaimError(f"device {device}: cannot {what} of GPU {gpu.uuid}: {err}") from err
+
+
+def _live(device: MigDevice) -> ckpt.MigLive:
+    return ckpt.MigLive(
+        gpu_instance_id=device.gpu_instance_id,
+        compute_instance_id=device.compute_instance_id,
+        uuid=device.uuid,
+    )
 
 
 def _named(instance: GpuInstance) -> str:

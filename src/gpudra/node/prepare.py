@@ -11,10 +11,12 @@ recovery at start-up (gpudra.node.recovery) can roll back a prepare or finish an
 interrupted, whichever step it stopped at; so does a repeated prepare that finds its own earlier attempt
 unfinished.
 
-`DeviceState` only sequences. Beside it, gpudra.node.claim_reader checks a claim against this node and
-types it; below it, gpudra.node.claim_store keeps the checkpoint (group commit, the node lock that keeps
-another plugin instance out, device locks), gpudra.node.mig makes partitions and gpudra.node.sharing
-applies time-slicing and MPS; above it, gpudra.node.recovery settles what a crash left.
+`DeviceState` only sequences. Each allocated device goes through a prepare as one `DevicePlan` that
+every step fills in (the allocation, its checkpoint record as planned and then live, its CDI view).
+Beside it, gpudra.node.claim_reader checks a claim against this node and types it; below it,
+gpudra.node.claim_store keeps the checkpoint (group commit, the node lock that keeps another plugin
+instance out, device locks), gpudra.node.mig makes partitions and gpudra.node.sharing applies
+time-slicing and MPS; above it, gpudra.node.recovery settles what a crash left.
 
 A share of a MIG partition (`gpu-<n>-mig-<profile>-<start>-shared`, several claims on one device) holds
 the partition jointly with the other shares on it: the first share prepared creates it as an exclusive
@@ -32,8 +34,8 @@ decision is made from the checkpoint as it is on disk.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePath
 from typing import Literal
 
@@ -49,6 +51,47 @@ from gpudra.node.claim_store import ClaimStore
 from gpudra.node.mig import MigPartitions
 
 PostEvent = Callable[[Literal["Normal", "Warning"], str, str], None]
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """One allocated device on its way through prepare, each step filling in its part.
+
+    `allocated` is the allocation resolved to this node. `record` is what the checkpoint holds of the
+    device: as planned (its MIG spec, its sharing record, gpudra's CDI ID), then with the live ids of
+    the MIG device created, then with the toolkit's CDI ID. `view`, once the device exists, is what its
+    CDI spec is written from: the UUID CUDA sees, then the sharing's env and mounts."""
+
+    allocated: ResolvedDevice
+    record: ckpt.PreparedDevice
+    view: cdi.ClaimDevice | None = None
+
+    @property
+    def creates_partition(self) -> bool:
+        """A MIG device prepare creates (a share that joins another share's partition has its ids)."""
+        return self.record.mig is not None and self.record.mig.live is None
+
+    @property
+    def cdi_device(self) -> cdi.ClaimDevice:
+        if self.view is None:
+            raise RuntimeError(f"device {self.record.device} has no CDI view before it exists")
+        return self.view
+
+    def with_live(self, mig: ckpt.MigRecord) -> DevicePlan:
+        return replace(self, record=self.record.model_copy(update={"mig": mig}))
+
+    def seen_as(self, view: cdi.ClaimDevice) -> DevicePlan:
+        return replace(self, view=view)
+
+    def with_edits(self, env: Mapping[str, str], mounts: Sequence[cdi.Mount]) -> DevicePlan:
+        """The view with the sharing's env and mounts (the MPS pipe and shm)."""
+        view = self.cdi_device
+        return replace(self, view=replace(view, env={**view.env, **env}, mounts=(*view.mounts, *mounts)))
+
+    def with_toolkit(self, ids: Sequence[str]) -> DevicePlan:
+        """The record with the toolkit's CDI IDs after gpudra's own."""
+        ids = (*self.record.cdi_device_ids, *ids)
+        return replace(self, record=self.record.model_copy(update={"cdi_device_ids": ids}))
 
 
 class DeviceState:
@@ -135,75 +178,87 @@ class DeviceState:
                 # An earlier attempt stopped half way (its rollback failed, e.g. a MIG device in use)
                 # or an unprepare did: finish undoing it first, so nothing is created twice.
                 self.teardown(done)
-            self._refuse_taken(ref, allocated)
-            owned = self._owned_mig_uuids()
-            sharing = self.sharing.plan(ref.uid, allocated, others=self.store.others(ref.uid))
-            planned = tuple(
-                self._planned(ref, a, owned=owned, sharing=r) for a, r in zip(allocated, sharing, strict=True)
-            )
-            entry = ckpt.ClaimEntry(
-                uid=ref.uid, namespace=ref.namespace, name=ref.name, state="PrepareStarted", devices=planned
-            )
-            recorded = [entry]
-            try:
-                # Recorded before the GPU changes, so that a rollback or recover() knows what to undo.
-                # A claim that changes nothing on the GPU (a whole GPU, no sharing config) has only its
-                # CDI spec to lose: a crash before PrepareCompleted leaves a spec no entry names, which
-                # recover() deletes, so its one save is the completion.
-                if entry.changes_gpus:
-                    self.store.record(entry)
-                faults.reached("prepare-started")
-                if any(d.mig is not None and d.mig.live is None for d in planned):
-                    entry = entry.with_state("PrepareStarted", devices=self._create_partitions(planned))
-                    # The live ids, so that a rollback or recover() destroys exactly these instances.
-                    recorded.append(entry)
-                    self.store.record(entry)
-                faults.reached("prepare-mig-created")
-                for device, wanted in zip(entry.devices, allocated, strict=True):
-                    if wanted.kind == "gpu" and not wanted.admin_access:
-                        self.mig.use_whole(device.device, wanted.gpu)
-                claim_devices = [
-                    self._claim_device(a, d) for a, d in zip(allocated, entry.devices, strict=True)
-                ]
-                visible = {d.device: c.uuid for c, d in zip(claim_devices, entry.devices, strict=True)}
-                self.sharing.apply(entry, visible=visible, others=self.store.others(ref.uid))
-                faults.reached("prepare-applied")
-                claim_devices = [
-                    self._with_sharing(c, d, ref.uid)
-                    for c, d in zip(claim_devices, entry.devices, strict=True)
-                ]
-                spec = cdi.build_claim_spec(
-                    driver=self.driver, claim_uid=ref.uid, devices=claim_devices, dev_root=self.dev_root
-                )
-                cdi.write_spec(self.cdi_root, spec, claim_uid=ref.uid)
-                faults.reached("prepare-cdi-written")
-                # The toolkit's ID for the same GPU or MIG device (a MIG device created just now only has
-                # its parent's) follows ours, so the runtime adds the driver libraries.
-                with_toolkit = tuple(
-                    d.model_copy(update={"cdi_device_ids": (*d.cdi_device_ids, *self.toolkit.device_ids(c))})
-                    for d, c in zip(entry.devices, claim_devices, strict=True)
-                )
-                # Inside the rollback too: a prepare that cannot save its completion (disk full) is
-                # a failed prepare, and must not leave the GPU configured and the device held.
-                completed = entry.with_state("PrepareCompleted", devices=with_toolkit)
-                recorded.append(completed)
-                self.store.record(completed)
-            except BaseException as err:
-                # Memory holds an entry of this attempt once a save of it replaced the file (even if the
-                # directory sync failed). Otherwise the first save changed nothing, or there was none
-                # and the spec is all there is to remove.
-                current = self.store.entry(ref.uid)
-                try:
-                    if current is not None and current in recorded:
-                        self.teardown(current)
-                    elif current is None:
-                        cdi.delete_spec(self.cdi_root, driver=self.driver, claim_uid=ref.uid)
-                except Exception as rollback:  # keep the first error; the entry stays for recover()
-                    err.add_note(f"rolling back also failed: {rollback}")
-                raise
-            faults.reached("prepare-completed")
+            devices = self._carry_out(ref, self._plan(ref, allocated))
         self._advise(ref, allocated)
+        return devices
+
+    def _plan(self, ref: ClaimRef, allocated: Sequence[ResolvedDevice]) -> tuple[DevicePlan, ...]:
+        """Each device's plan, decided before anything changes: refuses a device another claim holds, a
+        config a device cannot take and a placement that is not free."""
+        self._refuse_taken(ref, allocated)
+        owned = self._owned_mig_uuids()
+        # One list in the devices' order: the sharing planner plans a claim's devices together.
+        sharing = self.sharing.plan(ref.uid, allocated, others=self.store.others(ref.uid))
+        return tuple(
+            DevicePlan(a, self._planned(ref, a, owned=owned, sharing=r))
+            for a, r in zip(allocated, sharing, strict=True)
+        )
+
+    def _carry_out(self, ref: ClaimRef, plans: tuple[DevicePlan, ...]) -> tuple[ckpt.PreparedDevice, ...]:
+        """Make the planned devices, each step recorded before the next changes anything; the devices
+        as completed. Any failure before the completion is saved rolls back what was done."""
+        entry = _entry(ref, "PrepareStarted", plans)
+        recorded = [entry]
+        try:
+            # Recorded before the GPU changes, so that a rollback or recover() knows what to undo.
+            # A claim that changes nothing on the GPU (a whole GPU, no sharing config) has only its
+            # CDI spec to lose: a crash before PrepareCompleted leaves a spec no entry names, which
+            # recover() deletes, so its one save is the completion.
+            if entry.changes_gpus:
+                self.store.record(entry)
+            faults.reached("prepare-started")
+            if any(plan.creates_partition for plan in plans):
+                plans = self._create_partitions(plans)
+                entry = _entry(ref, "PrepareStarted", plans)
+                # The live ids, so that a rollback or recover() destroys exactly these instances.
+                recorded.append(entry)
+                self.store.record(entry)
+            faults.reached("prepare-mig-created")
+            for plan in plans:
+                if plan.allocated.kind == "gpu" and not plan.allocated.admin_access:
+                    self.mig.use_whole(plan.allocated.device, plan.allocated.gpu)
+            plans = tuple(plan.seen_as(self._view(plan)) for plan in plans)
+            visible = {plan.record.device: plan.cdi_device.uuid for plan in plans}
+            self.sharing.apply(entry, visible=visible, others=self.store.others(ref.uid))
+            faults.reached("prepare-applied")
+            plans = tuple(plan.with_edits(*self.sharing.container_edits(plan.record)) for plan in plans)
+            spec = cdi.build_claim_spec(
+                driver=self.driver,
+                claim_uid=ref.uid,
+                devices=[plan.cdi_device for plan in plans],
+                dev_root=self.dev_root,
+            )
+            cdi.write_spec(self.cdi_root, spec, claim_uid=ref.uid)
+            faults.reached("prepare-cdi-written")
+            # The toolkit's ID for the same GPU or MIG device (a MIG device created just now only has
+            # its parent's) follows ours, so the runtime adds the driver libraries.
+            plans = tuple(plan.with_toolkit(self.toolkit.device_ids(plan.cdi_device)) for plan in plans)
+            # Inside the rollback too: a prepare that cannot save its completion (disk full) is
+            # a failed prepare, and must not leave the GPU configured and the device held.
+            completed = _entry(ref, "PrepareCompleted", plans)
+            recorded.append(completed)
+            self.store.record(completed)
+        except BaseException as err:
+            self._roll_back(ref.uid, recorded, err)
+            raise
+        faults.reached("prepare-completed")
         return completed.devices
+
+    def _roll_back(self, uid: str, recorded: Sequence[ckpt.ClaimEntry], err: BaseException) -> None:
+        """Undo a prepare that failed with `err`; a failure of the rollback is noted on `err`, and the
+        entry stays for recover().
+
+        Memory holds an entry of this attempt once a save of it replaced the file (even if the
+        directory sync failed). Otherwise the first save changed nothing, or there was none and the
+        spec is all there is to remove."""
+        current = self.store.entry(uid)
+        try:
+            if current is not None and current in recorded:
+                self.teardown(current)
+            elif current is None:
+                cdi.delete_spec(self.cdi_root, driver=self.driver, claim_uid=uid)
+        except Exception as rollback:  # keep the first error
+            err.add_note(f"rolling back also failed: {rollback}")
 
     def _advise(self, ref: ClaimRef, allocated: Sequence[ResolvedDevice]) -> None:
         """An Event for each thing the claim's configs do otherwise than they may seem to (a MIG
@@ -219,29 +274,29 @@ class DeviceState:
                     f"{device.config_field}.{advice.field}: {advice.message}",
                 )
 
-    def _create_partitions(self, planned: Sequence[ckpt.PreparedDevice]) -> tuple[ckpt.PreparedDevice, ...]:
-        """Create the planned MIG devices; the devices with their live ids.
+    def _create_partitions(self, plans: tuple[DevicePlan, ...]) -> tuple[DevicePlan, ...]:
+        """Create the planned MIG devices; the plans with their live ids.
 
         On a failure the devices created so far are in no record yet: destroy them here (the caller's
         rollback finds the rest by their specs), then raise."""
-        done: list[ckpt.PreparedDevice] = []
-        created_here: list[ckpt.PreparedDevice] = []
+        done: list[DevicePlan] = []
+        created_here: list[tuple[str, ckpt.MigRecord]] = []
         try:
-            for prepared in planned:
+            for plan in plans:
                 # A share that joins a partition another share created has its live ids already.
-                if prepared.mig is None or prepared.mig.live is not None:
-                    done.append(prepared)
+                mig = plan.record.mig
+                if mig is None or mig.live is not None:
+                    done.append(plan)
                     continue
-                created = prepared.model_copy(update={"mig": self.mig.create(prepared.device, prepared.mig)})
-                done.append(created)
-                created_here.append(created)
+                created = self.mig.create(plan.record.device, mig)
+                done.append(plan.with_live(created))
+                created_here.append((plan.record.device, created))
         except BaseException as err:
-            for created in created_here:
-                if created.mig is not None and created.mig.live is not None:
-                    try:
-                        self.mig.destroy(created.device, created.mig)
-                    except GpudraError as cleanup:
-                        err.add_note(f"destroying {created.device} again failed as well: {cleanup}")
+            for device, created in created_here:
+                try:
+                    self.mig.destroy(device, created)
+                except GpudraError as cleanup:
+                    err.add_note(f"destroying {device} again failed as well: {cleanup}")
             raise
         return tuple(done)
 
@@ -417,9 +472,6 @@ class DeviceState:
     def _planned(
         self, ref: ClaimRef, device: ResolvedDevice, *, owned: set[str], sharing: ckpt.SharingRecord | None
     ) -> ckpt.PreparedDevice:
-        own = cdi.claim_device_id(
-            driver=self.driver, claim_uid=ref.uid, device_name=cdi.device_name(device.device, device.share_id)
-        )
         mig = None
         if device.kind == "mig" and not device.admin_access:
             # A share of a partition that another share already created joins it (same live ids).
@@ -429,7 +481,8 @@ class DeviceState:
             request_names=(device.base_request,),
             pool=self.node_name,
             device=device.device,
-            cdi_device_ids=(own,),  # the toolkit's ID follows once the device exists (see prepare)
+            # The toolkit's ID follows once the device exists (see _carry_out).
+            cdi_device_ids=(self._own_id(ref.uid, device.device, device.share_id),),
             gpu_uuids=(device.gpu.uuid,),
             mig=mig,
             sharing=sharing,
@@ -437,48 +490,35 @@ class DeviceState:
             share_id=device.share_id,
         )
 
-    def _claim_device(
-        self, device: ResolvedDevice, prepared: ckpt.PreparedDevice | None = None
-    ) -> cdi.ClaimDevice:
-        """The CDI view of `device`; for a partition, of the MIG device that exists now."""
-        gpu = device.gpu
+    def _own_id(self, claim_uid: str, device: str, share_id: str | None) -> str:
+        """The CDI ID gpudra gives a device of a claim, first in the answer."""
+        return cdi.claim_device_id(
+            driver=self.driver, claim_uid=claim_uid, device_name=cdi.device_name(device, share_id)
+        )
+
+    def _view(self, plan: DevicePlan) -> cdi.ClaimDevice:
+        """The CDI view of a device as it exists now; for a partition, the MIG device created, or the
+        one that exists already."""
+        device, gpu = plan.allocated, plan.allocated.gpu
+        name = cdi.device_name(device.device, device.share_id)
         if device.kind == "gpu":
             return cdi.ClaimDevice(
-                name=cdi.device_name(device.device, device.share_id),
-                gpu_minor=gpu.minor,
-                uuid=gpu.uuid,
-                admin_access=device.admin_access,
+                name=name, gpu_minor=gpu.minor, uuid=gpu.uuid, admin_access=device.admin_access
             )
-        if prepared is not None and prepared.mig is not None and prepared.mig.live is not None:
-            live = prepared.mig.live
-            uuid, gi, ci = live.uuid, live.gpu_instance_id, live.compute_instance_id
-        else:
+        found: ckpt.MigLive | str | None = plan.record.mig.live if plan.record.mig is not None else None
+        if found is None:
             attributes = self.devices[device.device]["attributes"]
-            mig_uuid = (
+            found = (
                 attributes["uuid"].get("string") if "uuid" in attributes else self._live_uuid(device.device)
             )
-            if mig_uuid is None:
+            if found is None:
                 raise ClaimError(
                     f"device {device.device}: this MIG partition does not exist, since no claim on this node "
                     "uses it; admin access reaches partitions that another claim prepared"
                 )
-            existing = self.mig.existing(device.device, gpu, mig_uuid)
-            uuid, gi, ci = existing.uuid, existing.gpu_instance_id, existing.compute_instance_id
+        uuid, access = self.mig.reach(device.device, gpu, found)
         return cdi.ClaimDevice(
-            name=cdi.device_name(device.device, device.share_id),
-            gpu_minor=gpu.minor,
-            uuid=uuid,
-            mig=self.mig.access(device.device, gpu, gpu_instance_id=gi, compute_instance_id=ci),
-            admin_access=device.admin_access,
-        )
-
-    def _with_sharing(
-        self, claim_device: cdi.ClaimDevice, prepared: ckpt.PreparedDevice, uid: str
-    ) -> cdi.ClaimDevice:
-        """The CDI view of a device with its sharing's env and mounts (the MPS pipe and shm)."""
-        env, mounts = self.sharing.container_edits(prepared)
-        return dataclasses.replace(
-            claim_device, env={**claim_device.env, **env}, mounts=(*claim_device.mounts, *mounts)
+            name=name, gpu_minor=gpu.minor, uuid=uuid, mig=access, admin_access=device.admin_access
         )
 
     def visible(self, entry: ckpt.ClaimEntry) -> dict[str, str]:
@@ -535,6 +575,16 @@ class DeviceState:
         """The locks a call that changes `entry`'s GPUs holds: its devices', and its GPUs' (see prepare)."""
         keys = [d.device for d in entry.devices]
         return keys + [f"GPU:{d.gpu_uuids[0]}" for d in entry.devices if d.gpu_uuids and not d.admin_access]
+
+
+def _entry(ref: ClaimRef, state: ckpt.ClaimState, plans: Sequence[DevicePlan]) -> ckpt.ClaimEntry:
+    return ckpt.ClaimEntry(
+        uid=ref.uid,
+        namespace=ref.namespace,
+        name=ref.name,
+        state=state,
+        devices=tuple(plan.record for plan in plans),
+    )
 
 
 def _complete(entry: ckpt.ClaimEntry) -> bool:
