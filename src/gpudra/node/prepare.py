@@ -12,7 +12,8 @@ interrupted, whichever step it stopped at; so does a repeated prepare that finds
 unfinished.
 
 `DeviceState` only sequences. Each allocated device goes through a prepare as one `DevicePlan` that
-every step fills in (the allocation, its checkpoint record as planned and then live, its CDI view).
+every step fills in (the allocation, its checkpoint record as planned and then live, its CDI view),
+and one rule (`_standing`) says what a claim's checkpoint entry means.
 Beside it, gpudra.node.claim_reader checks a claim against this node and types it; below it,
 gpudra.node.claim_store keeps the checkpoint (group commit, the node lock that keeps another plugin
 instance out, device locks), gpudra.node.mig makes partitions and gpudra.node.sharing applies
@@ -51,6 +52,7 @@ from gpudra.node.claim_store import ClaimStore
 from gpudra.node.mig import MigPartitions
 
 PostEvent = Callable[[Literal["Normal", "Warning"], str, str], None]
+Standing = Literal["answered", "rebuilt", "unfinished"]
 
 
 @dataclass(frozen=True)
@@ -141,24 +143,25 @@ class DeviceState:
 
     def prepared(self, ref: ClaimRef) -> tuple[ckpt.PreparedDevice, ...] | None:
         """The devices of a claim prepared already, answered from the checkpoint without the API
-        server; None when `prepare` must read the claim."""
+        server; None when the claim must be read (`prepare_from_claim`)."""
         self.store.usable()
         with self.store.exclusive():
             done = self.store.entry(ref.uid)
-            # An entry rebuilt from a CDI spec has no request names: prepare it again from the claim.
-            if (
-                done is not None
-                and done.state == "PrepareCompleted"
-                and _complete(done)
-                and not self.spec_lost(done)
-            ):
+            if done is not None and self._standing(done) == "answered":
                 return done.devices
         return None
 
     def prepare(self, ref: ClaimRef) -> tuple[ckpt.PreparedDevice, ...]:
+        """`ref`'s devices: from the checkpoint when the claim is prepared already, else prepared now."""
         answered = self.prepared(ref)
-        if answered is not None:
-            return answered
+        return answered if answered is not None else self.prepare_from_claim(ref)
+
+    def prepare_from_claim(self, ref: ClaimRef) -> tuple[ckpt.PreparedDevice, ...]:
+        """Read the claim and prepare it, for a claim `prepared` did not answer (gpudra.node.dra_service
+        asks that first, before the claim waits for a turn with the API server). What the checkpoint
+        holds of it is decided again under the locks: another call or instance may have prepared it,
+        or left it half done, while the claim was read."""
+        self.store.usable()
         # Read without the node lock: a slow API server must not hold up the other instance's calls.
         claim = self.claims.get(namespace=ref.namespace, name=ref.name, uid=ref.uid)
         allocated = read_allocated(
@@ -170,17 +173,28 @@ class DeviceState:
         keys += [f"GPU:{a.gpu.uuid}" for a in allocated if not a.admin_access]
         with self.store.exclusive(), self.store.locked(keys):
             done = self.store.entry(ref.uid)
-            if done is not None and done.state == "PrepareCompleted" and not self.spec_lost(done):
-                if _complete(done):
-                    return done.devices
-                return self._complete_rebuilt(ref, done, allocated)
             if done is not None:
+                standing = self._standing(done)
+                if standing == "answered":
+                    return done.devices
+                if standing == "rebuilt":
+                    return self._complete_rebuilt(ref, done, allocated)
                 # An earlier attempt stopped half way (its rollback failed, e.g. a MIG device in use)
                 # or an unprepare did: finish undoing it first, so nothing is created twice.
                 self.teardown(done)
             devices = self._carry_out(ref, self._plan(ref, allocated))
         self._advise(ref, allocated)
         return devices
+
+    def _standing(self, entry: ckpt.ClaimEntry) -> Standing:
+        """What the checkpoint's entry of a claim says, the one rule `prepared` and `prepare_from_claim`
+        go by: prepared ("answered": its devices are the answer); prepared but rebuilt from its CDI
+        spec after a damaged checkpoint ("rebuilt": without request names, which the claim gives back);
+        or a prepare or unprepare that stopped half way ("unfinished", a completed entry whose spec is
+        gone included: see `spec_lost`), which is torn down before anything else is done."""
+        if entry.state != "PrepareCompleted" or self.spec_lost(entry):
+            return "unfinished"
+        return "answered" if _complete(entry) else "rebuilt"
 
     def _plan(self, ref: ClaimRef, allocated: Sequence[ResolvedDevice]) -> tuple[DevicePlan, ...]:
         """Each device's plan, decided before anything changes: refuses a device another claim holds, a
