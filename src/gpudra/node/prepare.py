@@ -13,11 +13,12 @@ unfinished.
 
 `DeviceState` only sequences. Each allocated device goes through a prepare as one `DevicePlan` that
 every step fills in (the allocation, its checkpoint record as planned and then live, its CDI view),
-and one rule (`_standing`) says what a claim's checkpoint entry means.
+and one rule (`_standing`) says what a claim's checkpoint entry means, for prepare and recovery alike.
 Beside it, gpudra.node.claim_reader checks a claim against this node and types it; below it,
 gpudra.node.claim_store keeps the checkpoint (group commit, the node lock that keeps another plugin
 instance out, device locks), gpudra.node.mig makes partitions and gpudra.node.sharing applies
-time-slicing and MPS; above it, gpudra.node.recovery settles what a crash left.
+time-slicing and MPS; above it, gpudra.node.recovery settles what a crash left, through the methods
+kept for it ("what recovery calls"), never through the store or the steps themselves.
 
 A share of a MIG partition (`gpu-<n>-mig-<profile>-<start>-shared`, several claims on one device) holds
 the partition jointly with the other shares on it: the first share prepared creates it as an exclusive
@@ -36,6 +37,7 @@ decision is made from the checkpoint as it is on disk.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePath
 from typing import Literal
@@ -187,12 +189,12 @@ class DeviceState:
         return devices
 
     def _standing(self, entry: ckpt.ClaimEntry) -> Standing:
-        """What the checkpoint's entry of a claim says, the one rule `prepared` and `prepare_from_claim`
-        go by: prepared ("answered": its devices are the answer); prepared but rebuilt from its CDI
-        spec after a damaged checkpoint ("rebuilt": without request names, which the claim gives back);
-        or a prepare or unprepare that stopped half way ("unfinished", a completed entry whose spec is
-        gone included: see `spec_lost`), which is torn down before anything else is done."""
-        if entry.state != "PrepareCompleted" or self.spec_lost(entry):
+        """What the checkpoint's entry of a claim says, the one rule prepare and recovery go by:
+        prepared ("answered": its devices are the answer); prepared but rebuilt from its CDI spec
+        after a damaged checkpoint ("rebuilt": without request names, which the claim gives back); or
+        a prepare or unprepare that stopped half way ("unfinished", a completed entry whose spec is
+        gone included: see `_spec_lost`), which is torn down before anything else is done."""
+        if entry.state != "PrepareCompleted" or self._spec_lost(entry):
             return "unfinished"
         return "answered" if _complete(entry) else "rebuilt"
 
@@ -436,6 +438,95 @@ class DeviceState:
         created = self._created(self.store.latest())
         return {name: live.uuid for entry, name, live in created if entry.state == "PrepareCompleted"}
 
+    # --- what recovery calls (gpudra.node.recovery) ----------------------------------------------
+
+    def settling(self) -> AbstractContextManager[None]:
+        """The node lock for recovery, which loads the checkpoint file itself instead of catching up."""
+        return self.store.exclusive(catch_up=False)
+
+    def refuse(self, reason: str | None) -> None:
+        """Fail every prepare and unprepare with `reason` from now on (None: serve them again)."""
+        self.store.refuse(reason)
+
+    def restore(self, checkpoint: ckpt.Checkpoint) -> None:
+        """Make `checkpoint`, as recovery loaded or rebuilt it, the one calls decide from; `resume`
+        saves it."""
+        self.store.load(checkpoint)
+
+    def resume(self) -> None:
+        """Save the checkpoint as recovery settled it, then serve calls again."""
+        self.store.save(lambda checkpoint: checkpoint)
+        self.store.refuse(None)
+
+    def recorded(self) -> list[ckpt.ClaimEntry]:
+        """The claims of the checkpoint as this process holds it: right under the node lock."""
+        return list(self.store.current.claims.values())
+
+    def unsettled(self) -> list[ckpt.ClaimEntry]:
+        """The claims a crash left half prepared or half unprepared, which `teardown` finishes."""
+        return [entry for entry in self.recorded() if self._standing(entry) == "unfinished"]
+
+    def discard(self, stale: ckpt.ClaimEntry) -> None:
+        """Remove what a claim of an earlier boot left on disk (its CDI spec, its sharing's files): the
+        reboot reset its GPUs."""
+        cdi.delete_spec(self.cdi_root, driver=self.driver, claim_uid=stale.uid)
+        self.sharing.discard(stale)
+
+    def reset_sharing(self, gpu_uuids: Sequence[str]) -> None:
+        """Put the sharing settings of the GPUs back to their defaults."""
+        self.sharing.reset(gpu_uuids)
+
+    def rebuilt_device(
+        self, claim_uid: str, device: str, share_id: str | None, cdi_device: cdi.CdiDevice
+    ) -> ckpt.PreparedDevice:
+        """The record of `device` (published here) as the CDI spec of claim `claim_uid` names it, for a
+        checkpoint rebuilt from the specs: no request names (a repeated prepare reads them from the
+        claim); admin access from the spec's annotation; a partition gpudra created gets its MIG spec
+        from the device and its live ids from the spec's MIG UUID where that MIG device still exists;
+        sharing as far as the spec tells (a whole GPU alone gets no time-slice record)."""
+        gpu = self.published.gpu_of(device)
+        kind = self.published.type_of(device)
+        mig = None
+        if kind == "mig" and not cdi_device.admin_access and self.published.published_uuid(device) is None:
+            mig = self.mig.rebuilt(device, self.published[device], gpu, cdi.visible_uuid(cdi_device))
+        sharing = self.sharing.rebuild(cdi_device, whole_alone=kind == "gpu" and share_id is None)
+        return ckpt.PreparedDevice(
+            request_names=(),
+            pool=self.node_name,
+            device=device,
+            cdi_device_ids=(self._own_id(claim_uid, device, share_id),),
+            gpu_uuids=(gpu.uuid,),
+            mig=mig,
+            sharing=sharing,
+            admin_access=cdi_device.admin_access,
+            share_id=share_id,
+        )
+
+    def runs_process(self, entry: ckpt.ClaimEntry) -> bool:
+        """Whether a prepared claim's sharing runs a process that can die while it runs (an MPS daemon)."""
+        return entry.state == "PrepareCompleted" and self.sharing.runs_process(entry)
+
+    def answers(self, entry: ckpt.ClaimEntry) -> bool:
+        """Whether every process the claim's sharing runs answers; reads only, without a lock."""
+        return self.sharing.answers(entry)
+
+    def adopt(self, entry: ckpt.ClaimEntry) -> bool:
+        """Keep the claim's processes that answer and start again, from its records, those that do not
+        (True: one was started). Under the node lock."""
+        return self.sharing.adopt(entry, visible=self._visible(entry), others=self.store.others(entry.uid))
+
+    def restart(self, seen: ckpt.ClaimEntry) -> bool:
+        """`adopt` under the node lock and the claim's device locks, if the checkpoint still holds `seen`
+        as it was; whether a process was started."""
+        with self.store.exclusive(), self.store.locked(self._lock_keys(seen)):
+            if self.store.entry(seen.uid) != seen:
+                return False
+            return self.adopt(seen)
+
+    def stop_unrecorded(self) -> list[Path]:
+        """Stop the processes (MPS daemons) no claim of the checkpoint names; their directories."""
+        return self.sharing.stop_unrecorded(self.recorded())
+
     # --- helpers -------------------------------------------------------------------------------
 
     def _refuse_taken(self, ref: ClaimRef, allocated: Sequence[ResolvedDevice]) -> None:
@@ -535,7 +626,7 @@ class DeviceState:
             name=name, gpu_minor=gpu.minor, uuid=uuid, mig=access, admin_access=device.admin_access
         )
 
-    def visible(self, entry: ckpt.ClaimEntry) -> dict[str, str]:
+    def _visible(self, entry: ckpt.ClaimEntry) -> dict[str, str]:
         """The UUID CUDA sees, per device of `entry` that has one now (a partition once created)."""
         visible = {}
         for device in entry.devices:
@@ -576,7 +667,7 @@ class DeviceState:
         """The MIG devices the checkpoint says gpudra created (and may therefore destroy)."""
         return {live.uuid for _, _, live in self._created()}
 
-    def spec_lost(self, entry: ckpt.ClaimEntry) -> bool:
+    def _spec_lost(self, entry: ckpt.ClaimEntry) -> bool:
         """A completed entry without its CDI spec: an unprepare stopped between deleting the spec and
         forgetting the claim (only a claim that changes no GPU skips UnprepareStarted). Preparing the
         claim again tears it down first, then starts over."""
@@ -585,7 +676,7 @@ class DeviceState:
             and not cdi.spec_path(self.cdi_root, driver=self.driver, claim_uid=entry.uid).exists()
         )
 
-    def lock_keys(self, entry: ckpt.ClaimEntry) -> list[str]:
+    def _lock_keys(self, entry: ckpt.ClaimEntry) -> list[str]:
         """The locks a call that changes `entry`'s GPUs holds: its devices', and its GPUs' (see prepare)."""
         keys = [d.device for d in entry.devices]
         return keys + [f"GPU:{d.gpu_uuids[0]}" for d in entry.devices if d.gpu_uuids and not d.admin_access]
