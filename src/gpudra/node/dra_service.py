@@ -44,11 +44,12 @@ STARTUP_WAIT_SECONDS = 30.0
 
 class PrepareBackend(Protocol):
     """What the service calls: gpudra.node.prepare.DeviceState. `prepared` answers a claim prepared
-    already from the checkpoint, without the API server (None: `prepare` must read the claim)."""
+    already from the checkpoint, without the API server (None: `prepare_from_claim` must read the
+    claim, and is asked only then, so that the checkpoint is not looked at twice before the read)."""
 
     def prepared(self, ref: ClaimRef) -> tuple[ckpt.PreparedDevice, ...] | None: ...
 
-    def prepare(self, ref: ClaimRef) -> tuple[ckpt.PreparedDevice, ...]: ...
+    def prepare_from_claim(self, ref: ClaimRef) -> tuple[ckpt.PreparedDevice, ...]: ...
 
     def unprepare(self, ref: ClaimRef) -> None: ...
 
@@ -152,7 +153,9 @@ class DraService:
         if pending:
             try:
                 with self._turns.turn(_patience(remaining)):
-                    done = self._run(lambda ref: self._prepare(ref, backend.prepare), pending, self._api)
+                    done = self._run(
+                        lambda ref: self._prepare(ref, backend.prepare_from_claim), pending, self._api
+                    )
             except _NoTurn as err:
                 answers.update(self._refused(pending, err, "prepare", observed=True))
             else:
@@ -187,8 +190,8 @@ class DraService:
     def _prepare(
         self, ref: ClaimRef, lookup: Callable[[ClaimRef], tuple[ckpt.PreparedDevice, ...] | None]
     ) -> Answer | None:
-        """`ref`'s answer from the backend's `prepare`, or from its `prepared`: then only for a claim
-        prepared already, answered from the checkpoint, and None (nothing done) for any other."""
+        """`ref`'s answer from the backend's `prepare_from_claim`, or from its `prepared`: then only for
+        a claim prepared already, answered from the checkpoint, and None (nothing done) for any other."""
         started, outcome = time.monotonic(), "ok"
         try:
             devices = lookup(ref)

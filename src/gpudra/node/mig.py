@@ -209,27 +209,45 @@ class MigPartitions:
             if self._mig_enabled(device, gpu):
                 self._switch(device, gpu, enabled=False, why=f"for the whole GPU {device}")
 
-    # --- the CDI view ------------------------------------------------------------------------------
+    # --- the CDI view, and the record rebuilt from it ---------------------------------------------
 
-    def access(
-        self, device: str, gpu: Gpu, *, gpu_instance_id: int, compute_instance_id: int
-    ) -> cdi.MigAccess:
-        """What a container needs to reach a MIG device: its capability device nodes."""
+    def reach(self, device: str, gpu: Gpu, found: ckpt.MigLive | str) -> tuple[str, cdi.MigAccess]:
+        """The MIG UUID a container sees and its capability device nodes, for the MIG device prepare
+        created (`found`: its live ids) or one that exists already (`found`: its UUID, which must still
+        exist: a static layout's, or another claim's partition reached with admin access)."""
+        live = found if isinstance(found, ckpt.MigLive) else _live(self._existing(device, gpu, found))
         try:
             caps = self.hardware.mig_capabilities(
-                gpu_minor=gpu.minor, gpu_instance_id=gpu_instance_id, compute_instance_id=compute_instance_id
+                gpu_minor=gpu.minor,
+                gpu_instance_id=live.gpu_instance_id,
+                compute_instance_id=live.compute_instance_id,
             )
         except GpudraError as err:
             raise ClaimError(f"device {device} on GPU {gpu.uuid}: {err}") from err
-        return cdi.MigAccess(
+        access = cdi.MigAccess(
             parent_uuid=gpu.uuid,
             caps_major=caps.major,
             gi_cap_minor=caps.gi_minor,
             ci_cap_minor=caps.ci_minor,
         )
+        return live.uuid, access
 
-    def existing(self, device: str, gpu: Gpu, mig_uuid: str) -> MigDevice:
-        """The static MIG device `mig_uuid`, which must still exist."""
+    def rebuilt(self, device: str, published: Device, gpu: Gpu, mig_uuid: str | None) -> ckpt.MigRecord:
+        """The record of partition `device` as a claim's CDI spec names it (`mig_uuid`: the MIG UUID the
+        spec makes visible), for a checkpoint rebuilt from the specs: its live ids where that MIG device
+        still exists, else its spec alone (destroy then finds nothing, or a bare GPU instance, at the
+        placement)."""
+        record = ckpt.MigRecord(spec=self.spec_of(device, published, gpu))
+        try:
+            found = self._existing(device, gpu, mig_uuid) if mig_uuid else None
+        except GpudraError:
+            found = None
+        return record if found is None else record.model_copy(update={"live": _live(found)})
+
+    # --- helpers -----------------------------------------------------------------------------------
+
+    def _existing(self, device: str, gpu: Gpu, mig_uuid: str) -> MigDevice:
+        """The MIG device `mig_uuid`, which must still exist."""
         found = [
             d
             for d in self._call(device, gpu, "list MIG devices", self.hardware.mig_devices)
@@ -241,8 +259,6 @@ class MigPartitions:
                 "layout must not change while gpudra runs; restart the plugin to publish the new layout"
             )
         return found[0]
-
-    # --- helpers -----------------------------------------------------------------------------------
 
     def _mig_enabled(self, device: str, gpu: Gpu) -> bool:
         return self._call(device, gpu, "read the MIG mode", self.hardware.mig_enabled)
@@ -279,6 +295,14 @@ class MigPartitions:
             return call(gpu_uuid=gpu.uuid)
         except GpudraError as err:
             raise ClaimError(f"device {device}: cannot {what} of GPU {gpu.uuid}: {err}") from err
+
+
+def _live(device: MigDevice) -> ckpt.MigLive:
+    return ckpt.MigLive(
+        gpu_instance_id=device.gpu_instance_id,
+        compute_instance_id=device.compute_instance_id,
+        uuid=device.uuid,
+    )
 
 
 def _named(instance: GpuInstance) -> str:

@@ -11,10 +11,14 @@ recovery at start-up (gpudra.node.recovery) can roll back a prepare or finish an
 interrupted, whichever step it stopped at; so does a repeated prepare that finds its own earlier attempt
 unfinished.
 
-`DeviceState` only sequences. Beside it, gpudra.node.claim_reader checks a claim against this node and
-types it; below it, gpudra.node.claim_store keeps the checkpoint (group commit, the node lock that keeps
-another plugin instance out, device locks), gpudra.node.mig makes partitions and gpudra.node.sharing
-applies time-slicing and MPS; above it, gpudra.node.recovery settles what a crash left.
+`DeviceState` only sequences. Each allocated device goes through a prepare as one `DevicePlan` that
+every step fills in (the allocation, its checkpoint record as planned and then live, its CDI view),
+and one rule (`_standing`) says what a claim's checkpoint entry means, for prepare and recovery alike.
+Beside it, gpudra.node.claim_reader checks a claim against this node and types it; below it,
+gpudra.node.claim_store keeps the checkpoint (group commit, the node lock that keeps another plugin
+instance out, device locks), gpudra.node.mig makes partitions and gpudra.node.sharing applies
+time-slicing and MPS; above it, gpudra.node.recovery settles what a crash left, through the methods
+kept for it ("what recovery calls"), never through the store or the steps themselves.
 
 A share of a MIG partition (`gpu-<n>-mig-<profile>-<start>-shared`, several claims on one device) holds
 the partition jointly with the other shares on it: the first share prepared creates it as an exclusive
@@ -32,8 +36,9 @@ decision is made from the checkpoint as it is on disk.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePath
 from typing import Literal
 
@@ -49,6 +54,48 @@ from gpudra.node.claim_store import ClaimStore
 from gpudra.node.mig import MigPartitions
 
 PostEvent = Callable[[Literal["Normal", "Warning"], str, str], None]
+Standing = Literal["answered", "rebuilt", "unfinished"]
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """One allocated device on its way through prepare, each step filling in its part.
+
+    `allocated` is the allocation resolved to this node. `record` is what the checkpoint holds of the
+    device: as planned (its MIG spec, its sharing record, gpudra's CDI ID), then with the live ids of
+    the MIG device created, then with the toolkit's CDI ID. `view`, once the device exists, is what its
+    CDI spec is written from: the UUID CUDA sees, then the sharing's env and mounts."""
+
+    allocated: ResolvedDevice
+    record: ckpt.PreparedDevice
+    view: cdi.ClaimDevice | None = None
+
+    @property
+    def creates_partition(self) -> bool:
+        """A MIG device prepare creates (a share that joins another share's partition has its ids)."""
+        return self.record.mig is not None and self.record.mig.live is None
+
+    @property
+    def cdi_device(self) -> cdi.ClaimDevice:
+        if self.view is None:
+            raise RuntimeError(f"device {self.record.device} has no CDI view before it exists")
+        return self.view
+
+    def with_live(self, mig: ckpt.MigRecord) -> DevicePlan:
+        return replace(self, record=self.record.model_copy(update={"mig": mig}))
+
+    def seen_as(self, view: cdi.ClaimDevice) -> DevicePlan:
+        return replace(self, view=view)
+
+    def with_edits(self, env: Mapping[str, str], mounts: Sequence[cdi.Mount]) -> DevicePlan:
+        """The view with the sharing's env and mounts (the MPS pipe and shm)."""
+        view = self.cdi_device
+        return replace(self, view=replace(view, env={**view.env, **env}, mounts=(*view.mounts, *mounts)))
+
+    def with_toolkit(self, ids: Sequence[str]) -> DevicePlan:
+        """The record with the toolkit's CDI IDs after gpudra's own."""
+        ids = (*self.record.cdi_device_ids, *ids)
+        return replace(self, record=self.record.model_copy(update={"cdi_device_ids": ids}))
 
 
 class DeviceState:
@@ -98,24 +145,25 @@ class DeviceState:
 
     def prepared(self, ref: ClaimRef) -> tuple[ckpt.PreparedDevice, ...] | None:
         """The devices of a claim prepared already, answered from the checkpoint without the API
-        server; None when `prepare` must read the claim."""
+        server; None when the claim must be read (`prepare_from_claim`)."""
         self.store.usable()
         with self.store.exclusive():
             done = self.store.entry(ref.uid)
-            # An entry rebuilt from a CDI spec has no request names: prepare it again from the claim.
-            if (
-                done is not None
-                and done.state == "PrepareCompleted"
-                and _complete(done)
-                and not self.spec_lost(done)
-            ):
+            if done is not None and self._standing(done) == "answered":
                 return done.devices
         return None
 
     def prepare(self, ref: ClaimRef) -> tuple[ckpt.PreparedDevice, ...]:
+        """`ref`'s devices: from the checkpoint when the claim is prepared already, else prepared now."""
         answered = self.prepared(ref)
-        if answered is not None:
-            return answered
+        return answered if answered is not None else self.prepare_from_claim(ref)
+
+    def prepare_from_claim(self, ref: ClaimRef) -> tuple[ckpt.PreparedDevice, ...]:
+        """Read the claim and prepare it, for a claim `prepared` did not answer (gpudra.node.dra_service
+        asks that first, before the claim waits for a turn with the API server). What the checkpoint
+        holds of it is decided again under the locks: another call or instance may have prepared it,
+        or left it half done, while the claim was read."""
+        self.store.usable()
         # Read without the node lock: a slow API server must not hold up the other instance's calls.
         claim = self.claims.get(namespace=ref.namespace, name=ref.name, uid=ref.uid)
         allocated = read_allocated(
@@ -127,83 +175,106 @@ class DeviceState:
         keys += [f"GPU:{a.gpu.uuid}" for a in allocated if not a.admin_access]
         with self.store.exclusive(), self.store.locked(keys):
             done = self.store.entry(ref.uid)
-            if done is not None and done.state == "PrepareCompleted" and not self.spec_lost(done):
-                if _complete(done):
-                    return done.devices
-                return self._complete_rebuilt(ref, done, allocated)
             if done is not None:
+                standing = self._standing(done)
+                if standing == "answered":
+                    return done.devices
+                if standing == "rebuilt":
+                    return self._complete_rebuilt(ref, done, allocated)
                 # An earlier attempt stopped half way (its rollback failed, e.g. a MIG device in use)
                 # or an unprepare did: finish undoing it first, so nothing is created twice.
                 self.teardown(done)
-            self._refuse_taken(ref, allocated)
-            owned = self._owned_mig_uuids()
-            sharing = self.sharing.plan(ref.uid, allocated, others=self.store.others(ref.uid))
-            planned = tuple(
-                self._planned(ref, a, owned=owned, sharing=r) for a, r in zip(allocated, sharing, strict=True)
-            )
-            entry = ckpt.ClaimEntry(
-                uid=ref.uid, namespace=ref.namespace, name=ref.name, state="PrepareStarted", devices=planned
-            )
-            recorded = [entry]
-            try:
-                # Recorded before the GPU changes, so that a rollback or recover() knows what to undo.
-                # A claim that changes nothing on the GPU (a whole GPU, no sharing config) has only its
-                # CDI spec to lose: a crash before PrepareCompleted leaves a spec no entry names, which
-                # recover() deletes, so its one save is the completion.
-                if entry.changes_gpus:
-                    self.store.record(entry)
-                faults.reached("prepare-started")
-                if any(d.mig is not None and d.mig.live is None for d in planned):
-                    entry = entry.with_state("PrepareStarted", devices=self._create_partitions(planned))
-                    # The live ids, so that a rollback or recover() destroys exactly these instances.
-                    recorded.append(entry)
-                    self.store.record(entry)
-                faults.reached("prepare-mig-created")
-                for device, wanted in zip(entry.devices, allocated, strict=True):
-                    if wanted.kind == "gpu" and not wanted.admin_access:
-                        self.mig.use_whole(device.device, wanted.gpu)
-                claim_devices = [
-                    self._claim_device(a, d) for a, d in zip(allocated, entry.devices, strict=True)
-                ]
-                visible = {d.device: c.uuid for c, d in zip(claim_devices, entry.devices, strict=True)}
-                self.sharing.apply(entry, visible=visible, others=self.store.others(ref.uid))
-                faults.reached("prepare-applied")
-                claim_devices = [
-                    self._with_sharing(c, d, ref.uid)
-                    for c, d in zip(claim_devices, entry.devices, strict=True)
-                ]
-                spec = cdi.build_claim_spec(
-                    driver=self.driver, claim_uid=ref.uid, devices=claim_devices, dev_root=self.dev_root
-                )
-                cdi.write_spec(self.cdi_root, spec, claim_uid=ref.uid)
-                faults.reached("prepare-cdi-written")
-                # The toolkit's ID for the same GPU or MIG device (a MIG device created just now only has
-                # its parent's) follows ours, so the runtime adds the driver libraries.
-                with_toolkit = tuple(
-                    d.model_copy(update={"cdi_device_ids": (*d.cdi_device_ids, *self.toolkit.device_ids(c))})
-                    for d, c in zip(entry.devices, claim_devices, strict=True)
-                )
-                # Inside the rollback too: a prepare that cannot save its completion (disk full) is
-                # a failed prepare, and must not leave the GPU configured and the device held.
-                completed = entry.with_state("PrepareCompleted", devices=with_toolkit)
-                recorded.append(completed)
-                self.store.record(completed)
-            except BaseException as err:
-                # Memory holds an entry of this attempt once a save of it replaced the file (even if the
-                # directory sync failed). Otherwise the first save changed nothing, or there was none
-                # and the spec is all there is to remove.
-                current = self.store.entry(ref.uid)
-                try:
-                    if current is not None and current in recorded:
-                        self.teardown(current)
-                    elif current is None:
-                        cdi.delete_spec(self.cdi_root, driver=self.driver, claim_uid=ref.uid)
-                except Exception as rollback:  # keep the first error; the entry stays for recover()
-                    err.add_note(f"rolling back also failed: {rollback}")
-                raise
-            faults.reached("prepare-completed")
+            devices = self._carry_out(ref, self._plan(ref, allocated))
         self._advise(ref, allocated)
+        return devices
+
+    def _standing(self, entry: ckpt.ClaimEntry) -> Standing:
+        """What the checkpoint's entry of a claim says, the one rule prepare and recovery go by:
+        prepared ("answered": its devices are the answer); prepared but rebuilt from its CDI spec
+        after a damaged checkpoint ("rebuilt": without request names, which the claim gives back); or
+        a prepare or unprepare that stopped half way ("unfinished", a completed entry whose spec is
+        gone included: see `_spec_lost`), which is torn down before anything else is done."""
+        if entry.state != "PrepareCompleted" or self._spec_lost(entry):
+            return "unfinished"
+        return "answered" if _complete(entry) else "rebuilt"
+
+    def _plan(self, ref: ClaimRef, allocated: Sequence[ResolvedDevice]) -> tuple[DevicePlan, ...]:
+        """Each device's plan, decided before anything changes: refuses a device another claim holds, a
+        config a device cannot take and a placement that is not free."""
+        self._refuse_taken(ref, allocated)
+        owned = self._owned_mig_uuids()
+        # One list in the devices' order: the sharing planner plans a claim's devices together.
+        sharing = self.sharing.plan(ref.uid, allocated, others=self.store.others(ref.uid))
+        return tuple(
+            DevicePlan(a, self._planned(ref, a, owned=owned, sharing=r))
+            for a, r in zip(allocated, sharing, strict=True)
+        )
+
+    def _carry_out(self, ref: ClaimRef, plans: tuple[DevicePlan, ...]) -> tuple[ckpt.PreparedDevice, ...]:
+        """Make the planned devices, each step recorded before the next changes anything; the devices
+        as completed. Any failure before the completion is saved rolls back what was done."""
+        entry = _entry(ref, "PrepareStarted", plans)
+        recorded = [entry]
+        try:
+            # Recorded before the GPU changes, so that a rollback or recover() knows what to undo.
+            # A claim that changes nothing on the GPU (a whole GPU, no sharing config) has only its
+            # CDI spec to lose: a crash before PrepareCompleted leaves a spec no entry names, which
+            # recover() deletes, so its one save is the completion.
+            if entry.changes_gpus:
+                self.store.record(entry)
+            faults.reached("prepare-started")
+            if any(plan.creates_partition for plan in plans):
+                plans = self._create_partitions(plans)
+                entry = _entry(ref, "PrepareStarted", plans)
+                # The live ids, so that a rollback or recover() destroys exactly these instances.
+                recorded.append(entry)
+                self.store.record(entry)
+            faults.reached("prepare-mig-created")
+            for plan in plans:
+                if plan.allocated.kind == "gpu" and not plan.allocated.admin_access:
+                    self.mig.use_whole(plan.allocated.device, plan.allocated.gpu)
+            plans = tuple(plan.seen_as(self._view(plan)) for plan in plans)
+            visible = {plan.record.device: plan.cdi_device.uuid for plan in plans}
+            self.sharing.apply(entry, visible=visible, others=self.store.others(ref.uid))
+            faults.reached("prepare-applied")
+            plans = tuple(plan.with_edits(*self.sharing.container_edits(plan.record)) for plan in plans)
+            spec = cdi.build_claim_spec(
+                driver=self.driver,
+                claim_uid=ref.uid,
+                devices=[plan.cdi_device for plan in plans],
+                dev_root=self.dev_root,
+            )
+            cdi.write_spec(self.cdi_root, spec, claim_uid=ref.uid)
+            faults.reached("prepare-cdi-written")
+            # The toolkit's ID for the same GPU or MIG device (a MIG device created just now only has
+            # its parent's) follows ours, so the runtime adds the driver libraries.
+            plans = tuple(plan.with_toolkit(self.toolkit.device_ids(plan.cdi_device)) for plan in plans)
+            # Inside the rollback too: a prepare that cannot save its completion (disk full) is
+            # a failed prepare, and must not leave the GPU configured and the device held.
+            completed = _entry(ref, "PrepareCompleted", plans)
+            recorded.append(completed)
+            self.store.record(completed)
+        except BaseException as err:
+            self._roll_back(ref.uid, recorded, err)
+            raise
+        faults.reached("prepare-completed")
         return completed.devices
+
+    def _roll_back(self, uid: str, recorded: Sequence[ckpt.ClaimEntry], err: BaseException) -> None:
+        """Undo a prepare that failed with `err`; a failure of the rollback is noted on `err`, and the
+        entry stays for recover().
+
+        Memory holds an entry of this attempt once a save of it replaced the file (even if the
+        directory sync failed). Otherwise the first save changed nothing, or there was none and the
+        spec is all there is to remove."""
+        current = self.store.entry(uid)
+        try:
+            if current is not None and current in recorded:
+                self.teardown(current)
+            elif current is None:
+                cdi.delete_spec(self.cdi_root, driver=self.driver, claim_uid=uid)
+        except Exception as rollback:  # keep the first error
+            err.add_note(f"rolling back also failed: {rollback}")
 
     def _advise(self, ref: ClaimRef, allocated: Sequence[ResolvedDevice]) -> None:
         """An Event for each thing the claim's configs do otherwise than they may seem to (a MIG
@@ -219,29 +290,29 @@ class DeviceState:
                     f"{device.config_field}.{advice.field}: {advice.message}",
                 )
 
-    def _create_partitions(self, planned: Sequence[ckpt.PreparedDevice]) -> tuple[ckpt.PreparedDevice, ...]:
-        """Create the planned MIG devices; the devices with their live ids.
+    def _create_partitions(self, plans: tuple[DevicePlan, ...]) -> tuple[DevicePlan, ...]:
+        """Create the planned MIG devices; the plans with their live ids.
 
         On a failure the devices created so far are in no record yet: destroy them here (the caller's
         rollback finds the rest by their specs), then raise."""
-        done: list[ckpt.PreparedDevice] = []
-        created_here: list[ckpt.PreparedDevice] = []
+        done: list[DevicePlan] = []
+        created_here: list[tuple[str, ckpt.MigRecord]] = []
         try:
-            for prepared in planned:
+            for plan in plans:
                 # A share that joins a partition another share created has its live ids already.
-                if prepared.mig is None or prepared.mig.live is not None:
-                    done.append(prepared)
+                mig = plan.record.mig
+                if mig is None or mig.live is not None:
+                    done.append(plan)
                     continue
-                created = prepared.model_copy(update={"mig": self.mig.create(prepared.device, prepared.mig)})
-                done.append(created)
-                created_here.append(created)
+                created = self.mig.create(plan.record.device, mig)
+                done.append(plan.with_live(created))
+                created_here.append((plan.record.device, created))
         except BaseException as err:
-            for created in created_here:
-                if created.mig is not None and created.mig.live is not None:
-                    try:
-                        self.mig.destroy(created.device, created.mig)
-                    except GpudraError as cleanup:
-                        err.add_note(f"destroying {created.device} again failed as well: {cleanup}")
+            for device, created in created_here:
+                try:
+                    self.mig.destroy(device, created)
+                except GpudraError as cleanup:
+                    err.add_note(f"destroying {device} again failed as well: {cleanup}")
             raise
         return tuple(done)
 
@@ -367,6 +438,95 @@ class DeviceState:
         created = self._created(self.store.latest())
         return {name: live.uuid for entry, name, live in created if entry.state == "PrepareCompleted"}
 
+    # --- what recovery calls (gpudra.node.recovery) ----------------------------------------------
+
+    def settling(self) -> AbstractContextManager[None]:
+        """The node lock for recovery, which loads the checkpoint file itself instead of catching up."""
+        return self.store.exclusive(catch_up=False)
+
+    def refuse(self, reason: str | None) -> None:
+        """Fail every prepare and unprepare with `reason` from now on (None: serve them again)."""
+        self.store.refuse(reason)
+
+    def restore(self, checkpoint: ckpt.Checkpoint) -> None:
+        """Make `checkpoint`, as recovery loaded or rebuilt it, the one calls decide from; `resume`
+        saves it."""
+        self.store.load(checkpoint)
+
+    def resume(self) -> None:
+        """Save the checkpoint as recovery settled it, then serve calls again."""
+        self.store.save(lambda checkpoint: checkpoint)
+        self.store.refuse(None)
+
+    def recorded(self) -> list[ckpt.ClaimEntry]:
+        """The claims of the checkpoint as this process holds it: right under the node lock."""
+        return list(self.store.current.claims.values())
+
+    def unsettled(self) -> list[ckpt.ClaimEntry]:
+        """The claims a crash left half prepared or half unprepared, which `teardown` finishes."""
+        return [entry for entry in self.recorded() if self._standing(entry) == "unfinished"]
+
+    def discard(self, stale: ckpt.ClaimEntry) -> None:
+        """Remove what a claim of an earlier boot left on disk (its CDI spec, its sharing's files): the
+        reboot reset its GPUs."""
+        cdi.delete_spec(self.cdi_root, driver=self.driver, claim_uid=stale.uid)
+        self.sharing.discard(stale)
+
+    def reset_sharing(self, gpu_uuids: Sequence[str]) -> None:
+        """Put the sharing settings of the GPUs back to their defaults."""
+        self.sharing.reset(gpu_uuids)
+
+    def rebuilt_device(
+        self, claim_uid: str, device: str, share_id: str | None, cdi_device: cdi.CdiDevice
+    ) -> ckpt.PreparedDevice:
+        """The record of `device` (published here) as the CDI spec of claim `claim_uid` names it, for a
+        checkpoint rebuilt from the specs: no request names (a repeated prepare reads them from the
+        claim); admin access from the spec's annotation; a partition gpudra created gets its MIG spec
+        from the device and its live ids from the spec's MIG UUID where that MIG device still exists;
+        sharing as far as the spec tells (a whole GPU alone gets no time-slice record)."""
+        gpu = self.published.gpu_of(device)
+        kind = self.published.type_of(device)
+        mig = None
+        if kind == "mig" and not cdi_device.admin_access and self.published.published_uuid(device) is None:
+            mig = self.mig.rebuilt(device, self.published[device], gpu, cdi.visible_uuid(cdi_device))
+        sharing = self.sharing.rebuild(cdi_device, whole_alone=kind == "gpu" and share_id is None)
+        return ckpt.PreparedDevice(
+            request_names=(),
+            pool=self.node_name,
+            device=device,
+            cdi_device_ids=(self._own_id(claim_uid, device, share_id),),
+            gpu_uuids=(gpu.uuid,),
+            mig=mig,
+            sharing=sharing,
+            admin_access=cdi_device.admin_access,
+            share_id=share_id,
+        )
+
+    def runs_process(self, entry: ckpt.ClaimEntry) -> bool:
+        """Whether a prepared claim's sharing runs a process that can die while it runs (an MPS daemon)."""
+        return entry.state == "PrepareCompleted" and self.sharing.runs_process(entry)
+
+    def answers(self, entry: ckpt.ClaimEntry) -> bool:
+        """Whether every process the claim's sharing runs answers; reads only, without a lock."""
+        return self.sharing.answers(entry)
+
+    def adopt(self, entry: ckpt.ClaimEntry) -> bool:
+        """Keep the claim's processes that answer and start again, from its records, those that do not
+        (True: one was started). Under the node lock."""
+        return self.sharing.adopt(entry, visible=self._visible(entry), others=self.store.others(entry.uid))
+
+    def restart(self, seen: ckpt.ClaimEntry) -> bool:
+        """`adopt` under the node lock and the claim's device locks, if the checkpoint still holds `seen`
+        as it was; whether a process was started."""
+        with self.store.exclusive(), self.store.locked(self._lock_keys(seen)):
+            if self.store.entry(seen.uid) != seen:
+                return False
+            return self.adopt(seen)
+
+    def stop_unrecorded(self) -> list[Path]:
+        """Stop the processes (MPS daemons) no claim of the checkpoint names; their directories."""
+        return self.sharing.stop_unrecorded(self.recorded())
+
     # --- helpers -------------------------------------------------------------------------------
 
     def _refuse_taken(self, ref: ClaimRef, allocated: Sequence[ResolvedDevice]) -> None:
@@ -417,9 +577,6 @@ class DeviceState:
     def _planned(
         self, ref: ClaimRef, device: ResolvedDevice, *, owned: set[str], sharing: ckpt.SharingRecord | None
     ) -> ckpt.PreparedDevice:
-        own = cdi.claim_device_id(
-            driver=self.driver, claim_uid=ref.uid, device_name=cdi.device_name(device.device, device.share_id)
-        )
         mig = None
         if device.kind == "mig" and not device.admin_access:
             # A share of a partition that another share already created joins it (same live ids).
@@ -429,7 +586,8 @@ class DeviceState:
             request_names=(device.base_request,),
             pool=self.node_name,
             device=device.device,
-            cdi_device_ids=(own,),  # the toolkit's ID follows once the device exists (see prepare)
+            # The toolkit's ID follows once the device exists (see _carry_out).
+            cdi_device_ids=(self._own_id(ref.uid, device.device, device.share_id),),
             gpu_uuids=(device.gpu.uuid,),
             mig=mig,
             sharing=sharing,
@@ -437,51 +595,38 @@ class DeviceState:
             share_id=device.share_id,
         )
 
-    def _claim_device(
-        self, device: ResolvedDevice, prepared: ckpt.PreparedDevice | None = None
-    ) -> cdi.ClaimDevice:
-        """The CDI view of `device`; for a partition, of the MIG device that exists now."""
-        gpu = device.gpu
+    def _own_id(self, claim_uid: str, device: str, share_id: str | None) -> str:
+        """The CDI ID gpudra gives a device of a claim, first in the answer."""
+        return cdi.claim_device_id(
+            driver=self.driver, claim_uid=claim_uid, device_name=cdi.device_name(device, share_id)
+        )
+
+    def _view(self, plan: DevicePlan) -> cdi.ClaimDevice:
+        """The CDI view of a device as it exists now; for a partition, the MIG device created, or the
+        one that exists already."""
+        device, gpu = plan.allocated, plan.allocated.gpu
+        name = cdi.device_name(device.device, device.share_id)
         if device.kind == "gpu":
             return cdi.ClaimDevice(
-                name=cdi.device_name(device.device, device.share_id),
-                gpu_minor=gpu.minor,
-                uuid=gpu.uuid,
-                admin_access=device.admin_access,
+                name=name, gpu_minor=gpu.minor, uuid=gpu.uuid, admin_access=device.admin_access
             )
-        if prepared is not None and prepared.mig is not None and prepared.mig.live is not None:
-            live = prepared.mig.live
-            uuid, gi, ci = live.uuid, live.gpu_instance_id, live.compute_instance_id
-        else:
+        found: ckpt.MigLive | str | None = plan.record.mig.live if plan.record.mig is not None else None
+        if found is None:
             attributes = self.devices[device.device]["attributes"]
-            mig_uuid = (
+            found = (
                 attributes["uuid"].get("string") if "uuid" in attributes else self._live_uuid(device.device)
             )
-            if mig_uuid is None:
+            if found is None:
                 raise ClaimError(
                     f"device {device.device}: this MIG partition does not exist, since no claim on this node "
                     "uses it; admin access reaches partitions that another claim prepared"
                 )
-            existing = self.mig.existing(device.device, gpu, mig_uuid)
-            uuid, gi, ci = existing.uuid, existing.gpu_instance_id, existing.compute_instance_id
+        uuid, access = self.mig.reach(device.device, gpu, found)
         return cdi.ClaimDevice(
-            name=cdi.device_name(device.device, device.share_id),
-            gpu_minor=gpu.minor,
-            uuid=uuid,
-            mig=self.mig.access(device.device, gpu, gpu_instance_id=gi, compute_instance_id=ci),
-            admin_access=device.admin_access,
+            name=name, gpu_minor=gpu.minor, uuid=uuid, mig=access, admin_access=device.admin_access
         )
 
-    def _with_sharing(
-        self, claim_device: cdi.ClaimDevice, prepared: ckpt.PreparedDevice, uid: str
-    ) -> cdi.ClaimDevice:
-        """The CDI view of a device with its sharing's env and mounts (the MPS pipe and shm)."""
-        env, mounts = self.sharing.container_edits(prepared)
-        return dataclasses.replace(
-            claim_device, env={**claim_device.env, **env}, mounts=(*claim_device.mounts, *mounts)
-        )
-
-    def visible(self, entry: ckpt.ClaimEntry) -> dict[str, str]:
+    def _visible(self, entry: ckpt.ClaimEntry) -> dict[str, str]:
         """The UUID CUDA sees, per device of `entry` that has one now (a partition once created)."""
         visible = {}
         for device in entry.devices:
@@ -522,7 +667,7 @@ class DeviceState:
         """The MIG devices the checkpoint says gpudra created (and may therefore destroy)."""
         return {live.uuid for _, _, live in self._created()}
 
-    def spec_lost(self, entry: ckpt.ClaimEntry) -> bool:
+    def _spec_lost(self, entry: ckpt.ClaimEntry) -> bool:
         """A completed entry without its CDI spec: an unprepare stopped between deleting the spec and
         forgetting the claim (only a claim that changes no GPU skips UnprepareStarted). Preparing the
         claim again tears it down first, then starts over."""
@@ -531,10 +676,20 @@ class DeviceState:
             and not cdi.spec_path(self.cdi_root, driver=self.driver, claim_uid=entry.uid).exists()
         )
 
-    def lock_keys(self, entry: ckpt.ClaimEntry) -> list[str]:
+    def _lock_keys(self, entry: ckpt.ClaimEntry) -> list[str]:
         """The locks a call that changes `entry`'s GPUs holds: its devices', and its GPUs' (see prepare)."""
         keys = [d.device for d in entry.devices]
         return keys + [f"GPU:{d.gpu_uuids[0]}" for d in entry.devices if d.gpu_uuids and not d.admin_access]
+
+
+def _entry(ref: ClaimRef, state: ckpt.ClaimState, plans: Sequence[DevicePlan]) -> ckpt.ClaimEntry:
+    return ckpt.ClaimEntry(
+        uid=ref.uid,
+        namespace=ref.namespace,
+        name=ref.name,
+        state=state,
+        devices=tuple(plan.record for plan in plans),
+    )
 
 
 def _complete(entry: ckpt.ClaimEntry) -> bool:

@@ -1,5 +1,5 @@
 """Settling what a crash, a reboot or a dead MPS daemon left, around the state machine. I/O: CDI specs,
-the checkpoint (through the claim store), GPU tools (through the state's steps).
+the checkpoint file; the claim store and GPU tools through DeviceState.
 
 `recover` runs at start-up (and again while the checkpoint is refused): it loads the checkpoint, rolls
 back a prepare or finishes an unprepare that a crash interrupted, whichever step it stopped at (each
@@ -9,7 +9,8 @@ no claim names. A damaged or missing checkpoint is rebuilt from the CDI specs on
 `restart_stopped_daemons` runs from a loop (gpudra.node.mps_keeper) while claims run: a sharing process
 that no longer answers is started again with the limits its claim's records hold.
 
-Both sit above `DeviceState` and call its steps; it never calls them.
+Both sit above `DeviceState` and call only the methods it keeps for them (its section "what recovery
+calls", and `teardown`), not its claim store, sharing or MIG partitions; DeviceState never calls them.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpudra.errors import GpudraError
-from gpudra.model.inventory import Gpu
 from gpudra.node import cdi
 from gpudra.node import checkpoint as ckpt
 from gpudra.node.prepare import DeviceState
@@ -61,69 +61,64 @@ def recover(state: DeviceState) -> Recovery:
     It runs under the node lock: a call another instance has in flight finishes first, so no entry
     recovery settles, and no spec or MPS daemon it removes, belongs to a call still running.
     """
-    store = state.store
     try:
-        with store.exclusive(catch_up=False):
+        with state.settling():
             return _recover(state)
     except (ckpt.CheckpointTooNew, ckpt.CheckpointUnreadable, ckpt.CheckpointNotSaved) as err:
         # A newer gpudra's file may record GPU state this one cannot undo, and an unreadable one may be
         # fine: touching either (or the CDI specs of the claims it holds) could break running pods.
         # Refuse, and say why, instead of guessing.
-        store.refuse(str(err))
+        state.refuse(str(err))
         return Recovery(refused=str(err))
     except (GpudraError, OSError) as err:
-        store.refuse(f"cannot settle the checkpoint {store.path}: {err}")
-        return Recovery(refused=store.refusal)
+        state.refuse(f"cannot settle the checkpoint {state.checkpoint_path}: {err}")
+        return Recovery(refused=state.refusal)
 
 
 def _recover(state: DeviceState) -> Recovery:
-    store, driver, cdi_root = state.store, state.driver, state.cdi_root
+    path, boot_id, driver, cdi_root = state.checkpoint_path, state.boot_id, state.driver, state.cdi_root
     specs = cdi.list_claim_specs(cdi_root, driver=driver)
     try:
-        if not store.path.exists() and specs:
+        if not path.exists() and specs:
             raise ckpt.CheckpointCorrupt(
-                f"checkpoint {store.path} is missing but {len(specs)} claim spec(s) of {driver} are in "
-                f"{cdi_root}"
+                f"checkpoint {path} is missing but {len(specs)} claim spec(s) of {driver} are in {cdi_root}"
             )
-        loaded = ckpt.load(store.path, boot_id=store.boot_id)
+        loaded = ckpt.load(path, boot_id=boot_id)
     except ckpt.CheckpointCorrupt as err:
         # Keep a copy for diagnosis (best effort: a full disk must not stop the rebuild), then rebuild
         # from the CDI specs which claims hold which devices; the save below replaces the damaged file,
         # so a crash before it finds the same damage and does this again.
-        copy = ckpt.keep_copy(store.path) if store.path.exists() else None
+        copy = ckpt.keep_copy(path) if path.exists() else None
         rebuilt = _rebuild_from_cdi_specs(state, specs)
         log.error(
             "checkpoint damaged; prepared claims rebuilt from their CDI specs",
             extra={"error": str(err), "copied_to": str(copy), "claims_rebuilt": len(rebuilt)},
         )
-        loaded = ckpt.LoadedCheckpoint(ckpt.Checkpoint.empty(store.boot_id).with_claims(rebuilt), {})
+        loaded = ckpt.LoadedCheckpoint(ckpt.Checkpoint.empty(boot_id).with_claims(rebuilt), {})
         recovery = Recovery(damage=str(err), copied_to=copy, rebuilt=len(rebuilt))
         _reset_rebuilt_gpus(state, rebuilt)
     else:
         recovery = Recovery()
-    store.load(loaded.checkpoint)
-    for uid, stale in loaded.stale_claims.items():  # the reboot reset the GPUs; only files remain
-        cdi.delete_spec(cdi_root, driver=driver, claim_uid=uid)
-        state.sharing.discard(stale)
-    for entry in list(store.current.claims.values()):
-        # A completed claim whose spec is gone was being unprepared (see `spec_lost`): finish it.
-        if entry.state != "PrepareCompleted" or state.spec_lost(entry):
-            log.info("settling interrupted %s", entry.state, extra={"claim": entry.uid})
-            try:
-                state.teardown(entry)
-            except GpudraError as err:
-                # One broken GPU must not keep the plugin from serving the others; the entry stays
-                # (UnprepareStarted, holding its devices) for the kubelet's retry to finish.
-                log.error("cannot settle claim", extra={"claim": entry.uid, "error": str(err)})
+    state.restore(loaded.checkpoint)
+    for stale in loaded.stale_claims.values():  # the reboot reset the GPUs; only files remain
+        state.discard(stale)
+    # An unprepare may have deleted a completed claim's spec already: it is finished as well.
+    for entry in state.unsettled():
+        log.info("settling interrupted %s", entry.state, extra={"claim": entry.uid})
+        try:
+            state.teardown(entry)
+        except GpudraError as err:
+            # One broken GPU must not keep the plugin from serving the others; the entry stays
+            # (UnprepareStarted, holding its devices) for the kubelet's retry to finish.
+            log.error("cannot settle claim", extra={"claim": entry.uid, "error": str(err)})
     _adopt_processes(state)
     # A spec no entry names was left by a prepare this checkpoint already forgot, or by one that changes
     # no GPU and was killed before its one save: nothing uses it. Nor a half-written one.
     cdi.remove_spec_leftovers(cdi_root, driver=driver)
-    known = set(store.current.claims)
+    known = {entry.uid for entry in state.recorded()}
     for uid in cdi.list_claim_specs(cdi_root, driver=driver).keys() - known:
         cdi.delete_spec(cdi_root, driver=driver, claim_uid=uid)
-    store.save(lambda checkpoint: checkpoint)
-    store.refuse(None)
+    state.resume()
     return recovery
 
 
@@ -139,7 +134,7 @@ def _reset_rebuilt_gpus(state: DeviceState, rebuilt: Sequence[ckpt.ClaimEntry]) 
         }
     )
     try:
-        state.sharing.reset(uuids)
+        state.reset_sharing(uuids)
     except GpudraError as err:  # a time-slice is no reason to refuse every claim
         log.error("cannot reset the sharing settings of rebuilt claims", extra={"error": str(err)})
 
@@ -147,17 +142,16 @@ def _reset_rebuilt_gpus(state: DeviceState, rebuilt: Sequence[ckpt.ClaimEntry]) 
 def _adopt_processes(state: DeviceState) -> None:
     """Keep the processes (MPS daemons) of prepared claims (they outlived the plugin, their clients are
     running), start again one that died, and stop any no claim of the checkpoint names."""
-    claims = state.store.current.claims
-    for entry in claims.values():
-        if entry.state != "PrepareCompleted" or not state.sharing.runs_process(entry):
+    for entry in state.recorded():
+        if not state.runs_process(entry):
             continue
         try:
-            if state.sharing.adopt(entry, visible=state.visible(entry), others=state.store.others(entry.uid)):
+            if state.adopt(entry):
                 log.warning("sharing process had stopped; started again", extra={"claim": entry.uid})
         except GpudraError as err:
             log.error("cannot adopt the sharing process", extra={"claim": entry.uid, "error": str(err)})
     try:
-        stopped = state.sharing.stop_unrecorded(list(claims.values()))
+        stopped = state.stop_unrecorded()
     except GpudraError as err:  # a stray daemon must not keep the plugin from serving claims
         log.error("cannot stop the sharing processes no prepared claim uses", extra={"error": str(err)})
         stopped = []
@@ -169,14 +163,14 @@ def _adopt_processes(state: DeviceState) -> None:
 
 
 def _rebuild_from_cdi_specs(state: DeviceState, specs: Mapping[str, Path]) -> list[ckpt.ClaimEntry]:
-    """A PrepareCompleted entry per claim spec (claim UID -> path), with the devices it names.
+    """A PrepareCompleted entry per claim spec (claim UID -> path), with the devices it names that this
+    node publishes (`DeviceState.rebuilt_device`).
 
     Request names, namespace and name are not in a spec: such an entry holds its devices until the
     kubelet unprepares the claim (a repeated prepare reads the claim again). Admin access is (an
     annotation on the device). A whole GPU gets no time-slice record (recover() puts its GPU back to
     Default instead); undo stops an MPS daemon the spec's pipe mount names and destroys a partition
-    gpudra created: its spec comes from the device name, and its live ids from the spec's MIG UUID where
-    that device still exists."""
+    gpudra created."""
     entries = []
     for uid, path in specs.items():
         prefix = f"{uid}-"
@@ -186,7 +180,7 @@ def _rebuild_from_cdi_specs(state: DeviceState, specs: Mapping[str, Path]) -> li
             log.error("CDI spec unreadable; left in place", extra={"claim": uid, "error": str(err)})
             continue
         devices = tuple(
-            _rebuilt_device(state, uid, name, share_id, cdi_device)
+            state.rebuilt_device(uid, name, share_id, cdi_device)
             for cdi_device in spec.devices
             for name, share_id in [cdi.split_device_name(cdi_device.name.removeprefix(prefix))]
             if cdi_device.name.startswith(prefix) and name in state.published
@@ -195,44 +189,6 @@ def _rebuild_from_cdi_specs(state: DeviceState, specs: Mapping[str, Path]) -> li
             ckpt.ClaimEntry(uid=uid, namespace="", name="", state="PrepareCompleted", devices=devices)
         )
     return entries
-
-
-def _rebuilt_device(
-    state: DeviceState, uid: str, name: str, share_id: str | None, cdi_device: cdi.CdiDevice
-) -> ckpt.PreparedDevice:
-    published = state.published
-    gpu = published.gpu_of(name)
-    mig = None
-    kind = published.type_of(name)
-    if kind == "mig" and not cdi_device.admin_access and published.published_uuid(name) is None:
-        mig = _rebuilt_mig(state, name, gpu, cdi.visible_uuid(cdi_device))
-    sharing = state.sharing.rebuild(cdi_device, whole_alone=kind == "gpu" and share_id is None)
-    device_name = cdi.device_name(name, share_id)
-    return ckpt.PreparedDevice(
-        request_names=(),
-        pool=state.node_name,
-        device=name,
-        cdi_device_ids=(cdi.claim_device_id(driver=state.driver, claim_uid=uid, device_name=device_name),),
-        gpu_uuids=(gpu.uuid,),
-        mig=mig,
-        sharing=sharing,
-        admin_access=cdi_device.admin_access,
-        share_id=share_id,
-    )
-
-
-def _rebuilt_mig(state: DeviceState, name: str, gpu: Gpu, mig_uuid: str | None) -> ckpt.MigRecord:
-    record = ckpt.MigRecord(spec=state.mig.spec_of(name, state.published[name], gpu))
-    try:
-        found = state.mig.existing(name, gpu, mig_uuid) if mig_uuid else None
-    except GpudraError:
-        found = None  # gone already: destroy finds nothing, or a bare GPU instance, at the placement
-    if found is None:
-        return record
-    live = ckpt.MigLive(
-        gpu_instance_id=found.gpu_instance_id, compute_instance_id=found.compute_instance_id, uuid=found.uuid
-    )
-    return record.model_copy(update={"live": live})
 
 
 # --- processes while claims run ----------------------------------------------------------------------
@@ -250,31 +206,17 @@ def restart_stopped_daemons(state: DeviceState) -> DaemonCheck:
     from the checkpoint as it is then: a claim that either instance unprepared meanwhile, one being
     prepared or unprepared, or one whose entry changed is left alone (a changed one is looked at again
     next time). A claim that fails does not keep the others from being started."""
-    if state.store.refusal is not None:
+    if state.refusal is not None:
         return DaemonCheck()  # the checkpoint loop settles the state first
-    candidates = [
-        e
-        for e in state.store.latest().claims.values()
-        if e.state == "PrepareCompleted" and state.sharing.runs_process(e)
-    ]
+    candidates = [e for e in state.prepared_claims().values() if state.runs_process(e)]
     restarted: list[ckpt.ClaimEntry] = []
     failed: list[tuple[ckpt.ClaimEntry, str]] = []
     for candidate in candidates:
-        if state.sharing.answers(candidate):
+        if state.answers(candidate):
             continue
         try:
-            if _restart(state, candidate):
+            if state.restart(candidate):
                 restarted.append(candidate)
         except (GpudraError, OSError) as err:
             failed.append((candidate, str(err)))
     return DaemonCheck(restarted=tuple(restarted), failed=tuple(failed))
-
-
-def _restart(state: DeviceState, seen: ckpt.ClaimEntry) -> bool:
-    """Start `seen`'s daemon again if the checkpoint still holds `seen` as it was, completed; whether a
-    daemon was started."""
-    store = state.store
-    with store.exclusive(), store.locked(state.lock_keys(seen)):
-        if store.entry(seen.uid) != seen:
-            return False
-        return state.sharing.adopt(seen, visible=state.visible(seen), others=store.others(seen.uid))

@@ -576,7 +576,7 @@ class _NoClaims:
     def prepared(self, ref: ClaimRef) -> tuple[Any, ...] | None:
         raise AssertionError("not called")
 
-    def prepare(self, ref: ClaimRef) -> tuple[Any, ...]:
+    def prepare_from_claim(self, ref: ClaimRef) -> tuple[Any, ...]:
         raise AssertionError("not called")
 
     def unprepare(self, ref: ClaimRef) -> None:

@@ -66,7 +66,7 @@ class Backend:
     def prepared(self, ref: ClaimRef) -> tuple[ckpt.PreparedDevice, ...] | None:
         return None
 
-    def prepare(self, ref: ClaimRef) -> tuple[ckpt.PreparedDevice, ...]:
+    def prepare_from_claim(self, ref: ClaimRef) -> tuple[ckpt.PreparedDevice, ...]:
         self._call("prepare", ref)
         return (device(ref.uid, "gpu-0"), device(ref.uid, "gpu-1"))
 
