@@ -36,7 +36,7 @@ NVIDIACTL_MINOR = 255
 
 
 @dataclass(frozen=True)
-class Node:
+class CharDevice:
     """A character device at `path` in the dev directory (`nvidia0`, `nvidia-caps/nvidia-cap1`)."""
 
     path: PurePosixPath
@@ -45,21 +45,21 @@ class Node:
     mode: int  # permission bits
 
 
-def nodes(machine: machines.Machine) -> tuple[Node, ...]:
+def nodes(machine: machines.Machine) -> tuple[CharDevice, ...]:
     """The driver's device nodes on `machine`. Pure."""
     found = [
-        Node(PurePosixPath(f"nvidia{gpu.minor}"), procfs.NVIDIA_MAJOR, gpu.minor, 0o666)
+        CharDevice(PurePosixPath(f"nvidia{gpu.minor}"), procfs.NVIDIA_MAJOR, gpu.minor, 0o666)
         for gpu in machine.gpus
     ]
     found += [
-        Node(PurePosixPath("nvidiactl"), procfs.NVIDIA_MAJOR, NVIDIACTL_MINOR, 0o666),
-        Node(PurePosixPath("nvidia-uvm"), procfs.NVIDIA_UVM_MAJOR, 0, 0o666),
-        Node(PurePosixPath("nvidia-uvm-tools"), procfs.NVIDIA_UVM_MAJOR, 1, 0o666),
+        CharDevice(PurePosixPath("nvidiactl"), procfs.NVIDIA_MAJOR, NVIDIACTL_MINOR, 0o666),
+        CharDevice(PurePosixPath("nvidia-uvm"), procfs.NVIDIA_UVM_MAJOR, 0, 0o666),
+        CharDevice(PurePosixPath("nvidia-uvm-tools"), procfs.NVIDIA_UVM_MAJOR, 1, 0o666),
     ]
     if any(gpu.model.mig_capable for gpu in machine.gpus):
         found += [
-            Node(PurePosixPath("nvidia-caps/nvidia-cap1"), procfs.NVIDIA_CAPS_MAJOR, 1, 0o400),
-            Node(PurePosixPath("nvidia-caps/nvidia-cap2"), procfs.NVIDIA_CAPS_MAJOR, 2, 0o444),
+            CharDevice(PurePosixPath("nvidia-caps/nvidia-cap1"), procfs.NVIDIA_CAPS_MAJOR, 1, 0o400),
+            CharDevice(PurePosixPath("nvidia-caps/nvidia-cap2"), procfs.NVIDIA_CAPS_MAJOR, 2, 0o444),
         ]
     return tuple(found)
 
@@ -83,7 +83,7 @@ def write(machine: machines.Machine, directory: Path) -> tuple[Path, ...]:
     return tuple(written)
 
 
-def _place(path: Path, node: Node) -> None:
+def _place(path: Path, node: CharDevice) -> None:
     device = os.makedev(node.major, node.minor)
     try:
         found = os.lstat(path)
