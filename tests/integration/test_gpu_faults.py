@@ -118,12 +118,28 @@ def _annotate(core: client.CoreV1Api, value: str | None) -> None:
     core.patch_node(NODE, {"metadata": {"annotations": {CLEAR_ANNOTATION: value}}})
 
 
+def _wait_annotation_read(plugin: PluginProcess) -> None:
+    """Until the plugin has read the annotation after each of its marks' faults (saved at once in
+    health.json as the mark's baseline): a value written before that read is the baseline itself and
+    lifts nothing (docs/health.md, "The operator's word")."""
+
+    def read() -> bool:
+        try:
+            marks = json.loads((plugin.state_dir / "health.json").read_text())["marks"]
+        except (OSError, ValueError, KeyError):
+            return False
+        return all(m.get("annotation_baseline") is not None for m in marks)
+
+    wait_for("the annotation read after the faults", read, timeout=60)
+
+
 @pytest.fixture
-def namespace(api: client.ApiClient) -> Iterator[str]:
+def namespace(api: client.ApiClient, gpudra: dict[str, PluginProcess]) -> Iterator[str]:
     core = client.CoreV1Api(api)
     name = f"faults-{uuid.uuid4().hex[:6]}"
     core.create_namespace({"metadata": {"name": name}})
     yield name
+    _wait_annotation_read(gpudra[NODE])
     _annotate(core, "all")  # lift whatever a failed test left, then forget the annotation
     wait_for("no taint left", lambda: _tainted(api) == {}, timeout=60)
     _annotate(core, None)
@@ -207,7 +223,7 @@ def test_a_fatal_xid_taints_a_gpu_and_its_partitions_an_application_xid_does_not
     assert _tainted(api)["gpu-2"] == "DoubleBitEcc:NoSchedule"  # the first fault names it (then XID 48)
 
     # The operator's word: the annotation names both GPUs (for XID 79 the only rule short of a reboot).
-    time.sleep(1)  # the plugin has read the annotation (absent) since the faults
+    _wait_annotation_read(plugin)
     _annotate(core, f"{gpu},{second}")
     wait_for("the taints lifted", lambda: _tainted(api) == {}, timeout=60)
     cleared = wait_for(

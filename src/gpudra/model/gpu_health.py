@@ -342,7 +342,8 @@ Marks = dict[tuple[str, str | None], Mark]
 
 def record(marks: Mapping[tuple[str, str | None], Mark], fault: Fault, *, now: float, boot_id: str) -> Marks:
     """`marks` after `fault`: an ignored fault changes nothing; another marks its GPU or partition
-    (again), restarting its recovery time and voiding earlier evidence of a reset or clearance."""
+    (again), restarting its recovery time and voiding earlier evidence of a reset (and, for a worse
+    fault, the annotation's baseline: read again after it)."""
     result = dict(marks)
     if fault.xid_class == XidClass.IGNORE:
         return result
@@ -358,6 +359,10 @@ def record(marks: Mapping[tuple[str, str | None], Mark], fault: Fault, *, now: f
         first_seen=now if before is None else before.first_seen,
         last_seen=now,
         boot_id=boot_id,
+        # A repeat keeps what the annotation was read as after the mark was made: an operator's word
+        # written since still lifts it (the read after a repeat would take that word as the baseline,
+        # so it lifted nothing, and the operator had to write it again). A worse fault is a new mark.
+        annotation_baseline=None if before is None or worse else before.annotation_baseline,
     )
     return result
 
@@ -429,6 +434,18 @@ def observe_annotation(
         else:
             kept[key] = mark
     return kept, lifted
+
+
+def baseline_read(
+    before: Mapping[tuple[str, str | None], Mark], after: Mapping[tuple[str, str | None], Mark]
+) -> bool:
+    """Whether some mark of `after` has its annotation baseline read where `before` had none yet."""
+    return any(
+        mark.annotation_baseline is not None
+        and (previous := before.get(key)) is not None
+        and previous.annotation_baseline is None
+        for key, mark in after.items()
+    )
 
 
 def _rank(xid_class: XidClass) -> int:

@@ -16,6 +16,7 @@ from gpudra.model.gpu_health import (
     Mark,
     Marks,
     XidClass,
+    baseline_read,
     classify_xid,
     condition_fault,
     device_taints,
@@ -307,15 +308,34 @@ def test_the_annotation_clears_only_when_it_changes_after_the_fault() -> None:
     assert marks == {} and len(lifted) == 1
 
 
-def test_a_new_fault_needs_a_new_annotation() -> None:
+def test_a_repeat_keeps_the_baseline_so_the_operators_word_written_since_lifts_it() -> None:
+    """The annotation written after the mark's baseline was read lifts it, whether or not the fault
+    repeated meanwhile (a GPU raising XID 79 again and again): the read after a repeat took the
+    operator's word as the baseline once, and the operator had to write it again."""
     marks, _ = observe_annotation(_marked(_xid(79)), "")
     marks = record(marks, _xid(79), now=300.0, boot_id=BOOT)
-    marks, lifted = observe_annotation(marks, GPU)  # the first read after the new fault: a baseline
+    assert [m.annotation_baseline for m in marks.values()] == [""]
+    marks, lifted = observe_annotation(marks, GPU)
+    assert [done.mark.gpu_uuid for done in lifted] == [GPU] and not marks
+
+
+def test_a_worse_fault_needs_a_new_annotation() -> None:
+    marks, _ = observe_annotation(_marked(_xid(999)), "")  # recoverable (unlisted)
+    marks = record(marks, _xid(79), now=300.0, boot_id=BOOT)  # worse: a node reboot
+    marks, lifted = observe_annotation(marks, GPU)  # the first read after the worse fault: a baseline
     assert lifted == []
     marks, lifted = observe_annotation(marks, f"{GPU} ")
     assert lifted == [] and marks  # the same names: not a change the operator made
     marks, lifted = observe_annotation(marks, "all")
     assert not marks
+
+
+def test_a_baseline_read_for_the_first_time_is_told_apart_from_a_repeat() -> None:
+    marked = _marked(_xid(79))
+    read, _ = observe_annotation(marked, "")
+    assert baseline_read(marked, read)
+    assert not baseline_read(read, record(read, _xid(79), now=300.0, boot_id=BOOT))
+    assert not baseline_read({}, read)  # a new mark is news of its own
 
 
 # --- taints ----------------------------------------------------------------------------------------

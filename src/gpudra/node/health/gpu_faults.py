@@ -486,7 +486,15 @@ class GpuFaults:
             marks, lifted = rule(self._marks)
             before, self._marks = self._marks, marks
             if marks != before:
-                self._save_change(news=not gpu_health.same_in_substance(before, marks))
+                # A baseline read for the first time is saved at once too: it is what the operator's
+                # annotation is judged against, and it says the annotation was read after the fault
+                # (a restart that found it unsaved would read the annotation again, and take an
+                # operator's value written meanwhile as the baseline, so that it lifted nothing).
+                # At most once per fault and read (every ANNOTATION_SECONDS while marks exist).
+                self._save_change(
+                    news=not gpu_health.same_in_substance(before, marks)
+                    or gpu_health.baseline_read(before, marks)
+                )
         for done in lifted:
             log.info(
                 "GPU fault cleared",
